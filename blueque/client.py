@@ -1,0 +1,86 @@
+"""Client: the entry point; holds the Redis connection and builds the other objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blueque.config import Settings
+from blueque.errors import ConfigurationError, TaskNotFound
+from blueque.keys import Keys
+from blueque.listener import Listener
+from blueque.processor import Processor
+from blueque.queue import Queue
+from blueque.store import RedisStore, now
+from blueque.task import Task
+
+
+def _decodes(client: Any) -> bool:
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        return bool(pool.connection_kwargs.get("decode_responses"))
+    return bool(getattr(client, "get_encoder", lambda: None)() and
+                client.get_encoder().decode_responses)
+
+
+class Client:
+    """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0) or
+    ``Client(redis_client)`` (a ready redis-py client made with decode_responses=True)."""
+
+    def __init__(
+        self,
+        url: str | Any | None = None,
+        *,
+        cluster: bool = False,
+        retry: Any = None,
+        **redis_kwargs: Any,
+    ) -> None:
+        if url is None or isinstance(url, str):
+            self.settings: Settings | None = Settings.from_url(url, **redis_kwargs)
+            self.redis = self.settings.connect()
+        else:
+            if not _decodes(url):
+                raise ConfigurationError(
+                    "pass a redis client made with decode_responses=True: Blueque's fields "
+                    "are text"
+                )
+            self.settings = None
+            self.redis = url
+        self.keys = Keys(cluster=cluster)
+        self.store = RedisStore(self.redis, self.keys, retry=retry)
+
+    def __repr__(self) -> str:
+        return f"<blueque.Client {self.store.where}>"
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def ping(self) -> None:
+        """Raise RedisUnavailable with a clear message if Redis cannot be reached."""
+        self.store.ping()
+
+    def get_queue(self, name: str) -> Queue:
+        return Queue(name, self.store)
+
+    def get_task(self, task_id: str) -> Task:
+        return Task(task_id, self.store)
+
+    def get_listener(self, queue_name: str) -> Listener:
+        return Listener(queue_name, self.store)
+
+    def get_processor(self, task: Task) -> Processor:
+        return Processor(task, self.store)
+
+    def cancel_task(self, task_id: str, reason: str = "cancelled") -> str:
+        """Cancel a task: returns "cancelled" (it will never run; recorded as failed with a
+        ``cancelled`` field) or "requested" (running: its listener stops it and records it).
+        Raises TaskNotFound or InvalidTaskState (already finished)."""
+        task = self.get_task(task_id)
+        if task.queue is None:
+            raise TaskNotFound(task_id)
+        verdict, _ = self.store.cancel(task.queue, task_id, now(), f"cancelled: {reason}")
+        return verdict
+
+    def queue_names(self) -> list[str]:
+        """Every queue in blueque_queues."""
+        return [name for name, _ in self.store.known_queues()]
+

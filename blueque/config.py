@@ -1,0 +1,78 @@
+"""Connection settings: parse and check a Redis URL once, explicitly, never at import time."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from blueque.errors import ConfigurationError
+
+DEFAULT_URL = "redis://localhost:6379/0"
+URL_ENVIRONMENT_VARIABLE = "BLUEQUE_URL"
+SCHEMES = ("redis", "rediss", "unix")
+
+
+def default_url() -> str:
+    """``$BLUEQUE_URL``, else redis://localhost:6379/0 (the CLI's documented default)."""
+    return os.environ.get(URL_ENVIRONMENT_VARIABLE) or DEFAULT_URL
+
+
+def _describe(url: str) -> str:
+    """The URL without its password, for error messages."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where Redis is and how to talk to it. ``from_url`` checks the URL up front."""
+
+    url: str
+    redis_kwargs: dict[str, Any] = field(default_factory=dict)
+    cluster: bool = False
+
+    @classmethod
+    def from_url(cls, url: str | None = None, **redis_kwargs: Any) -> Settings:
+        url = url or default_url()
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in SCHEMES:
+            raise ConfigurationError(
+                f"unsupported Redis URL {_describe(url)!r}: use redis://[user:password@]host"
+                f":port/db, rediss:// for TLS, or unix:///path/to/redis.sock?db=0"
+            )
+        if scheme != "unix":
+            try:
+                port = parts.port
+            except ValueError as error:
+                raise ConfigurationError(
+                    f"bad port in Redis URL {_describe(url)!r}: {error}"
+                ) from error
+            if not parts.hostname:
+                raise ConfigurationError(f"no host in Redis URL {_describe(url)!r}")
+            del port
+            db = parts.path.lstrip("/")
+            if db and not db.isdigit():
+                raise ConfigurationError(
+                    f"bad database {db!r} in Redis URL {_describe(url)!r}: it must be a number"
+                )
+        elif not parts.path:
+            raise ConfigurationError(f"no socket path in Redis URL {_describe(url)!r}")
+        return cls(url=url, redis_kwargs=dict(redis_kwargs))
+
+    def connect(self) -> redis.Redis:
+        """A redis-py client with decode_responses=True (parameters and results are text)."""
+        kwargs = {**self.redis_kwargs, "decode_responses": True}
+        try:
+            return redis.Redis.from_url(self.url, **kwargs)
+        except ValueError as error:
+            raise ConfigurationError(
+                f"cannot use Redis URL {_describe(self.url)!r}: {error}"
+            ) from error

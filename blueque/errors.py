@@ -1,0 +1,45 @@
+"""Everything Blueque raises derives from BluequeError; each message says what to do next."""
+
+from __future__ import annotations
+
+
+class BluequeError(Exception):
+    """The root of every error Blueque raises on purpose."""
+
+
+class ConfigurationError(BluequeError, ValueError):
+    """A URL, option or argument that cannot work (bad scheme, bad port, unknown option)."""
+
+
+class RedisUnavailable(BluequeError, ConnectionError):
+    """Redis could not be reached, or went away and did not come back in time."""
+
+
+class TaskNotFound(BluequeError, KeyError):
+    """No task hash exists under that id (never enqueued, or already deleted or expired)."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id)
+        self.task_id = task_id
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_id!r} does not exist: it was never enqueued, or it was deleted "
+            "or its result expired"
+        )
+
+
+class InvalidTaskState(BluequeError, ValueError):
+    """The task's status forbids the operation (a ValueError, as in blueque 1.0.1)."""
+
+
+class StaleAttempt(InvalidTaskState):
+    """A superseded run tried to record an outcome over a newer attempt (fencing)."""
+
+
+class CorruptTask(BluequeError):
+    """A task hash is missing fields or holds values that cannot be parsed."""
+
+
+class CallbackError(BluequeError):
+    """A task function named as ``package.module:function`` cannot be imported or called."""

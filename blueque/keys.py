@@ -1,0 +1,152 @@
+"""Every Redis key and channel name Blueque uses, and nothing else.
+
+This module is the twin of the key table in PROTOCOL.md (``tests/test_protocol_doc.py``
+checks that the two agree). No other module formats a key.
+
+The default layout is exactly blueque 1.0.1's, so both implementations share one Redis.
+The opt-in cluster layout wraps the queue name in a hash tag (``{queue}``) so that every key
+one queue's operations touch together lives in one hash slot; task ids then carry the same tag.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+PREFIX = "blueque"
+
+#: Statuses of blueque 1.0.1; Blueque adds none (cancelled tasks are ``failed``).
+SCHEDULED = "scheduled"
+PENDING = "pending"
+RESERVED = "reserved"
+STARTED = "started"
+COMPLETE = "complete"
+FAILED = "failed"
+STATUSES = (SCHEDULED, PENDING, RESERVED, STARTED, COMPLETE, FAILED)
+FINISHED_STATUSES = (COMPLETE, FAILED)
+
+
+def _key(*parts: str) -> str:
+    return "_".join((PREFIX, *parts))
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds key names. ``cluster=True`` selects the hash-tagged layout (see PROTOCOL.md)."""
+
+    cluster: bool = False
+
+    def _q(self, queue: str) -> str:
+        if not self.cluster:
+            return queue
+        if "{" in queue or "}" in queue:
+            raise ValueError(f"queue name {queue!r} may not contain braces in the cluster layout")
+        return "{" + queue + "}"
+
+    # --- the keys of blueque 1.0.1 -------------------------------------------------------
+    def queues(self) -> str:
+        """Sorted set: queue name -> number of listeners."""
+        return _key("queues")
+
+    def pending(self, queue: str) -> str:
+        """List of pending task ids; LPUSH in, taken from the right."""
+        return _key("pending_tasks", self._q(queue))
+
+    def reserved(self, queue: str, listener_id: str) -> str:
+        """List of the task ids a listener has reserved and not yet finished."""
+        return _key("reserved_tasks", self._q(queue), listener_id)
+
+    def task(self, task_id: str) -> str:
+        """Hash of one task's fields."""
+        return _key("task", task_id)
+
+    def started(self, queue: str) -> str:
+        """Set of "[listener id] [pid] [task id]" for every running task."""
+        return _key("started_tasks", self._q(queue))
+
+    def complete(self, queue: str) -> str:
+        """List of complete task ids, newest at the left."""
+        return _key("complete_tasks", self._q(queue))
+
+    def failed(self, queue: str) -> str:
+        """List of failed task ids, newest at the left."""
+        return _key("failed_tasks", self._q(queue))
+
+    def scheduled(self, queue: str) -> str:
+        """Sorted set: task id -> eta (Unix time, seconds)."""
+        return _key("scheduled_tasks", self._q(queue))
+
+    def listeners(self, queue: str) -> str:
+        """Set of the listener ids listening on a queue."""
+        return _key("listeners", self._q(queue))
+
+    # --- keys Blueque adds ---------------------------------------------------------------
+    def leases(self, queue: str) -> str:
+        """Sorted set: listener id -> lease deadline (Redis server time, milliseconds)."""
+        return _key("leases", self._q(queue))
+
+    def listener_info(self, listener_id: str) -> str:
+        """Hash describing one listener process (host, pid, create time, queues...)."""
+        return _key("listener", listener_id)
+
+    def queue_config(self, queue: str) -> str:
+        """Hash of a queue's defaults (max_attempts, backoff, time_limit, result_ttl)."""
+        return _key("queue_config", self._q(queue))
+
+    def cron(self) -> str:
+        """Hash: periodic task name -> last tick fired (Unix time, seconds)."""
+        return _key("cron")
+
+    # --- pub/sub channels (not keys; listed in PROTOCOL.md all the same) -----------------
+    def channel(self, queue: str) -> str:
+        """Channel published on every enqueue, so idle multi-queue listeners wake at once."""
+        return _key("channel", self._q(queue))
+
+    def done_channel(self, queue: str) -> str:
+        """Channel published with the task id whenever a task of the queue finishes."""
+        return _key("done", self._q(queue))
+
+    def control(self, listener_id: str) -> str:
+        """Channel on which a listener is told to cancel one of its running tasks."""
+        return _key("control", listener_id)
+
+    def finished(self, queue: str, status: str) -> str:
+        """The complete or failed list, by status."""
+        if status == COMPLETE:
+            return self.complete(queue)
+        if status == FAILED:
+            return self.failed(queue)
+        raise ValueError(f"{status!r} is not a finished status")
+
+    # --- task ids -------------------------------------------------------------------------
+    def new_task_id(self, queue: str) -> str:
+        """A fresh task id; in the cluster layout it carries the queue's hash tag."""
+        return self.task_id_for(queue, str(uuid.uuid4()))
+
+    def task_id_for(self, queue: str, task_id: str) -> str:
+        """The stored id for a caller-supplied id (unchanged in the default layout)."""
+        if not self.cluster:
+            return task_id
+        tag = self._q(queue)
+        return task_id if task_id.startswith(tag) else tag + task_id
+
+
+#: Methods that build keys or channels, in the order PROTOCOL.md lists them.
+KEY_BUILDERS = (
+    "queues",
+    "pending",
+    "reserved",
+    "task",
+    "started",
+    "complete",
+    "failed",
+    "scheduled",
+    "listeners",
+    "leases",
+    "listener_info",
+    "queue_config",
+    "cron",
+    "channel",
+    "done_channel",
+    "control",
+)

@@ -1,0 +1,31 @@
+-- cancel: a pending or scheduled task never runs; a running one is asked to stop.
+-- KEYS[1] task hash            blueque_task_[id]
+-- KEYS[2] pending list         blueque_pending_tasks_[queue]
+-- KEYS[3] scheduled zset       blueque_scheduled_tasks_[queue]
+-- KEYS[4] failed list          blueque_failed_tasks_[queue]
+-- ARGV[1] task id, ARGV[2] now, ARGV[3] error text recorded for the cancelled task
+-- Returns {'cancelled', previous status} when the task is now failed and will never run, or
+-- {'requested', node} when it is running: its listener (told on blueque_control_[node]) stops
+-- it and records the failure. Error "BLUEQUE_STATE ..." for a finished task.
+local cur = redis.call('HMGET', KEYS[1], 'status', 'node')
+local status = cur[1]
+if not status then
+  return redis.error_reply('BLUEQUE_MISSING task ' .. ARGV[1] .. ' does not exist')
+end
+if status == 'started' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[2], 'updated', ARGV[2])
+  return {'requested', cur[2] or ''}
+end
+if status == 'pending' then
+  redis.call('LREM', KEYS[2], 1, ARGV[1])
+elseif status == 'scheduled' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+elseif status ~= 'reserved' then
+  return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. status
+    .. ': a finished task cannot be cancelled')
+end
+-- a reserved task is refused by start.lua, which drops it from its listener's reserved list
+redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[3], 'cancelled', ARGV[2],
+           'updated', ARGV[2], 'finished_at', ARGV[2])
+redis.call('LPUSH', KEYS[4], ARGV[1])
+return {'cancelled', status}

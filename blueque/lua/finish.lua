@@ -1,0 +1,49 @@
+-- finish: record the outcome of one run: complete, failed, or failed-and-retried later.
+-- KEYS[1] task hash            blueque_task_[id]
+-- KEYS[2] reserved list        blueque_reserved_tasks_[queue]_[listener id]
+-- KEYS[3] started set          blueque_started_tasks_[queue]
+-- KEYS[4] target               complete list, failed list, or scheduled zset (retry)
+-- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid ("" if it never started)
+-- ARGV[4] outcome: complete | failed | retry, ARGV[5] result or error text, ARGV[6] now
+-- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
+-- ARGV[10] channel to publish the task id on, ARGV[11] extra field, ARGV[12] its value ("" none)
+-- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid')
+local status = cur[1]
+if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
+  return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
+    .. tostring(cur[2]) .. ', not ' .. ARGV[7] .. ': this outcome is not recorded')
+end
+if status ~= 'reserved' and status ~= 'started' then
+  return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. tostring(status)
+    .. ': only a reserved or started task can finish')
+end
+local pid = ARGV[3]
+if pid == '' and cur[3] then
+  pid = cur[3]
+end
+redis.call('LREM', KEYS[2], 1, ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
+local outcome = ARGV[4]
+if outcome == 'complete' then
+  redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
+             'finished_at', ARGV[6])
+  redis.call('LPUSH', KEYS[4], ARGV[1])
+elseif outcome == 'failed' then
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[5], 'updated', ARGV[6],
+             'finished_at', ARGV[6])
+  redis.call('LPUSH', KEYS[4], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], 'status', 'scheduled', 'error', ARGV[5], 'updated', ARGV[6],
+             'eta', ARGV[8])
+  redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
+  outcome = 'scheduled'
+end
+if ARGV[11] ~= '' then
+  redis.call('HSET', KEYS[1], ARGV[11], ARGV[12])
+end
+if ARGV[9] ~= '' and outcome ~= 'scheduled' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[9])
+end
+redis.call('PUBLISH', ARGV[10], ARGV[1])
+return outcome

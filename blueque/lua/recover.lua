@@ -1,0 +1,64 @@
+-- recover: take back the tasks of a dead listener in one queue and apply the caller's verdicts.
+-- KEYS[1] leases zset          blueque_leases_[queue]
+-- KEYS[2] listeners set        blueque_listeners_[queue]
+-- KEYS[3] reserved list        blueque_reserved_tasks_[queue]_[dead listener id]
+-- KEYS[4] pending list         blueque_pending_tasks_[queue]
+-- KEYS[5] started set          blueque_started_tasks_[queue]
+-- KEYS[6] scheduled zset       blueque_scheduled_tasks_[queue]
+-- KEYS[7] failed list          blueque_failed_tasks_[queue]
+-- KEYS[8] queues zset          blueque_queues (or any same-slot key when ARGV[5] == "0")
+-- KEYS[9..] task hashes        blueque_task_[id], one per verdict, in ARGV order
+-- ARGV[1] dead listener id, ARGV[2] now (s), ARGV[3] "1" = death proven on its host (skip the
+-- lease check), ARGV[4] queue, ARGV[5] "1" to decrement the queue's listener count in KEYS[8],
+-- ARGV[6] channel, then 5 values per task: id, attempts seen, verdict (pending | retry | failed),
+-- retry eta, error text.
+-- A verdict applies only if the task is still in the dead listener's reserved list with the
+-- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
+-- Returns {requeued, retried, failed, skipped}, or {-1} if the lease is live (not dead after all).
+if ARGV[3] ~= '1' then
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not score or tonumber(score) > now_ms then
+    return {-1}
+  end
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if redis.call('SREM', KEYS[2], ARGV[1]) == 1 and ARGV[5] == '1' then
+  redis.call('ZINCRBY', KEYS[8], -1, ARGV[4])
+end
+local counts = {0, 0, 0, 0}
+for i = 9, #KEYS do
+  local a = 7 + (i - 9) * 5
+  local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local cur = redis.call('HMGET', KEYS[i], 'status', 'attempts', 'pid')
+  local attempts = cur[2] or ''
+  if not redis.call('LPOS', KEYS[3], id) or attempts ~= seen then
+    counts[4] = counts[4] + 1
+  else
+    redis.call('LREM', KEYS[3], 1, id)
+    if cur[3] then
+      redis.call('SREM', KEYS[5], ARGV[1] .. ' ' .. cur[3] .. ' ' .. id)
+    end
+    if verdict == 'pending' then
+      redis.call('HSET', KEYS[i], 'status', 'pending', 'updated', ARGV[2])
+      redis.call('HDEL', KEYS[i], 'node', 'pid')
+      redis.call('RPUSH', KEYS[4], id)
+      counts[1] = counts[1] + 1
+    elseif verdict == 'retry' then
+      redis.call('HSET', KEYS[i], 'status', 'scheduled', 'eta', ARGV[a + 3], 'error', ARGV[a + 4],
+                 'updated', ARGV[2])
+      redis.call('ZADD', KEYS[6], ARGV[a + 3], id)
+      counts[2] = counts[2] + 1
+    elseif verdict == 'failed' then
+      redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
+                 'finished_at', ARGV[2])
+      redis.call('LPUSH', KEYS[7], id)
+      counts[3] = counts[3] + 1
+    end
+  end
+end
+if counts[1] > 0 then
+  redis.call('PUBLISH', ARGV[6], ARGV[4])
+end
+return counts

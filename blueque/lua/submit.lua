@@ -1,0 +1,32 @@
+-- submit: create one task, pending now or scheduled for later; idempotent on the task id.
+-- KEYS[1] task hash            blueque_task_[id]
+-- KEYS[2] target               blueque_pending_tasks_[queue] (eta == "") or blueque_scheduled_tasks_[queue]
+-- KEYS[3] queues (optional)    blueque_queues (absent in the cluster layout: done outside)
+-- ARGV[1] task id, ARGV[2] queue, ARGV[3] parameters, ARGV[4] now (Unix s, the client's clock)
+-- ARGV[5] eta ("" to enqueue now), ARGV[6] channel to publish the queue name on (pending only)
+-- ARGV[7..] extra field/value pairs (e.g. max_attempts, time_limit)
+-- Returns 1 if the task was created, 0 if a task with that id already existed (nothing changed).
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local fields = {'status', 'pending', 'queue', ARGV[2], 'parameters', ARGV[3],
+                'created', ARGV[4], 'updated', ARGV[4]}
+if ARGV[5] ~= '' then
+  fields[2] = 'scheduled'
+  fields[#fields + 1] = 'eta'
+  fields[#fields + 1] = ARGV[5]
+end
+for i = 7, #ARGV do
+  fields[#fields + 1] = ARGV[i]
+end
+redis.call('HSET', KEYS[1], unpack(fields))
+if KEYS[3] then
+  redis.call('ZINCRBY', KEYS[3], 0, ARGV[2])
+end
+if ARGV[5] == '' then
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+  redis.call('PUBLISH', ARGV[6], ARGV[2])
+else
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
+end
+return 1

@@ -1,0 +1,30 @@
+-- submit_many: create many pending tasks in one call; idempotent on each task id.
+-- KEYS[1] pending list         blueque_pending_tasks_[queue]
+-- KEYS[2] queues               blueque_queues, or "" placeholder is not allowed: see ARGV[3]
+-- KEYS[3..] task hashes        blueque_task_[id], one per task, in ARGV order
+-- ARGV[1] queue, ARGV[2] now, ARGV[3] "1" if KEYS[2] is the queues key, "0" if KEYS[2] is unused
+-- ARGV[4] channel, then pairs: ARGV[5] id1, ARGV[6] parameters1, ARGV[7] id2, ...
+-- Returns a string of '1' (created) and '0' (already existed), one character per task.
+local created = {}
+local flags = {}
+local n = 0
+for i = 3, #KEYS do
+  local a = 5 + (i - 3) * 2
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    redis.call('HSET', KEYS[i], 'status', 'pending', 'queue', ARGV[1], 'parameters', ARGV[a + 1],
+               'created', ARGV[2], 'updated', ARGV[2])
+    n = n + 1
+    created[n] = ARGV[a]
+    flags[#flags + 1] = '1'
+  else
+    flags[#flags + 1] = '0'
+  end
+end
+if ARGV[3] == '1' then
+  redis.call('ZINCRBY', KEYS[2], 0, ARGV[1])
+end
+if n > 0 then
+  redis.call('LPUSH', KEYS[1], unpack(created))
+  redis.call('PUBLISH', ARGV[4], ARGV[1])
+end
+return table.concat(flags)

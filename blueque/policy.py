@@ -1,0 +1,82 @@
+"""Per-task and per-queue job controls: retries with backoff, time limits, result retention.
+
+A task's own fields (set at enqueue) win over its queue's defaults (blueque_queue_config_[queue]),
+which win over the built-in defaults below. There is no short default time limit: long jobs
+are the point.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from blueque.errors import ConfigurationError
+
+#: Fields a task hash or a queue config may carry, with their types.
+OPTION_TYPES: dict[str, type] = {
+    "max_attempts": int,
+    "retry_backoff": float,
+    "retry_backoff_max": float,
+    "time_limit": float,
+    "kill_grace": float,
+    "result_ttl": float,
+}
+
+
+_RANDOM = random.Random()
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_attempts: int = 1
+    retry_backoff: float = 10.0
+    retry_backoff_max: float = 3600.0
+    time_limit: float = 0.0  # 0: none
+    kill_grace: float = 30.0
+    result_ttl: float = 0.0  # 0: finished tasks stay until deleted
+
+    @classmethod
+    def resolve(cls, task: Mapping[str, str], queue_config: Mapping[str, str]) -> Policy:
+        values: dict[str, object] = {}
+        for option in fields(cls):
+            raw = task.get(option.name) or queue_config.get(option.name)
+            if raw not in (None, ""):
+                try:
+                    values[option.name] = OPTION_TYPES[option.name](float(raw))
+                except ValueError:
+                    continue  # a corrupt option falls back to the default, never blocks a task
+        return cls(**values)  # type: ignore[arg-type]
+
+    def retry_eta(
+        self, attempts: int, now: float, rng: random.Random | None = None
+    ) -> float | None:
+        """When attempt ``attempts + 1`` should run, or None when attempts are used up.
+
+        Exponential backoff with "equal jitter": half the delay fixed, half random, so retries
+        of many tasks that failed together spread out."""
+        if attempts >= self.max_attempts:
+            return None
+        delay = min(self.retry_backoff_max, self.retry_backoff * 2.0 ** max(0, attempts - 1))
+        jitter = (rng or _RANDOM).random()
+        return now + delay / 2 + jitter * delay / 2
+
+
+def encode_options(options: Mapping[str, object]) -> dict[str, str]:
+    """Validate enqueue/queue options and turn them into hash field values."""
+    encoded: dict[str, str] = {}
+    for name, value in options.items():
+        if name not in OPTION_TYPES:
+            raise ConfigurationError(
+                f"unknown task option {name!r}; known options: {', '.join(OPTION_TYPES)}"
+            )
+        if value is None:
+            continue
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as error:
+            raise ConfigurationError(f"option {name}={value!r} is not a number") from error
+        if number < 0 or (name == "max_attempts" and number < 1):
+            raise ConfigurationError(f"option {name}={value!r} is out of range")
+        encoded[name] = str(OPTION_TYPES[name](number))
+    return encoded

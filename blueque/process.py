@@ -1,0 +1,30 @@
+"""Process liveness by pid plus create time, so a reused pid is not taken for the old process."""
+
+from __future__ import annotations
+
+import psutil
+
+#: Create times are compared with this slack (psutil rounds them; clocks tick).
+CREATE_TIME_SLACK = 1.0
+
+
+def create_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def process_alive(pid: int, created: float | None = None) -> bool:
+    """True if ``pid`` runs and, when ``created`` is given, is the process started then.
+
+    A zombie (exited, not yet reaped) counts as dead: it will never report anything."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return created is None or abs(process.create_time() - created) <= CREATE_TIME_SLACK
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # it exists; we may not inspect it

@@ -1,0 +1,81 @@
+"""Processor: what the process running one task calls to record its progress and outcome."""
+
+from __future__ import annotations
+
+import json
+
+from blueque.errors import InvalidTaskState
+from blueque.store import RedisStore, now
+from blueque.task import Task
+
+
+def encode_result(value: object) -> str:
+    """Results are strings on the wire: a str is kept, anything else becomes JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return json.dumps(value)
+
+
+class Processor:
+    """Runs one attempt of a task: start(pid), then complete(result) or fail(error).
+
+    Every write is fenced by the task's attempt number (when the task has one): once the
+    task has been recovered and reserved again, this run can no longer record anything."""
+
+    def __init__(self, task: Task, store: RedisStore) -> None:
+        if task.queue is None or task.node is None:
+            raise InvalidTaskState(
+                f"task {task.id} has no queue or node: only a reserved task can be processed"
+            )
+        self._task = task
+        self._store = store
+        self._queue: str = task.queue
+        self._listener: str = task.node
+        self._pid = task.pid
+        self._attempt = task.attempts
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    @property
+    def attempt(self) -> int | None:
+        return self._attempt
+
+    def start(self, pid: int, pid_created: float | None = None) -> str | None:
+        """Mark the task started by ``pid``; returns its parameters."""
+        self._pid = pid
+        self._store.start(
+            self._queue, self._task.id, self._listener, pid, now(), self._attempt, pid_created
+        )
+        parameters: str | None = self._task.parameters
+        return parameters
+
+    def complete(self, result: object, result_ttl_ms: int | None = None) -> None:
+        self._store.finish(
+            self._queue, self._task.id, self._listener, self._pid, "complete",
+            encode_result(result), now(), self._attempt, result_ttl_ms=result_ttl_ms,
+        )
+
+    def fail(self, error: object, result_ttl_ms: int | None = None) -> None:
+        self._store.finish(
+            self._queue, self._task.id, self._listener, self._pid, "failed",
+            encode_result(error), now(), self._attempt, result_ttl_ms=result_ttl_ms,
+        )
+
+    def retry(self, error: object, eta: float) -> None:
+        """Record this attempt's failure and schedule the next attempt at ``eta``."""
+        self._store.finish(
+            self._queue, self._task.id, self._listener, self._pid, "retry",
+            encode_result(error), now(), self._attempt, retry_eta=eta,
+        )
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the task has got (0.0 to 1.0) and what it is doing."""
+        if self._attempt is None:
+            raise InvalidTaskState(f"task {self._task.id} has no attempt number to report on")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"progress must be between 0 and 1, not {fraction}")
+        self._store.progress(self._task.id, self._attempt, fraction, message, now())

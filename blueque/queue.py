@@ -1,0 +1,181 @@
+"""Queue: submit tasks, move due ones, inspect counts, delete and purge finished ones."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from blueque import keys as k
+from blueque.errors import ConfigurationError, InvalidTaskState
+from blueque.policy import encode_options
+from blueque.store import QueueCounts, RedisStore, now
+from blueque.task import Task
+
+
+def _text(value: object, what: str) -> str:
+    """Parameters are strings on the wire (JSON by convention); numbers pass as blueque 1.0.1
+    let them (redis-py wrote them as text). Never pickles."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value)
+    raise TypeError(
+        f"{what} must be a string (JSON by convention), not {type(value).__name__}: "
+        "encode it with json.dumps first"
+    )
+
+
+@dataclass(frozen=True)
+class BulkEnqueue:
+    """What enqueue_many did: the id of every task, and how many were new."""
+
+    task_ids: list[str]
+    created_flags: list[bool]
+
+    @property
+    def created(self) -> int:
+        return sum(self.created_flags)
+
+    @property
+    def existing(self) -> int:
+        return len(self.created_flags) - self.created
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.task_ids)
+
+    def __len__(self) -> int:
+        return len(self.task_ids)
+
+
+@dataclass(frozen=True)
+class QueueStats(QueueCounts):
+    name: str = ""
+
+
+class Queue:
+    def __init__(self, name: str, store: RedisStore) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a queue name must be a non-empty string, not {name!r}")
+        self._name = name
+        self._store = store
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<Queue {self._name}>"
+
+    def _task_id(self, task_id: str | None) -> str:
+        keys = self._store.keys
+        if task_id is None:
+            return keys.new_task_id(self._name)
+        if not isinstance(task_id, str) or not task_id or " " in task_id:
+            raise ConfigurationError(
+                f"a task id must be a non-empty string without spaces, not {task_id!r}"
+            )
+        return keys.task_id_for(self._name, task_id)
+
+    def enqueue(self, parameters: object, task_id: str | None = None, **options: object) -> str:
+        """Create a pending task and return its id. With ``task_id``, enqueueing the same id
+        again creates nothing (idempotent while the task exists). ``options``: max_attempts,
+        retry_backoff, retry_backoff_max, time_limit, kill_grace, result_ttl."""
+        task_id = self._task_id(task_id)
+        self._store.submit(
+            self._name, task_id, _text(parameters, "parameters"), now(),
+            fields=encode_options(options),
+        )
+        return task_id
+
+    def enqueue_many(
+        self, parameters: Sequence[object], task_ids: Sequence[str] | None = None
+    ) -> BulkEnqueue:
+        """Create many pending tasks in a few round trips (1,000 per server-side script call).
+        With ``task_ids``, ids that already exist are left alone and counted as existing."""
+        texts = [_text(p, "parameters") for p in parameters]
+        if task_ids is None:
+            ids = [self._task_id(None) for _ in texts]
+        else:
+            if len(task_ids) != len(texts):
+                raise ConfigurationError(
+                    f"{len(texts)} parameters but {len(task_ids)} task ids: give one id per task"
+                )
+            ids = [self._task_id(i) for i in task_ids]
+            if len(set(ids)) != len(ids):
+                raise ConfigurationError("task_ids contains duplicates; each task needs its own id")
+        flags = self._store.submit_many(self._name, list(zip(ids, texts, strict=True)), now())
+        return BulkEnqueue(ids, flags)
+
+    def schedule(
+        self, parameters: object, eta: float, task_id: str | None = None, **options: object
+    ) -> str:
+        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once."""
+        current = now()
+        if eta < current:
+            return self.enqueue(parameters, task_id, **options)
+        task_id = self._task_id(task_id)
+        self._store.submit(
+            self._name, task_id, _text(parameters, "parameters"), current, eta=float(eta),
+            fields=encode_options(options),
+        )
+        return task_id
+
+    def enqueue_due_tasks(self) -> list[str]:
+        """Move every scheduled task whose eta has passed to pending; returns their ids."""
+        moved: list[str] = []
+        current = now()
+        while True:
+            batch = self._store.enqueue_due(self._name, current)
+            moved += batch
+            if len(batch) < 1000:
+                return moved
+
+    def delete_task(self, task: Task) -> None:
+        """Delete a complete or failed task (its hash and its finished-list entry)."""
+        if task.queue != self._name:
+            raise InvalidTaskState(f"Task {task.id} is not in queue {self._name}")
+        if task.status not in k.FINISHED_STATUSES:
+            raise InvalidTaskState(
+                f"Cannot delete task with status {task.status}: only complete or failed tasks "
+                "can be deleted (cancel it first)"
+            )
+        self._store.delete(self._name, task.id, task.status)
+
+    def stats(self) -> QueueStats:
+        """Counts per state and listeners, from O(1) commands: fine every second."""
+        counts = self._store.counts(self._name)
+        return QueueStats(**vars(counts), name=self._name)
+
+    def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
+        return self._store.task_ids(self._name, status, start, stop)
+
+    def configure(self, **options: object) -> None:
+        """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a value
+        of None removes that default."""
+        removed = [name for name, value in options.items() if value is None]
+        self._store.set_queue_config(self._name, encode_options(options), removed)
+
+    def config(self) -> dict[str, str]:
+        return self._store.queue_config(self._name)
+
+    def purge(self, status: str, older_than: float, batch: int = 500) -> int:
+        """Delete finished tasks of ``status`` that finished more than ``older_than`` seconds
+        ago, oldest first; each deletion finds its entry at the list's old end, so the cost
+        is O(deleted), not O(list length)."""
+        if status not in k.FINISHED_STATUSES:
+            raise InvalidTaskState(f"only complete or failed tasks can be purged, not {status!r}")
+        cutoff = time.time() - older_than
+        deleted = 0
+        while True:
+            ids = self._store.oldest_finished(self._name, status, batch)
+            if not ids:
+                return deleted
+            for task_id, data in zip(ids, self._store.task_data_many(ids), strict=True):
+                finished = data.get("finished_at") or data.get("updated") or "0"
+                if data and float(finished) > cutoff:
+                    return deleted
+                self._store.delete(self._name, task_id, status)
+                deleted += 1

@@ -1,0 +1,527 @@
+"""The one module that talks to Redis: every Blueque protocol operation is a method here.
+
+Each method names the keys it touches (see PROTOCOL.md for the exact command sequences).
+Multi-key read-modify-write steps are Lua scripts in ``blueque/lua``, registered once, with
+every key passed in through KEYS. Redis errors are translated into Blueque errors here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import redis
+from redis.commands.core import Script
+
+from blueque import keys as k
+from blueque.errors import (
+    BluequeError,
+    InvalidTaskState,
+    RedisUnavailable,
+    StaleAttempt,
+    TaskNotFound,
+)
+
+T = TypeVar("T")
+
+#: How far delete.lua looks from each end of a finished list before a full LREM.
+DELETE_WINDOW = 512
+#: Tasks per submit_many call: keeps each script call short so Redis stays responsive.
+BULK_CHUNK = 1000
+#: How long a blocking pop waits per round trip; listen() loops, so this bounds only how
+#: quickly a blocked listener notices a stop request, never how fast it sees a new task.
+BLOCK_SLICE = 1.0
+
+RedisLike = Any  # redis.Redis or redis.RedisCluster; both expose the same command methods
+
+
+def _load(name: str) -> str:
+    return importlib.resources.files("blueque").joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
+    """Turn redis-py errors into Blueque errors whose message says what to do."""
+
+    @functools.wraps(method)
+    def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> T:
+        try:
+            return self.retry.call(lambda: method(self, *args, **kwargs))
+        except redis.exceptions.ResponseError as error:
+            raise _protocol_error(error) from error
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            raise RedisUnavailable(
+                f"Redis at {self.where} is unreachable ({error}); check the URL and that "
+                "redis-server is running"
+            ) from error
+
+    return wrapper
+
+
+def _protocol_error(error: redis.exceptions.ResponseError) -> BluequeError:
+    text = str(error)
+    for marker, kind in (("BLUEQUE_STALE ", StaleAttempt), ("BLUEQUE_STATE ", InvalidTaskState)):
+        if marker in text:
+            return kind(text.split(marker, 1)[1].split("\n")[0].rstrip(". "))
+    if "BLUEQUE_MISSING " in text:
+        return TaskNotFound(text.split("BLUEQUE_MISSING task ", 1)[1].split(" ")[0])
+    return BluequeError(f"Redis refused a Blueque command: {text}")
+
+
+class NoRetry:
+    """The default policy: run once. blueque.ha provides one that rides through failovers."""
+
+    def call(self, operation: Callable[[], T]) -> T:
+        return operation()
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The outcome of stamping a task a listener moved into its reserved list."""
+
+    task_id: str
+    verdict: str  # ok | skip | bad
+    detail: str  # attempts for ok; the status or reason otherwise
+
+    @property
+    def runnable(self) -> bool:
+        return self.verdict == "ok"
+
+    @property
+    def attempt(self) -> int:
+        return int(self.detail) if self.runnable else 0
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    pending: int
+    scheduled: int
+    reserved: int
+    started: int
+    complete: int
+    failed: int
+    listeners: int
+
+
+class RedisStore:
+    """Named protocol operations over one Redis connection and one key layout."""
+
+    def __init__(self, client: RedisLike, keys: k.Keys | None = None, retry: Any = None) -> None:
+        self.redis = client
+        self.keys = keys or k.Keys()
+        self.retry = retry or NoRetry()
+        self._scripts: dict[str, Script] = {}
+
+    @property
+    def where(self) -> str:
+        kwargs = getattr(getattr(self.redis, "connection_pool", None), "connection_kwargs", {})
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}"
+        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+    def _script(self, name: str) -> Script:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.redis.register_script(_load(name))
+        return script
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self._script(name)(keys=list(keys), args=list(args))
+
+    def _queues_key(self, queue: str) -> tuple[str, str]:
+        """The key a script may update blueque_queues through, and whether it should.
+
+        In the cluster layout blueque_queues lives in another slot, so scripts get a same-slot
+        placeholder and the caller updates blueque_queues itself, outside the script."""
+        if self.keys.cluster:
+            return self.keys.pending(queue), "0"
+        return self.keys.queues(), "1"
+
+    def _touch_queue(self, queue: str, increment: int = 0) -> None:
+        if self.keys.cluster:
+            self.redis.zincrby(self.keys.queues(), increment, queue)
+
+    # --- creating tasks -------------------------------------------------------------------
+    @translate_errors
+    def submit(
+        self,
+        queue: str,
+        task_id: str,
+        parameters: str,
+        now: float,
+        eta: float | None = None,
+        fields: dict[str, str] | None = None,
+    ) -> bool:
+        """Create a pending (or, with an eta, scheduled) task; False if the id already exists.
+
+        Keys: task hash, pending list or scheduled zset, blueque_queues. Script: submit.lua."""
+        queues_key, use_queues = self._queues_key(queue)
+        target = self.keys.pending(queue) if eta is None else self.keys.scheduled(queue)
+        keys = [self.keys.task(task_id), target]
+        if use_queues == "1":
+            keys.append(queues_key)
+        extra = [item for pair in (fields or {}).items() for item in pair]
+        args = [task_id, queue, parameters, repr(now), "" if eta is None else repr(eta),
+                self.keys.channel(queue), *extra]
+        created = bool(self._run("submit", keys, args))
+        self._touch_queue(queue)
+        return created
+
+    @translate_errors
+    def submit_many(
+        self, queue: str, tasks: Sequence[tuple[str, str]], now: float
+    ) -> list[bool]:
+        """Create many pending tasks, BULK_CHUNK per script call; a created flag per task.
+
+        Keys: pending list, blueque_queues, every task hash. Script: submit_many.lua."""
+        queues_key, use_queues = self._queues_key(queue)
+        pending = self.keys.pending(queue)
+        channel = self.keys.channel(queue)
+        stamp = repr(now)
+        flags: list[bool] = []
+        script = self._script("submit_many")
+        for start in range(0, len(tasks), BULK_CHUNK):
+            chunk = tasks[start : start + BULK_CHUNK]
+            keys = [pending, queues_key, *(self.keys.task(task_id) for task_id, _ in chunk)]
+            args: list[str] = [queue, stamp, use_queues, channel]
+            for task_id, parameters in chunk:
+                args += (task_id, parameters)
+            result = script(keys=keys, args=args)
+            flags.extend(flag == "1" for flag in result)
+        self._touch_queue(queue)
+        return flags
+
+    @translate_errors
+    def enqueue_due(self, queue: str, now: float, limit: int = 1000) -> list[str]:
+        """Move scheduled tasks whose eta has passed to pending (at most ``limit`` per call).
+
+        Keys: scheduled zset, pending list, each due task hash. Script: enqueue_due.lua."""
+        scheduled = self.keys.scheduled(queue)
+        due: list[str] = self.redis.zrangebyscore(scheduled, 0, now, start=0, num=limit)
+        if not due:
+            return []
+        keys = [scheduled, self.keys.pending(queue), *(self.keys.task(i) for i in due)]
+        moved: list[str] = self._run(
+            "enqueue_due", keys, [repr(now), self.keys.channel(queue), queue, *due]
+        )
+        return moved
+
+    # --- reading --------------------------------------------------------------------------
+    @translate_errors
+    def task_data(self, task_id: str) -> dict[str, str]:
+        """HGETALL of one task hash ({} if missing)."""
+        data: dict[str, str] = self.redis.hgetall(self.keys.task(task_id))
+        return data
+
+    @translate_errors
+    def task_data_many(self, task_ids: Sequence[str]) -> list[dict[str, str]]:
+        """HGETALL of many task hashes in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hgetall(self.keys.task(task_id))
+        return cast(list[dict[str, str]], pipe.execute())
+
+    @translate_errors
+    def counts(self, queue: str) -> QueueCounts:
+        """Counts per state from O(1) commands (plus one LLEN per listener)."""
+        listeners = sorted(self.redis.smembers(self.keys.listeners(queue)))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.llen(self.keys.pending(queue))
+        pipe.zcard(self.keys.scheduled(queue))
+        pipe.scard(self.keys.started(queue))
+        pipe.llen(self.keys.complete(queue))
+        pipe.llen(self.keys.failed(queue))
+        for listener in listeners:
+            pipe.llen(self.keys.reserved(queue, listener))
+        pending, scheduled, started, complete, failed, *reserved = pipe.execute()
+        return QueueCounts(
+            pending=pending,
+            scheduled=scheduled,
+            reserved=max(0, sum(reserved) - started),
+            started=started,
+            complete=complete,
+            failed=failed,
+            listeners=len(listeners),
+        )
+
+    @translate_errors
+    def task_ids(self, queue: str, status: str, start: int = 0, stop: int = -1) -> list[str]:
+        """Ids of a queue's tasks in one state, from the list, set or zset that holds them."""
+        if status == k.PENDING:
+            ids: list[str] = self.redis.lrange(self.keys.pending(queue), start, stop)
+            return ids
+        if status == k.SCHEDULED:
+            return cast(list[str], self.redis.zrange(self.keys.scheduled(queue), start, stop))
+        if status in k.FINISHED_STATUSES:
+            finished = self.keys.finished(queue, status)
+            return cast(list[str], self.redis.lrange(finished, start, stop))
+        if status == k.STARTED:
+            members = sorted(self.redis.smembers(self.keys.started(queue)))
+            return [member.rsplit(" ", 1)[-1] for member in members][start : stop or None]
+        if status == k.RESERVED:
+            started = set(self.task_ids(queue, k.STARTED))
+            ids = []
+            for listener in sorted(self.redis.smembers(self.keys.listeners(queue))):
+                ids += self.redis.lrange(self.keys.reserved(queue, listener), 0, -1)
+            return [i for i in ids if i not in started]
+        raise InvalidTaskState(f"unknown status {status!r}; expected one of {k.STATUSES}")
+
+    @translate_errors
+    def known_queues(self) -> list[tuple[str, float]]:
+        """blueque_queues: every queue with its listener count."""
+        return cast(
+            list[tuple[str, float]],
+            self.redis.zrange(self.keys.queues(), 0, -1, withscores=True),
+        )
+
+    @translate_errors
+    def listener_ids(self, queue: str) -> set[str]:
+        return cast(set[str], self.redis.smembers(self.keys.listeners(queue)))
+
+    # --- listeners ------------------------------------------------------------------------
+    @translate_errors
+    def add_listener(self, queue: str, listener_id: str) -> None:
+        """SADD blueque_listeners_[queue]; ZINCRBY blueque_queues 1 (as blueque 1.0.1)."""
+        pipe = self.redis.pipeline(transaction=not self.keys.cluster)
+        pipe.sadd(self.keys.listeners(queue), listener_id)
+        pipe.zincrby(self.keys.queues(), 1, queue)
+        pipe.execute()
+
+    @translate_errors
+    def remove_listener(self, queue: str, listener_id: str) -> bool:
+        """SREM the listener; only the caller that removed it decrements blueque_queues."""
+        removed = bool(self.redis.srem(self.keys.listeners(queue), listener_id))
+        if removed:
+            self.redis.zincrby(self.keys.queues(), -1, queue)
+        return removed
+
+    @translate_errors
+    def lease(self, queue: str, listener_id: str, ttl_ms: int, mode: str) -> int:
+        """register | renew | release a listener's lease (server clock). -1: lease was lost."""
+        return int(self._run("lease", [self.keys.leases(queue)], [listener_id, ttl_ms, mode]))
+
+    @translate_errors
+    def expired_listeners(self, queue: str) -> list[str]:
+        """Listeners whose lease deadline has passed by the Redis server's clock."""
+        seconds, micros = self.redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        return cast(list[str], self.redis.zrangebyscore(self.keys.leases(queue), "-inf", now_ms))
+
+    @translate_errors
+    def leases(self, queue: str) -> dict[str, float]:
+        """Every lease of a queue: listener id -> deadline (server ms)."""
+        return dict(self.redis.zrange(self.keys.leases(queue), 0, -1, withscores=True))
+
+    @translate_errors
+    def server_time(self) -> float:
+        seconds, micros = self.redis.time()
+        return float(seconds) + float(micros) / 1e6
+
+    @translate_errors
+    def write_listener_info(self, listener_id: str, info: dict[str, str], ttl_s: int) -> None:
+        """The listener's description (host, pid, create time, queues), expiring with it."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.listener_info(listener_id), mapping=info)
+        pipe.expire(self.keys.listener_info(listener_id), ttl_s)
+        pipe.execute()
+
+    @translate_errors
+    def listener_info(self, listener_id: str) -> dict[str, str]:
+        return cast(dict[str, str], self.redis.hgetall(self.keys.listener_info(listener_id)))
+
+    @translate_errors
+    def delete_listener_info(self, listener_id: str) -> None:
+        self.redis.delete(self.keys.listener_info(listener_id))
+
+    @translate_errors
+    def reserved_ids(self, queue: str, listener_id: str) -> list[str]:
+        return cast(list[str], self.redis.lrange(self.keys.reserved(queue, listener_id), 0, -1))
+
+    # --- reserving and running ------------------------------------------------------------
+    @translate_errors
+    def move_pending(self, queue: str, listener_id: str, block: float | None) -> str | None:
+        """LMOVE (or BLMOVE for up to ``block`` seconds) the oldest pending id into the
+        listener's reserved list. Follow with stamp(); a crash in between is recovered."""
+        source, target = self.keys.pending(queue), self.keys.reserved(queue, listener_id)
+        if block is None:
+            return cast("str | None", self.redis.lmove(source, target, "RIGHT", "LEFT"))
+        return cast("str | None", self.redis.blmove(source, target, block, "RIGHT", "LEFT"))
+
+    @translate_errors
+    def stamp(self, queue: str, listener_id: str, task_id: str, now: float) -> Reservation:
+        """Mark a moved task reserved by this listener and count the attempt (stamp.lua)."""
+        verdict, detail = self._run(
+            "stamp",
+            [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+             self.keys.failed(queue)],
+            [task_id, listener_id, repr(now), queue],
+        )
+        return Reservation(task_id, verdict, str(detail))
+
+    @translate_errors
+    def start(
+        self,
+        queue: str,
+        task_id: str,
+        listener_id: str,
+        pid: int,
+        now: float,
+        attempt: int | None = None,
+        pid_created: float | None = None,
+    ) -> None:
+        """Reserved -> started with the process id (start.lua); raises if it may not run."""
+        self._run(
+            "start",
+            [self.keys.task(task_id), self.keys.started(queue),
+             self.keys.reserved(queue, listener_id)],
+            [task_id, listener_id, pid, repr(now), "" if attempt is None else attempt,
+             "" if pid_created is None else repr(pid_created)],
+        )
+
+    @translate_errors
+    def finish(
+        self,
+        queue: str,
+        task_id: str,
+        listener_id: str,
+        pid: int | None,
+        outcome: str,
+        text: str,
+        now: float,
+        attempt: int | None = None,
+        retry_eta: float | None = None,
+        result_ttl_ms: int | None = None,
+        extra: tuple[str, str] | None = None,
+    ) -> str:
+        """Record complete | failed | retry for one run (finish.lua); returns the new status."""
+        if outcome == "complete":
+            target = self.keys.complete(queue)
+        elif outcome == "failed":
+            target = self.keys.failed(queue)
+        elif outcome == "retry" and retry_eta is not None:
+            target = self.keys.scheduled(queue)
+        else:
+            raise ValueError(f"unknown outcome {outcome!r} (or retry without an eta)")
+        field, value = extra or ("", "")
+        status: str = self._run(
+            "finish",
+            [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+             self.keys.started(queue), target],
+            [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
+             "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
+             "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
+             field, value],
+        )
+        return status
+
+    @translate_errors
+    def progress(self, task_id: str, attempt: int, fraction: float, message: str,
+                 now: float) -> None:
+        """Record a running task's progress (progress.lua, fenced by attempt)."""
+        self._run("progress", [self.keys.task(task_id)],
+                  [attempt, repr(fraction), message, repr(now)])
+
+    @translate_errors
+    def recover(
+        self,
+        queue: str,
+        listener_id: str,
+        verdicts: Iterable[tuple[str, str, str, float | None, str]],
+        now: float,
+        proven_dead: bool,
+    ) -> list[int]:
+        """Apply verdicts (id, attempts seen, pending|retry|failed|drop, eta, error) to a dead
+        listener's reserved tasks (recover.lua). Returns [requeued, retried, failed, skipped],
+        or [-1] if its lease turned out to be live."""
+        queues_key, use_queues = self._queues_key(queue)
+        keys = [self.keys.leases(queue), self.keys.listeners(queue),
+                self.keys.reserved(queue, listener_id), self.keys.pending(queue),
+                self.keys.started(queue), self.keys.scheduled(queue), self.keys.failed(queue),
+                queues_key]
+        args: list[Any] = [listener_id, repr(now), "1" if proven_dead else "0", queue,
+                           use_queues, self.keys.channel(queue)]
+        for task_id, attempts, verdict, eta, error in verdicts:
+            keys.append(self.keys.task(task_id))
+            args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
+        counts = [int(n) for n in self._run("recover", keys, args)]
+        if counts != [-1] and self.keys.cluster:
+            self.redis.zincrby(self.keys.queues(), 0, queue)
+        return counts
+
+    @translate_errors
+    def claim_reserved(self, queue: str, dead_listener: str, new_listener: str) -> str | None:
+        """blueque 1.0.1's orphan claim: the dead listener's first reserved task, marked with
+        reclaimed_node (the caller has already won the claim with remove_listener)."""
+        task_id = cast("str | None", self.redis.lindex(self.keys.reserved(queue, dead_listener), 0))
+        if task_id is not None:
+            self.redis.hset(self.keys.task(task_id), "reclaimed_node", new_listener)
+        return task_id
+
+    @translate_errors
+    def cancel(self, queue: str, task_id: str, now: float, error: str) -> tuple[str, str]:
+        """cancel.lua; for a running task also PUBLISH its id on its listener's channel."""
+        verdict, detail = self._run(
+            "cancel",
+            [self.keys.task(task_id), self.keys.pending(queue), self.keys.scheduled(queue),
+             self.keys.failed(queue)],
+            [task_id, repr(now), error],
+        )
+        if verdict == "requested" and detail:
+            self.redis.publish(self.keys.control(detail), task_id)
+        return str(verdict), str(detail)
+
+    # --- finished tasks -------------------------------------------------------------------
+    @translate_errors
+    def delete(self, queue: str, task_id: str, status: str) -> bool:
+        """DEL the task hash and its complete/failed list entry (delete.lua)."""
+        return bool(
+            self._run(
+                "delete",
+                [self.keys.task(task_id), self.keys.finished(queue, status)],
+                [task_id, status, DELETE_WINDOW],
+            )
+        )
+
+    @translate_errors
+    def oldest_finished(self, queue: str, status: str, count: int) -> list[str]:
+        """The ``count`` oldest ids of a finished list, oldest first (from its right end)."""
+        ids = cast(list[str], self.redis.lrange(self.keys.finished(queue, status), -count, -1))
+        return ids[::-1]
+
+    # --- queue configuration --------------------------------------------------------------
+    @translate_errors
+    def queue_config(self, queue: str) -> dict[str, str]:
+        return cast(dict[str, str], self.redis.hgetall(self.keys.queue_config(queue)))
+
+    @translate_errors
+    def set_queue_config(self, queue: str, values: dict[str, str], remove: Sequence[str] = ()
+                         ) -> None:
+        pipe = self.redis.pipeline(transaction=not self.keys.cluster)
+        if values:
+            pipe.hset(self.keys.queue_config(queue), mapping=values)
+        if remove:
+            pipe.hdel(self.keys.queue_config(queue), *remove)
+        pipe.zincrby(self.keys.queues(), 0, queue)
+        pipe.execute()
+
+    # --- notifications --------------------------------------------------------------------
+    def pubsub(self) -> Any:
+        """A pub/sub connection (ignore_subscribe_messages) for channels and done channels."""
+        return self.redis.pubsub(ignore_subscribe_messages=True)
+
+    def ping(self) -> None:
+        try:
+            self.redis.ping()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            raise RedisUnavailable(
+                f"Redis at {self.where} is unreachable ({error}); check the URL and that "
+                "redis-server is running"
+            ) from error
+
+
+def now() -> float:
+    """Task timestamps use the client's clock, as blueque 1.0.1 does."""
+    return time.time()

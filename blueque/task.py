@@ -1,0 +1,133 @@
+"""Task: a read-only view of one task hash, with refresh() and wait()."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from blueque import keys as k
+from blueque.errors import CorruptTask
+from blueque.store import RedisStore
+
+
+def _parse(task_id: str, field: str, convert: Callable[[str], Any], raw: str | None) -> Any:
+    if raw is None or raw == "":
+        return None
+    try:
+        return convert(raw)
+    except ValueError as error:
+        raise CorruptTask(
+            f"task {task_id!r} has a corrupt {field!r} field ({raw!r}); fix or delete the hash "
+            f"{k.Keys().task(task_id)!r}"
+        ) from error
+
+
+def _as_int(raw: str) -> int:
+    return int(float(raw))
+
+
+class Task:
+    """All fields of ``blueque_task_[id]``; every attribute of a missing task is None.
+
+    Typed fields: pid and attempts (int), created, updated, eta, started_at, finished_at,
+    progress (float). A corrupt typed field raises CorruptTask when read."""
+
+    def __init__(self, task_id: str, store: RedisStore, data: dict[str, str] | None = None):
+        self._id = task_id
+        self._store = store
+        self._data = store.task_data(task_id) if data is None else data
+
+    def __repr__(self) -> str:
+        return f"<Task {self._id} {self.status}>"
+
+    def refresh(self) -> Task:
+        """Re-read the task hash (one HGETALL); returns self."""
+        self._data = self._store.task_data(self._id)
+        return self
+
+    @property
+    def data(self) -> dict[str, str]:
+        """Every raw field of the hash, including fields other tools added."""
+        return dict(self._data)
+
+    @property
+    def exists(self) -> bool:
+        return bool(self._data)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in k.FINISHED_STATUSES
+
+    def wait(self, timeout: float | None = None) -> Task:
+        """Block until the task is complete or failed; raise TimeoutError after ``timeout``.
+
+        Listens on blueque_done_[queue] (published by every finish), and re-reads the hash at
+        least once a second, for finishes by writers that do not publish (blueque 1.0.1)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.refresh().finished:
+            return self
+        queue = self.queue
+        if queue is None:
+            raise CorruptTask(f"task {self._id!r} has no queue field; cannot wait for it")
+        pubsub = self._store.pubsub()
+        try:
+            pubsub.subscribe(self._store.keys.done_channel(queue))
+            while not self.refresh().finished:
+                remaining = 1.0 if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"task {self._id} is still {self.status} after {timeout} s"
+                    )
+                pubsub.get_message(timeout=min(1.0, remaining))
+        finally:
+            pubsub.close()
+        return self
+
+    def _get(self, field: str) -> str | None:
+        return self._data.get(field)
+
+    id = property(lambda self: self._id)
+    status = property(lambda self: self._get("status"))
+    queue = property(lambda self: self._get("queue"))
+    parameters = property(lambda self: self._get("parameters"))
+    result = property(lambda self: self._get("result"))
+    error = property(lambda self: self._get("error"))
+    node = property(lambda self: self._get("node"))
+    progress_message = property(lambda self: self._get("progress_message"))
+
+    @property
+    def pid(self) -> int | None:
+        return _parse(self._id, "pid", _as_int, self._get("pid"))  # type: ignore[no-any-return]
+
+    @property
+    def attempts(self) -> int | None:
+        return _parse(self._id, "attempts", _as_int, self._get("attempts"))  # type: ignore[no-any-return]
+
+    @property
+    def created(self) -> float | None:
+        return _parse(self._id, "created", float, self._get("created"))  # type: ignore[no-any-return]
+
+    @property
+    def updated(self) -> float | None:
+        return _parse(self._id, "updated", float, self._get("updated"))  # type: ignore[no-any-return]
+
+    @property
+    def eta(self) -> float | None:
+        return _parse(self._id, "eta", float, self._get("eta"))  # type: ignore[no-any-return]
+
+    @property
+    def started_at(self) -> float | None:
+        return _parse(self._id, "started_at", float, self._get("started_at"))  # type: ignore[no-any-return]
+
+    @property
+    def finished_at(self) -> float | None:
+        return _parse(self._id, "finished_at", float, self._get("finished_at"))  # type: ignore[no-any-return]
+
+    @property
+    def progress(self) -> float | None:
+        return _parse(self._id, "progress", float, self._get("progress"))  # type: ignore[no-any-return]
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self._get("cancelled"))

@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="blueque",
+    version="2.0.0.dev0",
+    description="A Redis job queue for very long jobs, wire-compatible with blueque 1.0.1",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["blueque", "blueque.*"]),
+    package_data={"blueque": ["lua/*.lua", "py.typed"]},
+    install_requires=[
+        "redis>=5.0.1",
+        "psutil>=5.9",
+        "croniter>=2.0",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "fakeredis>=2.20",
+            "ruff>=0.6",
+            "mypy>=1.10",
+            "types-psutil",
+        ],
+        "spark": ["pyspark>=3.5"],
+    },
+    entry_points={"console_scripts": ["blueque=blueque.cli:main"]},
+    scripts=[],
+)

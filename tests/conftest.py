@@ -1,0 +1,38 @@
+"""Shared fixtures: one private redis-server per test session, a clean database per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import blueque
+from blueque.testing import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server on a free loopback port, stopped by pid at the end of the session."""
+    with RedisServer(extra_args=("--databases", "64")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the private server, whose database is emptied before each test."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def client(redis_client: redis.Redis) -> blueque.Client:
+    """A Blueque client on the emptied private database."""
+    return blueque.Client(redis_client)
