@@ -1,0 +1,407 @@
+"""Redis Sentinel and Redis Cluster topologies on loopback, for tests, benchmarks and demos.
+
+Every process is a child of this one, listens on a free 127.0.0.1 port, keeps its files in a
+temporary directory and is stopped by pid. Nothing here touches the machine's own Redis.
+
+``SentinelTopology``: one master, ``replicas`` replicas and ``sentinels`` sentinels watching
+them (``down-after-milliseconds`` 1000, diskless replication without delay, so set-up takes about
+two seconds and a killed master is replaced in about two more).
+
+``ClusterTopology``: ``masters`` masters with ``replicas_per_master`` replicas each, created
+with ``redis-cli --cluster create`` and ready once every node reports ``cluster_state:ok``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from blueque.errors import ConfigurationError, RedisUnavailable
+from blueque.testing import RedisServer, free_port, wait_for
+
+#: Replication settings for every data node: a replica is in sync moments after it starts.
+FAST_REPLICATION = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = random.randrange(20000, 50000)
+        if _port_is_free(port) and _port_is_free(port + 10000):
+            return port
+    raise RedisUnavailable("found no free loopback port pair for a cluster node")
+
+
+def _redis(port: int, timeout: float = 1.0) -> redis.Redis:
+    return redis.Redis(
+        host="127.0.0.1", port=port, decode_responses=True,
+        socket_timeout=timeout, socket_connect_timeout=timeout,
+    )
+
+
+def _ask(port: int, *command: str) -> object:
+    """Send one command to a node, None if it does not answer."""
+    client: Any = _redis(port)
+    try:
+        return client.execute_command(*command)
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
+@dataclass
+class SentinelProcess:
+    """One ``redis-server --sentinel`` child monitoring one master."""
+
+    master_name: str
+    master_port: int
+    quorum: int
+    down_after_ms: int = 1000
+    failover_timeout_ms: int = 5000
+    port: int = 0
+    executable: str = "redis-server"
+    directory: str | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "sentinel not started"
+        return self.process.pid
+
+    def start(self, timeout: float = 10.0) -> SentinelProcess:
+        path = shutil.which(self.executable)
+        if path is None:
+            raise ConfigurationError(f"{self.executable} not found on PATH")
+        self.port = self.port or free_port()
+        self.directory = tempfile.mkdtemp(prefix="blueque-sentinel-")
+        config = os.path.join(self.directory, "sentinel.conf")
+        name = self.master_name
+        with open(config, "w", encoding="utf-8") as out:
+            # sentinel rewrites this file as it learns the topology: it must be writable
+            out.write(
+                f"port {self.port}\nbind 127.0.0.1\ndaemonize no\ndir {self.directory}\n"
+                f"logfile {os.path.join(self.directory, 'sentinel.log')}\n"
+                f"sentinel monitor {name} 127.0.0.1 {self.master_port} {self.quorum}\n"
+                f"sentinel down-after-milliseconds {name} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {name} 1\n"
+            )
+        self.process = subprocess.Popen([path, config, "--sentinel"], stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: _ask(self.port, "PING") is True or self._exited(), timeout)
+        except TimeoutError:
+            self.stop()
+            raise RedisUnavailable(f"sentinel on port {self.port} did not start") from None
+        if self._exited():
+            self.stop()
+            raise RedisUnavailable(f"sentinel on port {self.port} exited at start")
+        return self
+
+    def _exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+    def master_state(self) -> dict[str, str]:
+        """``SENTINEL MASTER`` as a dict of strings, empty if the sentinel does not answer."""
+        reply = _ask(self.port, "SENTINEL", "MASTER", self.master_name)
+        if isinstance(reply, dict):  # redis-py parses the flat reply into a dict
+            return {str(k): str(v) for k, v in reply.items()}
+        if isinstance(reply, list):
+            return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+        return {}
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+
+
+class _Topology:
+    """Context-manager plumbing shared by both topologies."""
+
+    def start(self, timeout: float = 30.0) -> _Topology:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Topology:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class SentinelTopology(_Topology):
+    """A master, its replicas and the sentinels watching them, all children of this process."""
+
+    replicas: int = 2
+    sentinels: int = 3
+    master_name: str = "blueque"
+    down_after_ms: int = 1000
+    failover_timeout_ms: int = 5000
+    extra_args: Sequence[str] = ()
+    servers: list[RedisServer] = field(default_factory=list, init=False)
+    sentinel_processes: list[SentinelProcess] = field(default_factory=list, init=False)
+
+    @property
+    def url(self) -> str:
+        """The ``redis+sentinel://`` URL of this topology (database 0)."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinel_processes)
+        return f"redis+sentinel://{hosts}/{self.master_name}/0"
+
+    def start(self, timeout: float = 30.0) -> SentinelTopology:
+        args = (*FAST_REPLICATION, *self.extra_args)
+        master = RedisServer(extra_args=args).start()
+        self.servers.append(master)
+        for _ in range(self.replicas):
+            replica_args = (*args, "--replicaof", "127.0.0.1", str(master.port))
+            self.servers.append(RedisServer(extra_args=replica_args).start())
+        wait_for(lambda: self._online_replicas(master.port) == self.replicas, timeout)
+        quorum = self.sentinels // 2 + 1
+        for _ in range(self.sentinels):
+            sentinel = SentinelProcess(
+                self.master_name, master.port, quorum,
+                down_after_ms=self.down_after_ms, failover_timeout_ms=self.failover_timeout_ms,
+            )
+            self.sentinel_processes.append(sentinel)
+            sentinel.start()
+        # a failover needs the sentinels to know each other and the replicas (hello messages)
+        wait_for(self._sentinels_agree, timeout, interval=0.1)
+        return self
+
+    @staticmethod
+    def _online_replicas(port: int) -> int:
+        info = _ask(port, "INFO", "replication")
+        if not isinstance(info, dict):
+            return 0
+        return sum(
+            1 for key, value in info.items()
+            if key.startswith("slave") and isinstance(value, dict)
+            and value.get("state") == "online"
+        )
+
+    def _sentinels_agree(self) -> bool:
+        master_port = str(self.master().port)
+        for sentinel in self.sentinel_processes:
+            state = sentinel.master_state()
+            if (
+                state.get("port") != master_port
+                or "s_down" in state.get("flags", "")
+                or int(state.get("num-other-sentinels", -1)) != self.sentinels - 1
+                or int(state.get("num-slaves", -1)) < self.replicas
+            ):
+                return False
+        return True
+
+    def master_port(self) -> int | None:
+        """The master's port as the first answering sentinel reports it."""
+        for sentinel in self.sentinel_processes:
+            reply = _ask(sentinel.port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)
+            if isinstance(reply, list) and len(reply) == 2:
+                return int(reply[1])
+        return None
+
+    def master(self) -> RedisServer:
+        """The data node the sentinels currently call master."""
+        port = self.master_port()
+        for server in self.servers:
+            if server.port == port:
+                return server
+        raise RedisUnavailable(f"no running server is the master (sentinels say port {port})")
+
+    def kill_master(self) -> RedisServer:
+        """SIGKILL the current master; return it (its process is dead, its port known)."""
+        master = self.master()
+        master.kill()
+        return master
+
+    def wait_for_failover(self, old_port: int, timeout: float = 30.0) -> RedisServer:
+        """Wait until the sentinels name a new master that answers as a master; return it."""
+
+        def promoted() -> bool:
+            port = self.master_port()
+            if port is None or port == old_port:
+                return False
+            info = _ask(port, "INFO", "replication")
+            return isinstance(info, dict) and info.get("role") == "master"
+
+        wait_for(promoted, timeout, interval=0.05)
+        return self.master()
+
+    def stop(self) -> None:
+        # sentinels first, so that they do not start a failover while the servers go down
+        for sentinel in self.sentinel_processes:
+            sentinel.stop()
+        for server in self.servers:
+            server.stop()
+        self.sentinel_processes.clear()
+        self.servers.clear()
+
+    def __enter__(self) -> SentinelTopology:
+        super().__enter__()
+        return self
+
+
+@dataclass
+class ClusterTopology(_Topology):
+    """A Redis Cluster of ``masters`` masters with ``replicas_per_master`` replicas each."""
+
+    masters: int = 3
+    replicas_per_master: int = 1
+    node_timeout_ms: int = 1000
+    extra_args: Sequence[str] = ()
+    servers: list[RedisServer] = field(default_factory=list, init=False)
+
+    @property
+    def url(self) -> str:
+        """The ``redis+cluster://`` URL naming every node as a start-up node."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+        return f"redis+cluster://{hosts}"
+
+    def start(self, timeout: float = 60.0) -> ClusterTopology:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise ConfigurationError("redis-cli not found on PATH (Debian: redis-tools)")
+        args = (
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            # a replica with a stale link may still be promoted: tests kill masters on purpose
+            "--cluster-replica-validity-factor", "0",
+            *FAST_REPLICATION, *self.extra_args,
+        )
+        for _ in range(self.masters * (1 + self.replicas_per_master)):
+            self.servers.append(RedisServer(port=free_cluster_port(), extra_args=args).start())
+        addresses = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses,
+             "--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"],
+            check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, timeout=timeout,
+        )
+        wait_for(self.is_healthy, timeout, interval=0.1)
+        return self
+
+    def alive(self) -> list[RedisServer]:
+        return [s for s in self.servers if s.process is not None and s.process.poll() is None]
+
+    def is_healthy(self) -> bool:
+        """Every live node says ``cluster_state:ok`` and every master has an online replica."""
+        alive = self.alive()
+        for server in alive:
+            info = _ask(server.port, "CLUSTER", "INFO")
+            if not isinstance(info, str) or "cluster_state:ok" not in info:
+                return False
+        masters = [s for s in alive if self.role(s.port) == "master"]
+        return len(masters) == self.masters and all(
+            SentinelTopology._online_replicas(m.port) >= min(self.replicas_per_master, 1)
+            or len(alive) < len(self.servers)
+            for m in masters
+        )
+
+    @staticmethod
+    def role(port: int) -> str | None:
+        info = _ask(port, "INFO", "replication")
+        return str(info.get("role")) if isinstance(info, dict) else None
+
+    def master_for_key(self, key: str) -> RedisServer:
+        """The live master serving the slot of ``key``."""
+        for server in self.alive():
+            slot = _ask(server.port, "CLUSTER", "KEYSLOT", key)
+            if not isinstance(slot, int):
+                continue
+            for start, end, primary, *_ in _slots(server.port):
+                if int(start) <= slot <= int(end):
+                    return self._server(int(primary[1]))
+        raise RedisUnavailable(f"no live node serves the slot of {key!r}")
+
+    def _server(self, port: int) -> RedisServer:
+        for server in self.servers:
+            if server.port == port:
+                return server
+        raise RedisUnavailable(f"port {port} is not a node of this cluster")
+
+    def kill_master_of(self, key: str) -> RedisServer:
+        """SIGKILL the master serving ``key``; return it."""
+        master = self.master_for_key(key)
+        master.kill()
+        return master
+
+    def wait_for_failover(self, key: str, old_port: int, timeout: float = 30.0) -> RedisServer:
+        """Wait until a replica serves ``key``'s slot as master and the cluster is ok again."""
+
+        def promoted() -> bool:
+            for server in self.alive():
+                info = _ask(server.port, "CLUSTER", "INFO")
+                if not isinstance(info, str) or "cluster_state:ok" not in info:
+                    return False
+            try:
+                return self.master_for_key(key).port != old_port
+            except RedisUnavailable:
+                return False
+
+        wait_for(promoted, timeout, interval=0.05)
+        return self.master_for_key(key)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> ClusterTopology:
+        super().__enter__()
+        return self
+
+
+def _slots(port: int) -> list[list[Any]]:
+    reply = _ask(port, "CLUSTER", "SLOTS")
+    return reply if isinstance(reply, list) else []
+
+
+def measure_until(predicate: object, timeout: float = 30.0) -> float:
+    """Seconds until ``predicate()`` first holds (polling every 10 ms)."""
+    started = time.monotonic()
+    wait_for(predicate, timeout)
+    return time.monotonic() - started
