@@ -507,6 +507,29 @@ class RedisStore:
         pipe.zincrby(self.keys.queues(), 0, queue)
         pipe.execute()
 
+    # --- scheduler and operator tools -----------------------------------------------------
+    @translate_errors
+    def cron_ticks(self) -> dict[str, str]:
+        """blueque_cron: periodic task name -> last tick fired (Unix s)."""
+        return cast(dict[str, str], self.redis.hgetall(self.keys.cron()))
+
+    @translate_errors
+    def advance_cron(self, name: str, expected: str | None, tick: int) -> bool:
+        """Compare-and-set a periodic task's last fired tick (cron_advance.lua); False if
+        another scheduler moved it first. Keys: blueque_cron."""
+        return bool(self._run("cron_advance", [self.keys.cron()],
+                              [name, expected or "", str(tick)]))
+
+    @translate_errors
+    def retry_failed(self, queue: str, task_id: str, now: float) -> None:
+        """Failed -> pending again, attempts kept (retry_failed.lua). Keys: task hash, failed
+        list, pending list. Raises TaskNotFound or InvalidTaskState (not failed)."""
+        self._run(
+            "retry_failed",
+            [self.keys.task(task_id), self.keys.failed(queue), self.keys.pending(queue)],
+            [task_id, repr(now), queue, self.keys.channel(queue), DELETE_WINDOW],
+        )
+
     # --- notifications --------------------------------------------------------------------
     def pubsub(self) -> Any:
         """A pub/sub connection (ignore_subscribe_messages) for channels and done channels."""

@@ -1,0 +1,36 @@
+-- retry_failed: an operator re-runs a failed task: it becomes pending again, attempts kept.
+-- KEYS[1] task hash            blueque_task_[id]
+-- KEYS[2] failed list          blueque_failed_tasks_[queue]
+-- KEYS[3] pending list         blueque_pending_tasks_[queue]
+-- ARGV[1] task id, ARGV[2] now (Unix s), ARGV[3] queue, ARGV[4] channel to publish the queue
+-- name on, ARGV[5] window: how far LPOS looks from each end of the failed list before a full LREM
+-- Returns 1; error "BLUEQUE_MISSING ..." if the hash is gone, "BLUEQUE_STATE ..." unless failed.
+-- The run's error moves to `last_error`; the fields of the finished run (result, node, pid,
+-- finish and cancel stamps, progress, eta) are removed, and so is any expiry the result TTL set.
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then
+  return redis.error_reply('BLUEQUE_MISSING task ' .. ARGV[1] .. ' does not exist')
+end
+if status ~= 'failed' then
+  return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. status
+    .. ': only a failed task can be retried')
+end
+local window = tonumber(ARGV[5])
+if redis.call('LPOS', KEYS[2], ARGV[1], 'RANK', -1, 'MAXLEN', window) then
+  redis.call('LREM', KEYS[2], -1, ARGV[1])
+else
+  redis.call('LREM', KEYS[2], 1, ARGV[1])
+end
+local error_text = redis.call('HGET', KEYS[1], 'error')
+if error_text then
+  redis.call('HSET', KEYS[1], 'last_error', error_text)
+end
+redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'eta',
+           'started_at', 'finished_at', 'cancelled', 'cancel_requested', 'progress',
+           'progress_message')
+redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'retried', 1)
+redis.call('PERSIST', KEYS[1])
+redis.call('LPUSH', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[4], ARGV[3])
+return 1
