@@ -109,10 +109,13 @@ class QueueCounts:
 class RedisStore:
     """Named protocol operations over one Redis connection and one key layout."""
 
-    def __init__(self, client: RedisLike, keys: k.Keys | None = None, retry: Any = None) -> None:
+    def __init__(self, client: RedisLike, keys: k.Keys | None = None, retry: Any = None,
+                 durability: Any = None) -> None:
         self.redis = client
         self.keys = keys or k.Keys()
         self.retry = retry or NoRetry()
+        #: blueque.ha.Durability: enqueues, starts and outcomes wait for replicas (WAIT)
+        self.durability = durability
         self._scripts: dict[str, Script] = {}
 
     @property
@@ -128,7 +131,10 @@ class RedisStore:
             script = self._scripts[name] = self.redis.register_script(_load(name))
         return script
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
+             durable: bool = False) -> Any:
+        if durable and self.durability is not None:
+            return self.durability.run(self.redis, self._script(name), keys, args)
         return self._script(name)(keys=list(keys), args=list(args))
 
     def _queues_key(self, queue: str) -> tuple[str, str]:
@@ -166,7 +172,7 @@ class RedisStore:
         extra = [item for pair in (fields or {}).items() for item in pair]
         args = [task_id, queue, parameters, repr(now), "" if eta is None else repr(eta),
                 self.keys.channel(queue), *extra]
-        created = bool(self._run("submit", keys, args))
+        created = bool(self._run("submit", keys, args, durable=True))
         self._touch_queue(queue)
         return created
 
@@ -182,14 +188,13 @@ class RedisStore:
         channel = self.keys.channel(queue)
         stamp = repr(now)
         flags: list[bool] = []
-        script = self._script("submit_many")
         for start in range(0, len(tasks), BULK_CHUNK):
             chunk = tasks[start : start + BULK_CHUNK]
             keys = [pending, queues_key, *(self.keys.task(task_id) for task_id, _ in chunk)]
             args: list[str] = [queue, stamp, use_queues, channel]
             for task_id, parameters in chunk:
                 args += (task_id, parameters)
-            result = script(keys=keys, args=args)
+            result = self._run("submit_many", keys, args, durable=True)
             flags.extend(flag == "1" for flag in result)
         self._touch_queue(queue)
         return flags
@@ -223,6 +228,15 @@ class RedisStore:
         for task_id in task_ids:
             pipe.hgetall(self.keys.task(task_id))
         return cast(list[dict[str, str]], pipe.execute())
+
+    @translate_errors
+    def task_statuses(self, task_ids: Sequence[str]) -> list[str | None]:
+        """HGET status of many task hashes in one pipeline (None where the hash is missing):
+        how blueque.spark.wait_for_tasks follows a batch without reading results."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hget(self.keys.task(task_id), "status")
+        return cast(list["str | None"], pipe.execute())
 
     @translate_errors
     def counts(self, queue: str) -> QueueCounts:
@@ -260,7 +274,8 @@ class RedisStore:
             return cast(list[str], self.redis.lrange(finished, start, stop))
         if status == k.STARTED:
             members = sorted(self.redis.smembers(self.keys.started(queue)))
-            return [member.rsplit(" ", 1)[-1] for member in members][start : stop or None]
+            ids = [member.rsplit(" ", 1)[-1] for member in members]
+            return ids[start : None if stop == -1 else stop + 1]  # LRANGE's inclusive stop
         if status == k.RESERVED:
             started = set(self.task_ids(queue, k.STARTED))
             ids = []
@@ -379,6 +394,7 @@ class RedisStore:
              self.keys.reserved(queue, listener_id)],
             [task_id, listener_id, pid, repr(now), "" if attempt is None else attempt,
              "" if pid_created is None else repr(pid_created)],
+            durable=True,
         )
 
     @translate_errors
@@ -414,6 +430,7 @@ class RedisStore:
              "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
              "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
              field, value],
+            durable=True,
         )
         return status
 
@@ -431,24 +448,26 @@ class RedisStore:
         listener_id: str,
         verdicts: Iterable[tuple[str, str, str, float | None, str]],
         now: float,
-        proven_dead: bool,
+        mode: str,
+        release: bool = True,
     ) -> list[int]:
         """Apply verdicts (id, attempts seen, pending|retry|failed|drop, eta, error) to a dead
-        listener's reserved tasks (recover.lua). Returns [requeued, retried, failed, skipped],
-        or [-1] if its lease turned out to be live."""
+        listener's reserved tasks (recover.lua). ``mode`` is "lease" (its lease expired) or
+        "host" (death proven on its host). Returns [requeued, retried, failed, skipped], or
+        [-1] when the claim failed (the lease is live, or someone else recovered it)."""
         queues_key, use_queues = self._queues_key(queue)
         keys = [self.keys.leases(queue), self.keys.listeners(queue),
                 self.keys.reserved(queue, listener_id), self.keys.pending(queue),
                 self.keys.started(queue), self.keys.scheduled(queue), self.keys.failed(queue),
                 queues_key]
-        args: list[Any] = [listener_id, repr(now), "1" if proven_dead else "0", queue,
-                           use_queues, self.keys.channel(queue)]
+        args: list[Any] = [listener_id, repr(now), mode, queue, use_queues,
+                           self.keys.channel(queue), "1" if release else "0"]
         for task_id, attempts, verdict, eta, error in verdicts:
             keys.append(self.keys.task(task_id))
             args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
         counts = [int(n) for n in self._run("recover", keys, args)]
-        if counts != [-1] and self.keys.cluster:
-            self.redis.zincrby(self.keys.queues(), 0, queue)
+        if counts != [-1] and release and self.keys.cluster:
+            self.redis.zincrby(self.keys.queues(), -1, queue)
         return counts
 
     @translate_errors

@@ -8,28 +8,39 @@
 -- KEYS[7] failed list          blueque_failed_tasks_[queue]
 -- KEYS[8] queues zset          blueque_queues (or any same-slot key when ARGV[5] == "0")
 -- KEYS[9..] task hashes        blueque_task_[id], one per verdict, in ARGV order
--- ARGV[1] dead listener id, ARGV[2] now (s), ARGV[3] "1" = death proven on its host (skip the
--- lease check), ARGV[4] queue, ARGV[5] "1" to decrement the queue's listener count in KEYS[8],
--- ARGV[6] channel, then 5 values per task: id, attempts seen, verdict (pending | retry | failed),
+-- ARGV[1] dead listener id, ARGV[2] now (s), ARGV[3] mode:
+--   "lease": the listener's lease must exist and have expired by the server clock; removing it
+--            is the claim (a second recoverer finds no lease and does nothing);
+--   "host":  its death was proven on its own host (pid and create time); it must still be in
+--            the listeners set (blueque 1.0.1's claim_orphan removes it first: then we back off).
+-- ARGV[4] queue, ARGV[5] "1" to decrement the queue's listener count in KEYS[8],
+-- ARGV[6] channel, ARGV[7] "1" to release the listener (drop its lease and set membership),
+-- "0" to keep them (some of its processes still run and are being adopted),
+-- then 5 values per task: id, attempts seen, verdict (pending | retry | failed | drop),
 -- retry eta, error text.
 -- A verdict applies only if the task is still in the dead listener's reserved list with the
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
--- Returns {requeued, retried, failed, skipped}, or {-1} if the lease is live (not dead after all).
-if ARGV[3] ~= '1' then
+-- Returns {requeued, retried, failed, skipped}, or {-1} if the claim failed (lease live or
+-- gone, or the listener already claimed).
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[3] == 'lease' then
   local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if not score or tonumber(score) > now_ms then
     return {-1}
   end
+elseif redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 0 then
+  return {-1}
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-if redis.call('SREM', KEYS[2], ARGV[1]) == 1 and ARGV[5] == '1' then
-  redis.call('ZINCRBY', KEYS[8], -1, ARGV[4])
+if ARGV[7] == '1' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  if redis.call('SREM', KEYS[2], ARGV[1]) == 1 and ARGV[5] == '1' then
+    redis.call('ZINCRBY', KEYS[8], -1, ARGV[4])
+  end
 end
 local counts = {0, 0, 0, 0}
 for i = 9, #KEYS do
-  local a = 7 + (i - 9) * 5
+  local a = 8 + (i - 9) * 5
   local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local cur = redis.call('HMGET', KEYS[i], 'status', 'attempts', 'pid')
   local attempts = cur[2] or ''

@@ -1,0 +1,117 @@
+"""The forked process that runs one task: start, call the function, record the outcome.
+
+It leads its own session (so a listener's death or restart does not kill it, and a time limit
+can kill its whole process group), reseeds random, and always leaves through ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import random
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from blueque.errors import BluequeError, CallbackError
+from blueque.policy import Policy
+from blueque.process import create_time
+from blueque.processor import Processor, encode_result
+from blueque.store import RedisStore, now
+from blueque.task import Task
+
+log = logging.getLogger("blueque.child")
+
+TaskFunction = Callable[[Task], Any]
+
+#: Exit codes of the child; anything else (or a signal) means it died without reporting.
+EXIT_REPORTED = 0
+EXIT_NOT_STARTED = 3  # the task could not be started (cancelled, superseded): nothing ran
+EXIT_REPORT_FAILED = 4  # ran, but recording the outcome failed (Redis gone): parent records it
+
+_current: Processor | None = None
+
+
+def report_progress(fraction: float, message: str = "") -> None:
+    """Called from inside a task function: record how far the task has got (0.0 to 1.0)."""
+    if _current is None:
+        raise BluequeError("report_progress() is only available inside a running task")
+    _current.progress(fraction, message)
+
+
+def import_function(spec: str) -> TaskFunction:
+    """``package.module:function`` -> the function; CallbackError says what is wrong."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise CallbackError(f"task function {spec!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:
+        raise CallbackError(
+            f"cannot import module {module_name!r} for task function {spec!r}: {error}"
+        ) from error
+    target: Any = module
+    for part in attribute.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise CallbackError(f"module {module_name!r} has no attribute {attribute!r}")
+    if not callable(target):
+        raise CallbackError(f"{spec!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
+    global _current
+    processor = Processor(task, store)
+    pid = os.getpid()
+    try:
+        processor.start(pid, create_time(pid))
+    except BluequeError as error:
+        log.warning("task %s not started: %s", task.id, error)
+        return EXIT_NOT_STARTED
+    _current = processor
+    try:
+        result = function(task.refresh())
+        outcome, text = "complete", encode_result(result)
+    except Exception:
+        outcome, text = "failed", traceback.format_exc()
+    try:
+        policy = Policy.resolve(task.data, store.queue_config(processor.task.queue or ""))
+        if outcome == "complete":
+            processor.complete(text, _ttl_ms(policy))
+            return EXIT_REPORTED
+        eta = policy.retry_eta(processor.attempt or 1, now())
+        if eta is None:
+            processor.fail(text, _ttl_ms(policy))
+        else:
+            processor.retry(text, eta)
+        return EXIT_REPORTED
+    except BluequeError as error:
+        log.error("task %s: could not record its outcome (%s): %s", task.id, outcome, error)
+        return EXIT_REPORT_FAILED
+
+
+def _ttl_ms(policy: Policy) -> int | None:
+    return int(policy.result_ttl * 1000) if policy.result_ttl > 0 else None
+
+
+def run_child(store: RedisStore, task: Task, function: TaskFunction) -> None:
+    """Body of the forked child; never returns."""
+    code = EXIT_REPORT_FAILED
+    try:
+        os.setsid()
+        random.seed()
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        code = _run(store, task, function)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,529 @@
+"""The listener daemon: reserve a task only when a slot is free, fork one child per task, keep a
+lease, record every ending, recover dead listeners, and stop without losing work.
+
+``run()`` repeats ``run_once()``: reap children, renew the lease, sweep for dead listeners,
+enforce time limits and cancellations, fill free slots, then wait for something to happen
+(a child exiting, an enqueue published on a queue's channel, a cancel message, a timer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import random
+import select
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from blueque import keys as k
+from blueque.child import EXIT_NOT_STARTED, TaskFunction, import_function, run_child
+from blueque.client import Client
+from blueque.errors import BluequeError, CallbackError, RedisUnavailable
+from blueque.listener import Listener, hostname, listener_id
+from blueque.logs import configure as configure_logs
+from blueque.policy import Policy
+from blueque.process import create_time
+from blueque.recovery import Recovery
+from blueque.store import now
+from blueque.task import Task
+
+log = logging.getLogger("blueque.daemon")
+
+ON_STOP = ("keep", "drain", "terminate")
+
+
+def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str]:
+    """Kale's ReducedLottery: draw queues by weight; a drawn queue leaves the pool, so every
+    queue is tried once per round, heavier ones first more often, and none starves."""
+    pool = dict(weights)
+    while pool:
+        names = list(pool)
+        choice = rng.choices(names, weights=[pool[name] for name in names])[0]
+        del pool[choice]
+        yield choice
+
+
+@dataclass
+class Running:
+    """A child process running one attempt of one task."""
+
+    task_id: str
+    queue: str
+    attempt: int | None
+    started: float  # monotonic
+    time_limit: float
+    kill_grace: float
+    policy: Policy
+    pid: int = 0
+    reason: str = ""  # why we are stopping it: "time limit", "cancelled", "shutdown"
+    term_sent: float = 0.0
+    kill_sent: bool = False
+
+
+def describe_exit(status: int, reason: str, time_limit: float) -> str:
+    """What an unreported ending means, for the task's error field."""
+    if reason == "time limit":
+        return f"time limit of {time_limit:g} s exceeded: the task's process group was killed"
+    if reason == "shutdown":
+        return "terminated because its listener shut down (--on-stop=terminate)"
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        text = f"process killed by signal {name} ({signum}) without reporting an outcome"
+        if signum == signal.SIGKILL:
+            text += "; if nobody sent it, the kernel's out-of-memory killer may have"
+        return text
+    return f"process exited with code {os.WEXITSTATUS(status)} without reporting an outcome"
+
+
+class ListenerDaemon:
+    def __init__(
+        self,
+        client: Client,
+        queues: dict[str, int],
+        function: TaskFunction | str,
+        concurrency: int = 1,
+        on_stop: str = "keep",
+        interval: float = 10.0,
+        poll: float = 1.0,
+        identity: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not queues:
+            raise BluequeError("a listener needs at least one queue")
+        if concurrency < 1:
+            raise BluequeError(f"concurrency must be at least 1, not {concurrency}")
+        if on_stop not in ON_STOP:
+            raise BluequeError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
+        self.client = client
+        self.store = client.store
+        self.weights = dict(queues)
+        self.concurrency = concurrency
+        self.on_stop = on_stop
+        self.interval = interval
+        self.poll = poll
+        self.id = identity or listener_id()
+        self.clock = clock
+        self.lease_ms = int(interval * 2000)
+        self.recovery = Recovery(self.store, lease_ms=self.lease_ms)
+        self.listeners = {q: Listener(q, self.store, self.id, register=False) for q in queues}
+        self.function_spec = function if isinstance(function, str) else None
+        self.function: TaskFunction | None = None if isinstance(function, str) else function
+        self.children: dict[int, Running] = {}
+        self.unrecorded: list[tuple[Running, str]] = []
+        self.stopping = False
+        self.rng = random.Random()
+        self._next_renew = 0.0
+        self._next_sweep = 0.0
+        self._redis_down_since: float | None = None
+        self._cancels: deque[str] = deque()
+        self._wake_r, self._wake_w = os.pipe()
+        self._sig_r, self._sig_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
+            os.set_blocking(fd, False)
+        self._subscriber: threading.Thread | None = None
+        self._registered = False
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def _load_function(self) -> None:
+        if self.function is None and self.function_spec is not None:
+            try:
+                self.function = import_function(self.function_spec)
+            except CallbackError as error:
+                log.error("%s; every task this listener takes will fail until it is fixed", error)
+
+    def _task_function(self) -> TaskFunction:
+        if self.function is not None:
+            return self.function
+        spec = self.function_spec or ""
+
+        def unimportable(task: Task) -> object:
+            return import_function(spec)(task)  # raises CallbackError with the reason
+
+        return unimportable
+
+    def install_signals(self) -> None:
+        signal.set_wakeup_fd(self._sig_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._request_stop)
+
+    def _request_stop(self, signum: int, frame: object) -> None:
+        if not self.stopping:
+            log.info("listener %s: signal %d, stopping (on-stop=%s)", self.id, signum,
+                     self.on_stop)
+        self.stopping = True
+
+    def register(self) -> None:
+        pid = os.getpid()
+        info = {
+            "host": hostname(), "pid": str(pid), "pid_created": repr(create_time(pid) or 0.0),
+            "queues": ",".join(f"{q}:{w}" for q, w in self.weights.items()),
+            "concurrency": str(self.concurrency), "interval": repr(self.interval),
+            "started": repr(now()),
+        }
+        self.store.write_listener_info(self.id, info, int(self.interval * 3) + 1)
+        for queue in self.weights:
+            self.store.add_listener(queue, self.id)
+            self.store.lease(queue, self.id, self.lease_ms, "register")
+        self._registered = True
+        log.info("listener %s listening on %s with concurrency %d", self.id,
+                 info["queues"], self.concurrency)
+
+    def release(self) -> None:
+        """Leave cleanly: nothing of ours is left to recover."""
+        for queue in self.weights:
+            self.store.lease(queue, self.id, self.lease_ms, "release")
+            self.store.remove_listener(queue, self.id)
+        self.store.delete_listener_info(self.id)
+        self._registered = False
+
+    def run(self) -> int:
+        self.install_signals()
+        self._load_function()
+        self._start_subscriber()
+        try:
+            while True:
+                self.run_once()
+                if self.stopping and self._may_exit():
+                    break
+        finally:
+            self._finish()
+        return 0
+
+    def _may_exit(self) -> bool:
+        if self.on_stop == "keep":
+            return True
+        if self.on_stop == "terminate":
+            for running in self.children.values():
+                running.reason = running.reason or "shutdown"
+                if not running.term_sent:
+                    running.term_sent = self.clock()
+                    self._signal_group(running, signal.SIGTERM)
+        return not self.children and not self.unrecorded
+
+    def _finish(self) -> None:
+        self._subscriber = None
+        try:
+            if self.children:
+                log.info("listener %s exiting; %d task(s) keep running and will be adopted by "
+                         "the next listener on this host", self.id, len(self.children))
+                self._renew()
+            elif self._registered:
+                self.release()
+        except BluequeError as error:
+            log.error("listener %s: could not leave cleanly: %s", self.id, error)
+        for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
+            os.close(fd)
+
+    # --- one step ---------------------------------------------------------------------------
+    def run_once(self) -> None:
+        self._reap()
+        try:
+            if not self._registered:
+                self.register()
+                self._heal()
+            self._record_unrecorded()
+            current = self.clock()
+            if current >= self._next_renew:
+                self._renew()
+                self._next_renew = current + self.interval / 2
+            if current >= self._next_sweep:
+                self.recovery.sweep(self.weights, exclude=[self.id])
+                self._next_sweep = current + self.interval
+            self._handle_cancels()
+            self._enforce_limits()
+            if not self.stopping:
+                self._fill_slots()
+            if self._redis_down_since is not None:
+                log.warning("listener %s: Redis is back", self.id)
+                self._redis_down_since = None
+                self._heal()
+            timeout = self.poll
+        except RedisUnavailable as error:
+            if self._redis_down_since is None:
+                self._redis_down_since = self.clock()
+                log.error("listener %s: %s; children keep running, retrying", self.id, error)
+            down = self.clock() - self._redis_down_since
+            timeout = min(5.0, 0.1 * 2 ** min(6, int(down)))
+            self._enforce_limits_offline()
+        self._wait(timeout)
+
+    def _fill_slots(self) -> None:
+        while len(self.children) < self.concurrency and not self.stopping:
+            task = self._reserve()
+            if task is None:
+                return
+            self._fork(task)
+
+    def _reserve(self) -> Task | None:
+        for queue in reduced_lottery(self.weights, self.rng):
+            task = self.listeners[queue].reserve()
+            if task is not None:
+                return task
+        return None
+
+    def _fork(self, task: Task) -> None:
+        queue = task.queue or ""
+        policy = Policy.resolve(task.data, self.store.queue_config(queue))
+        function = self._task_function()
+        pid = os.fork()
+        if pid == 0:
+            run_child(self.store, task, function)
+        self.children[pid] = Running(
+            task.id, queue, task.attempts, self.clock(), policy.time_limit,
+            policy.kill_grace, policy, pid,
+        )
+        log.info("task %s queue %s: attempt %s started in pid %d", task.id, queue,
+                 task.attempts, pid, extra={"task_id": task.id, "queue": queue, "pid": pid,
+                                            "event": "started", "attempt": task.attempts})
+
+    # --- children ---------------------------------------------------------------------------
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            running = self.children.pop(pid, None)
+            if running is None:
+                continue
+            if running.reason in ("time limit", "cancelled", "shutdown"):
+                self._signal_group(running, signal.SIGKILL, pid)  # grandchildren too
+            self._settle(pid, status, running)
+
+    def _settle(self, pid: int, status: int, running: Running) -> None:
+        duration = self.clock() - running.started
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        reported = code == 0 and not running.reason
+        if not reported and code != EXIT_NOT_STARTED:
+            self.unrecorded.append((running, describe_exit(status, running.reason,
+                                                           running.time_limit)))
+            self._record_unrecorded()
+        outcome = "not started" if code == EXIT_NOT_STARTED else (
+            "reported" if reported else "died")
+        log.info("task %s queue %s: pid %d ended after %.3f s (%s)", running.task_id,
+                 running.queue, pid, duration, outcome,
+                 extra={"task_id": running.task_id, "queue": running.queue, "pid": pid,
+                        "duration": round(duration, 6), "event": "ended", "outcome": outcome})
+
+    def _record_unrecorded(self) -> None:
+        """Record endings the child could not report; kept until Redis accepts them."""
+        while self.unrecorded:
+            running, error = self.unrecorded[0]
+            try:
+                self._record(running, error)
+            except RedisUnavailable:
+                return
+            self.unrecorded.pop(0)
+
+    def _record(self, running: Running, error: str) -> None:
+        data = self.store.task_data(running.task_id)
+        if data.get("status") not in (k.RESERVED, k.STARTED) or (
+            running.attempt is not None and data.get("attempts") != str(running.attempt)
+        ):
+            return  # the child did report, or the task moved on (recovered, cancelled)
+        pid = running.pid
+        listener = data.get("node") or self.id
+        attempt = running.attempt
+        current = now()
+        if running.reason == "cancelled" or data.get("cancel_requested"):
+            status = self.store.finish(
+                running.queue, running.task_id, listener, pid, "failed",
+                f"cancelled: {error}", current, attempt, extra=("cancelled", repr(current)),
+            )
+        else:
+            eta = running.policy.retry_eta(attempt or 1, current, self.rng)
+            outcome = "failed" if eta is None else "retry"
+            status = self.store.finish(
+                running.queue, running.task_id, listener, pid, outcome, error, current,
+                attempt, retry_eta=eta,
+            )
+        log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
+                    extra={"task_id": running.task_id, "queue": running.queue,
+                           "event": "recorded", "outcome": status})
+
+    def _signal_group(self, running: Running, signum: int, pid: int | None = None) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid or running.pid, signum)
+
+    def _stop_child(self, running: Running, reason: str) -> None:
+        if not running.reason:
+            running.reason = reason
+            running.term_sent = self.clock()
+            log.info("task %s: %s, sending SIGTERM to its process group", running.task_id,
+                     reason)
+            self._signal_group(running, signal.SIGTERM)
+
+    def _enforce_limits(self) -> None:
+        self._enforce_limits_offline()
+
+    def _enforce_limits_offline(self) -> None:
+        """Time limits and kill escalation need no Redis: they keep working while it is down."""
+        current = self.clock()
+        for running in list(self.children.values()):
+            if running.time_limit and current - running.started > running.time_limit:
+                self._stop_child(running, "time limit")
+            if running.term_sent and not running.kill_sent and (
+                current - running.term_sent > running.kill_grace
+            ):
+                running.kill_sent = True
+                self._signal_group(running, signal.SIGKILL)
+
+    def _handle_cancels(self) -> None:
+        wanted = set()
+        while self._cancels:
+            wanted.add(self._cancels.popleft())
+        for running in self.children.values():
+            if running.task_id in wanted:
+                self._stop_child(running, "cancelled")
+
+    def _heal(self) -> None:
+        """Put back tasks left in our own reserved lists that no child of ours runs: a reserve
+        cut off between LMOVE and stamp.lua (Redis went away), or a stamp that was refused."""
+        ours = {r.task_id for r in self.children.values()}
+        for queue in self.weights:
+            ids = [i for i in self.store.reserved_ids(queue, self.id) if i not in ours]
+            if not ids:
+                continue
+            verdicts = []
+            for task_id, data in zip(ids, self.store.task_data_many(ids), strict=True):
+                waiting = data.get("status") in (k.PENDING, k.RESERVED) or not data
+                verdicts.append((task_id, data.get("attempts", ""),
+                                 "pending" if waiting else "drop", None, ""))
+            counts = self.store.recover(queue, self.id, verdicts, now(), mode="host",
+                                        release=False)
+            log.warning("listener %s: put back %s task(s) left in its reserved list on %s",
+                        self.id, counts[0], queue)
+
+    # --- lease ------------------------------------------------------------------------------
+    def _renew(self) -> None:
+        for queue in self.weights:
+            if self.store.lease(queue, self.id, self.lease_ms, "renew") == -1:
+                log.error("listener %s lost its lease on %s (declared dead and recovered); "
+                          "registering again", self.id, queue)
+                self.store.add_listener(queue, self.id)
+                self.store.lease(queue, self.id, self.lease_ms, "register")
+        self.store.write_listener_info(self.id, {"renewed": repr(now())},
+                                       int(self.interval * 3) + 1)
+        running_ids = [r.task_id for r in self.children.values()]
+        if running_ids:
+            for task_id, data in zip(running_ids, self.store.task_data_many(running_ids),
+                                     strict=True):
+                if data.get("cancel_requested"):
+                    self._cancels.append(task_id)
+
+    # --- waiting ----------------------------------------------------------------------------
+    def _start_subscriber(self) -> None:
+        channels = [self.store.keys.channel(q) for q in self.weights]
+        control = self.store.keys.control(self.id)
+        thread = threading.Thread(
+            target=self._subscribe, args=(channels, control), name="blueque-subscriber",
+            daemon=True,
+        )
+        self._subscriber = thread
+        thread.start()
+
+    def _subscribe(self, channels: Sequence[str], control: str) -> None:
+        """Background thread: wake the main loop on every enqueue and cancel message."""
+        backoff = 0.1
+        while self._subscriber is not None:
+            pubsub = self.store.pubsub()
+            try:
+                pubsub.subscribe(*channels, control)
+                backoff = 0.1
+                while self._subscriber is not None:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    if message["channel"] == control:
+                        self._cancels.append(message["data"])
+                    self._wake()
+            except Exception as error:  # the connection dropped: resubscribe with backoff
+                log.debug("subscriber: %s; resubscribing in %.1f s", error, backoff)
+                time.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+                self._wake()  # missed messages: let the main loop look for itself
+            finally:
+                pubsub.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full pipe: the main loop wakes anyway
+            os.write(self._wake_w, b"\0")
+
+    def _wait(self, timeout: float) -> None:
+        if self.stopping and self.on_stop == "keep":
+            return
+        deadlines = [r.started + r.time_limit for r in self.children.values() if r.time_limit]
+        deadlines += [r.term_sent + r.kill_grace for r in self.children.values()
+                      if r.term_sent and not r.kill_sent]
+        deadlines += [self._next_renew, self._next_sweep]
+        current = self.clock()
+        timeout = max(0.0, min([timeout, *(d - current for d in deadlines)]))
+        try:
+            ready, _, _ = select.select([self._wake_r, self._sig_r], [], [], timeout)
+        except InterruptedError:
+            return
+        for fd in ready:
+            try:
+                while os.read(fd, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+
+# --- the `blueque listen` command ------------------------------------------------------------
+def parse_queues(text: str) -> dict[str, int]:
+    """``high:3,low`` -> {"high": 3, "low": 1}."""
+    weights: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, weight = item.partition(":")
+        try:
+            weights[name] = int(weight) if weight else 1
+        except ValueError as error:
+            raise BluequeError(f"bad queue weight in {item!r}: use QUEUE[:WEIGHT]") from error
+        if weights[name] < 1:
+            raise BluequeError(f"queue weight must be at least 1 in {item!r}")
+    if not weights:
+        raise BluequeError("no queue given: use QUEUE[:WEIGHT][,QUEUE[:WEIGHT]...]")
+    return weights
+
+
+def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("queues", metavar="QUEUE[:WEIGHT][,...]",
+                        help="queues to serve; a higher weight is served more often")
+    parser.add_argument("function", metavar="package.module:function",
+                        help="called with the Task in a forked child; its return value is the "
+                             "result (a string, or JSON for other values)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="tasks run at once (one child each); no task is reserved "
+                             "without a free slot (default 1)")
+    parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
+                        help="on SIGTERM: keep children running for the next listener to "
+                             "adopt (default), drain (wait for them), or terminate them")
+    parser.add_argument("--interval", type=float, default=10.0,
+                        help="lease renewal and recovery sweep interval in seconds (a dead "
+                             "listener is recovered within 3 intervals; default 10)")
+    parser.add_argument("--poll", type=float, default=1.0,
+                        help="fallback poll for enqueues that publish nothing, such as "
+                             "blueque 1.0.1's (seconds, default 1)")
+    parser.add_argument("--identity", help=argparse.SUPPRESS)
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def run_listen(args: argparse.Namespace, client: Client) -> int:
+    configure_logs(args.log_format, args.log_level)
+    daemon = ListenerDaemon(
+        client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
+        on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
+    )
+    return daemon.run()

@@ -1,0 +1,167 @@
+"""Recovery: give back the tasks of listeners that died, on any host, within a bounded time.
+
+Two ways a listener is known dead (PROTOCOL.md, "Liveness and recovery"):
+- its lease expired by the Redis server's clock (host died, process SIGKILLed, network cut):
+  any live listener or scheduler, on any host, recovers its tasks;
+- on its own host, its pid is gone (pid plus create time, so a reused pid is not mistaken):
+  detected at once, without waiting for the lease. Started tasks whose process is still
+  alive are adopted instead: their lease is renewed and they record their own outcome.
+
+Verdicts per task: not started yet -> pending again (front of the queue); started -> retried
+later or failed, by the task's retry policy; cancel requested -> failed as cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from blueque import keys as k
+from blueque.listener import hostname, parse_listener_id
+from blueque.policy import Policy
+from blueque.process import process_alive
+from blueque.store import RedisStore, now
+
+log = logging.getLogger("blueque.recovery")
+
+Verdict = tuple[str, str, str, "float | None", str]
+
+
+@dataclass
+class RecoveryReport:
+    requeued: int = 0
+    retried: int = 0
+    failed: int = 0
+    adopted: int = 0
+    listeners: list[str] = field(default_factory=list)
+
+    def add(self, counts: list[int]) -> None:
+        self.requeued += counts[0]
+        self.retried += counts[1]
+        self.failed += counts[2]
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+class Recovery:
+    """One sweep per call; the daemons call ``sweep`` every lease interval."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        host: str | None = None,
+        lease_ms: int = 20_000,
+        alive: Callable[[int, float | None], bool] = process_alive,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.lease_ms = lease_ms
+        self.host = host or hostname()
+        self._alive = alive
+        self._rng = rng or random.Random()
+
+    def _verdicts(
+        self, queue: str, listener: str, why: str, adopt: bool
+    ) -> tuple[list[Verdict], int]:
+        """Verdicts for a dead listener's reserved tasks, and how many still-running ones
+        (adopt=True: checked by pid on this host) are left alone."""
+        ids = self.store.reserved_ids(queue, listener)
+        datas = self.store.task_data_many(ids) if ids else []
+        config = self.store.queue_config(queue) if ids else {}
+        current = now()
+        verdicts: list[Verdict] = []
+        live = 0
+        for task_id, data in zip(ids, datas, strict=True):
+            status, attempts = data.get("status"), data.get("attempts", "")
+            pid = data.get("pid")
+            if status in (k.PENDING, k.RESERVED) or not data:
+                verdicts.append((task_id, attempts, "pending", None, ""))
+            elif status == k.STARTED:
+                if adopt and pid and pid.isdigit() and self._alive(
+                    int(pid), _float(data.get("pid_created"))
+                ):
+                    live += 1
+                    continue
+                verdicts.append(self._started_verdict(task_id, data, config, why, current))
+            else:
+                verdicts.append((task_id, attempts, "drop", None, ""))
+        return verdicts, live
+
+    def _started_verdict(
+        self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,
+        current: float,
+    ) -> Verdict:
+        attempts = data.get("attempts", "")
+        error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
+        if data.get("cancel_requested"):
+            return (task_id, attempts, "failed", None, f"cancelled: {error}")
+        policy = Policy.resolve(data, config)
+        eta = policy.retry_eta(int(attempts) if attempts.isdigit() else 1, current, self._rng)
+        if eta is None:
+            return (task_id, attempts, "failed", None, error)
+        return (task_id, attempts, "retry", eta, error)
+
+    def recover_expired(self, queue: str, report: RecoveryReport) -> None:
+        """Listeners whose lease expired: recover everything they held (mode "lease")."""
+        for listener in self.store.expired_listeners(queue):
+            verdicts, _ = self._verdicts(
+                queue, listener, f"listener {listener} stopped renewing its lease", adopt=False
+            )
+            counts = self.store.recover(queue, listener, verdicts, now(), mode="lease")
+            if counts != [-1]:
+                report.add(counts)
+                report.listeners.append(listener)
+                log.warning(
+                    "recovered listener %s on queue %s (lease expired): %d requeued, "
+                    "%d retried, %d failed", listener, queue, *counts[:3],
+                )
+
+    def recover_local(self, queue: str, report: RecoveryReport, exclude: Iterable[str] = ()
+                      ) -> None:
+        """Dead listeners on this host (mode "host"). Their processes that still run are
+        adopted: the dead listener's lease is renewed for them (so no other host recovers
+        them) and they record their own outcome; if one dies unreported, a later sweep sees
+        its pid gone and applies the retry policy."""
+        skip = set(exclude)
+        for listener in sorted(self.store.listener_ids(queue)):
+            host, pid = parse_listener_id(listener)
+            if host != self.host or pid is None or listener in skip:
+                continue
+            created = _float(self.store.listener_info(listener).get("pid_created"))
+            if self._alive(pid, created):
+                continue
+            verdicts, live = self._verdicts(
+                queue, listener, f"listener {listener} died", adopt=True
+            )
+            if verdicts or not live:
+                counts = self.store.recover(
+                    queue, listener, verdicts, now(), mode="host", release=not live
+                )
+                if counts == [-1]:
+                    continue
+                report.add(counts)
+                report.listeners.append(listener)
+                log.warning(
+                    "recovered dead listener %s on queue %s: %d requeued, %d retried, "
+                    "%d failed, %d still running", listener, queue, *counts[:3], live,
+                )
+            if live:
+                report.adopted += live
+                self.store.lease(queue, listener, self.lease_ms, "register")
+
+    def sweep(self, queues: Iterable[str], exclude: Iterable[str] = ()) -> RecoveryReport:
+        """Recover dead listeners of this host first (so their live processes are adopted
+        before their lease can expire), then expired leases on ``queues``."""
+        report = RecoveryReport()
+        excluded = list(exclude)
+        for queue in queues:
+            self.recover_local(queue, report, excluded)
+            self.recover_expired(queue, report)
+        return report

@@ -1,0 +1,89 @@
+"""Task functions the end-to-end tests run in real listener daemons (tests.jobs:NAME).
+
+Parameters are JSON. Functions that must prove how often they ran append a line to the file
+named in their parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from blueque.child import report_progress
+from blueque.task import Task
+
+
+def _params(task: Task) -> dict[str, Any]:
+    value = json.loads(task.parameters or "{}")
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def _mark(params: dict[str, Any], text: str) -> None:
+    if "marker" in params:
+        with open(params["marker"], "a", encoding="utf-8") as handle:
+            handle.write(f"{text} {os.getpid()}\n")
+
+
+def echo(task: Task) -> object:
+    params = _params(task)
+    _mark(params, "ran")
+    return params.get("value", params)
+
+
+def text(task: Task) -> str:
+    return f"processed {task.parameters}"
+
+
+def sleep(task: Task) -> str:
+    params = _params(task)
+    _mark(params, "start")
+    time.sleep(float(params.get("seconds", 1)))
+    _mark(params, "end")
+    return "slept"
+
+
+def boom(task: Task) -> str:
+    raise RuntimeError(f"boom on {task.parameters}")
+
+
+def segfault(task: Task) -> str:
+    _mark(_params(task), "ran")
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return "unreachable"
+
+
+def exit_code(task: Task) -> str:
+    os._exit(int(_params(task).get("code", 7)))
+
+
+def grandchild(task: Task) -> str:
+    """Starts a grandchild that would outlive us, records its pid, then sleeps."""
+    params = _params(task)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(params["pidfile"], "w", encoding="utf-8") as handle:
+        handle.write(str(child.pid))
+    time.sleep(float(params.get("seconds", 600)))
+    return "done"
+
+
+def progress(task: Task) -> str:
+    params = _params(task)
+    report_progress(0.5, "half way")
+    _mark(params, "reported")
+    deadline = time.monotonic() + float(params.get("seconds", 5))
+    while time.monotonic() < deadline and not os.path.exists(params.get("release", "/nonexistent")):
+        time.sleep(0.01)
+    return "done"
+
+
+def flaky(task: Task) -> str:
+    """Fails until attempt N (from parameters), then succeeds."""
+    params = _params(task)
+    _mark(params, f"attempt{task.attempts}")
+    if (task.attempts or 0) < int(params.get("succeed_on", 3)):
+        raise RuntimeError(f"attempt {task.attempts} failed")
+    return f"succeeded on attempt {task.attempts}"
