@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from blueque.config import Settings
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.keys import Keys
@@ -32,6 +34,7 @@ class Client:
         *,
         cluster: bool = False,
         retry: Any = None,
+        durability: Any = None,
         **redis_kwargs: Any,
     ) -> None:
         if url is None or isinstance(url, str):
@@ -45,8 +48,12 @@ class Client:
                 )
             self.settings = None
             self.redis = url
-        self.keys = Keys(cluster=cluster)
-        self.store = RedisStore(self.redis, self.keys, retry=retry)
+        if self.settings is not None:  # Sentinel and Cluster URLs bring their own (blueque.ha)
+            cluster = cluster or self.settings.cluster
+            retry = retry or self.settings.retry_policy()
+            durability = durability or self.settings.durability()
+        self.keys = Keys(cluster=cluster or isinstance(self.redis, RedisCluster))
+        self.store = RedisStore(self.redis, self.keys, retry=retry, durability=durability)
 
     def __repr__(self) -> str:
         return f"<blueque.Client {self.store.where}>"

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import redis
 
 from blueque.errors import ConfigurationError
+from blueque.ha import HA_OPTIONS, Durability, HASettings, RetryPolicy, is_ha_url
 
 DEFAULT_URL = "redis://localhost:6379/0"
 URL_ENVIRONMENT_VARIABLE = "BLUEQUE_URL"
@@ -37,16 +38,24 @@ class Settings:
     url: str
     redis_kwargs: dict[str, Any] = field(default_factory=dict)
     cluster: bool = False
+    #: Sentinel or Cluster settings when the URL uses one of their schemes (see blueque.ha)
+    ha: HASettings | None = None
 
     @classmethod
     def from_url(cls, url: str | None = None, **redis_kwargs: Any) -> Settings:
         url = url or default_url()
+        if is_ha_url(url):
+            options = {n: redis_kwargs.pop(n) for n in HA_OPTIONS if n in redis_kwargs}
+            ha = HASettings.from_url(url, **options)
+            return cls(url=url, redis_kwargs=dict(redis_kwargs), cluster=ha.cluster, ha=ha)
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SCHEMES:
             raise ConfigurationError(
                 f"unsupported Redis URL {_describe(url)!r}: use redis://[user:password@]host"
-                f":port/db, rediss:// for TLS, or unix:///path/to/redis.sock?db=0"
+                f":port/db, rediss:// for TLS, unix:///path/to/redis.sock?db=0, "
+                "redis+sentinel://host:26379,host:26380/master_name/0 or "
+                "redis+cluster://host:7000,host:7001"
             )
         if scheme != "unix":
             try:
@@ -67,8 +76,19 @@ class Settings:
             raise ConfigurationError(f"no socket path in Redis URL {_describe(url)!r}")
         return cls(url=url, redis_kwargs=dict(redis_kwargs))
 
-    def connect(self) -> redis.Redis:
-        """A redis-py client with decode_responses=True (parameters and results are text)."""
+    def retry_policy(self) -> RetryPolicy | None:
+        """Sentinel and Cluster URLs retry every operation through a failover."""
+        return self.ha.retry_policy() if self.ha is not None else None
+
+    def durability(self) -> Durability | None:
+        """The WAIT setting of a Sentinel or Cluster URL (``wait_replicas``), if any."""
+        return self.ha.durability() if self.ha is not None else None
+
+    def connect(self) -> Any:
+        """A redis-py client with decode_responses=True (parameters and results are text):
+        redis.Redis, or redis.RedisCluster for a cluster URL."""
+        if self.ha is not None:
+            return self.ha.connect(**self.redis_kwargs)
         kwargs = {**self.redis_kwargs, "decode_responses": True}
         try:
             return redis.Redis.from_url(self.url, **kwargs)

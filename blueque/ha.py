@@ -56,6 +56,8 @@ _TEXT_OPTIONS = (
     "sentinel_username", "sentinel_password", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
     "ssl_cert_reqs", "ssl_check_hostname",
 )
+#: Every option a Sentinel or Cluster URL (or keyword argument) may carry.
+HA_OPTIONS = _FLOAT_OPTIONS + _INT_OPTIONS + _TEXT_OPTIONS
 
 
 def is_ha_url(url: str) -> bool:

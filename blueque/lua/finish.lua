@@ -8,11 +8,16 @@
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
 -- ARGV[10] channel to publish the task id on, ARGV[11] extra field, ARGV[12] its value ("" none)
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
-local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid')
+-- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node')
 local status = cur[1]
 if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
   return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
     .. tostring(cur[2]) .. ', not ' .. ARGV[7] .. ': this outcome is not recorded')
+end
+local recorded = {complete = 'complete', failed = 'failed', retry = 'scheduled'}
+if ARGV[7] ~= '' and status == recorded[ARGV[4]] and cur[4] == ARGV[2] then
+  return status
 end
 if status ~= 'reserved' and status ~= 'started' then
   return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. tostring(status)
