@@ -20,6 +20,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "fakeredis>=2.20",
+            "lupa>=2.0",
             "ruff>=0.6",
             "mypy>=1.10",
             "types-psutil",

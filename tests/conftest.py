@@ -36,3 +36,17 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 def client(redis_client: redis.Redis) -> blueque.Client:
     """A Blueque client on the emptied private database."""
     return blueque.Client(redis_client)
+
+
+@pytest.fixture(params=["redis", "fakeredis"])
+def any_client(request: pytest.FixtureRequest) -> Iterator[blueque.Client]:
+    """The contract tests' client: on the private redis-server, and again on fakeredis (its
+    Lua support needs ``lupa``; without it that variant is skipped, never weakened)."""
+    if request.param == "redis":
+        yield request.getfixturevalue("client")
+        return
+    fakeredis = pytest.importorskip("fakeredis")
+    pytest.importorskip("lupa", reason="fakeredis runs Blueque's Lua scripts only with lupa")
+    fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    yield blueque.Client(fake)
+    fake.close()
