@@ -1,0 +1,272 @@
+"""Contract tests: creating tasks (enqueue, enqueue_many, schedule) and moving due ones.
+
+Each test asserts the Redis state PROTOCOL.md section 5.1-5.3 specifies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+import blueque
+from blueque.errors import ConfigurationError
+from blueque.keys import Keys
+from blueque.store import BULK_CHUNK
+
+K = Keys()
+ORIGINAL_FIELDS = {"status", "queue", "parameters", "created", "updated"}
+
+
+def make_due(client: blueque.Client, queue: str, count: int, prefix: str = "due") -> list[str]:
+    """Scheduled tasks whose eta has already passed (Queue.schedule would enqueue them at once,
+    so they are submitted through the store with an explicit past eta)."""
+    past = time.time() - 60
+    ids = [f"{prefix}-{i}" for i in range(count)]
+    for task_id in ids:
+        client.store.submit(queue, task_id, "{}", past - 1, eta=past)
+    return ids
+
+
+def test_enqueue_writes_exactly_the_fields_1_0_1_writes(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    before = time.time()
+    task_id = any_client.get_queue("q").enqueue('{"n": 1}')
+    data = r.hgetall(K.task(task_id))
+    assert set(data) == ORIGINAL_FIELDS  # nothing more: memory stays at 1.0.1's level
+    assert data["status"] == "pending"
+    assert data["queue"] == "q"
+    assert data["parameters"] == '{"n": 1}'
+    assert data["created"] == data["updated"]
+    assert before <= float(data["created"]) <= time.time()
+    assert r.lrange(K.pending("q"), 0, -1) == [task_id]
+    assert r.zscore(K.queues(), "q") == 0.0
+    assert r.type(K.scheduled("q")) == "none"
+
+
+def test_enqueue_options_add_only_their_fields(any_client: blueque.Client) -> None:
+    task_id = any_client.get_queue("q").enqueue("p", max_attempts=3, time_limit=60)
+    data = any_client.redis.hgetall(K.task(task_id))
+    assert set(data) == ORIGINAL_FIELDS | {"max_attempts", "time_limit"}
+    assert (data["max_attempts"], data["time_limit"]) == ("3", "60.0")
+
+
+def test_enqueue_rejects_unknown_options_and_non_text_parameters(
+    any_client: blueque.Client,
+) -> None:
+    queue = any_client.get_queue("q")
+    with pytest.raises(ConfigurationError, match="unknown task option"):
+        queue.enqueue("p", priority=1)
+    with pytest.raises(TypeError, match=r"json\.dumps"):
+        queue.enqueue({"not": "a string"})
+    assert any_client.redis.llen(K.pending("q")) == 0
+
+
+def test_pending_tasks_are_taken_first_in_first_out(any_client: blueque.Client) -> None:
+    queue = any_client.get_queue("q")
+    ids = [queue.enqueue(str(i)) for i in range(3)]
+    listener = any_client.get_listener("q")
+    taken = []
+    for _ in ids:
+        task = listener.reserve()
+        assert task is not None
+        taken.append(task.id)
+    assert taken == ids
+    assert listener.reserve() is None
+
+
+def test_enqueue_with_the_same_task_id_twice_creates_one_task(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    queue = any_client.get_queue("q")
+    assert queue.enqueue("first", task_id="job-1") == "job-1"
+    created = r.hget(K.task("job-1"), "created")
+    assert queue.enqueue("second", task_id="job-1") == "job-1"
+    assert r.lrange(K.pending("q"), 0, -1) == ["job-1"]
+    assert r.hget(K.task("job-1"), "parameters") == "first"
+    assert r.hget(K.task("job-1"), "created") == created
+
+
+def test_enqueue_many_counts_created_and_existing(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    queue = any_client.get_queue("q")
+    first = queue.enqueue_many(["a", "b", "c"], task_ids=["t1", "t2", "t3"])
+    assert (first.created, first.existing) == (3, 0)
+    again = queue.enqueue_many(["x", "y", "z", "w"], task_ids=["t3", "t4", "t1", "t5"])
+    assert (again.created, again.existing) == (2, 2)
+    assert again.task_ids == ["t3", "t4", "t1", "t5"]
+    # FIFO over both calls, each id exactly once
+    assert r.lrange(K.pending("q"), 0, -1)[::-1] == ["t1", "t2", "t3", "t4", "t5"]
+    assert r.hget(K.task("t1"), "parameters") == "a"
+    for task_id in ("t1", "t2", "t3", "t4", "t5"):
+        assert set(r.hgetall(K.task(task_id))) == ORIGINAL_FIELDS
+        assert r.hget(K.task(task_id), "status") == "pending"
+
+
+def test_enqueue_many_spans_several_script_calls(any_client: blueque.Client) -> None:
+    count = BULK_CHUNK * 2 + 17
+    result = any_client.get_queue("q").enqueue_many([str(i) for i in range(count)])
+    assert (result.created, result.existing, len(result)) == (count, 0, count)
+    assert len(set(result.task_ids)) == count
+    pending = any_client.redis.lrange(K.pending("q"), 0, -1)
+    assert pending[::-1] == result.task_ids
+    assert any_client.redis.hget(K.task(result.task_ids[-1]), "parameters") == str(count - 1)
+
+
+def test_enqueue_many_refuses_duplicate_or_mismatched_ids(any_client: blueque.Client) -> None:
+    queue = any_client.get_queue("q")
+    with pytest.raises(ConfigurationError, match="duplicates"):
+        queue.enqueue_many(["a", "b"], task_ids=["same", "same"])
+    with pytest.raises(ConfigurationError, match="one id per task"):
+        queue.enqueue_many(["a", "b"], task_ids=["only-one"])
+    assert any_client.redis.llen(K.pending("q")) == 0
+
+
+def test_schedule_stores_a_scheduled_task_with_its_eta(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    eta = time.time() + 3600
+    task_id = any_client.get_queue("q").schedule("later", eta)
+    data = r.hgetall(K.task(task_id))
+    assert set(data) == ORIGINAL_FIELDS | {"eta"}
+    assert data["status"] == "scheduled"
+    assert float(data["eta"]) == eta
+    assert r.zrange(K.scheduled("q"), 0, -1, withscores=True) == [(task_id, eta)]
+    assert r.llen(K.pending("q")) == 0
+    assert r.zscore(K.queues(), "q") == 0.0
+    assert any_client.get_task(task_id).eta == eta
+
+
+def test_schedule_with_an_eta_in_the_past_enqueues_at_once(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task_id = any_client.get_queue("q").schedule("now", time.time() - 5)
+    assert r.hget(K.task(task_id), "status") == "pending"
+    assert r.hget(K.task(task_id), "eta") is None
+    assert r.lrange(K.pending("q"), 0, -1) == [task_id]
+    assert r.zcard(K.scheduled("q")) == 0
+
+
+def test_enqueue_due_moves_only_due_tasks(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    queue = any_client.get_queue("q")
+    due = make_due(any_client, "q", 3)
+    later = queue.schedule("later", time.time() + 3600)
+    assert sorted(queue.enqueue_due_tasks()) == sorted(due)
+    assert r.zrange(K.scheduled("q"), 0, -1) == [later]
+    assert sorted(r.lrange(K.pending("q"), 0, -1)) == sorted(due)
+    for task_id in due:
+        assert r.hget(K.task(task_id), "status") == "pending"
+    assert r.hget(K.task(later), "status") == "scheduled"
+    assert queue.enqueue_due_tasks() == []
+
+
+def test_enqueue_due_moves_more_than_one_batch(any_client: blueque.Client) -> None:
+    due = make_due(any_client, "q", 1500)
+    moved = any_client.get_queue("q").enqueue_due_tasks()
+    assert sorted(moved) == sorted(due)
+    assert any_client.redis.llen(K.pending("q")) == 1500
+
+
+def test_a_due_task_whose_hash_vanished_is_recorded_failed(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    r.zadd(K.scheduled("q"), {"ghost": time.time() - 1})
+    assert any_client.get_queue("q").enqueue_due_tasks() == ["ghost"]
+    listener = any_client.get_listener("q")
+    assert listener.reserve() is None  # not runnable ...
+    assert r.hget(K.task("ghost"), "status") == "failed"  # ... and recorded
+    assert r.lrange(K.failed("q"), 0, -1) == ["ghost"]
+
+
+def _race(*movers: object) -> None:
+    barrier = threading.Barrier(len(movers))
+    errors: list[BaseException] = []
+
+    def run(mover: object) -> None:
+        try:
+            barrier.wait(timeout=10)
+            assert callable(mover)
+            mover()
+        except BaseException as error:  # reported below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in movers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+
+
+def _assert_each_moved_once(r: redis.Redis, ids: list[str]) -> None:
+    pending = Counter(r.lrange(K.pending("q"), 0, -1))
+    assert pending == Counter(ids)  # every task exactly once, none lost, none doubled
+    assert r.zcard(K.scheduled("q")) == 0
+    pipe = r.pipeline(transaction=False)
+    for task_id in ids:
+        pipe.hget(K.task(task_id), "status")
+    assert set(pipe.execute()) == {"pending"}
+
+
+def test_racing_enqueue_due_callers_move_each_task_exactly_once(
+    client: blueque.Client, redis_client: redis.Redis
+) -> None:
+    ids = make_due(client, "q", 1000)
+    moved: dict[str, list[str]] = {"a": [], "b": []}
+    other = blueque.Client(f"redis://{client.store.where}/0")
+
+    def mover(name: str, store: object) -> object:
+        def run() -> None:
+            while True:
+                batch = store.enqueue_due("q", time.time(), limit=10)  # type: ignore[attr-defined]
+                moved[name] += batch
+                if not batch and not redis_client.zcard(K.scheduled("q")):
+                    return
+        return run
+
+    try:
+        _race(mover("a", client.store), mover("b", other.store))
+    finally:
+        other.close()
+    assert not set(moved["a"]) & set(moved["b"])
+    assert sorted(moved["a"] + moved["b"]) == sorted(ids)
+    assert moved["a"] and moved["b"], "both callers should have won some tasks"
+    _assert_each_moved_once(redis_client, ids)
+
+
+def _seed_enqueue_due(r: redis.Redis) -> None:
+    """The seed's WATCH/MULTI command sequence, as blueque 1.0.1 runs it."""
+    scheduled = K.scheduled("q")
+
+    def transaction(pipe: redis.client.Pipeline) -> None:
+        now = time.time()
+        due = pipe.zrangebyscore(scheduled, 0, now)
+        if not due:
+            return
+        pipe.multi()
+        pipe.zremrangebyscore(scheduled, 0, now)
+        for task_id in due:
+            pipe.lpush(K.pending("q"), task_id)
+            pipe.hset(K.task(task_id), mapping={"status": "pending", "updated": now})
+
+    while r.zcard(scheduled):
+        r.transaction(transaction, scheduled)
+
+
+def test_enqueue_due_races_safely_with_the_watch_multi_version(
+    client: blueque.Client, redis_client: redis.Redis
+) -> None:
+    ids = make_due(client, "q", 1000)
+    seed_client = redis.Redis.from_url(f"redis://{client.store.where}/0", decode_responses=True)
+    ours: list[str] = []
+
+    def blueque_mover() -> None:
+        while batch := client.store.enqueue_due("q", time.time(), limit=25):
+            ours.extend(batch)
+
+    try:
+        _race(blueque_mover, lambda: _seed_enqueue_due(seed_client))
+    finally:
+        seed_client.close()
+    assert set(ours) <= set(ids)
+    _assert_each_moved_once(redis_client, ids)
