@@ -306,13 +306,14 @@ def test_a_retry_ours_scheduled_is_moved_and_run_by_the_original(
 
 
 def _hold_and_crash(impl: Implementation, client: blueque.Client, redis_url: str,
-                    started: list[Running]) -> tuple[str, str]:
-    """A listener of ``impl`` reserves one task and is SIGKILLed; (task id, its listener id)."""
-    holder = impl.start(redis_url, "hold", QUEUE)
+                    started: list[Running], status: str = "reserved") -> tuple[str, str]:
+    """A listener of ``impl`` reserves (and, for status "started", starts) one task and is
+    SIGKILLed; returns (task id, the dead listener's id)."""
+    holder = impl.start(redis_url, "hold", QUEUE, *(["started"] if status == "started" else []))
     started.append(holder)
     report = holder.report()
     dead = f"{HOST}_{holder.pid}"
-    assert report["status"] == "reserved"
+    assert report["status"] == status
     holder.kill()
     assert reserved(client, dead) == [report["id"]]
     assert dead in client.redis.smembers(client.keys.listeners(QUEUE))
@@ -396,6 +397,111 @@ def test_original_forking_runner_claims_our_orphan_at_start(
     assert reserved(client, dead) == []
     assert layout(client)["complete"] == [first]
     assert client.get_task(first).result.startswith("orig result: orphaned")  # type: ignore[union-attr]
+
+
+def test_our_forking_runner_requeues_and_runs_a_dead_original_listeners_task(
+    original: Implementation,
+    ours: Implementation,
+    client: blueque.Client,
+    redis_url: str,
+    started: list[Running],
+) -> None:
+    first = client.get_queue(QUEUE).enqueue("orphaned")
+    _, dead = _hold_and_crash(original, client, redis_url, started)
+
+    runner = ours.start(redis_url, "runner", QUEUE)
+    started.append(runner)
+    runner.report()
+    wait_finished(client, 1)
+    runner.stop()
+
+    assert reserved(client, dead) == []
+    assert dead not in client.redis.smembers(client.keys.listeners(QUEUE))
+    assert layout(client) == {
+        "pending": [], "scheduled": [], "started": set(), "complete": [first], "failed": [],
+    }
+    result = client.get_task(first).result
+    assert result is not None and result.startswith("ours result: orphaned")
+
+
+def test_our_forking_runner_fails_a_task_whose_original_process_died(
+    original: Implementation,
+    ours: Implementation,
+    client: blueque.Client,
+    redis_url: str,
+    started: list[Running],
+) -> None:
+    first = client.get_queue(QUEUE).enqueue("killed mid-run")
+    task_id, dead = _hold_and_crash(original, client, redis_url, started, status="started")
+    pid = int(dead.rsplit("_", 1)[1])
+    assert client.redis.smembers(client.keys.started(QUEUE)) == {f"{dead} {pid} {first}"}
+
+    runner = ours.start(redis_url, "runner", QUEUE)
+    started.append(runner)
+    runner.report()
+    wait_finished(client, 1)
+    runner.stop()
+
+    # Started by a process that is gone, with the default policy (one attempt): failed.
+    assert reserved(client, dead) == []
+    assert layout(client) == {
+        "pending": [], "scheduled": [], "started": set(), "complete": [], "failed": [first],
+    }
+    view = original.run(redis_url, "get-task", task_id)["tasks"][0]["task"]
+    assert view["status"] == "failed" and view["pid"] == pid
+    assert f"listener {dead} died" in view["error"]
+    original.run(redis_url, "delete-task", QUEUE, task_id)
+    assert fields(client, task_id) == {} and layout(client)["failed"] == []
+
+
+def test_our_forking_runner_leaves_a_live_original_listener_alone(
+    original: Implementation,
+    ours: Implementation,
+    client: blueque.Client,
+    redis_url: str,
+    started: list[Running],
+) -> None:
+    queue = client.get_queue(QUEUE)
+    held = queue.enqueue("held by the original")
+    holder = original.start(redis_url, "hold", QUEUE, "started")
+    started.append(holder)
+    assert holder.report()["id"] == held
+    live = f"{HOST}_{holder.pid}"
+    other = queue.enqueue("for ours")
+
+    runner = ours.start(redis_url, "runner", QUEUE)
+    started.append(runner)
+    runner.report()
+    wait_finished(client, 1)  # after its first recovery sweep, which comes before reserving
+    runner.stop()
+
+    assert layout(client)["complete"] == [other]
+    assert reserved(client, live) == [held]
+    assert fields(client, held)["status"] == "started"
+    assert fields(client, held)["node"] == live
+    assert client.redis.smembers(client.keys.started(QUEUE)) == {f"{live} {holder.pid} {held}"}
+    holder.stop()
+
+
+def test_our_forking_runner_runs_a_task_the_original_scheduled_when_due(
+    original: Implementation,
+    ours: Implementation,
+    client: blueque.Client,
+    redis_url: str,
+    started: list[Running],
+) -> None:
+    due = original.run(redis_url, "schedule", QUEUE, "soon", "0.5")["id"]
+    later = original.run(redis_url, "schedule", QUEUE, "later", "3600")["id"]
+
+    runner = ours.start(redis_url, "runner", QUEUE)
+    started.append(runner)
+    runner.report()
+    wait_finished(client, 1)
+    runner.stop()
+
+    assert layout(client)["complete"] == [due] and layout(client)["scheduled"] == [later]
+    result = client.get_task(due).result
+    assert result is not None and result.startswith("ours result: soon")
 
 
 # --- the original reads and deletes what ours finished --------------------------------------

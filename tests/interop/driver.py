@@ -92,8 +92,10 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one flat dispatch over the com
             process(client, task)
             done.append(task.id)
         emit(ids=done, pid=os.getpid())
-    elif command == "hold":  # QUEUE: reserve one task, report it, then wait to be killed
+    elif command == "hold":  # QUEUE [started]: reserve (and start) a task, wait to be killed
         task = client.get_listener(args[0]).listen()
+        if args[1:] == ["started"]:
+            client.get_processor(task).start(os.getpid())
         emit(id=task.id, status=client.get_task(task.id).status, pid=os.getpid())
         time.sleep(3600)
     elif command == "claim-orphan":  # QUEUE: claim a dead listener's task, then process it
