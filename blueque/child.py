@@ -12,11 +12,12 @@ import os
 import random
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from blueque.errors import BluequeError, CallbackError
+from blueque.errors import BluequeError, CallbackError, RedisUnavailable
 from blueque.policy import Policy
 from blueque.process import create_time
 from blueque.processor import Processor, encode_result
@@ -30,7 +31,9 @@ TaskFunction = Callable[[Task], Any]
 #: Exit codes of the child; anything else (or a signal) means it died without reporting.
 EXIT_REPORTED = 0
 EXIT_NOT_STARTED = 3  # the task could not be started (cancelled, superseded): nothing ran
-EXIT_REPORT_FAILED = 4  # ran, but recording the outcome failed (Redis gone): parent records it
+EXIT_REPORT_FAILED = 4  # ran, but its outcome could not be recorded (see the log)
+#: How long a finished child keeps retrying to record its outcome while Redis is away.
+REPORT_PATIENCE = 3600.0
 
 _current: Processor | None = None
 
@@ -78,20 +81,34 @@ def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
         outcome, text = "complete", encode_result(result)
     except Exception:
         outcome, text = "failed", traceback.format_exc()
-    try:
-        policy = Policy.resolve(task.data, store.queue_config(processor.task.queue or ""))
-        if outcome == "complete":
-            processor.complete(text, _ttl_ms(policy))
+    delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
+    while True:
+        try:
+            _report(store, processor, outcome, text)
             return EXIT_REPORTED
-        eta = policy.retry_eta(processor.attempt or 1, now())
-        if eta is None:
-            processor.fail(text, _ttl_ms(policy))
-        else:
-            processor.retry(text, eta)
-        return EXIT_REPORTED
-    except BluequeError as error:
-        log.error("task %s: could not record its outcome (%s): %s", task.id, outcome, error)
-        return EXIT_REPORT_FAILED
+        except RedisUnavailable as error:
+            # The work is done: hold on to its outcome until Redis is back, not lose it.
+            if time.monotonic() > deadline:
+                log.error("task %s: gave up recording its outcome: %s", task.id, error)
+                return EXIT_REPORT_FAILED
+            log.warning("task %s: %s; retrying in %.1f s", task.id, error, delay)
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+        except BluequeError as error:
+            log.error("task %s: outcome (%s) not recorded: %s", task.id, outcome, error)
+            return EXIT_REPORT_FAILED
+
+
+def _report(store: RedisStore, processor: Processor, outcome: str, text: str) -> None:
+    policy = Policy.resolve(processor.task.data, store.queue_config(processor.task.queue or ""))
+    if outcome == "complete":
+        processor.complete(text, _ttl_ms(policy))
+        return
+    eta = policy.retry_eta(processor.attempt or 1, now())
+    if eta is None:
+        processor.fail(text, _ttl_ms(policy))
+    else:
+        processor.retry(text, eta)
 
 
 def _ttl_ms(policy: Policy) -> int | None:

@@ -121,6 +121,7 @@ class ListenerDaemon:
         self.rng = random.Random()
         self._next_renew = 0.0
         self._next_sweep = 0.0
+        self._next_due = 0.0
         self._redis_down_since: float | None = None
         self._cancels: deque[str] = deque()
         self._wake_r, self._wake_w = os.pipe()
@@ -237,6 +238,11 @@ class ListenerDaemon:
             if current >= self._next_sweep:
                 self.recovery.sweep(self.weights, exclude=[self.id])
                 self._next_sweep = current + self.interval
+            if current >= self._next_due:
+                # retries are scheduled tasks: move due ones even when no scheduler runs
+                for listener in self.listeners.values():
+                    self.store.enqueue_due(listener.queue, now())
+                self._next_due = current + self.poll
             self._handle_cancels()
             self._enforce_limits()
             if not self.stopping:
@@ -465,7 +471,7 @@ class ListenerDaemon:
         deadlines = [r.started + r.time_limit for r in self.children.values() if r.time_limit]
         deadlines += [r.term_sent + r.kill_grace for r in self.children.values()
                       if r.term_sent and not r.kill_sent]
-        deadlines += [self._next_renew, self._next_sweep]
+        deadlines += [self._next_renew, self._next_sweep, self._next_due]
         current = self.clock()
         timeout = max(0.0, min([timeout, *(d - current for d in deadlines)]))
         try:

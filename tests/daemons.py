@@ -1,0 +1,100 @@
+"""Start and stop real `blueque listen` daemons for end-to-end tests (stopped by pid)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def listen_command(url: str, queues: str, function: str, *options: str) -> list[str]:
+    return [sys.executable, "-m", "blueque.cli", "listen", queues, function, "--url", url,
+            *options]
+
+
+class Daemon:
+    """One listener daemon process; ``kill()`` SIGKILLs it, ``stop()`` sends SIGTERM."""
+
+    def __init__(self, command: Sequence[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            list(command), cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def close(self) -> None:
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.kill()
+        self._log.close()
+
+
+def kill_session_children(pids: Sequence[int]) -> None:
+    """SIGKILL task processes (and their groups) a test left behind."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
+    """Collects daemons a test starts; on exit stops them and any task processes they left."""
+    started: list[Daemon] = []
+    try:
+        yield started
+    finally:
+        leftovers: list[int] = []
+        for daemon in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftovers += [c.pid for c in psutil.Process(daemon.pid).children(recursive=True)]
+            daemon.close()
+        kill_session_children(leftovers)
+
+
+def wait_until(predicate: object, timeout: float = 20.0, what: str = "") -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(0.02)
