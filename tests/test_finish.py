@@ -1,0 +1,329 @@
+"""Contract tests: start, complete, fail, retry, fencing, progress, delete, purge, result TTL and
+stats (PROTOCOL.md sections 5.5-5.8, 5.10, 5.15)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+import blueque
+from blueque.errors import InvalidTaskState, StaleAttempt
+from blueque.keys import Keys
+from blueque.listener import Listener
+from blueque.processor import Processor
+
+K = Keys()
+
+
+def reserved_task(client: blueque.Client, parameters: str = "p", queue: str = "q",
+                  identity: str | None = None) -> tuple[blueque.Task, Listener]:
+    client.get_queue(queue).enqueue(parameters)
+    listener = Listener(queue, client.store, identity=identity)
+    task = listener.reserve()
+    assert task is not None
+    return task, listener
+
+
+def test_start_records_the_process(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, listener = reserved_task(any_client, "params")
+    assert any_client.get_processor(task).start(4242, pid_created=1234.5) == "params"
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["pid"], data["pid_created"]) == ("started", "4242", "1234.5")
+    assert float(data["started_at"]) == float(data["updated"])
+    assert r.smembers(K.started("q")) == {f"{listener.id} 4242 {task.id}"}
+    assert r.lrange(K.reserved("q", listener.id), 0, -1) == [task.id]
+    assert any_client.get_task(task.id).pid == 4242
+
+
+def test_complete_records_the_result_and_cleans_up(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, listener = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(4242)
+    processor.complete('{"answer": 42}')
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["result"]) == ("complete", '{"answer": 42}')
+    assert data["finished_at"] == data["updated"]
+    assert r.lrange(K.complete("q"), 0, -1) == [task.id]
+    assert r.llen(K.reserved("q", listener.id)) == 0
+    assert r.scard(K.started("q")) == 0
+    assert r.ttl(K.task(task.id)) == -1  # kept until deleted (no result TTL)
+
+
+def test_fail_records_the_error(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, listener = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(4242)
+    processor.fail("it broke")
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["error"]) == ("failed", "it broke")
+    assert "result" not in data
+    assert r.lrange(K.failed("q"), 0, -1) == [task.id]
+    assert r.llen(K.reserved("q", listener.id)) == 0
+    assert r.scard(K.started("q")) == 0
+
+
+def test_a_reserved_task_can_fail_without_starting(any_client: blueque.Client) -> None:
+    task, listener = reserved_task(any_client)
+    any_client.get_processor(task).fail("could not fork")
+    assert any_client.get_task(task.id).status == "failed"
+    assert any_client.redis.llen(K.reserved("q", listener.id)) == 0
+
+
+def test_retry_schedules_the_next_attempt(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, _ = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(4242)
+    eta = time.time() + 30
+    processor.retry("transient", eta)
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["error"], float(data["eta"])) == ("scheduled", "transient", eta)
+    assert r.zscore(K.scheduled("q"), task.id) == eta
+    assert r.llen(K.failed("q")) == 0 and r.scard(K.started("q")) == 0
+
+
+def test_results_that_are_not_strings_are_stored_as_json(any_client: blueque.Client) -> None:
+    task, _ = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(1)
+    processor.complete({"rows": [1, 2]})
+    assert any_client.get_task(task.id).result == '{"rows": [1, 2]}'
+
+
+def test_finishing_a_task_that_is_not_running_is_refused(any_client: blueque.Client) -> None:
+    task, _ = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(1)
+    processor.complete("once")
+    unfenced = any_client.store
+    with pytest.raises(InvalidTaskState, match="only a reserved or started task can finish"):
+        unfenced.finish("q", task.id, task.node or "", 1, "failed", "late", time.time())
+    assert any_client.get_task(task.id).status == "complete"
+
+
+def test_a_repeated_fenced_complete_returns_the_recorded_status(
+    any_client: blueque.Client,
+) -> None:
+    task, listener = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(1)
+    processor.complete("r")
+    status = any_client.store.finish("q", task.id, listener.id, 1, "complete", "r", time.time(),
+                                     attempt=1)
+    assert status == "complete"
+    assert any_client.redis.lrange(K.complete("q"), 0, -1) == [task.id]  # listed once
+
+
+def test_start_is_refused_for_another_listener(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, listener = reserved_task(any_client)
+    with pytest.raises(InvalidTaskState, match="cannot start"):
+        any_client.store.start("q", task.id, "someone-else_1", 7, time.time())
+    assert r.hget(K.task(task.id), "status") == "reserved"
+    assert r.scard(K.started("q")) == 0
+    processor = any_client.get_processor(task)
+    processor.start(7)
+    processor.start(7)  # a retried start of the same process is harmless
+    assert r.smembers(K.started("q")) == {f"{listener.id} 7 {task.id}"}
+
+
+# --- fencing ------------------------------------------------------------------------------
+def test_a_superseded_attempt_cannot_record_anything(any_client: blueque.Client) -> None:
+    r, store = any_client.redis, any_client.store
+    task, old_listener = reserved_task(any_client, identity="oldhost_1")
+    old = any_client.get_processor(task)
+    old.start(111)
+    # the old listener is declared dead; its task is requeued and run again elsewhere
+    assert store.recover("q", old_listener.id, [(task.id, "1", "pending", None, "")],
+                         time.time(), mode="host") == [1, 0, 0, 0]
+    new_task = any_client.get_listener("q").reserve()
+    assert new_task is not None and new_task.attempts == 2
+    new = any_client.get_processor(new_task)
+    new.start(222)
+
+    with pytest.raises(StaleAttempt, match="attempt 2, not 1"):
+        old.complete("stale result")
+    with pytest.raises(StaleAttempt):
+        old.fail("stale error")
+    with pytest.raises(StaleAttempt):
+        old.progress(0.5, "stale progress")
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["pid"], data["attempts"]) == ("started", "222", "2")
+    assert "result" not in data and "progress" not in data
+    assert r.llen(K.complete("q")) == 0
+
+    new.complete("fresh result")
+    assert r.hget(K.task(task.id), "result") == "fresh result"
+    assert isinstance(StaleAttempt("x"), InvalidTaskState)
+
+
+def test_a_superseded_start_is_refused_and_leaves_the_reserved_list(
+    any_client: blueque.Client,
+) -> None:
+    r = any_client.redis
+    task, listener = reserved_task(any_client)
+    r.hset(K.task(task.id), "attempts", "5")  # as if re-reserved meanwhile
+    with pytest.raises(StaleAttempt):
+        any_client.get_processor(task).start(1)
+    assert r.llen(K.reserved("q", listener.id)) == 0
+    assert r.scard(K.started("q")) == 0
+
+
+def test_progress_is_recorded_for_the_running_attempt(any_client: blueque.Client) -> None:
+    task, _ = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    with pytest.raises(StaleAttempt):
+        processor.progress(0.1)  # not started yet
+    processor.start(1)
+    processor.progress(0.25, "a quarter")
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        processor.progress(1.5)
+    seen = any_client.get_task(task.id)
+    assert (seen.progress, seen.progress_message) == (0.25, "a quarter")
+
+
+# --- delete and purge ---------------------------------------------------------------------
+def finished_task(client: blueque.Client, status: str) -> blueque.Task:
+    task, _ = reserved_task(client)
+    processor = client.get_processor(task)
+    processor.start(1)
+    if status == "complete":
+        processor.complete("r")
+    else:
+        processor.fail("e")
+    return client.get_task(task.id)
+
+
+@pytest.mark.parametrize("status", ["complete", "failed"])
+def test_delete_removes_the_hash_and_the_list_entry(
+    any_client: blueque.Client, status: str
+) -> None:
+    r = any_client.redis
+    task = finished_task(any_client, status)
+    other = finished_task(any_client, status)
+    any_client.get_queue("q").delete_task(task)
+    assert r.exists(K.task(task.id)) == 0
+    assert r.lrange(K.finished("q", status), 0, -1) == [other.id]
+    assert any_client.get_task(task.id).status is None
+
+
+def test_delete_refuses_an_unfinished_task_with_a_value_error(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task_id = any_client.get_queue("q").enqueue("p")
+    with pytest.raises(InvalidTaskState, match="Cannot delete task with status pending"
+                       ) as raised:
+        any_client.get_queue("q").delete_task(any_client.get_task(task_id))
+    assert isinstance(raised.value, ValueError)  # as 1.0.1 raised
+    assert r.hget(K.task(task_id), "status") == "pending"
+    assert r.lrange(K.pending("q"), 0, -1) == [task_id]
+
+
+def test_delete_refuses_a_task_of_another_queue(any_client: blueque.Client) -> None:
+    task = finished_task(any_client, "complete")
+    with pytest.raises(InvalidTaskState, match="not in queue other"):
+        any_client.get_queue("other").delete_task(task)
+    assert any_client.redis.exists(K.task(task.id)) == 1
+
+
+def test_delete_refuses_when_the_status_changed_since_it_was_read(
+    any_client: blueque.Client,
+) -> None:
+    task = finished_task(any_client, "failed")
+    any_client.redis.hset(K.task(task.id), "status", "pending")  # e.g. retried meanwhile
+    with pytest.raises(InvalidTaskState, match="only finished tasks can be deleted"):
+        any_client.get_queue("q").delete_task(task)
+    assert any_client.redis.exists(K.task(task.id)) == 1
+
+
+def _fill_finished(r: redis.Redis, count: int) -> list[str]:
+    """``count`` complete tasks, oldest at the right end as finish.lua leaves them."""
+    ids = [f"done-{i}" for i in range(count)]
+    for start in range(0, count, 10_000):
+        pipe = r.pipeline(transaction=False)
+        for task_id in ids[start : start + 10_000]:
+            pipe.hset(K.task(task_id), mapping={"status": "complete", "queue": "q",
+                                                "result": "r", "finished_at": "1.0"})
+        pipe.lpush(K.complete("q"), *ids[start : start + 10_000])
+        pipe.execute()
+    return ids
+
+
+def test_delete_oldest_newest_and_middle_of_100k_finished_tasks(
+    client: blueque.Client, redis_client: redis.Redis
+) -> None:
+    r = redis_client
+    ids = _fill_finished(r, 100_000)
+    queue = client.get_queue("q")
+    oldest, newest, middle = ids[0], ids[-1], ids[50_000]
+    assert r.lindex(K.complete("q"), -1) == oldest and r.lindex(K.complete("q"), 0) == newest
+    for task_id in (oldest, newest, middle):
+        task = client.get_task(task_id)
+        began = time.perf_counter()
+        queue.delete_task(task)
+        print(f"delete {task_id} of 100k: {1000 * (time.perf_counter() - began):.2f} ms")
+        assert r.exists(K.task(task_id)) == 0
+        assert r.lpos(K.complete("q"), task_id) is None
+    assert r.llen(K.complete("q")) == 100_000 - 3
+    assert r.lindex(K.complete("q"), -1) == ids[1]
+    assert r.lindex(K.complete("q"), 0) == ids[-2]
+
+
+def test_delete_cleans_a_dangling_entry_of_an_expired_task(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task = finished_task(any_client, "complete")
+    r.delete(K.task(task.id))  # as a result TTL would
+    assert any_client.store.delete("q", task.id, "complete") is False
+    assert r.llen(K.complete("q")) == 0
+
+
+def test_purge_deletes_old_finished_tasks_oldest_first(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    tasks = [finished_task(any_client, "complete") for _ in range(5)]
+    failed = finished_task(any_client, "failed")
+    queue = any_client.get_queue("q")
+    assert queue.purge("complete", older_than=3600) == 0
+    for task in tasks[:2]:  # the two oldest finished a day ago
+        r.hset(K.task(task.id), "finished_at", repr(time.time() - 86_400))
+    assert queue.purge("complete", older_than=3600) == 2
+    assert r.lrange(K.complete("q"), 0, -1) == [t.id for t in reversed(tasks[2:])]
+    assert all(r.exists(K.task(t.id)) == 0 for t in tasks[:2])
+    assert queue.purge("complete", older_than=0) == 3
+    assert r.llen(K.complete("q")) == 0
+    assert r.lrange(K.failed("q"), 0, -1) == [failed.id]  # other status untouched
+    with pytest.raises(InvalidTaskState):
+        queue.purge("pending", older_than=0)
+
+
+def test_result_ttl_expires_the_finished_hash(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, _ = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(1)
+    processor.complete("r", result_ttl_ms=60_000)
+    assert 0 < r.pttl(K.task(task.id)) <= 60_000
+    failing, _ = reserved_task(any_client)
+    Processor(failing, any_client.store).fail("e", result_ttl_ms=5_000)
+    assert 0 < r.pttl(K.task(failing.id)) <= 5_000
+
+
+# --- stats --------------------------------------------------------------------------------
+def test_stats_counts_every_state(any_client: blueque.Client) -> None:
+    queue = any_client.get_queue("q")
+    finished_task(any_client, "complete")
+    finished_task(any_client, "failed")
+    finished_task(any_client, "failed")
+    started, _ = reserved_task(any_client)
+    any_client.get_processor(started).start(1)
+    reserved_task(any_client)
+    queue.enqueue_many(["a", "b", "c"])
+    queue.schedule("later", time.time() + 3600)
+    stats = queue.stats()
+    assert (stats.pending, stats.scheduled, stats.reserved, stats.started) == (3, 1, 1, 1)
+    assert (stats.complete, stats.failed, stats.listeners) == (1, 2, 1)
+    assert stats.name == "q"
+    assert any_client.get_queue("empty").stats().pending == 0
