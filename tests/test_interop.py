@@ -607,6 +607,35 @@ def test_original_forking_runner_runs_bulk_enqueued_tasks(
         assert result is not None and result.startswith(f"orig result: bulk {n} ")
 
 
+def test_both_forking_runners_share_one_queue_and_run_each_task_once(
+    original: Implementation,
+    ours: Implementation,
+    client: blueque.Client,
+    redis_url: str,
+    started: list[Running],
+) -> None:
+    queue = client.get_queue(QUEUE)
+    runners = [original.start(redis_url, "runner", QUEUE), ours.start(redis_url, "runner", QUEUE)]
+    started.extend(runners)
+    for runner in runners:
+        runner.report()
+    ids = queue.enqueue_many([f"shared {n}" for n in range(30)]).task_ids
+    ids += original.run(redis_url, "enqueue", QUEUE, *[f"shared {n}" for n in range(30, 40)])["ids"]
+    wait_finished(client, len(ids))
+    for runner in runners:
+        runner.stop()
+
+    state = layout(client)
+    assert sorted(state["complete"]) == sorted(ids)  # every task once, none twice
+    assert state["failed"] == [] and state["pending"] == [] and state["started"] == set()
+    ran_by = {
+        (client.get_task(task_id).result or "").split(" ", 1)[0] for task_id in ids
+    }
+    assert ran_by <= {"orig", "ours"}
+    for runner in runners:
+        assert reserved(client, f"{HOST}_{runner.pid}") == []
+
+
 def test_driver_imports_the_intended_implementation(
     original: Implementation, ours: Implementation, redis_url: str, redis_client: redis.Redis
 ) -> None:
