@@ -1,0 +1,112 @@
+"""Contract tests: cancel in each state (PROTOCOL.md section 5.9)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import blueque
+from blueque.errors import InvalidTaskState, TaskNotFound
+from blueque.keys import Keys
+from blueque.testing import wait_for
+
+K = Keys()
+
+
+def _assert_cancelled(client: blueque.Client, task_id: str) -> None:
+    data = client.redis.hgetall(K.task(task_id))
+    assert data["status"] == "failed"
+    assert data["error"].startswith("cancelled")
+    assert float(data["cancelled"]) == float(data["finished_at"])
+    assert client.redis.lrange(K.failed("q"), 0, -1) == [task_id]
+    task = client.get_task(task_id)
+    assert task.cancelled and task.finished
+
+
+def test_cancel_a_pending_task(any_client: blueque.Client) -> None:
+    task_id = any_client.get_queue("q").enqueue("p")
+    assert any_client.cancel_task(task_id, "not needed") == "cancelled"
+    _assert_cancelled(any_client, task_id)
+    assert any_client.redis.hget(K.task(task_id), "error") == "cancelled: not needed"
+    assert any_client.redis.llen(K.pending("q")) == 0
+    assert any_client.get_listener("q").reserve() is None
+
+
+def test_cancel_a_scheduled_task(any_client: blueque.Client) -> None:
+    queue = any_client.get_queue("q")
+    task_id = queue.schedule("p", time.time() + 3600)
+    assert any_client.cancel_task(task_id) == "cancelled"
+    _assert_cancelled(any_client, task_id)
+    assert any_client.redis.zcard(K.scheduled("q")) == 0
+
+
+def test_cancel_a_reserved_task_stops_it_from_starting(any_client: blueque.Client) -> None:
+    any_client.get_queue("q").enqueue("p")
+    listener = any_client.get_listener("q")
+    task = listener.reserve()
+    assert task is not None
+    assert any_client.cancel_task(task.id) == "cancelled"
+    _assert_cancelled(any_client, task.id)
+    with pytest.raises(InvalidTaskState, match="cannot start"):
+        any_client.get_processor(task).start(1)
+    assert any_client.redis.llen(K.reserved("q", listener.id)) == 0
+    assert any_client.redis.scard(K.started("q")) == 0
+
+
+def test_cancel_a_started_task_asks_its_listener(client: blueque.Client) -> None:
+    r = client.redis
+    client.get_queue("q").enqueue("p")
+    listener = client.get_listener("q")
+    task = listener.reserve()
+    assert task is not None
+    client.get_processor(task).start(1)
+    control = client.store.pubsub()
+    control.subscribe(K.control(listener.id))
+    try:
+        wait_for(lambda: r.pubsub_numsub(K.control(listener.id))[0][1] == 1, timeout=5)
+        assert client.cancel_task(task.id) == "requested"
+        messages: list[dict[str, str]] = []
+
+        def received() -> bool:
+            message = control.get_message(timeout=0.1)
+            if message:
+                messages.append(message)
+            return bool(messages)
+
+        wait_for(received, timeout=5)
+    finally:
+        control.close()
+    assert messages[0]["data"] == task.id
+    data = r.hgetall(K.task(task.id))
+    assert data["status"] == "started" and "cancel_requested" in data
+    assert r.llen(K.failed("q")) == 0
+
+
+def test_cancel_records_the_request_without_a_subscriber(any_client: blueque.Client) -> None:
+    any_client.get_queue("q").enqueue("p")
+    task = any_client.get_listener("q").reserve()
+    assert task is not None
+    any_client.get_processor(task).start(1)
+    assert any_client.cancel_task(task.id) == "requested"
+    assert any_client.get_task(task.id).data["cancel_requested"]
+
+
+@pytest.mark.parametrize("finish", ["complete", "fail"])
+def test_cancel_a_finished_task_is_refused(any_client: blueque.Client, finish: str) -> None:
+    any_client.get_queue("q").enqueue("p")
+    task = any_client.get_listener("q").reserve()
+    assert task is not None
+    processor = any_client.get_processor(task)
+    processor.start(1)
+    getattr(processor, finish)("x")
+    status = any_client.get_task(task.id).status
+    with pytest.raises(InvalidTaskState, match="cannot be cancelled"):
+        any_client.cancel_task(task.id)
+    assert any_client.get_task(task.id).status == status
+    assert not any_client.get_task(task.id).cancelled
+
+
+def test_cancel_a_missing_task(any_client: blueque.Client) -> None:
+    with pytest.raises(TaskNotFound, match="does not exist"):
+        any_client.cancel_task("no-such-task")

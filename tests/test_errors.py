@@ -1,0 +1,100 @@
+"""Contract tests: the BluequeError hierarchy and messages that say what to do."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+import blueque
+from blueque.errors import (
+    BluequeError,
+    ConfigurationError,
+    InvalidTaskState,
+    RedisUnavailable,
+    TaskNotFound,
+)
+from blueque.testing import RedisServer, free_port
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://localhost:6379/0", "unsupported Redis URL"),
+        ("localhost:6379", "unsupported Redis URL"),
+        ("redis://localhost:99999/0", "bad port"),
+        ("redis://localhost:port/0", "bad port"),
+        ("redis://localhost:6379/zero", "bad database"),
+        ("redis://:6379/0", "no host"),
+        ("unix://", "no socket path"),
+    ],
+)
+def test_bad_urls_raise_configuration_error(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as raised:
+        blueque.Client(url)
+    assert isinstance(raised.value, BluequeError) and isinstance(raised.value, ValueError)
+
+
+def test_a_password_in_a_bad_url_is_not_echoed() -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        blueque.Client("redis://user:s3cret@localhost:99999/0")
+    assert "s3cret" not in str(raised.value)
+
+
+def test_unreachable_redis_names_the_address() -> None:
+    port = free_port()  # nothing listens there
+    client = blueque.Client(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+    try:
+        with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}.*redis-server"):
+            client.ping()
+        with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}") as raised:
+            client.get_queue("q").enqueue("p")
+        assert isinstance(raised.value, ConnectionError)
+    finally:
+        client.close()
+
+
+def test_redis_going_away_raises_redis_unavailable() -> None:
+    with RedisServer() as server:
+        client = blueque.Client(server.url, socket_connect_timeout=1)
+        try:
+            client.get_queue("q").enqueue("p")
+            server.kill()
+            with pytest.raises(RedisUnavailable, match=str(server.port)):
+                client.get_queue("q").enqueue("p")
+        finally:
+            client.close()
+
+
+def test_a_redis_client_without_decode_responses_is_refused(redis_url: str) -> None:
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        with pytest.raises(ConfigurationError, match="decode_responses=True"):
+            blueque.Client(raw)
+    finally:
+        raw.close()
+
+
+def test_a_ready_redis_client_with_decode_responses_is_used(redis_client: redis.Redis) -> None:
+    client = blueque.Client(redis_client)
+    assert client.redis is redis_client
+    task_id = client.get_queue("q").enqueue("p")
+    assert redis_client.hget(f"blueque_task_{task_id}", "status") == "pending"
+
+
+def test_task_not_found_says_what_happened() -> None:
+    error = TaskNotFound("t-1")
+    assert isinstance(error, BluequeError) and isinstance(error, KeyError)
+    assert error.task_id == "t-1"
+    assert "never enqueued" in str(error) and "'t-1'" in str(error)
+
+
+def test_invalid_task_state_is_a_value_error() -> None:
+    assert issubclass(InvalidTaskState, ValueError)
+    assert issubclass(InvalidTaskState, BluequeError)
+
+
+def test_bad_queue_names_and_task_ids_are_refused(client: blueque.Client) -> None:
+    with pytest.raises(ConfigurationError, match="queue name"):
+        client.get_queue("")
+    with pytest.raises(ConfigurationError, match="without spaces"):
+        client.get_queue("q").enqueue("p", task_id="has space")
