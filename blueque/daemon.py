@@ -70,6 +70,8 @@ def describe_exit(status: int, reason: str, time_limit: float) -> str:
     """What an unreported ending means, for the task's error field."""
     if reason == "time limit":
         return f"time limit of {time_limit:g} s exceeded: the task's process group was killed"
+    if reason == "cancelled":
+        return "cancelled while it ran: its process group was terminated"
     if reason == "shutdown":
         return "terminated because its listener shut down (--on-stop=terminate)"
     if os.WIFSIGNALED(status):
