@@ -130,7 +130,8 @@ class Queue:
         while True:
             batch = self._store.enqueue_due(self._name, current)
             moved += batch
-            if len(batch) < 1000:
+            # a batch of stale entries (only removed, not moved) may hide due tasks behind it
+            if len(batch) < 1000 and not self._store.due_count(self._name, current):
                 return moved
 
     def delete_task(self, task: Task) -> None:

@@ -214,6 +214,11 @@ class RedisStore:
         )
         return moved
 
+    @translate_errors
+    def due_count(self, queue: str, now: float) -> int:
+        """ZCOUNT of the scheduled entries whose eta has passed (enqueue_due loops on it)."""
+        return int(self.redis.zcount(self.keys.scheduled(queue), 0, now))
+
     # --- reading --------------------------------------------------------------------------
     @translate_errors
     def task_data(self, task_id: str) -> dict[str, str]:

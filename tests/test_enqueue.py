@@ -270,3 +270,21 @@ def test_enqueue_due_races_safely_with_the_watch_multi_version(
         seed_client.close()
     assert set(ours) <= set(ids)
     _assert_each_moved_once(redis_client, ids)
+
+
+def test_enqueue_due_moves_due_tasks_behind_a_full_batch_of_stale_entries(
+    any_client: blueque.Client,
+) -> None:
+    """Zset entries whose task is no longer scheduled are only removed; they must not stop
+    enqueue_due_tasks before the due tasks behind them."""
+    r = any_client.redis
+    stale = make_due(any_client, "q", 1000, prefix="stale")
+    pipe = r.pipeline(transaction=False)
+    for task_id in stale:  # e.g. moved to pending by a writer that left the zset entry
+        pipe.hset(K.task(task_id), "status", "pending")
+    pipe.execute()
+    due = any_client.store.submit("q", "due-late", "{}", time.time() - 5, eta=time.time() - 5)
+    assert due
+    assert any_client.get_queue("q").enqueue_due_tasks() == ["due-late"]
+    assert r.zcard(K.scheduled("q")) == 0
+    assert r.hget(K.task("due-late"), "status") == "pending"
