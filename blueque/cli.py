@@ -330,6 +330,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _UNSET = object()
 
 
+def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type whose message is the parser's own (argparse hides a ValueError's)."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ConfigurationError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+duration = _argument(parse_duration)
+eta_time = _argument(parse_eta)
+
+
 def _option_value(text: str) -> object:
     """A queue default: a number or duration, or ``none`` to remove it."""
     return None if text.lower() in ("none", "") else parse_duration(text)
@@ -358,7 +375,7 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
                        ("kill_grace", "time between SIGTERM and SIGKILL at the time limit"),
                        ("result_ttl", "how long a finished task is kept")):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=default,
-                            type=parse_duration if default is None else _option_value,
+                            type=duration if default is None else _argument(_option_value),
                             metavar="DURATION", help=f"{what} (90, 15m, 2h, 7d)")
 
 
@@ -392,14 +409,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("queue")
     sub.add_argument("parameters", help="a string, JSON by convention; - reads stdin")
     when = sub.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=parse_duration, metavar="DURATION",
+    when.add_argument("--delay", type=duration, metavar="DURATION",
                       help="run after this long (90, 15m, 2h)")
-    when.add_argument("--eta", type=parse_eta, help=(
+    when.add_argument("--eta", type=eta_time, help=(
         "run at this time: Unix seconds or ISO 8601 (no offset: local time)"))
     sub.add_argument("--task-id", help="your own id; enqueueing an existing id does nothing")
     _add_task_options(sub, None)
     sub.add_argument("--wait", action="store_true", help="wait for the task and print it")
-    sub.add_argument("--timeout", type=parse_duration, help="with --wait: give up after this")
+    sub.add_argument("--timeout", type=duration, help="with --wait: give up after this")
 
     sub = add("cancel", cmd_cancel, "cancel a task (a running one has its processes stopped)")
     sub.add_argument("task_id")
@@ -410,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", type=int, default=None, help="with --failed: oldest N only")
     sub = add("purge", cmd_purge, "delete finished tasks older than a duration")
     sub.add_argument("queue")
-    sub.add_argument("--older-than", type=parse_duration, required=True, metavar="DURATION")
+    sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION")
     sub.add_argument("--status", choices=k.FINISHED_STATUSES, help="default: both")
     sub = add("configure", cmd_configure,
               "set or show a queue's defaults (a value of 'none' removes one)")
@@ -418,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_task_options(sub, _UNSET)
     sub = add("wait", cmd_wait, "wait until tasks finish (progress bar on stderr)")
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
-    sub.add_argument("--timeout", type=parse_duration, help="give up after this long")
+    sub.add_argument("--timeout", type=duration, help="give up after this long")
     sub.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                      help="auto: a bar when waiting on several tasks on a terminal")
 

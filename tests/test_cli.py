@@ -1,0 +1,370 @@
+"""The `blueque` command, run as a real process against the private redis-server.
+
+Every command is run with table and --json output, and the exit codes are checked: 0 ok,
+1 failure or refusal, 2 usage (bad arguments or URL), 3 Redis unreachable, 4 not found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import blueque
+from blueque.keys import Keys
+from blueque.testing import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = Keys()
+
+
+def command(url: str | None, *arguments: str) -> list[str]:
+    url_args = ["--url", url] if url else []
+    return [sys.executable, "-m", "blueque.cli", *arguments, *url_args]
+
+
+def environment() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("BLUEQUE_URL", None)
+    return env
+
+
+def cli(url: str | None, *arguments: str, stdin: str | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command(url, *arguments), capture_output=True, text=True,
+                          input=stdin, env=environment(), cwd=ROOT, timeout=60)
+
+
+def cli_json(url: str, *arguments: str) -> Any:
+    done = cli(url, *arguments, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def run(redis_url: str, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+    """``run(*arguments)`` against the emptied private database."""
+    return lambda *arguments, stdin=None: cli(redis_url, *arguments, stdin=stdin)
+
+
+def finish(client: blueque.Client, queue: str, outcome: str, text: str = "x") -> str:
+    """A task of ``queue`` run to complete or failed through the library."""
+    task_id = client.get_queue(queue).enqueue("{}")
+    listener = client.get_listener(queue)
+    task = listener.reserve()
+    assert task is not None and task.id == task_id
+    processor = client.get_processor(task)
+    processor.start(os.getpid())
+    processor.complete(text) if outcome == "complete" else processor.fail(text)
+    listener.close()
+    return task_id
+
+
+# --- exit codes -------------------------------------------------------------------------------
+def test_help_documents_commands_and_exit_codes() -> None:
+    done = cli(None, "--help")
+    assert done.returncode == 0
+    for word in ("status", "tasks", "show", "enqueue", "cancel", "retry", "purge", "wait",
+                 "listen", "scheduler", "configure", "demo", "--url"):
+        assert word in done.stdout
+    assert "3  Redis unreachable" in done.stdout
+    assert "4  task or queue not found" in done.stdout
+    assert "exit codes" in cli(None, "retry", "--help").stdout
+
+
+@pytest.mark.parametrize("url", ["foo://host", "redis://host:port/0", "redis://host:6379/db"])
+def test_bad_url_exits_2_with_a_clear_message(url: str) -> None:
+    done = cli(url, "status")
+    assert done.returncode == 2
+    assert done.stderr.startswith("blueque: error: ") and "Redis URL" in done.stderr
+
+
+def test_bad_arguments_exit_2() -> None:
+    assert cli(None, "frobnicate").returncode == 2
+    done = cli(None, "purge", "q", "--older-than", "soon")
+    assert done.returncode == 2 and "bad duration" in done.stderr
+
+
+def test_unreachable_redis_exits_3() -> None:
+    done = cli(f"redis://127.0.0.1:{free_port()}/0", "status")
+    assert done.returncode == 3
+    assert "unreachable" in done.stderr and "redis-server is running" in done.stderr
+
+
+def test_url_comes_from_the_environment(redis_url: str, redis_client: redis.Redis) -> None:
+    env = {**environment(), "BLUEQUE_URL": redis_url}
+    done = subprocess.run(command(None, "enqueue", "envq", "{}"), capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert redis_client.hget(KEYS.task(done.stdout.strip()), "queue") == "envq"
+    env["BLUEQUE_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    done = subprocess.run(command(None, "status"), capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 3  # the variable was used, not the default URL
+
+
+@pytest.mark.parametrize("arguments", [("show", "nope"), ("cancel", "nope"),
+                                       ("retry", "nope"), ("tasks", "no-such-queue")])
+def test_unknown_task_or_queue_exits_4(run, arguments: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    done = run(*arguments)
+    assert done.returncode == 4
+    assert "nope" in done.stderr or "no-such-queue" in done.stderr
+
+
+# --- enqueue, show, tasks ---------------------------------------------------------------------
+def test_enqueue_then_show_and_tasks(run, redis_url, redis_client) -> None:  # type: ignore[no-untyped-def]
+    done = run("enqueue", "mail", '{"to": "ops"}', "--max-attempts", "3", "--time-limit", "2h")
+    assert done.returncode == 0, done.stderr
+    task_id = done.stdout.strip()
+    data = redis_client.hgetall(KEYS.task(task_id))
+    assert (data["status"], data["parameters"]) == ("pending", '{"to": "ops"}')
+    assert (data["max_attempts"], data["time_limit"]) == ("3", "7200.0")
+    assert redis_client.lrange(KEYS.pending("mail"), 0, -1) == [task_id]
+
+    shown = run("show", task_id)
+    assert shown.returncode == 0
+    assert task_id in shown.stdout and "pending" in shown.stdout
+    created = datetime.fromtimestamp(float(data["created"]), timezone.utc)
+    assert created.strftime("%Y-%m-%d %H:%M") in shown.stdout  # times are readable
+    assert cli_json(redis_url, "show", task_id) == {"id": task_id, **data}
+
+    listed = run("tasks", "mail")
+    assert listed.returncode == 0
+    assert task_id in listed.stdout and "pending" in listed.stdout
+    assert [t["id"] for t in cli_json(redis_url, "tasks", "mail")] == [task_id]
+    assert cli_json(redis_url, "tasks", "mail", "--status", "complete") == []
+
+
+def test_tasks_lists_every_state_with_a_limit(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    failed = finish(client, "jobs", "failed", "Traceback: boom")
+    complete = finish(client, "jobs", "complete", "42")
+    pending = [client.get_queue("jobs").enqueue(str(n)) for n in range(5)]
+    tasks = cli_json(redis_url, "tasks", "jobs")
+    assert {t["id"]: t["status"] for t in tasks} == {
+        failed: "failed", complete: "complete", **dict.fromkeys(pending, "pending")}
+    assert len(cli_json(redis_url, "tasks", "jobs", "--status", "pending", "--limit", "2")) == 2
+    table = run("tasks", "jobs", "--status", "failed").stdout
+    assert "Traceback: boom" in table and failed in table
+
+
+def test_enqueue_reads_stdin_and_is_idempotent_with_a_task_id(run, redis_client) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(2):
+        done = run("enqueue", "q", "-", "--task-id", "report-2026-11", stdin='{"big": true}')
+        assert done.returncode == 0 and done.stdout.strip() == "report-2026-11"
+    assert redis_client.lrange(KEYS.pending("q"), 0, -1) == ["report-2026-11"]
+    assert redis_client.hget(KEYS.task("report-2026-11"), "parameters") == '{"big": true}'
+
+
+def test_enqueue_with_delay_or_eta_schedules(run, redis_client) -> None:  # type: ignore[no-untyped-def]
+    before = time.time()
+    delayed = run("enqueue", "q", "{}", "--delay", "1h").stdout.strip()
+    eta = redis_client.zscore(KEYS.scheduled("q"), delayed)
+    assert eta is not None and before + 3600 <= eta <= time.time() + 3600
+    at = run("enqueue", "q", "{}", "--eta", "2030-01-02T03:04:05Z").stdout.strip()
+    expected = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()
+    assert redis_client.zscore(KEYS.scheduled("q"), at) == expected
+    unix = run("enqueue", "q", "{}", "--eta", "1900000000").stdout.strip()
+    assert redis_client.hget(KEYS.task(unix), "status") == "scheduled"
+    assert run("enqueue", "q", "{}", "--eta", "tomorrow").returncode == 2
+    assert run("enqueue", "q", "{}", "--delay", "1h", "--eta", "1900000000").returncode == 2
+
+
+def test_enqueue_wait_prints_the_result(redis_url, client) -> None:  # type: ignore[no-untyped-def]
+    process = subprocess.Popen(
+        command(redis_url, "enqueue", "w", "{}", "--task-id", "waited", "--wait", "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
+    try:
+        wait_for(lambda: client.get_task("waited").exists, timeout=30)
+        task = client.get_listener("w").reserve()
+        assert task is not None
+        processor = client.get_processor(task)
+        processor.start(os.getpid())
+        processor.complete('{"answer": 42}')
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    (task,) = json.loads(out)["tasks"]
+    assert (task["id"], task["status"], task["result"]) == ("waited", "complete",
+                                                            '{"answer": 42}')
+
+
+# --- status -----------------------------------------------------------------------------------
+def test_status_shows_counts_and_listener_leases(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    finish(client, "jobs", "complete")
+    finish(client, "jobs", "failed")
+    client.get_queue("jobs").enqueue("{}")
+    client.get_queue("jobs").schedule("{}", time.time() + 600)
+    store = client.store
+    store.add_listener("jobs", "alive.example_11")
+    store.lease("jobs", "alive.example_11", 60_000, "register")
+    store.write_listener_info("alive.example_11", {"host": "alive.example", "pid": "11",
+                                                   "renewed": repr(time.time())}, 60)
+    store.add_listener("jobs", "dead.example_22")
+    store.lease("jobs", "dead.example_22", 1, "register")
+    time.sleep(0.01)  # let the 1 ms lease pass (the server's clock decides)
+
+    status = cli_json(redis_url, "status")
+    (queue,) = status["queues"]
+    assert {k: queue[k] for k in ("name", "pending", "scheduled", "complete", "failed",
+                                  "listeners")} == {
+        "name": "jobs", "pending": 1, "scheduled": 1, "complete": 1, "failed": 1,
+        "listeners": 2}
+    leases = {item["listener"]: item for item in status["listeners"]}
+    assert 55 < leases["alive.example_11"]["lease_remaining"] <= 60
+    assert leases["alive.example_11"]["info"]["host"] == "alive.example"
+    assert leases["dead.example_22"]["lease_remaining"] < 0
+
+    text = run("status").stdout
+    assert "jobs" in text and "alive.example_11" in text
+    assert "left" in text and "EXPIRED" in text
+
+
+def test_status_with_no_queues(run, redis_url) -> None:  # type: ignore[no-untyped-def]
+    assert "no queues" in run("status").stdout
+    assert cli_json(redis_url, "status") == {"queues": [], "listeners": []}
+
+
+# --- cancel, retry, purge, configure ----------------------------------------------------------
+def test_cancel_a_pending_task_then_refuse_a_second_cancel(run, client, redis_client, redis_url  # type: ignore[no-untyped-def]
+                                                           ) -> None:
+    task_id = client.get_queue("c").enqueue("{}")
+    done = run("cancel", task_id, "--reason", "wrong input")
+    assert done.returncode == 0 and "cancelled" in done.stdout
+    data = redis_client.hgetall(KEYS.task(task_id))
+    assert data["status"] == "failed" and "wrong input" in data["error"] and data["cancelled"]
+    assert redis_client.llen(KEYS.pending("c")) == 0
+    again = run("cancel", task_id)
+    assert again.returncode == 1 and "cannot be cancelled" in again.stderr
+    other = client.get_queue("c").schedule("{}", time.time() + 600)
+    assert cli_json(redis_url, "cancel", other) == {"task_id": other, "outcome": "cancelled"}
+    assert redis_client.zcard(KEYS.scheduled("c")) == 0
+
+
+def test_retry_one_failed_task(run, client, redis_client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    task_id = finish(client, "r", "failed", "boom")
+    done = run("retry", task_id)
+    assert done.returncode == 0 and "pending again" in done.stdout
+    data = redis_client.hgetall(KEYS.task(task_id))
+    assert (data["status"], data["attempts"], data["last_error"]) == ("pending", "1", "boom")
+    assert "error" not in data and "finished_at" not in data
+    assert redis_client.lrange(KEYS.pending("r"), 0, -1) == [task_id]
+    assert redis_client.llen(KEYS.failed("r")) == 0
+    refused = run("retry", task_id)  # pending now: not failed
+    assert refused.returncode == 1 and "only a failed task" in refused.stderr
+    assert run("retry").returncode == 2
+
+
+def test_retry_every_failed_task_of_a_queue(client, redis_client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    failed = [finish(client, "r", "failed") for _ in range(4)]
+    kept = finish(client, "r", "complete")
+    assert cli_json(redis_url, "retry", "--failed", "r", "--limit", "1")["retried"] == failed[:1]
+    retried = cli_json(redis_url, "retry", "--failed", "r")["retried"]
+    assert retried == failed[1:]  # oldest first
+    assert sorted(redis_client.lrange(KEYS.pending("r"), 0, -1)) == sorted(failed)
+    assert redis_client.llen(KEYS.failed("r")) == 0
+    assert redis_client.hget(KEYS.task(kept), "status") == "complete"
+
+
+def test_purge_deletes_only_old_finished_tasks(run, client, redis_client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    old_complete = finish(client, "p", "complete")
+    old_failed = finish(client, "p", "failed")
+    new_complete = finish(client, "p", "complete")
+    for task_id in (old_complete, old_failed):
+        redis_client.hset(KEYS.task(task_id), "finished_at", str(time.time() - 7200))
+    result = cli_json(redis_url, "purge", "p", "--older-than", "1h", "--status", "failed")
+    assert result == {"queue": "p", "deleted": {"failed": 1}}
+    assert not redis_client.exists(KEYS.task(old_failed))
+    done = run("purge", "p", "--older-than", "60m")
+    assert done.returncode == 0 and "1 complete, 0 failed" in done.stdout
+    assert redis_client.lrange(KEYS.complete("p"), 0, -1) == [new_complete]
+    assert redis_client.exists(KEYS.task(new_complete))
+    assert not redis_client.exists(KEYS.task(old_complete))
+    assert run("purge", "p", "--older-than", "1h", "--status", "pending").returncode == 2
+
+
+def test_configure_sets_shows_and_removes_queue_defaults(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    result = cli_json(redis_url, "configure", "cq", "--max-attempts", "3", "--time-limit",
+                      "2h", "--result-ttl", "7d")
+    assert result["config"] == {"max_attempts": "3", "time_limit": "7200.0",
+                                "result_ttl": "604800.0"}
+    assert client.get_queue("cq").config() == result["config"]
+    assert "cq" in client.queue_names()
+    shown = run("configure", "cq")
+    assert "time_limit" in shown.stdout and "7200.0" in shown.stdout
+    cli_json(redis_url, "configure", "cq", "--time-limit", "none")
+    assert "time_limit" not in client.get_queue("cq").config()
+    assert run("configure", "cq", "--max-attempts", "0").returncode == 2
+
+
+# --- wait ------------------------------------------------------------------------------------
+def test_wait_for_finished_tasks_exit_codes(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+    good = [finish(client, "w", "complete", f"r{n}") for n in range(2)]
+    bad = finish(client, "w", "failed", "broken")
+    done = run("wait", *good, "--progress", "always")
+    assert done.returncode == 0
+    assert "2/2 finished, 0 failed" in done.stderr
+    assert "r0" in done.stdout and "r1" in done.stdout
+    failed = run("wait", *good, bad, "--json")
+    assert failed.returncode == 1 and "1 task(s) failed" in failed.stderr
+    assert {t["id"]: t["status"] for t in json.loads(failed.stdout)["tasks"]} == {
+        good[0]: "complete", good[1]: "complete", bad: "failed"}
+    assert run("wait", good[0], "missing-task").returncode == 4
+
+
+def test_wait_times_out_on_unfinished_tasks(run, client) -> None:  # type: ignore[no-untyped-def]
+    task_id = client.get_queue("w").enqueue("{}")
+    done = run("wait", task_id, "--timeout", "0.5")
+    assert done.returncode == 1 and "timed out" in done.stderr
+
+
+def test_wait_follows_tasks_finishing_while_it_waits(redis_url, client) -> None:  # type: ignore[no-untyped-def]
+    queue = client.get_queue("live")
+    ids = [queue.enqueue(str(n)) for n in range(20)]
+    process = subprocess.Popen(command(redis_url, "wait", *ids, "--progress", "always"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=environment())
+    try:
+        listener = client.get_listener("live")
+        for n in range(20):
+            task = listener.reserve()
+            assert task is not None
+            processor = client.get_processor(task)
+            processor.start(os.getpid())
+            processor.complete(f"done {n}")
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "20/20 finished, 0 failed" in err
+    assert out.count("complete") == 20
+
+
+# --- scheduler --------------------------------------------------------------------------------
+def test_scheduler_once_moves_due_tasks_and_registers_cron(redis_url, client, redis_client  # type: ignore[no-untyped-def]
+                                                           ) -> None:
+    past = time.time() - 1
+    client.store.submit("s", "due-1", "{}", past, eta=past)
+    report = cli_json(redis_url, "scheduler", "--once", "--cron", "beat=* * * * * *:s")
+    assert report["due"] == {"s": 1} and report["errors"] == []
+    assert redis_client.lrange(KEYS.pending("s"), 0, -1) == ["due-1"]
+    assert redis_client.hexists(KEYS.cron(), "beat")
+
+
+def test_scheduler_refuses_bad_cron_entries(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    done = run("scheduler", "--once", "--cron", "beat=every minute:s")
+    assert done.returncode == 2 and "not a cron expression" in done.stderr
+    (tmp_path / "cron.json").write_text('[{"name": "x"}]')
+    done = run("scheduler", "--once", "--cron-file", str(tmp_path / "cron.json"))
+    assert done.returncode == 2 and "missing cron, queue" in done.stderr
