@@ -228,11 +228,16 @@ class RedisStore:
 
     @translate_errors
     def task_data_many(self, task_ids: Sequence[str]) -> list[dict[str, str]]:
-        """HGETALL of many task hashes in one pipeline."""
+        """HGETALL of many task hashes in one pipeline; a key that is not a hash reads as {}
+        (no task), so one foreign key cannot block a purge or a recovery sweep."""
         pipe = self.redis.pipeline(transaction=False)
         for task_id in task_ids:
             pipe.hgetall(self.keys.task(task_id))
-        return cast(list[dict[str, str]], pipe.execute())
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                raise reply
+        return [{} if isinstance(reply, Exception) else reply for reply in replies]
 
     @translate_errors
     def task_statuses(self, task_ids: Sequence[str]) -> list[str | None]:

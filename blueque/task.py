@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blueque import keys as k
-from blueque.errors import CorruptTask
+from blueque.errors import CorruptTask, TaskNotFound
 from blueque.store import RedisStore
 
 
@@ -67,6 +67,8 @@ class Task:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.refresh().finished:
             return self
+        if not self.exists:
+            raise TaskNotFound(self._id)
         queue = self.queue
         if queue is None:
             raise CorruptTask(f"task {self._id!r} has no queue field; cannot wait for it")
@@ -74,6 +76,8 @@ class Task:
         try:
             pubsub.subscribe(self._store.keys.done_channel(queue))
             while not self.refresh().finished:
+                if not self.exists:  # deleted (or expired) while we waited
+                    raise TaskNotFound(self._id)
                 remaining = 1.0 if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(

@@ -327,3 +327,20 @@ def test_stats_counts_every_state(any_client: blueque.Client) -> None:
     assert (stats.complete, stats.failed, stats.listeners) == (1, 2, 1)
     assert stats.name == "q"
     assert any_client.get_queue("empty").stats().pending == 0
+
+
+def test_a_foreign_key_recorded_as_failed_does_not_block_purge_or_delete(
+    any_client: blueque.Client,
+) -> None:
+    """stamp.lua lists an id whose key is not a hash as failed (leaving the key alone);
+    purging and deleting must get past it, not fail on WRONGTYPE forever."""
+    r = any_client.redis
+    r.set(K.task("foreign"), "not a task")
+    r.lpush(K.pending("q"), "foreign")
+    assert any_client.get_listener("q").reserve() is None
+    real = finished_task(any_client, "failed")
+    assert r.lrange(K.failed("q"), 0, -1) == [real.id, "foreign"]
+    assert any_client.get_queue("q").purge("failed", older_than=0) == 2
+    assert r.llen(K.failed("q")) == 0
+    assert r.get(K.task("foreign")) == "not a task"  # still left alone
+    assert r.exists(K.task(real.id)) == 0

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 import blueque
-from blueque.errors import CorruptTask
+from blueque.errors import CorruptTask, TaskNotFound
 from blueque.keys import Keys
 from blueque.testing import wait_for
 
@@ -100,3 +100,8 @@ def test_wait_raises_timeout_error(any_client: blueque.Client) -> None:
     task_id = any_client.get_queue("q").enqueue("p")
     with pytest.raises(TimeoutError, match="still pending"):
         any_client.get_task(task_id).wait(timeout=0.05)
+
+
+def test_wait_on_a_missing_task_raises_task_not_found(any_client: blueque.Client) -> None:
+    with pytest.raises(TaskNotFound):
+        any_client.get_task("never-enqueued").wait(timeout=1)
