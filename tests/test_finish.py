@@ -344,3 +344,44 @@ def test_a_foreign_key_recorded_as_failed_does_not_block_purge_or_delete(
     assert r.llen(K.failed("q")) == 0
     assert r.get(K.task("foreign")) == "not a task"  # still left alone
     assert r.exists(K.task(real.id)) == 0
+
+
+def test_task_ids_lists_each_state(any_client: blueque.Client) -> None:
+    queue = any_client.get_queue("q")
+    complete = finished_task(any_client, "complete")
+    failed = finished_task(any_client, "failed")
+    started, _ = reserved_task(any_client)
+    any_client.get_processor(started).start(1)
+    started_too, _ = reserved_task(any_client)
+    any_client.get_processor(started_too).start(2)
+    reserved, _ = reserved_task(any_client)
+    pending = queue.enqueue_many(["a", "b"]).task_ids
+    scheduled = queue.schedule("later", time.time() + 3600)
+    assert sorted(queue.task_ids("pending")) == sorted(pending)
+    assert queue.task_ids("scheduled") == [scheduled]
+    assert queue.task_ids("reserved") == [reserved.id]
+    assert sorted(queue.task_ids("started")) == sorted([started.id, started_too.id])
+    assert len(queue.task_ids("started", 0, 0)) == 1  # inclusive stop, as LRANGE
+    assert queue.task_ids("complete") == [complete.id]
+    assert queue.task_ids("failed") == [failed.id]
+    with pytest.raises(InvalidTaskState, match="unknown status"):
+        queue.task_ids("succeeded")
+
+
+def test_a_task_reserved_the_1_0_1_way_is_processed_unfenced(any_client: blueque.Client) -> None:
+    """blueque 1.0.1 reserves with RPOPLPUSH + HSET (no attempts field); our processor must
+    still start and finish it, and leave the state 1.0.1 would leave."""
+    r = any_client.redis
+    task_id = any_client.get_queue("q").enqueue("p")
+    assert r.rpoplpush(K.pending("q"), K.reserved("q", "oldhost_1")) == task_id
+    r.hset(K.task(task_id), mapping={"status": "reserved", "node": "oldhost_1",
+                                     "updated": time.time()})
+    task = any_client.get_task(task_id)
+    assert task.attempts is None
+    processor = any_client.get_processor(task)
+    processor.start(77)
+    assert r.smembers(K.started("q")) == {f"oldhost_1 77 {task_id}"}
+    processor.complete("ok")
+    assert r.hget(K.task(task_id), "status") == "complete"
+    assert r.llen(K.reserved("q", "oldhost_1")) == 0 and r.scard(K.started("q")) == 0
+    assert r.lrange(K.complete("q"), 0, -1) == [task_id]
