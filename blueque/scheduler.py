@@ -102,6 +102,11 @@ class Scheduler:
         return self._stopping.is_set()
 
     def run(self, max_steps: int | None = None) -> None:
+        log.info(
+            "scheduler started: a step every %g s, %d cron entr%s, recovery sweep %s",
+            self.interval, len(self.cron_entries), "y" if len(self.cron_entries) == 1 else "ies",
+            "off" if self.recovery is None else f"every {self.recovery_interval:g} s",
+        )
         failures = 0
         steps = 0
         while not self.stopping and (max_steps is None or steps < max_steps):
