@@ -28,6 +28,14 @@ def _text(value: object, what: str) -> str:
     )
 
 
+def _finished_time(data: dict[str, str]) -> float:
+    """When a task finished; a corrupt timestamp counts as long ago, so purge gets past it."""
+    try:
+        return float(data.get("finished_at") or data.get("updated") or "0")
+    except ValueError:
+        return 0.0
+
+
 @dataclass(frozen=True)
 class BulkEnqueue:
     """What enqueue_many did: the id of every task, and how many were new."""
@@ -175,8 +183,11 @@ class Queue:
             if not ids:
                 return deleted
             for task_id, data in zip(ids, self._store.task_data_many(ids), strict=True):
-                finished = data.get("finished_at") or data.get("updated") or "0"
-                if data and float(finished) > cutoff:
+                if data.get("status") not in (None, status):
+                    # a stale entry: the task lives in another list now; only the entry goes
+                    self._store.drop_finished_entry(self._name, status, task_id)
+                    continue
+                if data and _finished_time(data) > cutoff:
                     return deleted
                 self._store.delete(self._name, task_id, status)
                 deleted += 1

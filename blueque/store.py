@@ -515,6 +515,12 @@ class RedisStore:
         )
 
     @translate_errors
+    def drop_finished_entry(self, queue: str, status: str, task_id: str) -> None:
+        """LREM one entry from the old (right) end of a finished list, leaving the hash alone:
+        for an entry whose task has since moved to another status."""
+        self.redis.lrem(self.keys.finished(queue, status), -1, task_id)
+
+    @translate_errors
     def oldest_finished(self, queue: str, status: str, count: int) -> list[str]:
         """The ``count`` oldest ids of a finished list, oldest first (from its right end)."""
         ids = cast(list[str], self.redis.lrange(self.keys.finished(queue, status), -count, -1))

@@ -385,3 +385,22 @@ def test_a_task_reserved_the_1_0_1_way_is_processed_unfenced(any_client: blueque
     assert r.hget(K.task(task_id), "status") == "complete"
     assert r.llen(K.reserved("q", "oldhost_1")) == 0 and r.scard(K.started("q")) == 0
     assert r.lrange(K.complete("q"), 0, -1) == [task_id]
+
+
+def test_purge_gets_past_corrupt_and_stale_entries(any_client: blueque.Client) -> None:
+    """A corrupt timestamp or an entry whose task now lives in another list (e.g. a task
+    cancelled while reserved, then completed anyway by a 1.0.1 processor, which checks
+    nothing) must not stop every later purge."""
+    r = any_client.redis
+    corrupt = finished_task(any_client, "failed")
+    r.hset(K.task(corrupt.id), mapping={"finished_at": "yesterday", "updated": "?"})
+    moved_on = finished_task(any_client, "failed")
+    r.hset(K.task(moved_on.id), "status", "complete")
+    r.lpush(K.complete("q"), moved_on.id)
+    newest = finished_task(any_client, "failed")
+    assert r.lrange(K.failed("q"), 0, -1) == [newest.id, moved_on.id, corrupt.id]
+    assert any_client.get_queue("q").purge("failed", older_than=0) == 2
+    assert r.llen(K.failed("q")) == 0
+    assert r.hget(K.task(moved_on.id), "status") == "complete"  # not deleted: not failed
+    assert r.lrange(K.complete("q"), 0, -1) == [moved_on.id]
+    assert r.exists(K.task(corrupt.id)) == 0 and r.exists(K.task(newest.id)) == 0
