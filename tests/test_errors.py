@@ -98,3 +98,50 @@ def test_bad_queue_names_and_task_ids_are_refused(client: blueque.Client) -> Non
         client.get_queue("")
     with pytest.raises(ConfigurationError, match="without spaces"):
         client.get_queue("q").enqueue("p", task_id="has space")
+
+
+def test_an_unreachable_unix_socket_names_its_path(tmp_path: object) -> None:
+    path = f"{tmp_path}/no-redis.sock"
+    client = blueque.Client(f"unix://{path}")
+    try:
+        with pytest.raises(RedisUnavailable, match=f"unix://{path}"):
+            client.ping()
+    finally:
+        client.close()
+
+
+def test_a_unix_socket_url_works(tmp_path: object) -> None:
+    socket_path = f"{tmp_path}/redis.sock"
+    with RedisServer(extra_args=("--unixsocket", socket_path)) as server:
+        client = blueque.Client(f"unix://{socket_path}?db=3")
+        try:
+            task_id = client.get_queue("q").enqueue("p")
+            direct = redis.Redis(port=server.port, db=3, decode_responses=True)
+            assert direct.hget(f"blueque_task_{task_id}", "status") == "pending"
+            direct.close()
+        finally:
+            client.close()
+
+
+def test_password_and_acl_user_in_the_url() -> None:
+    with RedisServer() as server:
+        # set after start: RedisServer's readiness probe is an unauthenticated PING
+        admin = redis.Redis(port=server.port)
+        admin.acl_setuser("alice", enabled=True, passwords=["+alicepw"], keys=["*"],
+                          channels=["*"], commands=["+@all"])
+        admin.config_set("requirepass", "s3cret")
+        admin.close()
+        for credentials in (":s3cret", "alice:alicepw"):
+            client = blueque.Client(f"redis://{credentials}@127.0.0.1:{server.port}/0")
+            try:
+                task_id = client.get_queue("q").enqueue("p")
+                assert client.get_task(task_id).status == "pending"
+            finally:
+                client.close()
+        wrong = blueque.Client(f"redis://alice:wrong@127.0.0.1:{server.port}/0")
+        try:
+            with pytest.raises(RedisUnavailable, match=str(server.port)) as raised:
+                wrong.get_queue("q").enqueue("p")
+            assert "wrong" not in str(raised.value)
+        finally:
+            wrong.close()
