@@ -24,6 +24,7 @@ from blueque.display import (
     ProgressBar,
     format_seconds,
     format_time,
+    last_line,
     parse_duration,
     parse_eta,
     shorten,
@@ -152,7 +153,8 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
     rows = [(t["id"], t.get("status", "(missing)"), t.get("attempts", "-"),
              format_time(_float(t.get("updated"))), t.get("node") or "-",
-             shorten(t.get("error") or t.get("result") or t.get("parameters"), 40))
+             shorten(last_line(t.get("error")) or t.get("result") or t.get("parameters"),
+                     48))
             for t in tasks]
     text = table(("ID", "STATUS", "ATTEMPTS", "UPDATED", "NODE", "RESULT/ERROR/PARAMETERS"),
                  rows) if rows else f"no tasks in {args.queue}"
@@ -278,7 +280,8 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
 def _report_waited(args: argparse.Namespace, result: WaitResult) -> int:
     tasks = [{"id": i, **d} for i, d in result.tasks.items()]
     rows = [(t["id"], t.get("status", "(missing)"),
-             shorten(t.get("error") if t.get("status") == k.FAILED else t.get("result"), 60))
+             shorten(last_line(t.get("error")) if t.get("status") == k.FAILED
+                     else t.get("result"), 60))
             for t in tasks]
     emit(args, {"tasks": tasks, "timed_out": result.timed_out},
          table(("ID", "STATUS", "RESULT/ERROR"), rows))
@@ -309,8 +312,8 @@ def cmd_scheduler(client: Client, args: argparse.Namespace) -> int:
     )
     if args.once:
         report = scheduler.run_once()
-        emit(args, {name: value for name, value in vars(report).items()
-                    if name != "recovered"}, f"{report}")
+        data = {name: value for name, value in vars(report).items() if name != "recovered"}
+        emit(args, data, "\n".join(f"{name}: {value or '-'}" for name, value in data.items()))
         return EXIT_FAILURE if report.errors else EXIT_OK
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: scheduler.stop())

@@ -24,7 +24,7 @@ import blueque
 from blueque import keys as k
 from blueque.client import Client
 from blueque.config import URL_ENVIRONMENT_VARIABLE, default_url
-from blueque.display import ProgressBar, shorten, table
+from blueque.display import ProgressBar, last_line, shorten, table
 from blueque.errors import BluequeError
 from blueque.testing import RedisServer
 from blueque.waiting import WaitResult, wait_all
@@ -161,7 +161,8 @@ def _exercise(client: Client, queue_name: str, processes: Processes, out: TextIO
 def _summary(result: WaitResult, ids: list[str], long_id: str, out: TextIO) -> int:
     rows = []
     for task_id, data in result.tasks.items():
-        outcome = data.get("error") if data.get("status") == k.FAILED else data.get("result")
+        failed = data.get("status") == k.FAILED
+        outcome = last_line(data.get("error")) if failed else data.get("result")
         rows.append((task_id, data.get("status", "(missing)"), data.get("attempts", "-"),
                      shorten(outcome, 50)))
     print("\n" + table(("TASK", "STATUS", "ATTEMPTS", "RESULT/ERROR"), rows), file=out)

@@ -76,6 +76,14 @@ def shorten(text: str | None, width: int = 48) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+def last_line(text: str | None) -> str | None:
+    """The last non-blank line: for a traceback, the exception and its message."""
+    if not text:
+        return text
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; numbers right-aligned."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
