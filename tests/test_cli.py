@@ -211,7 +211,7 @@ def test_status_shows_counts_and_listener_leases(run, client, redis_url) -> None
                                                    "renewed": repr(time.time())}, 60)
     store.add_listener("jobs", "dead.example_22")
     store.lease("jobs", "dead.example_22", 1, "register")
-    time.sleep(0.01)  # let the 1 ms lease pass (the server's clock decides)
+    wait_for(lambda: "dead.example_22" in store.expired_listeners("jobs"), timeout=5)
 
     status = cli_json(redis_url, "status")
     (queue,) = status["queues"]

@@ -13,7 +13,7 @@ from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
 from blueque.recovery import Recovery
 from blueque.scheduler import MAX_BACKOFF, Scheduler
-from blueque.testing import free_port
+from blueque.testing import free_port, wait_for
 
 KEYS = Keys()
 T0 = 1_800_000_000  # a whole minute: 2027-01-15 08:00:00 UTC
@@ -198,6 +198,7 @@ def test_recovery_sweep_requeues_the_task_of_a_listener_whose_lease_expired(clie
     client.store.lease("work", listener.id, 1, "register")  # a 1 ms lease, never renewed
     assert listener.reserve() is not None
     assert redis_client.llen(KEYS.pending("work")) == 0
+    wait_for(lambda: listener.id in client.store.expired_listeners("work"), timeout=5)
     recovery = Recovery(client.store, host="another-host.example")  # no same-host shortcut
     report = Scheduler(client, recovery=recovery).run_once()
     assert listener.id in report.recovered.listeners  # type: ignore[attr-defined]
