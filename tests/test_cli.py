@@ -170,8 +170,9 @@ def test_enqueue_with_delay_or_eta_schedules(run, redis_client) -> None:  # type
     at = run("enqueue", "q", "{}", "--eta", "2030-01-02T03:04:05Z").stdout.strip()
     expected = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()
     assert redis_client.zscore(KEYS.scheduled("q"), at) == expected
-    unix = run("enqueue", "q", "{}", "--eta", "1900000000").stdout.strip()
-    assert redis_client.hget(KEYS.task(unix), "status") == "scheduled"
+    unix = run("enqueue", "q", "{}", "--eta", "1900000000", "--json").stdout
+    assert json.loads(unix)["queue"] == "q"
+    assert redis_client.zscore(KEYS.scheduled("q"), json.loads(unix)["task_id"]) == 1900000000
     assert run("enqueue", "q", "{}", "--eta", "tomorrow").returncode == 2
     assert run("enqueue", "q", "{}", "--delay", "1h", "--eta", "1900000000").returncode == 2
 
