@@ -1,0 +1,1 @@
+"""Blueque's benchmark: ``python -m benchmarks.run`` (see benchmarks/run.py and README.md)."""

@@ -1,0 +1,531 @@
+"""Blueque against its peers and against the Redis ceiling, in one run, on one private Redis.
+
+    python -m benchmarks.run            # the full run (about 15 minutes on 2 cores)
+    python -m benchmarks.run --quick    # shorter: fewer tasks and repeats (a few minutes)
+    python -m benchmarks.run --smoke    # seconds: proves every scenario runs, figures meaningless
+
+It builds the peers' virtualenvs under .cache/bench-venvs/ (the original blueque 1.0.1 with
+redis<6, and RQ), starts a private redis-server on a free loopback port (never 6379), runs each
+scenario in the interpreter of the system it measures (benchmarks/scripts/*.py, one JSON
+object on stdout each), repeats the scenarios with the systems interleaved so machine noise
+spreads over all of them, and prints one table of medians with min-max, then the targets of
+issue 4 as ratios of figures measured in this same run. It asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import importlib.resources
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from benchmarks import venvs
+from blueque.testing import RedisServer
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    repeats: int  # fast scenarios (enqueue, memory, scale, redis-benchmark)
+    slow_repeats: int  # scenarios with processes and forks (pickup, drain, recovery)
+    enqueue_n: int
+    bulk_n: int
+    pickup_n: int
+    pickup_n_original: int  # the original polls once a second: fewer samples, same phase mix
+    drain_n: int
+    memory_n: int
+    scale_small: int
+    scale_big: int
+    scale_ops: int
+    recovery_default: bool  # the default lease is 10 s: up to 30 s a run
+    redis_benchmark_n: int
+
+
+PROFILES = {
+    "full": Profile("full", 5, 3, 5000, 20000, 300, 60, 2000, 10000, 1000, 1_000_000, 1000,
+                    True, 200_000),
+    "quick": Profile("quick", 3, 2, 2000, 5000, 60, 15, 500, 2000, 1000, 100_000, 300,
+                     True, 50_000),
+    "smoke": Profile("smoke", 1, 1, 100, 1000, 4, 2, 20, 100, 100, 2000, 20, False, 2000),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    scenario: str
+    label: str
+    system: str
+    unit: str
+    digits: int = 0
+
+
+@dataclass
+class Job:
+    """One measurement: a script run in one interpreter; ``rows`` maps row key -> result field."""
+
+    name: str
+    system: str
+    scenario: str
+    argv: Callable[[str], list[str]]
+    rows: dict[str, str]
+    slow: bool = False
+    timeout: float = 600.0
+    note: str = ""
+
+
+@dataclass
+class Results:
+    values: dict[str, list[float]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.values.setdefault(key, []).append(value)
+
+    def median(self, key: str) -> float | None:
+        values = self.values.get(key)
+        return statistics.median(values) if values else None
+
+
+def build_rows(p: Profile) -> list[Row]:
+    small, big = f"{p.scale_small:,}", f"{p.scale_big:,}"
+    rows = [
+        Row("enqueue.blueque", "1 enqueue, one task per call", "tasks/s", "blueque", "tasks/s"),
+        Row("enqueue.original", "1 enqueue, one task per call", "tasks/s", "original", "tasks/s"),
+        Row("enqueue.rq", "1 enqueue, one task per call", "tasks/s", "rq", "tasks/s"),
+        Row("enqueue.raw", "1 enqueue, one task per call", "tasks/s", "redis-py loop",
+            "tasks/s"),
+    ]
+    for system in ("blueque", "original", "rq", "raw"):
+        name = "redis-py loop" if system == "raw" else system
+        rows.append(Row(f"enqueue_cpu.{system}", "1 enqueue, one task per call",
+                        "client CPU per task", name, "us"))
+        rows.append(Row(f"enqueue_redis_cpu.{system}", "1 enqueue, one task per call",
+                        "Redis CPU per task", name, "us", 1))
+    rows += [
+        Row("bulk.blueque", "2 bulk enqueue, 1,000 per call", "tasks/s", "blueque", "tasks/s"),
+        Row("bulk.rq", "2 bulk enqueue, 1,000 per call", "tasks/s", "rq", "tasks/s"),
+        Row("bulk.raw", "2 bulk enqueue, 1,000 per call", "tasks/s", "redis-py pipeline",
+            "tasks/s"),
+    ]
+    for system in ("blueque", "original", "rq"):
+        for pct in ("p50", "p95", "p99"):
+            rows.append(Row(f"pickup_{pct}.{system}", "3 pickup latency, idle listener",
+                            pct, system, "ms", 1))
+    for c in (1, 2):
+        for system in ("blueque", "original", "rq"):
+            rows.append(Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
+                            f"concurrency {c}", system, "tasks/s"))
+    rows += [
+        Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
+            "blueque", "s", 2),
+        Row("recovery_fastest.blueque", "5 recovery after SIGKILL", "fastest lease (0.2 s)",
+            "blueque", "s", 2),
+    ]
+    for kind in ("pending", "finished"):
+        for system in ("blueque", "original", "rq"):
+            rows.append(Row(f"memory_{kind}.{system}", "6 Redis memory per task",
+                            kind, system, "bytes"))
+    for op in ("enqueue", "pickup", "delete"):
+        for system in ("blueque", "original"):
+            for size, text in (("small", small), ("big", big)):
+                rows.append(Row(f"scale_{op}_{size}.{system}", "7 cost per operation",
+                                f"{op} with {text} present", system, "us"))
+    for name in ("LPUSH", "HSET", "LMOVE", "RPOPLPUSH", "EVALSHA small", "EVALSHA submit.lua"):
+        rows.append(Row(f"ceiling.{name}", "8 redis-benchmark ceiling", name, "redis-server",
+                        "req/s"))
+    return rows
+
+
+def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
+    """Every measurement of one repeat. ``py`` maps system -> interpreter path."""
+
+    def script(system: str, name: str, *args: object) -> Callable[[str], list[str]]:
+        return lambda url: [py[system], str(SCRIPTS / name), *map(str, args), "--url", url]
+
+    bq, orig, rq = "blueque_bench.py", "original_peer.py", "rq_peer.py"
+    jobs = [
+        Job("enqueue", "blueque", "1", script("blueque", bq, "enqueue", "--n", p.enqueue_n),
+            {"enqueue.blueque": "rate", "enqueue_cpu.blueque": "client_cpu_us",
+             "enqueue_redis_cpu.blueque": "server_cpu_us"}),
+        Job("enqueue", "original", "1", script("original", orig, "enqueue", "--n", p.enqueue_n),
+            {"enqueue.original": "rate", "enqueue_cpu.original": "client_cpu_us",
+             "enqueue_redis_cpu.original": "server_cpu_us"}),
+        Job("enqueue", "rq", "1", script("rq", rq, "enqueue", "--n", p.enqueue_n),
+            {"enqueue.rq": "rate", "enqueue_cpu.rq": "client_cpu_us",
+             "enqueue_redis_cpu.rq": "server_cpu_us"}),
+        Job("enqueue", "raw", "1", script("blueque", "raw_redis.py", "loop", "--n", p.enqueue_n),
+            {"enqueue.raw": "rate", "enqueue_cpu.raw": "client_cpu_us",
+             "enqueue_redis_cpu.raw": "server_cpu_us"}),
+        Job("bulk", "blueque", "2", script("blueque", bq, "bulk", "--n", p.bulk_n),
+            {"bulk.blueque": "rate"}),
+        Job("bulk", "rq", "2", script("rq", rq, "bulk", "--n", p.bulk_n), {"bulk.rq": "rate"}),
+        Job("bulk", "raw", "2", script("blueque", "raw_redis.py", "bulk", "--n", p.bulk_n),
+            {"bulk.raw": "rate"}),
+    ]
+    for system, name, n, spacing in (("blueque", bq, p.pickup_n, 0.2),
+                                     ("original", orig, p.pickup_n_original, 1.02),
+                                     ("rq", rq, p.pickup_n, 0.2)):
+        jobs.append(Job(
+            "pickup", system, "3",
+            script(system, name, "pickup", "--n", n, "--spacing", spacing),
+            {f"pickup_{pct}.{system}": f"{pct}_ms" for pct in ("p50", "p95", "p99")},
+            slow=True))
+    for c in (1, 2):
+        for system, name in (("blueque", bq), ("original", orig), ("rq", rq)):
+            jobs.append(Job(
+                "drain", system, "4",
+                script(system, name, "drain", "--n", p.drain_n, "--concurrency", c),
+                {f"drain_c{c}.{system}": "rate"}, slow=True))
+    if p.recovery_default:
+        jobs.append(Job("recovery", "blueque", "5",
+                        script("blueque", bq, "recovery", "--lease", "default"),
+                        {"recovery_default.blueque": "seconds"}, slow=True))
+    jobs.append(Job("recovery", "blueque", "5",
+                    script("blueque", bq, "recovery", "--lease", "fastest"),
+                    {"recovery_fastest.blueque": "seconds"}, slow=True))
+    for system, name in (("blueque", bq), ("original", orig), ("rq", rq)):
+        jobs.append(Job("memory", system, "6", script(system, name, "memory", "--n", p.memory_n),
+                        {f"memory_pending.{system}": "pending_bytes",
+                         f"memory_finished.{system}": "finished_bytes"}))
+    for op in ("enqueue", "pickup", "delete"):
+        for system, name in (("blueque", bq), ("original", orig)):
+            for size, present in (("small", p.scale_small), ("big", p.scale_big)):
+                jobs.append(Job(
+                    "scale", system, "7",
+                    script(system, name, "scale", "--op", op, "--present", present,
+                           "--n", p.scale_ops),
+                    {f"scale_{op}_{size}.{system}": "us_per_op"}))
+    return jobs
+
+
+# --- redis-benchmark -----------------------------------------------------------------------
+def _lua(name: str) -> str:
+    return importlib.resources.files("blueque").joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+def redis_benchmark(server: RedisServer, n: int) -> dict[str, float]:
+    """Requests/s of the commands one task's life uses, 50 clients, pipelines of 16."""
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    r.flushall()
+    r.lpush("bench:ring", *range(1000))
+    small = r.script_load("return redis.call('LPUSH', KEYS[1], ARGV[1])")
+    submit = r.script_load(_lua("submit"))
+    base = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-n", str(n),
+            "-c", "50", "-P", "16", "-r", "100000000", "--csv"]
+    commands = {
+        "LPUSH": ["-t", "lpush"],
+        "HSET": ["-t", "hset"],
+        "LMOVE": ["LMOVE", "bench:ring", "bench:ring", "RIGHT", "LEFT"],
+        "RPOPLPUSH": ["RPOPLPUSH", "bench:ring", "bench:ring"],
+        "EVALSHA small": ["EVALSHA", small, "1", "bench:eval", "__rand_int__"],
+        # the real enqueue: a task hash + LPUSH + PUBLISH, as Queue.enqueue sends it
+        "EVALSHA submit.lua": ["EVALSHA", submit, "3", "blueque_task_rb-__rand_int__",
+                               "blueque_pending_tasks_rb", "blueque_queues",
+                               "rb-__rand_int__", "rb", '{"n": 1}', "1795000000.0", "",
+                               "blueque_channel_rb"],
+    }
+    out: dict[str, float] = {}
+    for name, args in commands.items():
+        result = subprocess.run([*base, *args], capture_output=True, text=True, check=True,
+                                timeout=600)
+        lines = [line for line in result.stdout.splitlines() if line and '"test"' not in line]
+        out[name] = float(lines[-1].split('","')[1])
+    r.flushall()
+    r.close()
+    return out
+
+
+# --- running -------------------------------------------------------------------------------
+def run_job(job: Job, server: RedisServer, env: dict[str, str]) -> dict[str, float]:
+    flush(server)
+    argv = job.argv(server.url)
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=job.timeout,
+                            cwd=str(SCRIPTS))
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{job.name}/{job.system} failed: {' | '.join(tail)}")
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def flush(server: RedisServer) -> None:
+    r = redis.Redis.from_url(server.url)
+    r.flushall()
+    r.script_flush()
+    r.close()
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: from the work tree)"
+
+
+def blueque_env() -> dict[str, str]:
+    """Blueque's scripts import blueque from this work tree even when it is not installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(venvs.REPO),
+                                                      env.get("PYTHONPATH")]))
+    return env
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def prepare(log: Callable[[str], None]) -> tuple[dict[str, str], dict[str, str],
+                                                   dict[str, Any]]:
+    """Interpreters per system (building the peers' virtualenvs), the peers that could not
+    be built and why, and what this run ran on."""
+    py: dict[str, str] = {"blueque": sys.executable, "raw": sys.executable}
+    env_info: dict[str, Any] = {
+        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "platform": platform.platform(), "load_before": loadavg(),
+        "blueque_env": {"blueque": _version("blueque"), "redis": _version("redis")},
+        "redis_server": subprocess.run(["redis-server", "--version"], capture_output=True,
+                                       text=True).stdout.strip(),
+    }
+    unavailable: dict[str, str] = {}
+    for name, peer in venvs.PEERS.items():
+        try:
+            python = venvs.ensure(peer)
+            py[name] = str(python)
+            env_info[f"{name}_env"] = venvs.versions(python, (peer.import_name, "redis"))
+        except (OSError, subprocess.CalledProcessError) as error:
+            unavailable[name] = f"virtualenv could not be built: {error}"
+            log(f"  ! {name}: {unavailable[name]}")
+    return py, unavailable, env_info
+
+
+def run_one(job: Job, server: RedisServer, results: Results, repeat: int,
+            log: Callable[[str], None]) -> None:
+    started = time.monotonic()
+    try:
+        env = venvs.clean_env() if job.system in venvs.PEERS else blueque_env()
+        out = run_job(job, server, env)
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as error:
+        log(f"  ! {error}")
+        for key in job.rows:
+            results.notes[key] = f"failed: {error}"[:200]
+        return
+    for key, field_name in job.rows.items():
+        results.add(key, float(out[field_name]))
+    log(f"  [{repeat + 1}] {job.name:8s} {job.system:9s} {time.monotonic() - started:5.1f} s  "
+        + ", ".join(f"{k}={float(v):.4g}" for k, v in out.items()))
+
+
+def measure(p: Profile, only: set[str] | None, log: Callable[[str], None]) -> tuple[
+        Results, dict[str, Any]]:
+    """Every job, repeated; the systems interleaved within each repeat."""
+    results = Results()
+    py, unavailable, env_info = prepare(log)
+    jobs = [j for j in build_jobs(p, py) if only is None or j.scenario in only]
+    for job in jobs:
+        if job.system in unavailable:
+            results.notes.update(dict.fromkeys(job.rows, unavailable[job.system]))
+    jobs = [j for j in jobs if j.system not in unavailable]
+    with RedisServer() as server:
+        for repeat in range(max(p.repeats, p.slow_repeats)):
+            for job in jobs:
+                if repeat < (p.slow_repeats if job.slow else p.repeats):
+                    run_one(job, server, results, repeat, log)
+            if (only is None or "8" in only) and repeat < p.repeats:
+                for name, rps in redis_benchmark(server, p.redis_benchmark_n).items():
+                    results.add(f"ceiling.{name}", rps)
+                log(f"  [{repeat + 1}] redis-benchmark done")
+    if not p.recovery_default:
+        results.notes["recovery_default.blueque"] = (
+            f"skipped in --{p.name}: the default lease takes up to 30 s")
+    env_info["load_after"] = loadavg()
+    return results, env_info
+
+
+# --- reporting -----------------------------------------------------------------------------
+def fmt(value: float, digits: int) -> str:
+    return f"{value:,.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    value: Callable[[Results], float | None]
+    goal: float
+    at_most: bool = False  # goal is an upper bound
+    unit: str = "x"
+
+
+def ratio(a: str, b: str) -> Callable[[Results], float | None]:
+    def compute(results: Results) -> float | None:
+        x, y = results.median(a), results.median(b)
+        return None if x is None or not y else x / y
+    return compute
+
+
+def value_of(key: str) -> Callable[[Results], float | None]:
+    return lambda results: results.median(key)
+
+
+def recovery_intervals(key: str, interval: float) -> Callable[[Results], float | None]:
+    def compute(results: Results) -> float | None:
+        seconds = results.median(key)
+        return None if seconds is None else seconds / interval
+    return compute
+
+
+TARGETS = [
+    Target("enqueue one at a time: blueque / original", ratio("enqueue.blueque",
+                                                              "enqueue.original"), 2.0),
+    Target("enqueue one at a time: blueque / rq", ratio("enqueue.blueque", "enqueue.rq"), 5.0),
+    Target("enqueue_many: blueque / redis-py 1,000-task pipeline",
+           ratio("bulk.blueque", "bulk.raw"), 3.0),
+    Target("idle pickup p50 (ms, fork included)", value_of("pickup_p50.blueque"), 10.0, True,
+           " ms"),
+    Target("idle pickup p99 (ms, fork included)", value_of("pickup_p99.blueque"), 25.0, True,
+           " ms"),
+    Target("drain c=1: blueque / original ForkingRunner",
+           ratio("drain_c1.blueque", "drain_c1.original"), 3.0),
+    Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.6),
+    Target("memory per pending task (bytes): blueque", value_of("memory_pending.blueque"),
+           313.0, True, " B"),
+    Target("memory per pending task: blueque / original",
+           ratio("memory_pending.blueque", "memory_pending.original"), 1.0, True),
+    Target("enqueue cost, big / small queue", ratio("scale_enqueue_big.blueque",
+                                                    "scale_enqueue_small.blueque"), 1.5, True),
+    Target("pickup cost, big / small queue", ratio("scale_pickup_big.blueque",
+                                                   "scale_pickup_small.blueque"), 1.5, True),
+    Target("finished-task deletion cost, big / small list",
+           ratio("scale_delete_big.blueque", "scale_delete_small.blueque"), 1.5, True),
+    Target("recovery, default lease (lease intervals of 10 s)",
+           recovery_intervals("recovery_default.blueque", 10.0), 3.0, True, ""),
+    Target("recovery, fastest lease (lease intervals of 0.2 s)",
+           recovery_intervals("recovery_fastest.blueque", 0.2), 3.0, True, ""),
+]
+
+
+def table(rows: Sequence[Row], results: Results) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        values = results.values.get(row.key, [])
+        entry: dict[str, Any] = {**dataclasses.asdict(row), "values": values}
+        if values:
+            entry.update(median=statistics.median(values), min=min(values), max=max(values))
+        else:
+            entry["note"] = results.notes.get(row.key, "not measured")
+        out.append(entry)
+    return out
+
+
+def render(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]],
+           header: str) -> str:
+    lines = [header, ""]
+    widths = (34, 22, 18, 12, 25, 8)
+    titles = ("scenario", "measurement", "system", "median", "min-max", "unit")
+    lines.append("  ".join(t.ljust(w) if i < 3 else t.rjust(w)
+                           for i, (t, w) in enumerate(zip(titles, widths, strict=True))))
+    lines.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
+    previous = None
+    for e in entries:
+        scenario = e["scenario"] if e["scenario"] != previous else ""
+        previous = e["scenario"]
+        if "median" in e:
+            d = e["digits"]
+            median = fmt(e["median"], d)
+            spread = f"{fmt(e['min'], d)}-{fmt(e['max'], d)}" if len(e["values"]) > 1 else ""
+        else:
+            median, spread = "n/a", e["note"]
+        cells = (scenario, e["label"], e["system"], median, spread, e["unit"])
+        line = "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        if "median" not in e:
+            line = "  ".join(c.ljust(w) for c, w in zip(cells[:4], widths, strict=False))
+            line += "  " + e["note"]
+        lines.append(line.rstrip())
+    lines += ["", "Targets (issue 4), from the medians above:"]
+    for t in targets:
+        if t["value"] is None:
+            lines.append(f"  {t['text']:58s}  n/a")
+            continue
+        sign = "<=" if t["at_most"] else ">="
+        verdict = "met" if t["met"] else "NOT met"
+        lines.append(f"  {t['text']:58s} {t['value']:9.2f}{t['unit']:3s} (target {sign} "
+                     f"{t['goal']:g}{t['unit']})  {verdict}")
+    return "\n".join(lines)
+
+
+def evaluate(results: Results) -> list[dict[str, Any]]:
+    out = []
+    for t in TARGETS:
+        value = t.value(results)
+        met = None if value is None else (value <= t.goal if t.at_most else value >= t.goal)
+        out.append({"text": t.text, "value": value, "goal": t.goal, "at_most": t.at_most,
+                    "unit": t.unit, "met": met})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="fewer tasks and repeats")
+    mode.add_argument("--smoke", action="store_true",
+                      help="the smallest run that exercises every scenario (seconds)")
+    parser.add_argument("--only", help="comma-separated scenario numbers, e.g. 1,2,8")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    only = set(args.only.split(",")) if args.only else None
+
+    def log(text: str) -> None:
+        if not args.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    log(f"benchmarks: profile {profile.name}; load average {loadavg()}")
+    results, env_info = measure(profile, only, log)
+    rows = [r for r in build_rows(profile) if only is None or r.scenario[0] in only]
+    entries = table(rows, results)
+    targets = evaluate(results)
+    header = (
+        f"Blueque benchmark ({profile.name}: python -m benchmarks.run"
+        f"{' --' + profile.name if profile.name != 'full' else ''}), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {env_info['cpus']} CPUs, "
+        f"Python {env_info['python']}, {env_info['redis_server'].split(' sha=')[0]}\n"
+        f"blueque {env_info['blueque_env']['blueque']} (redis-py "
+        f"{env_info['blueque_env']['redis']}); original "
+        f"{env_info.get('original_env', {}).get('blueque', '-')} (redis-py "
+        f"{env_info.get('original_env', {}).get('redis', '-')}); rq "
+        f"{env_info.get('rq_env', {}).get('rq', '-')} (redis-py "
+        f"{env_info.get('rq_env', {}).get('redis', '-')}). Load average before "
+        f"{env_info['load_before']}, after {env_info['load_after']}; "
+        f"{time.monotonic() - started:.0f} s."
+    )
+    print(render(entries, targets, header))
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"profile": dataclasses.asdict(profile), "environment": env_info,
+             "rows": entries, "targets": targets}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

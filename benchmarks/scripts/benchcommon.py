@@ -1,0 +1,217 @@
+"""Helpers shared by every measurement script, whatever interpreter runs it.
+
+The scripts in this folder run as plain files (``python script.py ...``) inside the interpreter
+of the system they measure: Blueque's own environment, or a peer's virtualenv (the original
+blueque 1.0.1, RQ). So this module needs nothing but the standard library and redis-py, and each
+script prints exactly one JSON object on its last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+#: The parameters every system enqueues: a small JSON document, as a real producer would send.
+PARAMETERS = '{"n": 1, "kind": "benchmark"}'
+#: List the task functions push "<time.time()>" to on their first line (pickup, recovery).
+PICKUP_LIST = "bench:pickup"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("command")
+    p.add_argument("--url", required=True)
+    p.add_argument("--n", type=int, default=1000, help="tasks (or samples) to measure")
+    p.add_argument("--present", type=int, default=0, help="tasks already present (scale)")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--op", default="enqueue")
+    p.add_argument("--lease", default="default")
+    p.add_argument("--spacing", type=float, default=0.2,
+                   help="pickup: longest random pause between tasks, seconds")
+    return p
+
+
+def connect(url: str, decode: bool = True) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=decode)
+
+
+def emit(result: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def server_cpu(r: redis.Redis) -> float:
+    """Seconds of CPU the redis-server process has used (user + system)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def used_memory(r: redis.Redis) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def timed(r: redis.Redis, n: int, body: Callable[[], None]) -> dict[str, float]:
+    """Run ``body`` once (it does ``n`` tasks' worth of work); rate and CPU per task."""
+    cpu0, srv0, t0 = time.process_time(), server_cpu(r), time.perf_counter()
+    body()
+    t1, cpu1, srv1 = time.perf_counter(), time.process_time(), server_cpu(r)
+    return {
+        "rate": n / (t1 - t0),
+        "wall_us": (t1 - t0) / n * 1e6,
+        "client_cpu_us": (cpu1 - cpu0) / n * 1e6,
+        "server_cpu_us": (srv1 - srv0) / n * 1e6,
+    }
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.005) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"benchmark condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(q / 100.0 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def record_first_line() -> None:
+    """What a task function calls on its first line: push the time it started running."""
+    started = time.time()
+    r = connect(os.environ["BENCH_REDIS_URL"])
+    r.rpush(PICKUP_LIST, repr(started))
+    r.close()
+
+
+def pickup_latencies(
+    r: redis.Redis,
+    enqueue: Callable[[], None],
+    finished: Callable[[], int],
+    samples: int,
+    spacing: float,
+) -> dict[str, float]:
+    """Enqueue one task at a time into an idle system and time enqueue -> task's first line.
+
+    Each sample waits until the previous task has finished, then a random pause of 20 ms to
+    ``spacing`` s, so the listener is idle (blocked, or sleeping in a poll loop at a random
+    phase) when the next task arrives."""
+    latencies: list[float] = []
+    rng = random.Random(4)
+    for i in range(samples):
+        time.sleep(rng.uniform(0.02, spacing))
+        before = time.time()
+        enqueue()
+        popped = r.blpop([PICKUP_LIST], timeout=30)
+        if popped is None:
+            raise TimeoutError("the task did not start within 30 s")
+        latencies.append(float(popped[1]) - before)
+        wait_until(lambda i=i: finished() >= i + 1, timeout=30)
+    ms = [value * 1000.0 for value in latencies]
+    return {
+        "p50_ms": percentile(ms, 50),
+        "p95_ms": percentile(ms, 95),
+        "p99_ms": percentile(ms, 99),
+        "samples": float(len(ms)),
+    }
+
+
+def drain_rate(finished: Callable[[], int], n: int, timeout: float) -> dict[str, float]:
+    """Poll the finished count; tasks/s between the first and the last completion."""
+    wait_until(lambda: finished() >= 1, timeout=timeout, interval=0.002)
+    first = time.perf_counter()
+    wait_until(lambda: finished() >= n, timeout=timeout, interval=0.005)
+    last = time.perf_counter()
+    return {"rate": (n - 1) / (last - first), "seconds": last - first}
+
+
+def start_process(
+    args: Sequence[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A child whose whole process group (workers fork) can be stopped with stop_process."""
+    return subprocess.Popen(
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group, then SIGKILL it if it lingers."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)  # forked task children left in the group
+
+
+def fill(r: redis.Redis, list_key: str, hash_prefix: str, id_prefix: str, n: int,
+         fields: dict[str, str]) -> None:
+    """Create ``n`` task hashes and push their ids onto ``list_key``, server-side.
+
+    A benchmark fixture, not a protocol operation: a Lua loop writes 50,000 tasks per call so
+    a million tasks take seconds, not minutes of round trips."""
+    script = r.register_script(FILL_LUA)
+    flat = [item for pair in fields.items() for item in pair]
+    done = 0
+    while done < n:
+        count = min(50_000, n - done)
+        script(keys=[list_key], args=[hash_prefix, id_prefix, done, count, *flat])
+        done += count
+
+
+FILL_LUA = """
+local prefix, idp, start, count = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local fields = {}
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+local batch = {}
+for i = start, start + count - 1 do
+  local id = idp .. i
+  redis.call('HSET', prefix .. id, unpack(fields))
+  batch[#batch + 1] = id
+  if #batch == 1000 then
+    redis.call('LPUSH', KEYS[1], unpack(batch))
+    batch = {}
+  end
+end
+if #batch > 0 then redis.call('LPUSH', KEYS[1], unpack(batch)) end
+return count
+"""
+
+
+def per_op(n: int, body: Callable[[int], None], warmup: int = 10) -> dict[str, float]:
+    """Microseconds per call of ``body(i)``: the median of ``n`` timed calls (robust to the
+    odd scheduling hiccup of a busy machine) and their mean, after ``warmup`` untimed calls
+    (script loading, first connection) numbered from ``n``."""
+    for i in range(n, n + warmup):
+        body(i)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        body(i)
+        times.append(time.perf_counter() - t0)
+    return {"us_per_op": statistics.median(times) * 1e6, "mean_us": sum(times) / n * 1e6}

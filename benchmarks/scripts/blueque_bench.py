@@ -1,0 +1,224 @@
+"""Measurements of Blueque itself; runs in the interpreter Blueque is installed in.
+
+Usage: python blueque_bench.py COMMAND --url URL [--n N] [--batch B] [--present P --op OP]
+Commands: enqueue, bulk, memory, scale, pickup, drain, recovery. Prints one JSON object.
+The daemon scenarios start ``blueque listen`` (python -m blueque.cli) with the task functions of
+benchmarks/scripts/bench_tasks.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import signal
+import sys
+import time
+
+import benchcommon as bc
+
+import blueque
+
+QUEUE = "bench"
+
+
+def enqueue(url: str, n: int) -> dict[str, float]:
+    client = blueque.Client(url)
+    queue = client.get_queue(QUEUE)
+    for _ in range(20):
+        queue.enqueue(bc.PARAMETERS)
+
+    def body() -> None:
+        for _ in range(n):
+            queue.enqueue(bc.PARAMETERS)
+
+    return bc.timed(client.redis, n, body)
+
+
+def bulk(url: str, n: int, batch: int) -> dict[str, float]:
+    client = blueque.Client(url)
+    queue = client.get_queue(QUEUE)
+    parameters = [bc.PARAMETERS] * batch
+    queue.enqueue_many(parameters)
+
+    def body() -> None:
+        for _ in range(n // batch):
+            queue.enqueue_many(parameters)
+
+    return bc.timed(client.redis, n // batch * batch, body)
+
+
+def process_all(client: blueque.Client) -> None:
+    """Run every pending task to completion in this process (no fork): the state the
+    listener daemon leaves, reached quickly."""
+    listener = client.get_listener(QUEUE)
+    while True:
+        task = listener.reserve()
+        if task is None:
+            return
+        processor = client.get_processor(task)
+        processor.start(os.getpid())
+        processor.complete("null")
+
+
+def memory(url: str, n: int) -> dict[str, float]:
+    client = blueque.Client(url)
+    queue = client.get_queue(QUEUE)
+    queue.enqueue(bc.PARAMETERS)
+    process_all(client)  # creates the lists and the listener's keys once
+    base = bc.used_memory(client.redis)
+    for _ in range(n):
+        queue.enqueue(bc.PARAMETERS)
+    pending = bc.used_memory(client.redis)
+    process_all(client)
+    finished = bc.used_memory(client.redis)
+    return {"pending_bytes": (pending - base) / n, "finished_bytes": (finished - base) / n}
+
+
+def scale(url: str, n: int, present: int, op: str) -> dict[str, float]:
+    """Microseconds per enqueue, pickup (LMOVE + stamp) or finished-task deletion with
+    ``present`` tasks already in the pending (or complete) list."""
+    client = blueque.Client(url)
+    keys = client.keys
+    queue = client.get_queue(QUEUE)
+    now = repr(time.time())
+    status = "complete" if op == "delete" else "pending"
+    target = keys.complete(QUEUE) if op == "delete" else keys.pending(QUEUE)
+    bc.fill(client.redis, target, keys.task(""), "fill-", present,
+            {"status": status, "queue": QUEUE, "parameters": bc.PARAMETERS,
+             "created": now, "updated": now, "result": "null"})
+    if op == "enqueue":
+        us = bc.per_op(n, lambda i: queue.enqueue(bc.PARAMETERS))
+    elif op == "pickup":
+        listener = client.get_listener(QUEUE)
+        us = bc.per_op(n, lambda i: listener.reserve())
+    else:
+        oldest = list(reversed(queue.task_ids("complete", -(n + 10), -1)))
+        us = bc.per_op(n, lambda i: queue.delete_task(client.get_task(oldest[i])))
+    return us
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+#: Lease settings: the daemon's defaults, and the fastest the benchmark uses (sub-second).
+LEASES = {"default": ["--interval", "10", "--poll", "1"],
+          "fastest": ["--interval", "0.2", "--poll", "0.05"]}
+
+
+def listen_command(url: str, function: str, concurrency: int, extra: list[str]) -> list[str]:
+    """``blueque listen bench bench_tasks:FUNCTION`` in this interpreter."""
+    arguments = [QUEUE, f"bench_tasks:{function}", "--concurrency", str(concurrency),
+                 "--log-level", "WARNING", *extra]
+    if importlib.util.find_spec("blueque.cli") is not None:
+        return [sys.executable, "-m", "blueque.cli", "listen", "--url", url, *arguments]
+    return [sys.executable, __file__, "listen", "--url", url, "--", *arguments]
+
+
+def listen_shim(argv: list[str]) -> int:
+    """Until blueque.cli lands: the same daemon through blueque.daemon's own argument parser."""
+    from blueque.daemon import add_listen_arguments, run_listen
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    add_listen_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_listen(args, blueque.Client(args.url))
+
+
+def start_listener(url: str, function: str, concurrency: int = 1,
+                   extra: list[str] | None = None) -> object:
+    client = blueque.Client(url)
+    before = len(client.store.listener_ids(QUEUE))
+    env = {"BENCH_REDIS_URL": url,
+           "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
+    process = bc.start_process(listen_command(url, function, concurrency, extra or []), env)
+    bc.wait_until(lambda: len(client.store.listener_ids(QUEUE)) > before, timeout=30)
+    return process
+
+
+def pickup(url: str, n: int, spacing: float) -> dict[str, float]:
+    client = blueque.Client(url)
+    queue = client.get_queue(QUEUE)
+    listener = start_listener(url, "record")
+    try:
+        return bc.pickup_latencies(
+            client.redis, lambda: queue.enqueue(bc.PARAMETERS),
+            lambda: queue.stats().complete, n, spacing,
+        )
+    finally:
+        bc.stop_process(listener)  # type: ignore[arg-type]
+
+
+def drain(url: str, n: int, concurrency: int) -> dict[str, float]:
+    client = blueque.Client(url)
+    queue = client.get_queue(QUEUE)
+    queue.enqueue_many([bc.PARAMETERS] * n)
+    listener = start_listener(url, "noop", concurrency)
+    try:
+        return bc.drain_rate(lambda: queue.stats().complete, n, timeout=n * 0.1 + 30)
+    finally:
+        bc.stop_process(listener)  # type: ignore[arg-type]
+
+
+def recovery(url: str, lease: str) -> dict[str, float]:
+    """SIGKILL a listener (and its task's process group: the host is gone) while it runs a
+    started task; seconds until the task's function runs again under another listener.
+
+    The victim has another host's identity, so the survivor cannot check its pid and must
+    wait for the lease to expire: the slow path, as after a real host failure."""
+    client = blueque.Client(url)
+    queue = client.get_queue(QUEUE)
+    settings = LEASES[lease]
+    interval = float(settings[1])
+    victim = start_listener(url, "record_then_sleep",
+                            extra=[*settings, "--identity", "bench-dead-host_4242"])
+    survivor = None
+    try:
+        task_id = queue.enqueue(bc.PARAMETERS, max_attempts=2, retry_backoff=0)
+        if client.redis.blpop([bc.PICKUP_LIST], timeout=30) is None:
+            raise TimeoutError("the task did not start")
+        survivor = start_listener(url, "record", extra=settings)
+        bc.wait_until(lambda: client.get_task(task_id).status == "started", timeout=30)
+        child = client.get_task(task_id).pid
+        killed = time.time()
+        os.killpg(victim.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)
+        popped = client.redis.blpop([bc.PICKUP_LIST], timeout=interval * 10 + 30)
+        if popped is None:
+            raise TimeoutError("the task was not run again")
+        seconds = float(popped[1]) - killed
+        return {"seconds": seconds, "intervals": seconds / interval, "interval": interval}
+    finally:
+        bc.stop_process(victim)  # type: ignore[arg-type]
+        if survivor is not None:
+            bc.stop_process(survivor)  # type: ignore[arg-type]
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["listen"]:
+        return listen_shim([a for a in sys.argv[2:] if a != "--"])
+    args = bc.parser(__doc__ or "").parse_args()
+    if args.command == "pickup":
+        result = pickup(args.url, args.n, args.spacing)
+    elif args.command == "drain":
+        result = drain(args.url, args.n, args.concurrency)
+    elif args.command == "recovery":
+        result = recovery(args.url, args.lease)
+    elif args.command == "enqueue":
+        result = enqueue(args.url, args.n)
+    elif args.command == "bulk":
+        result = bulk(args.url, args.n, args.batch)
+    elif args.command == "memory":
+        result = memory(args.url, args.n)
+    elif args.command == "scale":
+        result = scale(args.url, args.n, args.present, args.op)
+    else:
+        raise SystemExit(f"unknown command {args.command}")
+    bc.emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The benchmark runs end to end in its smallest mode and prints every row.
+
+Speed is never asserted here (figures from a smoke run mean nothing): only that every scenario
+ran in the interpreter of the system it measures and produced its figures, and that the table
+and the JSON carry every row and every target.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.run import PROFILES, TARGETS, build_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first run builds the peers' virtualenvs from PyPI
+def test_smoke_run_prints_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--smoke", "--quiet", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=850,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    expected = build_rows(PROFILES["smoke"])
+    rows = {row["key"]: row for row in report["rows"]}
+    assert list(rows) == [row.key for row in expected]
+    missing = {key: row.get("note") for key, row in rows.items()
+               if "median" not in row and key != "recovery_default.blueque"}
+    assert missing == {}, missing
+    assert "skipped" in rows["recovery_default.blueque"]["note"]
+    # original and RQ ran in their own virtualenvs, not in Blueque's
+    assert report["environment"]["original_env"]["blueque"] == "1.0.1"
+    assert report["environment"]["rq_env"]["rq"] != "-"
+    table = result.stdout
+    for row in expected:
+        assert row.label in table and row.system in table
+    for scenario in {row.scenario for row in expected}:
+        assert scenario in table
+    assert [t["text"] for t in report["targets"]] == [t.text for t in TARGETS]
+    for target in TARGETS:
+        assert target.text in table
