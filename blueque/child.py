@@ -72,6 +72,10 @@ def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
     pid = os.getpid()
     try:
         processor.start(pid, create_time(pid))
+    except RedisUnavailable as error:
+        # the start may have been recorded before the reply was lost: the parent settles it
+        log.error("task %s: could not start it: %s", task.id, error)
+        return EXIT_REPORT_FAILED
     except BluequeError as error:
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED

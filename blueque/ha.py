@@ -25,6 +25,7 @@ This module never formats a key and runs no protocol operation: the store calls
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -138,10 +139,26 @@ class Durability:
     def run(self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
             ) -> Any:
         """Run ``script`` then WAIT on the same connection (one pipeline); return its result."""
-        if isinstance(client, RedisCluster):
-            # WAIT counts the writes of its own connection: talk to the slot's master directly
-            cluster: Any = client
-            client = cluster.get_node_from_key(keys[0], replica=False).redis_connection
+        if not isinstance(client, RedisCluster):
+            return self._run_on(client, script, keys, args)
+        # WAIT counts the writes of its own connection: talk to the slot's master directly,
+        # which bypasses RedisCluster's own redirection handling, so refresh its slot map here
+        cluster: Any = client
+        try:
+            node = cluster.get_node_from_key(keys[0], replica=False)
+            return self._run_on(node.redis_connection, script, keys, args)
+        except NotReplicated:
+            raise
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ResponseError, redis.exceptions.RedisClusterException) as error:
+            if is_transient(error):
+                with contextlib.suppress(redis.exceptions.RedisError,
+                                         redis.exceptions.RedisClusterException):
+                    cluster.nodes_manager.initialize()
+            raise
+
+    def _run_on(self, client: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
+                ) -> Any:
         pipe = client.pipeline(transaction=False)
         script(keys=list(keys), args=list(args), client=pipe)
         pipe.wait(self.replicas, self.timeout_ms)
@@ -314,7 +331,9 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, _TRANSIENT):
         return True
     if isinstance(error, redis.exceptions.ResponseError):
-        return str(error).split(" ", 1)[0] in TRANSIENT_REPLIES
+        # a pipeline prefixes the reply with "Command # 1 (...) of pipeline caused error: "
+        reply = str(error).rpartition("caused error: ")[2]
+        return reply.split(" ", 1)[0] in TRANSIENT_REPLIES
     return False
 
 

@@ -385,6 +385,13 @@ class ClusterTopology(_Topology):
         wait_for(promoted, timeout, interval=0.05)
         return self.master_for_key(key)
 
+    def restart(self, server: RedisServer, timeout: float = 30.0) -> None:
+        """Start a killed node again on its port and directory: its nodes.conf makes it
+        rejoin, as a replica of whichever node took over its slots."""
+        server.start()
+        wait_for(lambda: self.role(server.port) == "slave" and self.is_healthy(), timeout,
+                 interval=0.1)
+
     def stop(self) -> None:
         for server in self.servers:
             server.stop()

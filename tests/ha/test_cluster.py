@@ -1,0 +1,172 @@
+"""Redis Cluster: three masters with a replica each, started on loopback by the test.
+
+Queues are chosen so that their hash tags land on three different masters. Tests that kill a
+node get a fresh cluster; the others share one (flushed before each test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemons import Daemon, daemons
+from failover import listen_command, run_failover
+from redis.cluster import RedisCluster
+
+import blueque
+from blueque.keys import Keys
+from blueque.testing import wait_for
+from blueque.topology import ClusterTopology
+
+pytestmark = [pytest.mark.ha, pytest.mark.slow]
+
+
+def queues_on_distinct_masters(cluster: ClusterTopology, count: int = 3) -> list[str]:
+    """Queue names whose keys live on ``count`` different masters."""
+    keys = Keys(cluster=True)
+    chosen: dict[int, str] = {}
+    for n in range(200):
+        name = f"shard{n}"
+        chosen.setdefault(cluster.master_for_key(keys.pending(name)).port, name)
+        if len(chosen) == count:
+            return list(chosen.values())
+    raise AssertionError("could not spread queues over the masters")
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[ClusterTopology]:
+    with ClusterTopology() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(shared_cluster: ClusterTopology) -> ClusterTopology:
+    client = blueque.Client(shared_cluster.url)
+    client.redis.flushall(target_nodes=RedisCluster.PRIMARIES)
+    client.close()
+    return shared_cluster
+
+
+@pytest.fixture
+def fresh_cluster() -> Iterator[ClusterTopology]:
+    with ClusterTopology() as cluster:
+        yield cluster
+
+
+def test_cluster_url_selects_the_hash_tagged_layout(cluster: ClusterTopology) -> None:
+    client = blueque.Client(cluster.url)
+    assert isinstance(client.redis, RedisCluster)
+    assert client.keys.cluster
+    task_id = client.get_queue("reports").enqueue("{}")
+    assert task_id.startswith("{reports}")
+    # the task hash and the queue's pending list share a slot: scripts stay atomic
+    assert client.redis.keyslot(client.keys.task(task_id)) == client.redis.keyslot(
+        client.keys.pending("reports"))
+    client.close()
+
+
+def test_full_lifecycle_on_three_shards(cluster: ClusterTopology) -> None:
+    client = blueque.Client(cluster.url)
+    names = queues_on_distinct_masters(cluster)
+    for name in names:
+        queue = client.get_queue(name)
+        task_id = queue.enqueue(json.dumps({"queue": name}))
+        listener = client.get_listener(name)
+        task = listener.listen(timeout=5)
+        assert task is not None and task.id == task_id and task.status == "reserved"
+        processor = client.get_processor(task)
+        assert processor.start(os.getpid()) == json.dumps({"queue": name})
+        assert client.get_task(task_id).status == "started"
+        processor.complete({"ok": name})
+        done = client.get_task(task_id)
+        assert (done.status, done.result) == ("complete", json.dumps({"ok": name}))
+        stats = queue.stats()
+        assert (stats.pending, stats.started, stats.complete, stats.listeners) == (0, 0, 1, 1)
+        listener.close()
+    assert sorted(client.queue_names()) == sorted(names)
+    client.close()
+
+
+def test_scheduled_tasks_on_three_shards(cluster: ClusterTopology) -> None:
+    client = blueque.Client(cluster.url)
+    names = queues_on_distinct_masters(cluster)
+    eta = time.time() + 0.3
+    scheduled = {name: [client.get_queue(name).schedule(str(n), eta) for n in range(5)]
+                 for name in names}
+    for name in names:
+        assert client.get_queue(name).stats().scheduled == 5
+        assert client.get_queue(name).enqueue_due_tasks() == []
+    wait_for(lambda: time.time() > eta + 0.01, timeout=5)
+    for name in names:
+        moved = client.get_queue(name).enqueue_due_tasks()
+        assert sorted(moved) == sorted(scheduled[name])
+        assert all(client.get_task(i).status == "pending" for i in moved)
+        assert client.get_queue(name).stats().pending == 5
+    client.close()
+
+
+def test_daemons_recover_a_killed_listener_on_a_cluster(
+    cluster: ClusterTopology, tmp_path: Path
+) -> None:
+    client = blueque.Client(cluster.url)
+    queue = client.get_queue("recovery")
+    marker = tmp_path / "marker"
+    # a second attempt is allowed, so a run cut short by a dead listener is retried
+    task_id = queue.enqueue(json.dumps({"marker": str(marker), "seconds": 30}),
+                            max_attempts=2, retry_backoff=0.1)
+    with daemons(tmp_path) as started:
+        first = Daemon(listen_command(cluster.url, "recovery", 1, 1.0, "tests.jobs:sleep"),
+                       tmp_path / "first.log")
+        started.append(first)
+        wait_for(lambda: client.get_task(task_id).status == "started", timeout=30)
+        child = client.get_task(task_id).pid
+        first.kill()  # the listener dies, and so does the task process it ran
+        os.kill(child, 9)
+        started.append(Daemon(
+            listen_command(cluster.url, "recovery", 1, 1.0, "tests.jobs:echo"),
+            tmp_path / "second.log"))
+        wait_for(lambda: client.get_task(task_id).status == "complete", timeout=60)
+    task = client.get_task(task_id)
+    assert task.attempts == 2
+    assert task.node != f"{first.pid}" and not task.node.endswith(f"_{first.pid}")
+    client.close()
+
+
+def test_master_killed_and_replica_promoted_mid_run(
+    fresh_cluster: ClusterTopology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = queues_on_distinct_masters(fresh_cluster)
+    victim_key = Keys(cluster=True).pending(names[0])
+    victim = fresh_cluster.master_for_key(victim_key)
+
+    def bring_back() -> None:
+        fresh_cluster.wait_for_failover(victim_key, victim.port)
+        # the dead node comes back as a replica, so its shard can acknowledge WAIT 1 again
+        fresh_cluster.restart(victim)
+
+    restarter = threading.Thread(target=bring_back, name="restarter")
+
+    def kill_master() -> None:
+        fresh_cluster.kill_master_of(victim_key)
+        restarter.start()
+
+    try:
+        outcome = run_failover(
+            tmp_path, fresh_cluster.url + "?wait_replicas=1&wait_timeout=500", kill_master,
+            queues=tuple(names), listeners=1, tasks=300, kill_at=90, probe_queue=names[0],
+        )
+    finally:
+        if restarter.is_alive():
+            restarter.join(60)
+    assert fresh_cluster.master_for_key(victim_key).port != victim.port
+    with capsys.disabled():
+        print(f"\ncluster failover figures: {json.dumps(outcome.figures())}")
+    assert len(outcome.acknowledged) == 300
+    assert outcome.statuses == {"complete": 300}, outcome.statuses
+    assert outcome.ran_twice == []
+    assert outcome.daemons_alive
+    assert outcome.daemon_exit_codes == [0, 0, 0]

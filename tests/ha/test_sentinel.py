@@ -1,0 +1,67 @@
+"""Redis Sentinel: real master, replicas and sentinels on loopback; the master is SIGKILLed
+while real listener daemons drain tasks. A fresh topology per test (they are destructive)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from failover import run_failover
+
+import blueque
+from blueque.topology import SentinelTopology
+
+pytestmark = [pytest.mark.ha, pytest.mark.slow]
+
+
+@pytest.fixture
+def sentinel() -> Iterator[SentinelTopology]:
+    with SentinelTopology(replicas=2, sentinels=3) as topology:
+        yield topology
+
+
+def test_client_reaches_the_master_through_sentinel_url(sentinel: SentinelTopology) -> None:
+    client = blueque.Client(sentinel.url)
+    task_id = client.get_queue("q").enqueue('{"x": 1}')
+    assert client.store.task_data(task_id)["status"] == "pending"
+    master = sentinel.master()
+    assert client.redis.connection_pool.get_master_address() == ("127.0.0.1", master.port)
+    client.close()
+
+
+def test_wait_replicas_confirms_enqueue_on_a_replica(sentinel: SentinelTopology) -> None:
+    client = blueque.Client(sentinel.url + "?wait_replicas=2&wait_timeout=2000")
+    task_id = client.get_queue("q").enqueue("{}")
+    # acknowledged by both replicas: each already holds the task hash
+    for server in sentinel.servers[1:]:
+        replica = blueque.Client(server.url)
+        assert replica.store.task_data(task_id)["status"] == "pending"
+        replica.close()
+    client.close()
+
+
+def test_three_listeners_drain_500_tasks_through_a_master_sigkill(
+    sentinel: SentinelTopology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old_port = sentinel.master().port
+
+    def kill_master() -> None:
+        sentinel.kill_master()
+
+    outcome = run_failover(
+        tmp_path, sentinel.url + "?wait_replicas=1&wait_timeout=500", kill_master,
+    )
+    assert sentinel.master().port != old_port, "no failover happened"
+    figures = outcome.figures()
+    with capsys.disabled():
+        print(f"\nsentinel failover figures: {json.dumps(figures)}")
+    # every acknowledged task ends complete: none lost, none failed by the failover
+    assert len(outcome.acknowledged) == 500
+    assert outcome.statuses == {"complete": 500}, outcome.statuses
+    # every daemon and every task process stayed alive, so no task may have run twice
+    assert outcome.ran_twice == []
+    assert set(outcome.runs) == set(outcome.acknowledged)
+    assert outcome.daemons_alive, "a listener daemon died during the failover"
+    assert outcome.daemon_exit_codes == [0, 0, 0]
