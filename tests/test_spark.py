@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
+import psutil
 import pytest
 import redis
 
@@ -327,3 +332,55 @@ def test_wait_for_count_and_for_the_queue_to_drain(client: blueque.Client) -> No
     finish(client, "q", "failed")
     drained = wait_for_tasks(client, "q", progress=False)
     assert (drained.finished, drained.active, drained.total) == (2, 0, None)
+
+
+def load_example(name: str) -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_document_pipeline_end_to_end_with_listener_daemons(
+    spark: SparkSession, url: str, tmp_path: Path
+) -> None:
+    example = load_example("document_pipeline")
+    corpus = example.generate_corpus(12, seed=3)
+    unreadable = example.UNREADABLE
+    expected = {
+        d.doc_id: (
+            len(d.pages),
+            [n for n, page in enumerate(d.pages, 1) if page.startswith(unreadable)],
+            sum(len(p.split()) for p in d.pages if not p.startswith(unreadable)),
+            sum(len(p) for p in d.pages if not p.startswith(unreadable)),
+        )
+        for d in corpus
+    }
+    pages = sum(len(d.pages) for d in corpus)
+    assert any(failed for _, failed, _, _ in expected.values())  # seed 3 has unreadable pages
+
+    report = example.run_pipeline(spark, url, str(tmp_path), documents=12, seed=3,
+                                  listener_count=2, concurrency=2, timeout=240,
+                                  progress=False)
+    daemons = [p for p in psutil.Process().children(recursive=True)
+               if "listen" in p.cmdline()]
+    assert daemons == []  # stopped by pid
+    assert (report.tasks, report.created) == (pages, pages)
+    assert report.failed == sum(len(f) for _, f, _, _ in expected.values())
+    assert report.complete + report.failed == pages
+
+    stats = {r["doc_id"]: r for r in spark.read.parquet(report.output).collect()}
+    got = {i: (r["pages"], list(r["failed_pages"]), r["words"], r["characters"])
+           for i, r in stats.items()}
+    assert got == expected
+    assert all(r["pages_failed"] == len(r["failed_pages"]) for r in stats.values())
+    assert all(r["processing_seconds"] > 0 for r in stats.values())
+    assert all(r["first_started"] <= r["last_finished"] for r in stats.values())
+
+    again = example.run_pipeline(spark, url, str(tmp_path / "again"), documents=12, seed=3,
+                                 listener_count=0, timeout=30, progress=False)
+    assert (again.tasks, again.created, again.complete) == (pages, 0, report.complete)
