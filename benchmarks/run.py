@@ -1,6 +1,6 @@
 """Blueque against its peers and against the Redis ceiling, in one run, on one private Redis.
 
-    python -m benchmarks.run            # the full run (about 15 minutes on 2 cores)
+    python -m benchmarks.run            # the full run (about 20 minutes on 2 cores)
     python -m benchmarks.run --quick    # shorter: fewer tasks and repeats (a few minutes)
     python -m benchmarks.run --smoke    # seconds: proves every scenario runs, figures meaningless
 
@@ -57,7 +57,7 @@ class Profile:
 
 
 PROFILES = {
-    "full": Profile("full", 5, 3, 5000, 20000, 300, 60, 2000, 10000, 1000, 1_000_000, 1000,
+    "full": Profile("full", 3, 3, 5000, 20000, 200, 40, 2000, 10000, 1000, 1_000_000, 1000,
                     True, 200_000),
     "quick": Profile("quick", 3, 2, 2000, 5000, 60, 15, 500, 2000, 1000, 100_000, 300,
                      True, 50_000),

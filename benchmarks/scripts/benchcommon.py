@@ -46,7 +46,9 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def connect(url: str, decode: bool = True) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=decode)
+    """A plain client; no socket timeout (redis-py 8 defaults to 5 s), so long blocking pops
+    (recovery waits up to 30 s at the default lease) are not cut short."""
+    return redis.Redis.from_url(url, decode_responses=decode, socket_timeout=None)
 
 
 def emit(result: dict[str, Any]) -> None:
@@ -109,13 +111,16 @@ def pickup_latencies(
 ) -> dict[str, float]:
     """Enqueue one task at a time into an idle system and time enqueue -> task's first line.
 
-    Each sample waits until the previous task has finished, then a random pause of 20 ms to
+    Each sample waits until the previous task has finished, then a pause of 20 ms to
     ``spacing`` s, so the listener is idle (blocked, or sleeping in a poll loop at a random
     phase) when the next task arrives."""
     latencies: list[float] = []
-    rng = random.Random(4)
+    # stratified pauses, shuffled: an even spread of phases against a poll loop even for a
+    # handful of samples
+    pauses = [0.02 + (i + 0.5) / samples * (spacing - 0.02) for i in range(samples)]
+    random.Random(4).shuffle(pauses)
     for i in range(samples):
-        time.sleep(rng.uniform(0.02, spacing))
+        time.sleep(pauses[i])
         before = time.time()
         enqueue()
         popped = r.blpop([PICKUP_LIST], timeout=30)

@@ -142,7 +142,7 @@ def pickup(url: str, n: int, spacing: float) -> dict[str, float]:
     listener = start_listener(url, "record")
     try:
         return bc.pickup_latencies(
-            client.redis, lambda: queue.enqueue(bc.PARAMETERS),
+            bc.connect(url), lambda: queue.enqueue(bc.PARAMETERS),
             lambda: queue.stats().complete, n, spacing,
         )
     finally:
@@ -168,6 +168,7 @@ def recovery(url: str, lease: str) -> dict[str, float]:
     wait for the lease to expire: the slow path, as after a real host failure."""
     client = blueque.Client(url)
     queue = client.get_queue(QUEUE)
+    r = bc.connect(url)  # blocking pops outlast a default socket timeout
     settings = LEASES[lease]
     interval = float(settings[1])
     victim = start_listener(url, "record_then_sleep",
@@ -175,7 +176,7 @@ def recovery(url: str, lease: str) -> dict[str, float]:
     survivor = None
     try:
         task_id = queue.enqueue(bc.PARAMETERS, max_attempts=2, retry_backoff=0)
-        if client.redis.blpop([bc.PICKUP_LIST], timeout=30) is None:
+        if r.blpop([bc.PICKUP_LIST], timeout=30) is None:
             raise TimeoutError("the task did not start")
         survivor = start_listener(url, "record", extra=settings)
         bc.wait_until(lambda: client.get_task(task_id).status == "started", timeout=30)
@@ -185,7 +186,7 @@ def recovery(url: str, lease: str) -> dict[str, float]:
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)
-        popped = client.redis.blpop([bc.PICKUP_LIST], timeout=interval * 10 + 30)
+        popped = r.blpop([bc.PICKUP_LIST], timeout=interval * 10 + 30)
         if popped is None:
             raise TimeoutError("the task was not run again")
         seconds = float(popped[1]) - killed
