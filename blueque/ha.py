@@ -35,8 +35,10 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from blueque.errors import ConfigurationError
@@ -278,7 +280,12 @@ class HASettings:
             node: Any = ClusterNode
             nodes = [node(host, port) for host, port in self.hosts]
             return RedisCluster(startup_nodes=nodes, **kwargs)
+        # redis-py would otherwise retry each connect and each command on its own, with
+        # backoff, silently and without a deadline (nested, that is up to ~40 s): leave
+        # retrying to RetryPolicy, which logs and keeps to retry_deadline
+        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         sentinel_kwargs: dict[str, Any] = {
+            "retry": Retry(NoBackoff(), 0),
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.socket_connect_timeout,
             "username": self.sentinel_username,
