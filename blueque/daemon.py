@@ -236,6 +236,9 @@ class ListenerDaemon:
             current = self.clock()
             if current >= self._next_renew:
                 self._renew()
+                # a move whose reply was lost (a failover: the retried LMOVE took another
+                # task) strands an id in our reserved list that nothing else would put back
+                self._heal()
                 self._next_renew = current + self.interval / 2
             if current >= self._next_sweep:
                 self.recovery.sweep(self.weights, exclude=[self.id])
