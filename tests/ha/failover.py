@@ -87,9 +87,13 @@ def run_failover(
     seconds: float = 0.05,
     plain_url: str | None = None,
     probe_queue: str = "probe",
+    drain_timeout: float = 120.0,
+    strict: bool = True,
 ) -> Outcome:
     """Enqueue ``tasks`` (one by one, spread over ``queues``) while ``listeners`` daemons per
-    queue drain them; call ``kill_master`` once ``kill_at`` tasks are complete."""
+    queue drain them; call ``kill_master`` once ``kill_at`` tasks are complete. If they do not
+    all complete within ``drain_timeout``: AssertionError with a diagnosis, or (``strict``
+    False) the outcome as it stands."""
     outcome = Outcome()
     runs_log = tmp / "runs.log"
     client = blueque.Client(url)
@@ -131,9 +135,10 @@ def run_failover(
         if producer_error:
             raise producer_error[0]
         try:
-            wait_for(lambda: complete() >= tasks, timeout=120, interval=0.1)
+            wait_for(lambda: complete() >= tasks, timeout=drain_timeout, interval=0.1)
         except TimeoutError:
-            raise AssertionError(_diagnose(client, outcome.acknowledged, started)) from None
+            if strict:
+                raise AssertionError(_diagnose(client, outcome.acknowledged, started)) from None
         finally:
             outcome.drain_s = time.monotonic() - began
             outcome.daemons_alive = all(d.alive() for d in started)
