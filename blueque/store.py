@@ -120,7 +120,14 @@ class RedisStore:
 
     @property
     def where(self) -> str:
-        kwargs = getattr(getattr(self.redis, "connection_pool", None), "connection_kwargs", {})
+        pool = getattr(self.redis, "connection_pool", None)
+        service = getattr(pool, "service_name", None)
+        if service:  # Sentinel: name the master, not a host
+            return f"Sentinel master {service!r}"
+        if hasattr(self.redis, "get_nodes"):  # RedisCluster
+            nodes = sorted(f"{n.host}:{n.port}" for n in self.redis.get_nodes())
+            return "cluster " + ",".join(nodes[:3]) + (",..." if len(nodes) > 3 else "")
+        kwargs = getattr(pool, "connection_kwargs", {})
         if "path" in kwargs:
             return f"unix://{kwargs['path']}"
         return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
