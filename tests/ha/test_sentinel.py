@@ -11,6 +11,7 @@ import pytest
 from failover import run_failover
 
 import blueque
+from blueque.errors import RedisUnavailable
 from blueque.topology import SentinelTopology
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
@@ -39,6 +40,16 @@ def test_wait_replicas_confirms_enqueue_on_a_replica(sentinel: SentinelTopology)
         replica = blueque.Client(server.url)
         assert replica.store.task_data(task_id)["status"] == "pending"
         replica.close()
+    client.close()
+
+
+def test_too_few_replicas_to_acknowledge_is_an_error(sentinel: SentinelTopology) -> None:
+    # three acknowledgements asked, two replicas exist: the write is never confirmed
+    client = blueque.Client(sentinel.url + "?wait_replicas=3&wait_timeout=50&retry_deadline=1")
+    with pytest.raises(RedisUnavailable, match="acknowledged"):
+        client.get_queue("q").enqueue("{}", task_id="t1")
+    # it is on the master all the same (a WAIT shortfall is not a rollback)
+    assert client.store.task_data("t1")["status"] == "pending"
     client.close()
 
 
