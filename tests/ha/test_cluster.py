@@ -81,7 +81,13 @@ def test_full_lifecycle_on_three_shards(cluster: ClusterTopology) -> None:
         processor = client.get_processor(task)
         assert processor.start(os.getpid()) == json.dumps({"queue": name})
         assert client.get_task(task_id).status == "started"
+        waited: list[object] = []
+        waiter = threading.Thread(target=lambda w=waited, i=task_id: w.append(
+            client.get_task(i).wait(timeout=20)))
+        waiter.start()  # Task.wait subscribes to the queue's done channel on some node
         processor.complete({"ok": name})
+        waiter.join(30)
+        assert [getattr(t, "status", None) for t in waited] == ["complete"]
         done = client.get_task(task_id)
         assert (done.status, done.result) == ("complete", json.dumps({"ok": name}))
         stats = queue.stats()
