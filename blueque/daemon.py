@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from blueque import keys as k
 from blueque.child import EXIT_NOT_STARTED, TaskFunction, import_function, run_child
 from blueque.client import Client
-from blueque.errors import BluequeError, CallbackError, RedisUnavailable
+from blueque.errors import BluequeError, CallbackError, InvalidTaskState, RedisUnavailable
 from blueque.listener import Listener, hostname, listener_id
 from blueque.logs import configure as configure_logs
 from blueque.policy import Policy
@@ -334,6 +334,9 @@ class ListenerDaemon:
                 self._record(running, error)
             except RedisUnavailable:
                 return
+            except InvalidTaskState as refused:
+                # recovered or cancelled between our read and our finish: its new state stands
+                log.warning("task %s: ending not recorded: %s", running.task_id, refused)
             self.unrecorded.pop(0)
 
     def _record(self, running: Running, error: str) -> None:
