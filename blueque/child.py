@@ -80,15 +80,24 @@ def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED
     _current = processor
+    retry = True
     try:
         result = function(task.refresh())
-        outcome, text = "complete", encode_result(result)
     except Exception:
         outcome, text = "failed", traceback.format_exc()
+    else:
+        try:
+            outcome, text = "complete", encode_result(result)
+        except Exception as error:
+            # the work is done; running it again would only return the same value
+            outcome, retry = "failed", False
+            text = (f"the task function returned a {type(result).__name__}, which is not a "
+                    f"string and cannot be encoded as JSON ({type(error).__name__}: {error}); "
+                    "not retried: return a str or a JSON-serialisable value")
     delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
     while True:
         try:
-            _report(store, processor, outcome, text)
+            _report(store, processor, outcome, text, retry)
             return EXIT_REPORTED
         except RedisUnavailable as error:
             # The work is done: hold on to its outcome until Redis is back, not lose it.
@@ -103,12 +112,13 @@ def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
             return EXIT_REPORT_FAILED
 
 
-def _report(store: RedisStore, processor: Processor, outcome: str, text: str) -> None:
+def _report(store: RedisStore, processor: Processor, outcome: str, text: str,
+            retry: bool = True) -> None:
     policy = Policy.resolve(processor.task.data, store.queue_config(processor.task.queue or ""))
     if outcome == "complete":
         processor.complete(text, _ttl_ms(policy))
         return
-    eta = policy.retry_eta(processor.attempt or 1, now())
+    eta = policy.retry_eta(processor.attempt or 1, now()) if retry else None
     if eta is None:
         processor.fail(text, _ttl_ms(policy))
     else:
