@@ -132,6 +132,7 @@ class ListenerDaemon:
             os.set_blocking(fd, False)
         self._subscriber: threading.Thread | None = None
         self._registered = False
+        self._info: dict[str, str] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
     def _load_function(self) -> None:
@@ -171,6 +172,7 @@ class ListenerDaemon:
             "concurrency": str(self.concurrency), "interval": repr(self.interval),
             "started": repr(now()),
         }
+        self._info = info
         self.store.write_listener_info(self.id, info, int(self.interval * 3) + 1)
         for queue in self.weights:
             self.store.add_listener(queue, self.id)
@@ -426,7 +428,9 @@ class ListenerDaemon:
                           "registering again", self.id, queue)
                 self.store.add_listener(queue, self.id)
                 self.store.lease(queue, self.id, self.lease_ms, "register")
-        self.store.write_listener_info(self.id, {"renewed": repr(now())},
+        # all of it: after a pause longer than its TTL (SIGSTOP, an outage) the hash is gone,
+        # and recover_local needs pid_created to tell this process from a reused pid
+        self.store.write_listener_info(self.id, {**self._info, "renewed": repr(now())},
                                        int(self.interval * 3) + 1)
         running_ids = [r.task_id for r in self.children.values()]
         if running_ids:

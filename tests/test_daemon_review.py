@@ -211,7 +211,6 @@ def test_on_stop_keep_then_restart_adopts_every_child(  # type: ignore[no-untype
     assert second.alive()
 
 
-@pytest.mark.xfail(strict=True, reason="fixed in a later commit")
 def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyped-def]
         client, start, tmp_path, redis_client):
     marker, release = tmp_path / "marker", tmp_path / "release"
