@@ -39,7 +39,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from blueque.errors import ConfigurationError
 
@@ -110,6 +110,11 @@ def _options(query: str, url: str, overrides: Mapping[str, Any]) -> dict[str, An
                 options[name] = int(options[name])
     except ValueError as error:
         raise ConfigurationError(f"bad option in {_hide_password(url)!r}: {error}") from error
+    check = options.get("ssl_check_hostname")
+    if isinstance(check, str):
+        if check.lower() not in ("true", "false", "yes", "no", "1", "0"):
+            raise ConfigurationError(f"ssl_check_hostname must be true or false, not {check!r}")
+        options["ssl_check_hostname"] = check.lower() in ("true", "yes", "1")
     return options
 
 
@@ -335,6 +340,8 @@ def is_transient(error: BaseException) -> bool:
     """True if ``error`` is what a failover, a restart or a resharding looks like."""
     if isinstance(error, _PERMANENT):
         return False
+    if isinstance(error, MasterNotFoundError) and "AuthenticationError" in str(error):
+        return False  # the sentinels refused our credentials: waiting will not help
     if isinstance(error, _TRANSIENT):
         return True
     if isinstance(error, redis.exceptions.ResponseError):

@@ -35,6 +35,46 @@ from blueque.testing import RedisServer, free_port, wait_for
 FAST_REPLICATION = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """A certificate, its key and the CA that signed it (here: itself), as files."""
+
+    cert: str
+    key: str
+    ca: str
+
+    @classmethod
+    def self_signed(cls, directory: str) -> TLSFiles:
+        """A throw-away certificate for 127.0.0.1, made with the openssl command."""
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise ConfigurationError("openssl not found on PATH (Debian: apt-get install openssl)")
+        cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-keyout", key, "-out", cert, "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )
+        return cls(cert=cert, key=key, ca=cert)
+
+    def server_settings(self, tls_port: int) -> list[str]:
+        """Config directives (name, value...) for a server or sentinel also listening on TLS."""
+        return [
+            "tls-port", str(tls_port), "tls-cert-file", self.cert, "tls-key-file", self.key,
+            "tls-ca-cert-file", self.ca, "tls-replication", "yes", "tls-auth-clients", "no",
+        ]
+
+
+def _as_args(directives: Sequence[str]) -> list[str]:
+    return [f"--{d}" if n % 2 == 0 else d for n, d in enumerate(directives)]
+
+
+def _as_config(directives: Sequence[str]) -> str:
+    pairs = zip(directives[::2], directives[1::2], strict=True)
+    return "".join(f"{name} {value}\n" for name, value in pairs)
+
+
 def _port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -83,7 +123,16 @@ class SentinelProcess:
     port: int = 0
     executable: str = "redis-server"
     directory: str | None = None
+    tls: TLSFiles | None = None
+    #: extra config lines, e.g. an ACL user for clients ("user watcher on >pw +@all")
+    extra_config: Sequence[str] = ()
+    tls_port: int = field(default=0, init=False)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def client_port(self) -> int:
+        """The port clients use: the TLS port when TLS is on (the plain one stays for probes)."""
+        return self.tls_port or self.port
 
     @property
     def pid(self) -> int:
@@ -108,6 +157,10 @@ class SentinelProcess:
                 f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {name} 1\n"
             )
+            if self.tls is not None:
+                self.tls_port = free_port()
+                out.write(_as_config(self.tls.server_settings(self.tls_port)))
+            out.writelines(line + "\n" for line in self.extra_config)
         self.process = subprocess.Popen([path, config, "--sentinel"], stdin=subprocess.DEVNULL)
         try:
             wait_for(lambda: _ask(self.port, "PING") is True or self._exited(), timeout)
@@ -175,7 +228,13 @@ class _Topology:
 
 @dataclass
 class SentinelTopology(_Topology):
-    """A master, its replicas and the sentinels watching them, all children of this process."""
+    """A master, its replicas and the sentinels watching them, all children of this process.
+
+    With ``tls``, servers and sentinels also listen on TLS ports and replicate and monitor over
+    TLS; clients get the TLS ports (``url`` uses ``rediss+sentinel://``). ``acl`` lines add
+    users to the servers, ``sentinel_acl`` lines to the sentinels; the default user stays
+    open on loopback for the probes, replication and monitoring. ``url_auth`` and
+    ``url_options`` go into ``url`` as they are."""
 
     replicas: int = 2
     sentinels: int = 3
@@ -183,28 +242,58 @@ class SentinelTopology(_Topology):
     down_after_ms: int = 1000
     failover_timeout_ms: int = 5000
     extra_args: Sequence[str] = ()
+    tls: TLSFiles | None = None
+    acl: Sequence[str] = ()
+    sentinel_acl: Sequence[str] = ()
+    url_auth: str = ""
+    url_options: str = ""
     servers: list[RedisServer] = field(default_factory=list, init=False)
     sentinel_processes: list[SentinelProcess] = field(default_factory=list, init=False)
+    _tls_ports: dict[int, int] = field(default_factory=dict, init=False)
 
     @property
     def url(self) -> str:
-        """The ``redis+sentinel://`` URL of this topology (database 0)."""
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinel_processes)
-        return f"redis+sentinel://{hosts}/{self.master_name}/0"
+        """The ``redis+sentinel://`` (or ``rediss+sentinel://``) URL of this topology, db 0."""
+        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+        hosts = ",".join(f"127.0.0.1:{s.client_port}" for s in self.sentinel_processes)
+        auth = f"{self.url_auth}@" if self.url_auth else ""
+        query = f"?{self.url_options}" if self.url_options else ""
+        return f"{scheme}://{auth}{hosts}/{self.master_name}/0{query}"
+
+    def _server_args(self, base: Sequence[str]) -> tuple[str, ...]:
+        args = [*FAST_REPLICATION, *self.extra_args, *base]
+        for line in self.acl:
+            args += ["--user", *line.split()]
+        return tuple(args)
+
+    def _start_server(self, replica_of: int | None) -> RedisServer:
+        base: list[str] = []
+        tls_port = 0
+        if self.tls is not None:
+            tls_port = free_port()
+            base += _as_args(self.tls.server_settings(tls_port))
+        if replica_of is not None:
+            base += ["--replicaof", "127.0.0.1", str(replica_of)]
+        server = RedisServer(extra_args=self._server_args(base)).start()
+        self._tls_ports[server.port] = tls_port or server.port
+        self.servers.append(server)
+        return server
+
+    def client_port(self, server: RedisServer) -> int:
+        """The port sentinels report for ``server`` (its TLS port when TLS is on)."""
+        return self._tls_ports.get(server.port, server.port)
 
     def start(self, timeout: float = 30.0) -> SentinelTopology:
-        args = (*FAST_REPLICATION, *self.extra_args)
-        master = RedisServer(extra_args=args).start()
-        self.servers.append(master)
+        master = self._start_server(None)
         for _ in range(self.replicas):
-            replica_args = (*args, "--replicaof", "127.0.0.1", str(master.port))
-            self.servers.append(RedisServer(extra_args=replica_args).start())
+            self._start_server(self.client_port(master))
         wait_for(lambda: self._online_replicas(master.port) == self.replicas, timeout)
         quorum = self.sentinels // 2 + 1
         for _ in range(self.sentinels):
             sentinel = SentinelProcess(
-                self.master_name, master.port, quorum,
+                self.master_name, self.client_port(master), quorum,
                 down_after_ms=self.down_after_ms, failover_timeout_ms=self.failover_timeout_ms,
+                tls=self.tls, extra_config=self.sentinel_acl,
             )
             self.sentinel_processes.append(sentinel)
             sentinel.start()
@@ -224,7 +313,7 @@ class SentinelTopology(_Topology):
         )
 
     def _sentinels_agree(self) -> bool:
-        master_port = str(self.master().port)
+        master_port = str(self.client_port(self.master()))
         for sentinel in self.sentinel_processes:
             state = sentinel.master_state()
             if (
@@ -237,7 +326,7 @@ class SentinelTopology(_Topology):
         return True
 
     def master_port(self) -> int | None:
-        """The master's port as the first answering sentinel reports it."""
+        """The master's (client) port as the first answering sentinel reports it."""
         for sentinel in self.sentinel_processes:
             reply = _ask(sentinel.port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)
             if isinstance(reply, list) and len(reply) == 2:
@@ -248,7 +337,7 @@ class SentinelTopology(_Topology):
         """The data node the sentinels currently call master."""
         port = self.master_port()
         for server in self.servers:
-            if server.port == port:
+            if self.client_port(server) == port:
                 return server
         raise RedisUnavailable(f"no running server is the master (sentinels say port {port})")
 
@@ -259,13 +348,17 @@ class SentinelTopology(_Topology):
         return master
 
     def wait_for_failover(self, old_port: int, timeout: float = 30.0) -> RedisServer:
-        """Wait until the sentinels name a new master that answers as a master; return it."""
+        """Wait until the sentinels name a new master (not the server on ``old_port``) that
+        answers as a master; return it."""
 
         def promoted() -> bool:
-            port = self.master_port()
-            if port is None or port == old_port:
+            try:
+                server = self.master()
+            except RedisUnavailable:
                 return False
-            info = _ask(port, "INFO", "replication")
+            if server.port == old_port:
+                return False
+            info = _ask(server.port, "INFO", "replication")
             return isinstance(info, dict) and info.get("role") == "master"
 
         wait_for(promoted, timeout, interval=0.05)

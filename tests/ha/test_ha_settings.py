@@ -35,6 +35,11 @@ def test_sentinel_url_defaults_and_db_option() -> None:
     assert settings.retry_policy().deadline_s == 30.0
 
 
+def test_ssl_check_hostname_is_a_boolean() -> None:
+    settings = HASettings.from_url("rediss+cluster://n1:7000?ssl_check_hostname=false")
+    assert settings.ssl_options == {"ssl_check_hostname": False}
+
+
 def test_cluster_url() -> None:
     settings = HASettings.from_url("redis+cluster://:pw@n1:7000,n2:7001/?retry_deadline=5")
     assert settings.cluster and settings.hosts == (("n1", 7000), ("n2", 7001))
@@ -53,6 +58,7 @@ def test_cluster_url() -> None:
         "redis+cluster://n1:7000/3",  # a cluster has db 0 only
         "redis+cluster://",
         "sentinel://s1/m",
+        "rediss+sentinel://s1/m?ssl_check_hostname=maybe",
     ],
 )
 def test_bad_urls_say_what_is_wrong(url: str) -> None:

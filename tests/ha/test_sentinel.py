@@ -12,7 +12,7 @@ from failover import run_failover
 
 import blueque
 from blueque.errors import RedisUnavailable
-from blueque.topology import SentinelTopology
+from blueque.topology import SentinelTopology, TLSFiles
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
 
@@ -76,3 +76,40 @@ def test_three_listeners_drain_500_tasks_through_a_master_sigkill(
     assert set(outcome.runs) == set(outcome.acknowledged)
     assert outcome.daemons_alive, "a listener daemon died during the failover"
     assert outcome.daemon_exit_codes == [0, 0, 0]
+
+
+def test_tls_and_passwords_to_servers_and_sentinels(tmp_path: Path) -> None:
+    tls = TLSFiles.self_signed(str(tmp_path))
+    topology = SentinelTopology(
+        replicas=1, tls=tls,
+        acl=["app on >app-secret ~* &* +@all"],
+        sentinel_acl=["user watcher on >watch-secret +@all"],
+        url_auth="app:app-secret",
+        url_options=("sentinel_username=watcher&sentinel_password=watch-secret"
+                     f"&ssl_ca_certs={tls.ca}&ssl_check_hostname=true"),
+    )
+    with topology:
+        assert topology.url.startswith("rediss+sentinel://app:app-secret@")
+        client = blueque.Client(topology.url)
+        task_id = client.get_queue("secure").enqueue("{}")
+        assert client.store.task_data(task_id)["status"] == "pending"
+        # the connection is the master's TLS port, authenticated as "app"
+        info = client.redis.client_info()
+        assert info["user"] == "app"
+        assert info["laddr"].endswith(f":{topology.client_port(topology.master())}")
+        assert topology.client_port(topology.master()) != topology.master().port
+        # a wrong password is refused at once, not retried until the deadline
+        wrong = blueque.Client(topology.url.replace("app-secret", "wrong"))
+        with pytest.raises(RedisUnavailable, match="password"):
+            wrong.get_queue("secure").enqueue("{}")
+        wrong_sentinel = blueque.Client(topology.url.replace("watch-secret", "wrong"))
+        with pytest.raises(RedisUnavailable, match="AuthenticationError"):
+            wrong_sentinel.get_queue("secure").enqueue("{}")
+        # and a failover over TLS is ridden through like any other
+        old = topology.kill_master()
+        again = client.get_queue("secure").enqueue("{}")
+        assert topology.master().port != old.port
+        assert client.store.task_data(task_id)["status"] == "pending"
+        assert client.store.task_data(again)["status"] == "pending"
+        for other in (client, wrong, wrong_sentinel):
+            other.close()
