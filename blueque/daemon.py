@@ -286,7 +286,8 @@ class ListenerDaemon:
         queue = task.queue or ""
         policy = Policy.resolve(task.data, self.store.queue_config(queue))
         function = self._task_function()
-        pid = os.fork()
+        with self._pool_lock():
+            pid = os.fork()
         if pid == 0:
             run_child(self.store, task, function)
         self.children[pid] = Running(
@@ -296,6 +297,13 @@ class ListenerDaemon:
         log.info("task %s queue %s: attempt %s started in pid %d", task.id, queue,
                  task.attempts, pid, extra={"task_id": task.id, "queue": queue, "pid": pid,
                                             "event": "started", "attempt": task.attempts})
+
+    def _pool_lock(self) -> contextlib.AbstractContextManager[object]:
+        """The connection pool's lock, held across fork(): the child reuses the store, and
+        redis-py resets an inherited pool under that lock; forked while the subscriber thread
+        held it, the child's first command would wait forever."""
+        lock = getattr(getattr(self.store.redis, "connection_pool", None), "_lock", None)
+        return lock if lock is not None else contextlib.nullcontext()
 
     # --- children ---------------------------------------------------------------------------
     def _reap(self) -> None:

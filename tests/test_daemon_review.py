@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.task import Task
 from blueque.testing import RedisServer, free_port
+from tests import jobs
 from tests.daemons import ROOT, Daemon, daemons, kill_session_children, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
@@ -305,6 +307,50 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
         daemon._finish()
     assert client.get_task(task_id).status == "pending"
     assert redis_client.lrange(KEYS.pending("work"), 0, -1) == [task_id]
+
+
+@pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # Python >= 3.12
+def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_client):  # type: ignore[no-untyped-def]
+    """The subscriber thread takes and returns its connection under the shared pool's lock;
+    a child forked at that moment must not inherit the lock held, or its pool reset (its first
+    Redis call) waits forever and the task hangs in reserved."""
+    task_id = client.get_queue("work").enqueue("held")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="forker.example_1")
+    lock = client.redis.connection_pool._lock
+    held, pid = threading.Event(), 0
+    daemon.register()
+    task = daemon.listeners["work"].reserve()
+    assert task is not None
+
+    def hold_the_pool_lock() -> None:
+        with lock:
+            held.set()
+            time.sleep(0.3)  # a thread preempted inside get_connection() or release()
+
+    holder = threading.Thread(target=hold_the_pool_lock)
+
+    def function_then_the_subscriber_steps_in() -> Any:
+        holder.start()  # right before os.fork(): the last pool use (queue_config) is done
+        held.wait(5)
+        return jobs.text
+
+    daemon._task_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
+    try:
+        daemon._fork(task)
+        (pid,) = daemon.children
+        holder.join()
+        wait_until(lambda: redis_client.hget(KEYS.task(task_id), "status") == "complete",
+                   timeout=10, what="the forked child to record its result")
+        assert os.waitpid(pid, 0)[1] == 0
+        pid = 0
+    finally:
+        if holder.ident is not None:
+            holder.join()
+        if pid:
+            kill_session_children([pid])
+            os.waitpid(pid, 0)
+        daemon._finish()
+    assert client.get_task(task_id).result == "processed held"
 
 
 # --- bad input and the command line -------------------------------------------------------
