@@ -130,6 +130,7 @@ class ListenerDaemon:
         self._sig_r, self._sig_w = os.pipe()
         for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
             os.set_blocking(fd, False)
+        self._wake_lock = threading.Lock()
         self._subscriber: threading.Thread | None = None
         self._registered = False
         self._info: dict[str, str] = {}
@@ -224,8 +225,10 @@ class ListenerDaemon:
                 self.release()
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
-        for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
-            os.close(fd)
+        with self._wake_lock:  # the subscriber thread may still hold a message for a second
+            for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
+                os.close(fd)
+            self._wake_w = -1
 
     # --- one step ---------------------------------------------------------------------------
     def run_once(self) -> None:
@@ -482,8 +485,10 @@ class ListenerDaemon:
                 pubsub.close()
 
     def _wake(self) -> None:
-        with contextlib.suppress(OSError):  # a full pipe: the main loop wakes anyway
-            os.write(self._wake_w, b"\0")
+        # under the lock: once _finish has closed the pipe, its number may name another file
+        with self._wake_lock, contextlib.suppress(OSError):  # a full pipe: it wakes anyway
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"\0")
 
     def _wait(self, timeout: float) -> None:
         if self.stopping and self.on_stop == "keep":

@@ -353,6 +353,31 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
     assert client.get_task(task_id).result == "processed held"
 
 
+def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  # type: ignore[no-untyped-def]
+    """The subscriber thread outlives the loop by up to a second; a message in that second
+    must not be written into whatever file reuses the wake pipe's descriptor numbers."""
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="closer.example_1")
+    daemon._start_subscriber()
+    thread = daemon._subscriber
+    assert thread is not None
+    wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
+    wake_w = daemon._wake_w
+    daemon._finish()
+    reused_r, reused_w = os.pipe()  # the lowest free numbers: those just closed
+    os.set_blocking(reused_r, False)
+    try:
+        if reused_w != wake_w:
+            pytest.skip("the wake pipe's write descriptor was not reused")
+        client.get_queue("work").enqueue("wakes the lingering subscriber")
+        thread.join(10)
+        assert not thread.is_alive()
+        with pytest.raises(BlockingIOError):
+            os.read(reused_r, 16)  # nothing was written into the new pipe
+    finally:
+        os.close(reused_r)
+        os.close(reused_w)
+
+
 # --- bad input and the command line -------------------------------------------------------
 @pytest.mark.xfail(strict=True, reason="blueque/policy.py: Policy.resolve catches ValueError but "
                    "not the OverflowError of int(float('inf')); the daemon dies in _fork, and "
