@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from blueque import keys as k
 from blueque.child import EXIT_NOT_STARTED, TaskFunction, import_function, run_child
@@ -131,6 +132,8 @@ class ListenerDaemon:
         for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
             os.set_blocking(fd, False)
         self._wake_lock = threading.Lock()
+        self._previous_handlers: dict[int, Any] = {}  # what signal.signal() returned
+        self._previous_wakeup_fd: int | None = None
         self._subscriber: threading.Thread | None = None
         self._registered = False
         self._info: dict[str, str] = {}
@@ -154,10 +157,19 @@ class ListenerDaemon:
         return unimportable
 
     def install_signals(self) -> None:
-        signal.set_wakeup_fd(self._sig_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        """Taken for the life of run(); _finish gives them back (ForkingRunner runs in-process)."""
+        self._previous_wakeup_fd = signal.set_wakeup_fd(self._sig_w)
+        self._previous_handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._request_stop)
+            self._previous_handlers[signum] = signal.signal(signum, self._request_stop)
+
+    def _restore_signals(self) -> None:
+        while self._previous_handlers:
+            signum, handler = self._previous_handlers.popitem()
+            signal.signal(signum, handler)
+        if self._previous_wakeup_fd is not None:
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            self._previous_wakeup_fd = None
 
     def _request_stop(self, signum: int, frame: object) -> None:
         if not self.stopping:
@@ -225,6 +237,7 @@ class ListenerDaemon:
                 self.release()
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
+        self._restore_signals()
         with self._wake_lock:  # the subscriber thread may still hold a message for a second
             for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
                 os.close(fd)

@@ -378,6 +378,27 @@ def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  #
         os.close(reused_w)
 
 
+def test_run_gives_back_the_signal_handlers_it_took(client):  # type: ignore[no-untyped-def]
+    """ForkingRunner.run() is called in-process: once it returns, SIGINT and SIGTERM must act
+    as before (not be swallowed by a stopped daemon) and no signal may write a byte into the
+    closed signal pipe's descriptor number."""
+    before = {signum: signal.getsignal(signum)
+              for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="signals.example_1",
+                            interval=0.5, poll=0.05)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        assert daemon.run() == 0
+    finally:
+        timer.cancel()
+        for signum, handler in before.items():
+            if signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+                pytest.fail(f"{signal.Signals(signum).name} handler left installed")
+    assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at a closed pipe
+
+
 # --- bad input and the command line -------------------------------------------------------
 @pytest.mark.xfail(strict=True, reason="blueque/policy.py: Policy.resolve catches ValueError but "
                    "not the OverflowError of int(float('inf')); the daemon dies in _fork, and "
