@@ -39,10 +39,10 @@ from blueque.spark.session import local_session, stop_session
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    """One local[2] session for every Spark test (it takes ~20 s to start on two cores);
-    its JVM is stopped by pid at the end."""
+    """One local[2] session for every Spark test (it takes ~20 s to start on two cores); its
+    JVM is stopped by pid after this module, so later tests do not run beside an idle JVM."""
     session = local_session(cores=2, app_name="blueque-tests")
     try:
         yield session
