@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from blueque import keys as k
-from blueque.child import EXIT_NOT_STARTED, TaskFunction, import_function, run_child
+from blueque.child import (
+    EXIT_NOT_STARTED,
+    EXIT_REPORTED,
+    TaskFunction,
+    import_function,
+    run_child,
+)
 from blueque.client import Client
 from blueque.errors import BluequeError, CallbackError, InvalidTaskState, RedisUnavailable
 from blueque.listener import Listener, hostname, listener_id
@@ -65,6 +71,7 @@ class Running:
     reason: str = ""  # why we are stopping it: "time limit", "cancelled", "shutdown"
     term_sent: float = 0.0
     kill_sent: bool = False
+    exit_code: int | None = None  # None while it runs, or when a signal ended it
 
 
 def describe_exit(status: int, reason: str, time_limit: float) -> str:
@@ -340,11 +347,13 @@ class ListenerDaemon:
     def _settle(self, pid: int, status: int, running: Running) -> None:
         duration = self.clock() - running.started
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        running.exit_code = code
         reported = code == 0 and not running.reason
-        if not reported and code != EXIT_NOT_STARTED:
-            self.unrecorded.append((running, describe_exit(status, running.reason,
-                                                           running.time_limit)))
-            self._record_unrecorded()
+        # 0 and EXIT_NOT_STARTED are checked too: a task function that called os._exit() with
+        # one of them would otherwise leave its task started for ever (_record reads first)
+        self.unrecorded.append((running, describe_exit(status, running.reason,
+                                                       running.time_limit)))
+        self._record_unrecorded()
         outcome = "not started" if code == EXIT_NOT_STARTED else (
             "reported" if reported else "died")
         log.info("task %s queue %s: pid %d ended after %.3f s (%s)", running.task_id,
@@ -366,6 +375,9 @@ class ListenerDaemon:
             self.unrecorded.pop(0)
 
     def _record(self, running: Running, error: str) -> None:
+        said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
+        if said and self.store.task_statuses([running.task_id])[0] != k.STARTED:
+            return  # as the child said: it recorded an outcome, or never started the task
         data = self.store.task_data(running.task_id)
         if data.get("status") not in (k.RESERVED, k.STARTED) or (
             running.attempt is not None and data.get("attempts") != str(running.attempt)

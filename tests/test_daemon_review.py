@@ -180,6 +180,19 @@ def test_time_limit_is_enforced_while_redis_is_down(tmp_path):  # type: ignore[n
         server.stop()
 
 
+@pytest.mark.parametrize("code", [0, 3])
+def test_function_leaving_through_os_exit_is_recorded(client, start, redis_client, code):  # type: ignore[no-untyped-def]
+    """0 is the child's own "reported" code and 3 its "not started" code; a task function that
+    calls os._exit() with either must not leave its task started forever."""
+    daemon = start("work", "tests.jobs:exit_code", *FAST)
+    task_id = client.get_queue("work").enqueue(json.dumps({"code": code}))
+    task = client.get_task(task_id).wait(20)
+    assert task.status == "failed"
+    assert f"process exited with code {code} without reporting an outcome" in task.error
+    assert redis_client.scard(KEYS.started("work")) == 0
+    assert daemon.alive()
+
+
 # --- stopping, adoption, leases -----------------------------------------------------------
 def test_on_stop_keep_then_restart_adopts_every_child(  # type: ignore[no-untyped-def]
         client, start, tmp_path, redis_client):
