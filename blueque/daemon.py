@@ -442,6 +442,7 @@ class ListenerDaemon:
         """Put back tasks left in our own reserved lists that no child of ours runs: a reserve
         cut off between LMOVE and stamp.lua (Redis went away), or a stamp that was refused."""
         ours = {r.task_id for r in self.children.values()}
+        ours.update(r.task_id for r, _ in self.unrecorded)  # endings still to be recorded
         for queue in self.weights:
             ids = [i for i in self.store.reserved_ids(queue, self.id) if i not in ours]
             if not ids:

@@ -412,6 +412,29 @@ def test_run_gives_back_the_signal_handlers_it_took(client):  # type: ignore[no-
     assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at a closed pipe
 
 
+def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):  # type: ignore[no-untyped-def]
+    """Redis came back between a failed attempt to record a dead child's ending and the next
+    lease renewal: the heal must not drop that started task from the reserved list (nothing
+    would ever find it there again); the pending record settles it."""
+    task_id = client.get_queue("work").enqueue("{}")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="healer.example_1")
+    try:
+        daemon.register()
+        task = daemon.listeners["work"].reserve()
+        assert task is not None
+        client.get_processor(task).start(4242)
+        running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242, exit_code=9)
+        daemon.unrecorded.append((running, "process exited with code 9"))
+        daemon._heal()
+        assert redis_client.lrange(KEYS.reserved("work", "healer.example_1"), 0, -1) == [task_id]
+        daemon._record_unrecorded()
+    finally:
+        daemon._finish()
+    task = client.get_task(task_id)
+    assert task.status == "failed" and task.error == "process exited with code 9"
+    assert redis_client.scard(KEYS.started("work")) == 0
+
+
 # --- bad input and the command line -------------------------------------------------------
 @pytest.mark.xfail(strict=True, reason="blueque/policy.py: Policy.resolve catches ValueError but "
                    "not the OverflowError of int(float('inf')); the daemon dies in _fork, and "
