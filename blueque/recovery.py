@@ -155,6 +155,9 @@ class Recovery:
             if live:
                 report.adopted += live
                 self.store.lease(queue, listener, self.lease_ms, "register")
+                if created is not None:  # outlive the info's TTL: a reused pid stays told apart
+                    self.store.write_listener_info(listener, {"pid_created": repr(created)},
+                                                   self.lease_ms // 1000 + 1)
 
     def sweep(self, queues: Iterable[str], exclude: Iterable[str] = ()) -> RecoveryReport:
         """Recover dead listeners of this host first (so their live processes are adopted

@@ -128,6 +128,31 @@ def test_idle_two_queue_listener_picks_up_through_pubsub(client, start, redis_cl
     assert daemon.alive()
 
 
+def test_pubsub_pickup_resumes_after_a_redis_restart(tmp_path):  # type: ignore[no-untyped-def]
+    server = RedisServer(directory=str(tmp_path),
+                         extra_args=("--appendonly", "yes", "--appendfsync", "always"))
+    server.start()
+    try:
+        with daemons(tmp_path) as running:
+            daemon = Daemon(listen_command(server.url, "first,second", "tests.jobs:text",
+                                           "--poll", "60", "--interval", "60"),
+                            tmp_path / "daemon.log")
+            running.append(daemon)
+            watcher = blueque.Client(server.url)
+            wait_until(lambda: subscribed(watcher.redis, "second"), what="subscribed")
+            server.kill()
+            server.start()
+            wait_until(lambda: subscribed(watcher.redis, "second"), timeout=30,
+                       what="subscribed again after the restart")
+            begun = time.monotonic()
+            task_id = watcher.get_queue("second").enqueue("after the restart")
+            assert watcher.get_task(task_id).wait(15).status == "complete"  # not the 60 s poll
+            print(f"\npickup after a Redis restart: {(time.monotonic() - begun) * 1000:.1f} ms")
+            assert daemon.alive()
+    finally:
+        server.stop()
+
+
 # --- results and job controls -------------------------------------------------------------
 def test_unencodable_result_fails_once_with_clear_error(client, start, tmp_path):  # type: ignore[no-untyped-def]
     marker = tmp_path / "marker"
@@ -224,6 +249,31 @@ def test_on_stop_keep_then_restart_adopts_every_child(  # type: ignore[no-untype
                what="the old listener released once nothing of it runs")
     assert redis_client.zscore(KEYS.leases("work"), old_id) is None
     assert second.alive()
+
+
+def test_adopted_listener_keeps_its_pid_create_time(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    """A dead listener's info hash (pid_created) expires after 3 intervals, but its adopted
+    tasks may run for hours: without it, a reused pid makes it look alive again, adoption
+    stops, its lease lapses and a sweep re-runs tasks that are still running."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    first = start("work", f"{ME}:waits_for_release", *FAST)
+    task_id = client.get_queue("work").enqueue(
+        json.dumps({"marker": str(marker), "release": str(release), "seconds": 120}))
+    wait_until(lambda: lines(marker), what="running")
+    child, old_id = client.get_task(task_id).pid, client.get_task(task_id).node
+    first.kill()
+    try:
+        start("work", f"{ME}:waits_for_release", *FAST)
+        died = time.monotonic()
+        wait_until(lambda: time.monotonic() - died > 4.0, what="two info TTLs (2 s) later")
+        assert redis_client.hget(KEYS.listener_info(old_id), "pid_created")
+        assert client.get_task(task_id).status == "started"
+        release.touch()
+        task = client.get_task(task_id).wait(20)
+    finally:
+        kill_session_children([child])
+    assert task.status == "complete" and task.attempts == 1
 
 
 def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyped-def]
