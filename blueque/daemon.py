@@ -294,9 +294,8 @@ class ListenerDaemon:
     def _fill_slots(self) -> None:
         while len(self.children) < self.concurrency and not self.stopping:
             task = self._reserve()
-            if task is None:
+            if task is None or not self._fork(task):
                 return
-            self._fork(task)
 
     def _reserve(self) -> Task | None:
         for queue in reduced_lottery(self.weights, self.rng):
@@ -305,12 +304,18 @@ class ListenerDaemon:
                 return task
         return None
 
-    def _fork(self, task: Task) -> None:
+    def _fork(self, task: Task) -> bool:
         queue = task.queue or ""
         policy = Policy.resolve(task.data, self.store.queue_config(queue))
         function = self._task_function()
-        with self._pool_lock():
-            pid = os.fork()
+        try:
+            with self._pool_lock():
+                pid = os.fork()
+        except OSError as error:  # EAGAIN at a pids limit (systemd TasksMax), ENOMEM
+            log.error("task %s: cannot fork a process to run it (%s); putting it back",
+                      task.id, error)
+            self._heal()
+            return False
         if pid == 0:
             run_child(self.store, task, function)
         self.children[pid] = Running(
@@ -320,6 +325,7 @@ class ListenerDaemon:
         log.info("task %s queue %s: attempt %s started in pid %d", task.id, queue,
                  task.attempts, pid, extra={"task_id": task.id, "queue": queue, "pid": pid,
                                             "event": "started", "attempt": task.attempts})
+        return True
 
     def _pool_lock(self) -> contextlib.AbstractContextManager[object]:
         """The connection pool's lock, held across fork(): the child reuses the store, and

@@ -485,6 +485,29 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
     assert redis_client.scard(KEYS.started("work")) == 0
 
 
+def test_failed_fork_puts_the_task_back_and_the_daemon_goes_on(  # type: ignore[no-untyped-def]
+        client, redis_client, monkeypatch):
+    """fork() fails with EAGAIN when the service hits its pids limit (systemd TasksMax) or
+    memory is short: the reserved task must go back to pending, the listener must live on."""
+    task_id = client.get_queue("work").enqueue("{}")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="forkless.example_1",
+                            poll=0.05)
+
+    def no_more_processes() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_more_processes)
+    try:
+        daemon.run_once()
+        assert daemon.children == {}
+    finally:
+        monkeypatch.undo()
+        daemon._finish()
+    assert client.get_task(task_id).status == "pending"
+    assert redis_client.lrange(KEYS.pending("work"), 0, -1) == [task_id]
+    assert redis_client.llen(KEYS.reserved("work", "forkless.example_1")) == 0
+
+
 # --- bad input and the command line -------------------------------------------------------
 @pytest.mark.xfail(strict=True, reason="blueque/policy.py: Policy.resolve catches ValueError but "
                    "not the OverflowError of int(float('inf')); the daemon dies in _fork, and "
