@@ -525,10 +525,13 @@ class ListenerDaemon:
     def _wait(self, timeout: float) -> None:
         if self.stopping and self.on_stop == "keep":
             return
-        deadlines = [r.started + r.time_limit for r in self.children.values() if r.time_limit]
+        # a child already being stopped waits for its kill_grace, not its passed time limit
+        deadlines = [r.started + r.time_limit for r in self.children.values()
+                     if r.time_limit and not r.term_sent]
         deadlines += [r.term_sent + r.kill_grace for r in self.children.values()
                       if r.term_sent and not r.kill_sent]
-        deadlines += [self._next_renew, self._next_sweep, self._next_due]
+        if self._redis_down_since is None:  # overdue while Redis is away: the backoff rules
+            deadlines += [self._next_renew, self._next_sweep, self._next_due]
         current = self.clock()
         timeout = max(0.0, min([timeout, *(d - current for d in deadlines)]))
         try:

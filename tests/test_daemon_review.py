@@ -180,6 +180,25 @@ def test_child_ignoring_sigterm_is_killed_after_grace(client, start, tmp_path): 
     wait_until(lambda: gone(pid), what="the child SIGKILLed")
 
 
+def test_listener_idles_while_a_killed_child_has_its_grace(client, start, tmp_path):  # type: ignore[no-untyped-def]
+    """Between SIGTERM and SIGKILL (kill_grace, 30 s by default) the passed time limit must not
+    turn the wait into a busy loop."""
+    marker = tmp_path / "marker"
+    daemon = start("work", f"{ME}:ignores_sigterm", *FAST)
+    task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker)}),
+                                               time_limit=0.2, kill_grace=3)
+    wait_until(lambda: lines(marker), what="running and ignoring SIGTERM")
+    wait_until(lambda: "time limit, sending SIGTERM" in daemon.log(), what="SIGTERM sent")
+    process = psutil.Process(daemon.pid)
+    before, begun = process.cpu_times(), time.monotonic()
+    wait_until(lambda: time.monotonic() - begun > 2.0, what="two seconds of the grace")
+    after = process.cpu_times()
+    busy = (after.user + after.system) - (before.user + before.system)
+    print(f"\nlistener CPU during 2 s of a child's kill grace: {busy:.3f} s")
+    assert busy < 1.0  # a spin burns all of it; idle is a few hundredths
+    assert client.get_task(task_id).wait(20).status == "failed"
+
+
 def test_time_limit_is_enforced_while_redis_is_down(tmp_path):  # type: ignore[no-untyped-def]
     server = RedisServer(directory=str(tmp_path),
                          extra_args=("--appendonly", "yes", "--appendfsync", "always"))
@@ -216,6 +235,34 @@ def test_function_leaving_through_os_exit_is_recorded(client, start, redis_clien
     assert f"process exited with code {code} without reporting an outcome" in task.error
     assert redis_client.scard(KEYS.started("work")) == 0
     assert daemon.alive()
+
+
+def test_listener_backs_off_while_redis_is_down(tmp_path):  # type: ignore[no-untyped-def]
+    """While Redis is away the loop retries with backoff (0.1 s doubling to 5 s); the timers
+    it could not run must not turn that wait into a busy loop."""
+    server = RedisServer(directory=str(tmp_path))
+    server.start()
+    try:
+        with daemons(tmp_path) as running:
+            daemon = Daemon(listen_command(server.url, "work", "tests.jobs:text", *FAST),
+                            tmp_path / "daemon.log")
+            running.append(daemon)
+            watcher = blueque.Client(server.url)
+            wait_until(lambda: subscribed(watcher.redis, "work"), what="listening")
+            server.kill()
+            wait_until(lambda: "retrying" in daemon.log(), what="the outage noticed")
+            process = psutil.Process(daemon.pid)
+            before, begun = process.cpu_times(), time.monotonic()
+            wait_until(lambda: time.monotonic() - begun > 2.0, what="two seconds of outage")
+            after = process.cpu_times()
+            busy = (after.user + after.system) - (before.user + before.system)
+            print(f"\nlistener CPU during 2 s without Redis: {busy:.3f} s")
+            assert busy < 1.0
+            server.start()
+            task_id = watcher.get_queue("work").enqueue("after the outage")
+            assert watcher.get_task(task_id).wait(20).status == "complete"
+    finally:
+        server.stop()
 
 
 # --- stopping, adoption, leases -----------------------------------------------------------
