@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import psutil
 
 #: Create times are compared with this slack (psutil rounds them; clocks tick).
@@ -28,3 +31,9 @@ def process_alive(pid: int, created: float | None = None) -> bool:
         return False
     except psutil.AccessDenied:
         return True  # it exists; we may not inspect it
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Signal the process group ``pid`` leads (every task child leads its own); gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from blueque import keys as k
 from blueque.listener import hostname, parse_listener_id
 from blueque.policy import Policy
-from blueque.process import process_alive
+from blueque.process import process_alive, signal_group
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.recovery")
@@ -60,12 +62,15 @@ class Recovery:
         lease_ms: int = 20_000,
         alive: Callable[[int, float | None], bool] = process_alive,
         rng: random.Random | None = None,
+        kill: Callable[[int, int], None] = signal_group,
     ) -> None:
         self.store = store
         self.lease_ms = lease_ms
         self.host = host or hostname()
         self._alive = alive
         self._rng = rng or random.Random()
+        self._kill = kill
+        self._stopping: dict[str, float] = {}  # adopted task id -> when SIGTERM was sent
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
@@ -88,11 +93,25 @@ class Recovery:
                     int(pid), _float(data.get("pid_created"))
                 ):
                     live += 1
+                    if data.get("cancel_requested"):
+                        self._stop_adopted(task_id, int(pid), Policy.resolve(data, config))
                     continue
+                self._stopping.pop(task_id, None)
                 verdicts.append(self._started_verdict(task_id, data, config, why, current))
             else:
                 verdicts.append((task_id, attempts, "drop", None, ""))
         return verdicts, live
+
+    def _stop_adopted(self, task_id: str, pid: int, policy: Policy) -> None:
+        """Cancelled while adopted: the cancel message went to its dead listener, so nobody
+        else stops it. SIGTERM to its group, SIGKILL after kill_grace; once it is gone a later
+        sweep records it failed and cancelled."""
+        first = self._stopping.setdefault(task_id, time.monotonic())
+        late = time.monotonic() - first > policy.kill_grace
+        signum = signal.SIGKILL if late else signal.SIGTERM
+        log.warning("task %s: cancelled while adopted, sending %s to pid %d's group", task_id,
+                    signal.Signals(signum).name, pid)
+        self._kill(pid, signum)
 
     def _started_verdict(
         self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,

@@ -323,6 +323,31 @@ def test_adopted_listener_keeps_its_pid_create_time(  # type: ignore[no-untyped-
     assert task.status == "complete" and task.attempts == 1
 
 
+def test_cancelling_an_adopted_task_stops_it(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    """The cancel message goes to the task's listener, which is dead: the adopter must stop
+    the process group and record the task as cancelled, not let it run on and complete."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    first = start("work", f"{ME}:waits_for_release", *FAST)
+    task_id = client.get_queue("work").enqueue(
+        json.dumps({"marker": str(marker), "release": str(release), "seconds": 120}))
+    wait_until(lambda: lines(marker), what="running")
+    child, old_id = client.get_task(task_id).pid, client.get_task(task_id).node
+    first.kill()
+    try:
+        left_with = redis_client.zscore(KEYS.leases("work"), old_id)
+        start("work", f"{ME}:waits_for_release", *FAST)
+        wait_until(lambda: (redis_client.zscore(KEYS.leases("work"), old_id) or 0)
+                   > left_with + 1000, what="adopted")
+        assert client.cancel_task(task_id) == "requested"
+        task = client.get_task(task_id).wait(20)
+        wait_until(lambda: gone(child), what="the adopted process stopped")
+    finally:
+        kill_session_children([child])
+    assert task.status == "failed" and task.cancelled and task.error.startswith("cancelled")
+    assert "end" not in " ".join(lines(marker))  # it did not run on to its end
+
+
 def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyped-def]
         client, start, tmp_path, redis_client):
     marker, release = tmp_path / "marker", tmp_path / "release"

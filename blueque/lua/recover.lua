@@ -64,6 +64,9 @@ for i = 9, #KEYS do
     elseif verdict == 'failed' then
       redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
                  'finished_at', ARGV[2])
+      if redis.call('HEXISTS', KEYS[i], 'cancel_requested') == 1 then
+        redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
+      end
       redis.call('LPUSH', KEYS[7], id)
       counts[3] = counts[3] + 1
     end
