@@ -70,7 +70,8 @@ class Recovery:
         self._alive = alive
         self._rng = rng or random.Random()
         self._kill = kill
-        self._stopping: dict[str, float] = {}  # adopted task id -> when SIGTERM was sent
+        # adopted task id -> (when SIGTERM was sent, why: "cancelled" | "time limit")
+        self._stopping: dict[str, tuple[float, str]] = {}
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
@@ -93,25 +94,40 @@ class Recovery:
                     int(pid), _float(data.get("pid_created"))
                 ):
                     live += 1
-                    if data.get("cancel_requested"):
-                        self._stop_adopted(task_id, int(pid), Policy.resolve(data, config))
+                    self._enforce(task_id, int(pid), data, Policy.resolve(data, config), current)
                     continue
-                self._stopping.pop(task_id, None)
-                verdicts.append(self._started_verdict(task_id, data, config, why, current))
+                stopped = self._stopping.pop(task_id, (0.0, ""))[1]
+                verdicts.append(self._started_verdict(
+                    task_id, data, config, self._why(why, stopped, data, config), current))
             else:
                 verdicts.append((task_id, attempts, "drop", None, ""))
         return verdicts, live
 
-    def _stop_adopted(self, task_id: str, pid: int, policy: Policy) -> None:
-        """Cancelled while adopted: the cancel message went to its dead listener, so nobody
-        else stops it. SIGTERM to its group, SIGKILL after kill_grace; once it is gone a later
-        sweep records it failed and cancelled."""
-        first = self._stopping.setdefault(task_id, time.monotonic())
+    def _enforce(self, task_id: str, pid: int, data: dict[str, str], policy: Policy,
+                 current: float) -> None:
+        """An adopted task's dead listener no longer hears its cancel message nor watches its
+        time limit: do both here. SIGTERM to its group, SIGKILL after kill_grace; once it is
+        gone a later sweep records it (failed and cancelled, or by the retry policy)."""
+        started_at = _float(data.get("started_at"))
+        if data.get("cancel_requested"):
+            reason = "cancelled"
+        elif policy.time_limit and started_at and current - started_at > policy.time_limit:
+            reason = "time limit"
+        else:
+            return
+        first, _ = self._stopping.setdefault(task_id, (time.monotonic(), reason))
         late = time.monotonic() - first > policy.kill_grace
         signum = signal.SIGKILL if late else signal.SIGTERM
-        log.warning("task %s: cancelled while adopted, sending %s to pid %d's group", task_id,
+        log.warning("task %s: %s while adopted, sending %s to pid %d's group", task_id, reason,
                     signal.Signals(signum).name, pid)
         self._kill(pid, signum)
+
+    @staticmethod
+    def _why(why: str, stopped: str, data: dict[str, str], config: dict[str, str]) -> str:
+        if stopped != "time limit":
+            return why
+        limit = Policy.resolve(data, config).time_limit
+        return f"time limit of {limit:g} s exceeded (its group killed by the adopter; {why})"
 
     def _started_verdict(
         self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,

@@ -348,6 +348,27 @@ def test_cancelling_an_adopted_task_stops_it(  # type: ignore[no-untyped-def]
     assert "end" not in " ".join(lines(marker))  # it did not run on to its end
 
 
+def test_adopted_task_still_has_its_time_limit(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    """The dead listener enforced the time limit; the adopter must take that over, or an
+    adopted job that hangs runs for ever."""
+    marker = tmp_path / "marker"
+    first = start("work", f"{ME}:ignores_sigterm", *FAST)
+    task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker)}),
+                                               time_limit=2, kill_grace=0.5)
+    wait_until(lambda: lines(marker), what="running")
+    child = client.get_task(task_id).pid
+    first.kill()
+    try:
+        start("work", f"{ME}:ignores_sigterm", *FAST)
+        task = client.get_task(task_id).wait(20)
+        wait_until(lambda: gone(child), what="the adopted process killed")
+    finally:
+        kill_session_children([child])
+    assert task.status == "failed" and "time limit of 2 s exceeded" in task.error
+    assert task.attempts == 1
+
+
 def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyped-def]
         client, start, tmp_path, redis_client):
     marker, release = tmp_path / "marker", tmp_path / "release"
