@@ -475,12 +475,23 @@ class ListenerDaemon:
         # and recover_local needs pid_created to tell this process from a reused pid
         self.store.write_listener_info(self.id, {**self._info, "renewed": repr(now())},
                                        int(self.interval * 3) + 1)
-        running_ids = [r.task_id for r in self.children.values()]
-        if running_ids:
-            for task_id, data in zip(running_ids, self.store.task_data_many(running_ids),
-                                     strict=True):
+        running = list(self.children.values())
+        if running:
+            datas = self.store.task_data_many([r.task_id for r in running])
+            for child, data in zip(running, datas, strict=True):
                 if data.get("cancel_requested"):
-                    self._cancels.append(task_id)
+                    self._cancels.append(child.task_id)
+                elif self._superseded(child, data):
+                    self._stop_child(child, "superseded")
+
+    def _superseded(self, running: Running, data: dict[str, str]) -> bool:
+        """Its task was taken back (recovered while we were frozen or cut off) or reserved
+        again: the run can record nothing (fenced), so going on only duplicates work. A child
+        that has just recorded its own outcome looks the same, and stopping it is harmless."""
+        if not data or running.attempt is None:
+            return False
+        return (data.get("attempts") != str(running.attempt) or data.get("node") != self.id
+                or data.get("status") not in (k.RESERVED, k.STARTED))
 
     # --- waiting ----------------------------------------------------------------------------
     def _start_subscriber(self) -> None:

@@ -405,6 +405,34 @@ def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyp
     assert frozen.alive()
 
 
+def test_listener_back_from_the_dead_stops_its_superseded_runs(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    """Its tasks were taken back while it was frozen: their runs can record nothing any more
+    (fenced), so letting them go on for hours only duplicates work another attempt redoes."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    frozen = start("work", f"{ME}:waits_for_release", *FAST)
+    queue = client.get_queue("work")
+    task_id = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release),
+                                        "seconds": 120}), max_attempts=2, retry_backoff=0.01)
+    wait_until(lambda: lines(marker), what="running")
+    child = client.get_task(task_id).pid
+    frozen.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: Recovery(client.store, host="elsewhere.example").sweep(
+            ["work"]).retried == 1, what="its lease lapsed and the task taken back")
+        frozen.signal(signal.SIGCONT)
+        wait_until(lambda: gone(child), what="the superseded run stopped")
+        assert "superseded" in frozen.log()
+        assert "end" not in " ".join(lines(marker))
+        release.touch()
+        task = client.get_task(task_id).wait(20)  # attempt 2, in the thawed listener's slot
+        assert task.attempts == 2
+    finally:
+        frozen.signal(signal.SIGCONT)
+        kill_session_children([child])
+    assert frozen.alive()
+
+
 def test_dead_host_with_three_running_tasks_is_recovered(  # type: ignore[no-untyped-def]
         client, start, tmp_path, redis_client):
     marker, release = tmp_path / "marker", tmp_path / "release"
