@@ -68,7 +68,7 @@ class Running:
     kill_grace: float
     policy: Policy
     pid: int = 0
-    reason: str = ""  # why we are stopping it: "time limit", "cancelled", "shutdown"
+    reason: str = ""  # why we stop it: "time limit", "cancelled", "shutdown", "superseded"
     term_sent: float = 0.0
     kill_sent: bool = False
     exit_code: int | None = None  # None while it runs, or when a signal ended it
@@ -346,7 +346,7 @@ class ListenerDaemon:
             running = self.children.pop(pid, None)
             if running is None:
                 continue
-            if running.reason in ("time limit", "cancelled", "shutdown"):
+            if running.reason:  # we stopped it: time limit, cancelled, shutdown, superseded
                 self._signal_group(running, signal.SIGKILL, pid)  # grandchildren too
             self._settle(pid, status, running)
 
