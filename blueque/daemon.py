@@ -512,13 +512,24 @@ class ListenerDaemon:
             try:
                 pubsub.subscribe(*channels, control)
                 backoff = 0.1
+                heard, pinged = time.monotonic(), 0.0
                 while self._subscriber is not None:
-                    message = pubsub.get_message(timeout=1.0)
-                    if message is None:
-                        continue
-                    if message["channel"] == control:
-                        self._cancels.append(message["data"])
-                    self._wake()
+                    message = pubsub.get_message(timeout=min(1.0, self.interval))
+                    current = time.monotonic()
+                    if message is not None:
+                        heard, pinged = current, 0.0
+                        if message["type"] == "pong":
+                            continue
+                        if message["channel"] == control:
+                            self._cancels.append(message["data"])
+                        self._wake()
+                    elif pinged and current - pinged > self.interval:
+                        raise ConnectionError(f"no reply to PING within {self.interval:g} s")
+                    elif not pinged and current - heard > self.interval:
+                        # silent for an interval: prove the connection is alive (a NAT or load
+                        # balancer may have dropped it without a word) and keep it from idling
+                        pubsub.ping()
+                        pinged = current
             except Exception as error:  # the connection dropped: resubscribe with backoff
                 log.debug("subscriber: %s; resubscribing in %.1f s", error, backoff)
                 time.sleep(backoff)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -151,6 +153,78 @@ def test_pubsub_pickup_resumes_after_a_redis_restart(tmp_path):  # type: ignore[
             assert daemon.alive()
     finally:
         server.stop()
+
+
+class FreezingProxy:
+    """A loopback TCP proxy to Redis whose established connections can be frozen: bytes stop
+    flowing both ways but no side sees a close, as when a NAT or load balancer drops an idle
+    connection's state. New connections still pass."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.frozen: set[socket.socket] = set()
+        self.sockets: list[socket.socket] = []
+        self.closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        while not self.closing:
+            try:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if source not in self.frozen:
+                    sink.sendall(data)
+            except OSError:
+                break
+
+    def freeze(self) -> None:
+        self.frozen.update(self.sockets)
+
+    def close(self) -> None:
+        self.closing = True
+        for sock in [self.listener, *self.sockets]:
+            sock.close()
+
+
+def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_client):  # type: ignore[no-untyped-def]
+    """Cloud load balancers and NATs drop idle connections without a word; the subscriber
+    must notice (PING after an interval of silence, no reply within another) and subscribe
+    again, or wakeups are lost and pickups fall back to --poll for good."""
+    proxy = FreezingProxy(redis_server.port)
+    client = blueque.Client(f"redis://127.0.0.1:{proxy.port}/0")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="nat.example_1",
+                            interval=0.5)
+    try:
+        daemon._start_subscriber()
+        wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
+        proxy.freeze()
+        wait_until(lambda: dict(redis_client.pubsub_numsub(KEYS.channel("work")))[
+            KEYS.channel("work")] == 2, timeout=10, what="subscribed again on a new connection")
+        while True:  # empty the wake pipe, then show a publish reaches it again
+            try:
+                os.read(daemon._wake_r, 512)
+            except BlockingIOError:
+                break
+        redis_client.publish(KEYS.channel("work"), "work")
+        wait_until(lambda: select.select([daemon._wake_r], [], [], 0)[0], what="woken")
+    finally:
+        daemon._finish()
+        proxy.close()
+        client.close()
 
 
 # --- results and job controls -------------------------------------------------------------
