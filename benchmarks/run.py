@@ -21,6 +21,7 @@ import importlib.resources
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -471,6 +472,33 @@ def render(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]],
     return "\n".join(lines)
 
 
+def markdown(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]]) -> str:
+    """The same table as Markdown, for README.md's Performance section."""
+    lines = ["| scenario | measurement | system | median | min-max | unit |",
+             "| --- | --- | --- | ---: | ---: | --- |"]
+    previous = None
+    for e in entries:
+        scenario = e["scenario"] if e["scenario"] != previous else ""
+        previous = e["scenario"]
+        if "median" in e:
+            d = e["digits"]
+            cells = [fmt(e["median"], d),
+                     f"{fmt(e['min'], d)}-{fmt(e['max'], d)}" if len(e["values"]) > 1 else ""]
+        else:
+            cells = ["n/a", e["note"]]
+        lines.append(f"| {scenario} | {e['label']} | {e['system']} | {cells[0]} | {cells[1]} "
+                     f"| {e['unit']} |")
+    lines += ["", "| target (issue 4) | measured | goal | |", "| --- | ---: | ---: | --- |"]
+    for t in targets:
+        if t["value"] is None:
+            lines.append(f"| {t['text']} | n/a | | |")
+            continue
+        sign = "<=" if t["at_most"] else ">="
+        lines.append(f"| {t['text']} | {t['value']:.2f}{t['unit']} | {sign} {t['goal']:g}"
+                     f"{t['unit']} | {'met' if t['met'] else '**not met**'} |")
+    return "\n".join(lines) + "\n"
+
+
 def evaluate(results: Results) -> list[dict[str, Any]]:
     out = []
     for t in TARGETS:
@@ -490,6 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="the smallest run that exercises every scenario (seconds)")
     parser.add_argument("--only", help="comma-separated scenario numbers, e.g. 1,2,8")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="print (and --markdown) the figures of an earlier --json run")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
@@ -499,6 +530,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             print(text, file=sys.stderr, flush=True)
 
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+        print(render(report["rows"], report["targets"], report.get("header", "")))
+        if args.markdown:
+            Path(args.markdown).write_text(markdown(report["rows"], report["targets"]))
+        return 0
+    # a SIGTERM unwinds like Ctrl-C, so the private redis-server is stopped and removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     log(f"benchmarks: profile {profile.name}; load average {loadavg()}")
     results, env_info = measure(profile, only, log)
@@ -522,8 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(render(entries, targets, header))
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"profile": dataclasses.asdict(profile), "environment": env_info,
+            {"profile": dataclasses.asdict(profile), "environment": env_info, "header": header,
              "rows": entries, "targets": targets}, indent=2))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(entries, targets))
     return 0
 
 

@@ -28,6 +28,8 @@ import redis
 PARAMETERS = '{"n": 1, "kind": "benchmark"}'
 #: List the task functions push "<time.time()>" to on their first line (pickup, recovery).
 PICKUP_LIST = "bench:pickup"
+#: Untimed calls before a per-operation measurement (script loading, first connection).
+WARMUP = 10
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -208,7 +210,7 @@ return count
 """
 
 
-def per_op(n: int, body: Callable[[int], None], warmup: int = 10) -> dict[str, float]:
+def per_op(n: int, body: Callable[[int], None], warmup: int = WARMUP) -> dict[str, float]:
     """Microseconds per call of ``body(i)``: the median of ``n`` timed calls (robust to the
     odd scheduling hiccup of a busy machine) and their mean, after ``warmup`` untimed calls
     (script loading, first connection) numbered from ``n``."""

@@ -116,8 +116,11 @@ def scale(url: str, n: int, present: int, op: str) -> dict[str, float]:
     queue = client.get_queue(QUEUE)
     now = repr(time.time())
     status = "complete" if op == "delete" else "pending"
+    # pickups and deletions consume tasks: fill enough that ``present`` remain at every
+    # timed call (and the original's listen() never meets an empty queue, where it sleeps)
+    filled = present if op == "enqueue" else present + n + bc.WARMUP
     target = COMPLETE if op == "delete" else PENDING
-    bc.fill(r, target, "blueque_task_", "fill-", present,
+    bc.fill(r, target, "blueque_task_", "fill-", filled,
             {"status": status, "queue": QUEUE, "parameters": bc.PARAMETERS,
              "created": now, "updated": now, "result": "null"})
     if op == "enqueue":
