@@ -78,15 +78,21 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
     print(json.dumps(data, indent=2) if args.json else text)
 
 
-def connect(args: argparse.Namespace) -> Client:
+#: Commands that wait for Redis with backoff instead of exiting 3 when it is not up yet.
+DAEMONS = ("listen", "scheduler")
+
+
+def connect(args: argparse.Namespace, ping: bool = True) -> Client:
     """A client for --url (else $BLUEQUE_URL, else redis://localhost:6379/0), checked with a
-    PING so that an unreachable Redis is reported at once (exit 3)."""
+    PING so that an unreachable Redis is reported at once (exit 3). Daemons skip the PING:
+    they retry with backoff until Redis is there (a listener started before its Redis)."""
     url = args.url or default_url()
     kwargs: dict[str, Any] = {}
     if urlsplit(url).scheme.lower() in ("redis", "rediss", "unix"):
         kwargs["socket_connect_timeout"] = 5.0
     client = Client(url, **kwargs)
-    client.ping()
+    if ping:
+        client.ping()
     return client
 
 
@@ -475,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":  # needs no connection: it may start its own Redis
             return cmd_demo(args)
-        return int(args.handler(connect(args), args))
+        return int(args.handler(connect(args, ping=args.command not in DAEMONS), args))
     except Failure as failure:
         return _fail(str(failure), failure.code)
     except ConfigurationError as error:

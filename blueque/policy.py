@@ -44,7 +44,7 @@ class Policy:
             if raw not in (None, ""):
                 try:
                     values[option.name] = OPTION_TYPES[option.name](float(raw))
-                except ValueError:
+                except (ValueError, OverflowError):
                     continue  # a corrupt option falls back to the default, never blocks a task
         return cls(**values)  # type: ignore[arg-type]
 

@@ -709,9 +709,6 @@ def test_failed_fork_puts_the_task_back_and_the_daemon_goes_on(  # type: ignore[
 
 
 # --- bad input and the command line -------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="blueque/policy.py: Policy.resolve catches ValueError but "
-                   "not the OverflowError of int(float('inf')); the daemon dies in _fork, and "
-                   "every sweep (listeners, scheduler) dies on the task once it has started")
 def test_corrupt_policy_field_neither_stops_daemon_nor_sweep(client, start, redis_client):  # type: ignore[no-untyped-def]
     daemon = start("work", "tests.jobs:echo", *FAST)
     queue = client.get_queue("work")
@@ -738,9 +735,6 @@ def test_listen_with_a_bad_url_exits_2_with_a_clear_error(url):  # type: ignore[
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="blueque/cli.py: connect() PINGs before every command, so "
-                   "`listen` exits 3 when Redis is not up yet instead of retrying as it does "
-                   "after an outage (systemd's start limit then gives up on the unit)")
 def test_listen_started_before_redis_waits_for_it(tmp_path, start):  # type: ignore[no-untyped-def]
     server = RedisServer(port=free_port())  # Redis comes up only later, on this port
     daemon = start("work", "tests.jobs:echo", *FAST, url=server.url)
