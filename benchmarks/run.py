@@ -1,6 +1,6 @@
 """Blueque against its peers and against the Redis ceiling, in one run, on one private Redis.
 
-    python -m benchmarks.run            # the full run (about 20 minutes on 2 cores)
+    python -m benchmarks.run            # the full run (about 22 minutes on 2 cores)
     python -m benchmarks.run --quick    # shorter: fewer tasks and repeats (a few minutes)
     python -m benchmarks.run --smoke    # seconds: proves every scenario runs, figures meaningless
 
