@@ -66,7 +66,7 @@ def import_function(spec: str) -> TaskFunction:
     return target  # type: ignore[no-any-return]
 
 
-def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
+def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) -> int:
     global _current
     processor = Processor(task, store)
     pid = os.getpid()
@@ -97,7 +97,7 @@ def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
     delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
     while True:
         try:
-            _report(store, processor, outcome, text, retry)
+            _report(processor, policy, outcome, text, retry)
             return EXIT_REPORTED
         except RedisUnavailable as error:
             # The work is done: hold on to its outcome until Redis is back, not lose it.
@@ -112,9 +112,8 @@ def _run(store: RedisStore, task: Task, function: TaskFunction) -> int:
             return EXIT_REPORT_FAILED
 
 
-def _report(store: RedisStore, processor: Processor, outcome: str, text: str,
+def _report(processor: Processor, policy: Policy, outcome: str, text: str,
             retry: bool = True) -> None:
-    policy = Policy.resolve(processor.task.data, store.queue_config(processor.task.queue or ""))
     if outcome == "complete":
         processor.complete(text, _ttl_ms(policy))
         return
@@ -129,8 +128,9 @@ def _ttl_ms(policy: Policy) -> int | None:
     return int(policy.result_ttl * 1000) if policy.result_ttl > 0 else None
 
 
-def run_child(store: RedisStore, task: Task, function: TaskFunction) -> None:
-    """Body of the forked child; never returns."""
+def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) -> None:
+    """Body of the forked child; never returns. ``policy`` is the one the parent resolved
+    for this task at fork time, so the child does not read the queue's config again."""
     code = EXIT_REPORT_FAILED
     try:
         os.setsid()
@@ -138,7 +138,7 @@ def run_child(store: RedisStore, task: Task, function: TaskFunction) -> None:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
-        code = _run(store, task, function)
+        code = _run(store, task, function, policy)
     except BaseException:
         traceback.print_exc()
     finally:

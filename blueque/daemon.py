@@ -317,7 +317,7 @@ class ListenerDaemon:
             self._heal()
             return False
         if pid == 0:
-            run_child(self.store, task, function)
+            run_child(self.store, task, function, policy)
         self.children[pid] = Running(
             task.id, queue, task.attempts, self.clock(), policy.time_limit,
             policy.kill_grace, policy, pid,
