@@ -40,6 +40,23 @@ def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.01) -
         time.sleep(interval)
 
 
+def kill_process(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a child process we started (a crash) and reap it."""
+    if process is not None and process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM a child process we started; SIGKILL it if it has not exited within timeout."""
+    if process is not None and process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_process(process)
+
+
 @dataclass
 class RedisServer:
     """A redis-server child process; use as a context manager or call start()/stop()."""
@@ -97,18 +114,10 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL the server (a crash), keeping its directory for a restart."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        kill_process(self.process)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process(self.process)
         if self._own_directory and self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -29,7 +28,7 @@ from typing import Any
 import redis
 
 from blueque.errors import ConfigurationError, RedisUnavailable
-from blueque.testing import RedisServer, free_port, wait_for
+from blueque.testing import RedisServer, free_port, kill_process, stop_process, wait_for
 
 #: Replication settings for every data node: a replica is in sync moments after it starts.
 FAST_REPLICATION = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
@@ -185,17 +184,10 @@ class SentinelProcess:
         return {}
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        kill_process(self.process)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.process)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
