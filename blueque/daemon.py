@@ -34,6 +34,7 @@ from blueque.client import Client
 from blueque.errors import BluequeError, CallbackError, InvalidTaskState, RedisUnavailable
 from blueque.listener import Listener, hostname, listener_id
 from blueque.logs import configure as configure_logs
+from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
 from blueque.policy import Policy
 from blueque.process import create_time
 from blueque.recovery import Recovery
@@ -144,6 +145,7 @@ class ListenerDaemon:
         self._subscriber: threading.Thread | None = None
         self._registered = False
         self._info: dict[str, str] = {}
+        self.metrics: ListenerMetrics | None = None  # blueque listen --metrics-port
 
     # --- lifecycle --------------------------------------------------------------------------
     def _load_function(self) -> None:
@@ -266,7 +268,9 @@ class ListenerDaemon:
                 self._heal()
                 self._next_renew = current + self.interval / 2
             if current >= self._next_sweep:
-                self.recovery.sweep(self.weights, exclude=[self.id])
+                report = self.recovery.sweep(self.weights, exclude=[self.id])
+                if self.metrics:
+                    self.metrics.swept(report)
                 self._next_sweep = current + self.interval
             if current >= self._next_due:
                 # retries are scheduled tasks: move due ones even when no scheduler runs
@@ -360,6 +364,8 @@ class ListenerDaemon:
         self.unrecorded.append((running, describe_exit(status, running.reason,
                                                        running.time_limit)))
         self._record_unrecorded()
+        if self.metrics:
+            self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
         outcome = "not started" if code == EXIT_NOT_STARTED else (
             "reported" if reported else "died")
         log.info("task %s queue %s: pid %d ended after %.3f s (%s)", running.task_id,
@@ -465,16 +471,21 @@ class ListenerDaemon:
 
     # --- lease ------------------------------------------------------------------------------
     def _renew(self) -> None:
+        if self.metrics:
+            self.metrics.renewal(self.clock(), self.interval)
         for queue in self.weights:
             if self.store.lease(queue, self.id, self.lease_ms, "renew") == -1:
+                if self.metrics:
+                    self.metrics.lease_lost(queue)
                 log.error("listener %s lost its lease on %s (declared dead and recovered); "
                           "registering again", self.id, queue)
                 self.store.add_listener(queue, self.id)
                 self.store.lease(queue, self.id, self.lease_ms, "register")
         # all of it: after a pause longer than its TTL (SIGSTOP, an outage) the hash is gone,
         # and recover_local needs pid_created to tell this process from a reused pid
-        self.store.write_listener_info(self.id, {**self._info, "renewed": repr(now())},
-                                       int(self.interval * 3) + 1)
+        self.store.write_listener_info(
+            self.id, {**self._info, "renewed": repr(now()), "busy": str(len(self.children))},
+            int(self.interval * 3) + 1)
         running = list(self.children.values())
         if running:
             datas = self.store.task_data_many([r.task_id for r in running])
@@ -606,6 +617,12 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve this listener's Prometheus metrics on http://HOST:PORT/"
+                             "metrics (0: any free port, logged)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address of the metrics server (default 127.0.0.1; 0.0.0.0 "
+                             "lets a Prometheus on another host scrape it)")
 
 
 def run_listen(args: argparse.Namespace, client: Client) -> int:
@@ -614,4 +631,18 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
         client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
     )
-    return daemon.run()
+    server: MetricsServer | None = None
+    if args.metrics_port is not None:
+        daemon.metrics = ListenerMetrics(client.store, daemon.id, daemon.concurrency,
+                                         busy=lambda: len(daemon.children))
+        try:
+            server = serve_listener_metrics(daemon.metrics, args.metrics_port,
+                                            args.metrics_host)
+        except OSError as error:
+            raise BluequeError(f"cannot serve metrics on {args.metrics_host}:"
+                               f"{args.metrics_port}: {error}") from error
+    try:
+        return daemon.run()
+    finally:
+        if server is not None:
+            server.close()

@@ -25,6 +25,13 @@ FAILED = "failed"
 STATUSES = (SCHEDULED, PENDING, RESERVED, STARTED, COMPLETE, FAILED)
 FINISHED_STATUSES = (COMPLETE, FAILED)
 
+#: How a task's run or life ended, as counted in finished_per_minute and outcome_counts:
+#: complete, failed (for good), cancelled (failed with ``cancelled``), retry (a failed attempt
+#: scheduled to run again).
+OUTCOMES = ("complete", "failed", "cancelled", "retry")
+#: Seconds a per-minute outcome hash is kept: the dashboard shows the last hour.
+FINISHED_MINUTE_TTL = 7200
+
 
 def _key(*parts: str) -> str:
     return "_".join((PREFIX, *parts))
@@ -97,6 +104,15 @@ class Keys:
         """Hash: periodic task name -> last tick fired (Unix time, seconds)."""
         return _key("cron")
 
+    def finished_per_minute(self, queue: str, minute: str) -> str:
+        """Hash: outcome -> tasks of the queue that ended so in one minute (its start, Unix
+        seconds); expires after FINISHED_MINUTE_TTL seconds."""
+        return _key("finished_per_minute", self._q(queue), minute)
+
+    def outcome_counts(self, queue: str) -> str:
+        """Hash: outcome -> tasks of the queue that ended so, ever (a Prometheus counter)."""
+        return _key("outcome_counts", self._q(queue))
+
     # --- pub/sub channels (not keys; listed in PROTOCOL.md all the same) -----------------
     def channel(self, queue: str) -> str:
         """Channel published on every enqueue, so idle multi-queue listeners wake at once."""
@@ -146,6 +162,8 @@ KEY_BUILDERS = (
     "listener_info",
     "queue_config",
     "cron",
+    "finished_per_minute",
+    "outcome_counts",
     "channel",
     "done_channel",
     "control",

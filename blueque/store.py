@@ -153,6 +153,11 @@ class RedisStore:
             return self.keys.pending(queue), "0"
         return self.keys.queues(), "1"
 
+    def _outcome_keys(self, queue: str, now: float) -> list[str]:
+        """The per-minute and all-time outcome counters an ending increments (PROTOCOL.md 5.6)."""
+        minute = str(int(now // 60 * 60))
+        return [self.keys.finished_per_minute(queue, minute), self.keys.outcome_counts(queue)]
+
     def _touch_queue(self, queue: str, increment: int = 0) -> None:
         if self.keys.cluster:
             self.redis.zincrby(self.keys.queues(), increment, queue)
@@ -388,8 +393,8 @@ class RedisStore:
         verdict, detail = self._run(
             "stamp",
             [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
-             self.keys.failed(queue)],
-            [task_id, listener_id, repr(now), queue],
+             self.keys.failed(queue), *self._outcome_keys(queue, now)],
+            [task_id, listener_id, repr(now), queue, k.FINISHED_MINUTE_TTL],
         )
         return Reservation(task_id, verdict, str(detail))
 
@@ -442,11 +447,11 @@ class RedisStore:
         status: str = self._run(
             "finish",
             [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
-             self.keys.started(queue), target],
+             self.keys.started(queue), target, *self._outcome_keys(queue, now)],
             [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
              "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
              "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
-             field, value],
+             field, value, k.FINISHED_MINUTE_TTL],
             durable=True,
         )
         return status
@@ -476,9 +481,10 @@ class RedisStore:
         keys = [self.keys.leases(queue), self.keys.listeners(queue),
                 self.keys.reserved(queue, listener_id), self.keys.pending(queue),
                 self.keys.started(queue), self.keys.scheduled(queue), self.keys.failed(queue),
-                queues_key]
+                queues_key, *self._outcome_keys(queue, now)]
         args: list[Any] = [listener_id, repr(now), mode, queue, use_queues,
-                           self.keys.channel(queue), "1" if release else "0"]
+                           self.keys.channel(queue), "1" if release else "0",
+                           k.FINISHED_MINUTE_TTL]
         for task_id, attempts, verdict, eta, error in verdicts:
             keys.append(self.keys.task(task_id))
             args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
@@ -502,8 +508,8 @@ class RedisStore:
         verdict, detail = self._run(
             "cancel",
             [self.keys.task(task_id), self.keys.pending(queue), self.keys.scheduled(queue),
-             self.keys.failed(queue)],
-            [task_id, repr(now), error],
+             self.keys.failed(queue), *self._outcome_keys(queue, now)],
+            [task_id, repr(now), error, k.FINISHED_MINUTE_TTL],
         )
         if verdict == "requested" and detail:
             self.redis.publish(self.keys.control(detail), task_id)
@@ -571,6 +577,62 @@ class RedisStore:
             [self.keys.task(task_id), self.keys.failed(queue), self.keys.pending(queue)],
             [task_id, repr(now), queue, self.keys.channel(queue), DELETE_WINDOW],
         )
+
+    # --- watching: reads for the dashboard and the metrics (windows, never whole lists) --
+    @translate_errors
+    def outcomes_per_minute(self, queue: str, minutes: Sequence[int]
+                            ) -> list[dict[str, int]]:
+        """blueque_finished_per_minute_[queue]_[minute] for each minute (its first second),
+        in one pipeline: outcome -> count ({} for a minute in which nothing ended)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(self.keys.finished_per_minute(queue, str(minute)))
+        return [{name: int(count) for name, count in reply.items()}
+                for reply in pipe.execute()]
+
+    @translate_errors
+    def outcome_counts(self, queue: str) -> dict[str, int]:
+        """blueque_outcome_counts_[queue]: outcome -> tasks that ever ended so."""
+        reply = self.redis.hgetall(self.keys.outcome_counts(queue))
+        return {name: int(count) for name, count in reply.items()}
+
+    @translate_errors
+    def oldest_pending(self, queue: str) -> tuple[str, dict[str, str]] | None:
+        """The task next in line (the right end of the pending list) with its ``created`` and
+        ``updated``: LINDEX -1, then HMGET. None when nothing is pending."""
+        task_id = cast("str | None", self.redis.lindex(self.keys.pending(queue), -1))
+        if task_id is None:
+            return None
+        created, updated = self.redis.hmget(self.keys.task(task_id), "created", "updated")
+        times = {name: value for name, value in (("created", created), ("updated", updated))
+                 if value is not None}
+        return task_id, times
+
+    @translate_errors
+    def started_entries(self, queue: str) -> list[tuple[str, str, str]]:
+        """blueque_started_tasks_[queue] as (listener id, pid, task id), sorted."""
+        members = sorted(self.redis.smembers(self.keys.started(queue)))
+        entries = []
+        for member in members:
+            parts = member.rsplit(" ", 2)
+            if len(parts) == 3:
+                entries.append((parts[0], parts[1], parts[2]))
+        return entries
+
+    @translate_errors
+    def listener_infos(self, listener_ids: Sequence[str]) -> list[dict[str, str]]:
+        """HGETALL blueque_listener_[id] for many listeners in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for listener in listener_ids:
+            pipe.hgetall(self.keys.listener_info(listener))
+        return cast(list[dict[str, str]], pipe.execute())
+
+    @translate_errors
+    def scheduled_window(self, queue: str, start: int, stop: int) -> list[tuple[str, float]]:
+        """ZRANGE blueque_scheduled_tasks_[queue] start stop WITHSCORES: (id, eta), soonest
+        first."""
+        return cast(list[tuple[str, float]],
+                    self.redis.zrange(self.keys.scheduled(queue), start, stop, withscores=True))
 
     # --- notifications --------------------------------------------------------------------
     def pubsub(self) -> Any:

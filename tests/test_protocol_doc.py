@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "PROTOCOL.md"
 LUA = ROOT / "blueque" / "lua"
 
-PLACEHOLDERS = {"queue": "[queue]", "listener_id": "[listener id]", "task_id": "[task id]"}
+PLACEHOLDERS = {"queue": "[queue]", "listener_id": "[listener id]", "task_id": "[task id]",
+                "minute": "[minute]"}
 
 
 def _text() -> str:

@@ -3,10 +3,18 @@
 -- KEYS[2] pending list         blueque_pending_tasks_[queue]
 -- KEYS[3] scheduled zset       blueque_scheduled_tasks_[queue]
 -- KEYS[4] failed list          blueque_failed_tasks_[queue]
--- ARGV[1] task id, ARGV[2] now, ARGV[3] error text recorded for the cancelled task
+-- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
+-- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
+-- ARGV[1] task id, ARGV[2] now, ARGV[3] error text recorded for the cancelled task,
+-- ARGV[4] seconds KEYS[5] is kept
 -- Returns {'cancelled', previous status} when the task is now failed and will never run, or
 -- {'requested', node} when it is running: its listener (told on blueque_control_[node]) stops
 -- it and records the failure. Error "BLUEQUE_STATE ..." for a finished task.
+local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
+  redis.call('HINCRBY', KEYS[5], outcome, 1)
+  redis.call('EXPIRE', KEYS[5], ARGV[4])
+  redis.call('HINCRBY', KEYS[6], outcome, 1)
+end
 local cur = redis.call('HMGET', KEYS[1], 'status', 'node')
 local status = cur[1]
 if not status then
@@ -28,4 +36,5 @@ end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[3], 'cancelled', ARGV[2],
            'updated', ARGV[2], 'finished_at', ARGV[2])
 redis.call('LPUSH', KEYS[4], ARGV[1])
+count_outcome('cancelled')
 return {'cancelled', status}

@@ -3,10 +3,13 @@
 -- KEYS[2] reserved list        blueque_reserved_tasks_[queue]_[listener id]
 -- KEYS[3] started set          blueque_started_tasks_[queue]
 -- KEYS[4] target               complete list, failed list, or scheduled zset (retry)
+-- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
+-- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid ("" if it never started)
 -- ARGV[4] outcome: complete | failed | retry, ARGV[5] result or error text, ARGV[6] now
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
 -- ARGV[10] channel to publish the task id on, ARGV[11] extra field, ARGV[12] its value ("" none)
+-- ARGV[13] seconds KEYS[5] is kept
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
 -- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node')
@@ -50,5 +53,12 @@ end
 if ARGV[9] ~= '' and outcome ~= 'scheduled' then
   redis.call('PEXPIRE', KEYS[1], ARGV[9])
 end
+local counted = ARGV[4]
+if counted == 'failed' and ARGV[11] == 'cancelled' then
+  counted = 'cancelled'
+end
+redis.call('HINCRBY', KEYS[5], counted, 1)
+redis.call('EXPIRE', KEYS[5], ARGV[13])
+redis.call('HINCRBY', KEYS[6], counted, 1)
 redis.call('PUBLISH', ARGV[10], ARGV[1])
 return outcome

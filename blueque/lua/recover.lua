@@ -7,7 +7,9 @@
 -- KEYS[6] scheduled zset       blueque_scheduled_tasks_[queue]
 -- KEYS[7] failed list          blueque_failed_tasks_[queue]
 -- KEYS[8] queues zset          blueque_queues (or any same-slot key when ARGV[5] == "0")
--- KEYS[9..] task hashes        blueque_task_[id], one per verdict, in ARGV order
+-- KEYS[9] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
+-- KEYS[10] outcomes ever       blueque_outcome_counts_[queue]
+-- KEYS[11..] task hashes       blueque_task_[id], one per verdict, in ARGV order
 -- ARGV[1] dead listener id, ARGV[2] now (s), ARGV[3] mode:
 --   "lease": the listener's lease must exist and have expired by the server clock; removing it
 --            is the claim (a second recoverer finds no lease and does nothing);
@@ -16,7 +18,7 @@
 -- ARGV[4] queue, ARGV[5] "1" to decrement the queue's listener count in KEYS[8],
 -- ARGV[6] channel, ARGV[7] "1" to release the listener (drop its lease and set membership),
 -- "0" to keep them (some of its processes still run and are being adopted),
--- then 5 values per task: id, attempts seen, verdict (pending | retry | failed | drop),
+-- ARGV[8] seconds KEYS[9] is kept, then 5 values per task: id, attempts seen, verdict (pending | retry | failed | drop),
 -- retry eta, error text.
 -- A verdict applies only if the task is still in the dead listener's reserved list with the
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
@@ -39,8 +41,13 @@ if ARGV[7] == '1' then
   end
 end
 local counts = {0, 0, 0, 0}
-for i = 9, #KEYS do
-  local a = 8 + (i - 9) * 5
+local function count(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
+  redis.call('HINCRBY', KEYS[9], outcome, 1)
+  redis.call('EXPIRE', KEYS[9], ARGV[8])
+  redis.call('HINCRBY', KEYS[10], outcome, 1)
+end
+for i = 11, #KEYS do
+  local a = 9 + (i - 11) * 5
   local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local cur = redis.call('HMGET', KEYS[i], 'status', 'attempts', 'pid')
   local attempts = cur[2] or ''
@@ -60,12 +67,16 @@ for i = 9, #KEYS do
       redis.call('HSET', KEYS[i], 'status', 'scheduled', 'eta', ARGV[a + 3], 'error', ARGV[a + 4],
                  'updated', ARGV[2])
       redis.call('ZADD', KEYS[6], ARGV[a + 3], id)
+      count('retry')
       counts[2] = counts[2] + 1
     elseif verdict == 'failed' then
       redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
                  'finished_at', ARGV[2])
       if redis.call('HEXISTS', KEYS[i], 'cancel_requested') == 1 then
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
+        count('cancelled')
+      else
+        count('failed')
       end
       redis.call('LPUSH', KEYS[7], id)
       counts[3] = counts[3] + 1

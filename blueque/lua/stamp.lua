@@ -2,11 +2,19 @@
 -- KEYS[1] task hash            blueque_task_[id]
 -- KEYS[2] reserved list        blueque_reserved_tasks_[queue]_[listener id]
 -- KEYS[3] failed list          blueque_failed_tasks_[queue]
--- ARGV[1] task id, ARGV[2] listener id, ARGV[3] now, ARGV[4] queue
+-- KEYS[4] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
+-- KEYS[5] outcomes ever        blueque_outcome_counts_[queue]
+-- ARGV[1] task id, ARGV[2] listener id, ARGV[3] now, ARGV[4] queue,
+-- ARGV[5] seconds KEYS[4] is kept
 -- Returns {verdict, detail}:
 --   {'ok', attempts}      the task is now reserved by this listener for attempt number `attempts`
 --   {'skip', status}      not runnable (cancelled, a duplicate id, already running): id dropped
 --   {'bad', reason}       missing or corrupt hash, or unknown status: recorded as failed
+local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
+  redis.call('HINCRBY', KEYS[4], outcome, 1)
+  redis.call('EXPIRE', KEYS[4], ARGV[5])
+  redis.call('HINCRBY', KEYS[5], outcome, 1)
+end
 local id = ARGV[1]
 local function drop()
   redis.call('LREM', KEYS[2], 1, id)
@@ -21,6 +29,7 @@ local function record_failure(reason)
     redis.call('HSET', KEYS[1], 'status', 'failed', 'error', reason, 'updated', ARGV[3])
   end
   redis.call('LPUSH', KEYS[3], id)
+  count_outcome('failed')
   return {'bad', reason}
 end
 local kind = redis.call('TYPE', KEYS[1])['ok']

@@ -1,0 +1,266 @@
+"""Prometheus metrics: queue figures read from Redis, and each listener daemon's own counters.
+
+Two exporters, two sets of names, so that summing over scrape targets never counts twice:
+
+- ``QueueCollector`` reads Redis at scrape time (the dashboard's ``/metrics``, one per cluster):
+  tasks per queue and state, the oldest pending task's age, tasks finished per outcome (from
+  ``blueque_outcome_counts_[queue]``, written by the scripts that end tasks), listeners and the
+  slots each reported at its last renewal.
+- ``ListenerMetrics`` lives in a listener daemon (``blueque listen --metrics-port``): its slots,
+  late lease renewals, lost leases, recoveries and adoptions by its sweeps, the tasks its
+  children ran per outcome, and their run times.
+
+Names follow Prometheus conventions: ``blueque_`` prefix, base units (``_seconds``), counters
+end in ``_total``. README.md "Watching it" lists them with an example alert rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from blueque import keys as k
+from blueque.errors import BluequeError
+from blueque.recovery import RecoveryReport
+from blueque.store import RedisStore, now
+
+log = logging.getLogger("blueque.metrics")
+
+#: Run-time buckets for jobs of seconds to days (seconds).
+RUN_TIME_BUCKETS = (1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 259200,
+                    float("inf"))
+
+
+def oldest_pending_age(store: RedisStore, queue: str, at: float) -> float:
+    """Seconds the next task in line has waited (since it last became pending); 0 if none."""
+    oldest = store.oldest_pending(queue)
+    if oldest is None:
+        return 0.0
+    times = oldest[1]
+    for field in ("updated", "created"):
+        try:
+            return max(0.0, at - float(times[field]))
+        except (KeyError, ValueError):
+            continue
+    return 0.0
+
+
+def task_outcome(data: dict[str, str]) -> str:
+    """How a task's latest run ended, from its hash: one of keys.OUTCOMES, or "unknown"."""
+    status = data.get("status")
+    if status == k.COMPLETE:
+        return "complete"
+    if status == k.FAILED:
+        return "cancelled" if data.get("cancelled") else "failed"
+    if status == k.SCHEDULED and data.get("error"):
+        return "retry"
+    return "unknown"
+
+
+class QueueCollector(Collector):
+    """Cluster-wide figures, read from Redis at each scrape (O(1) commands per queue plus one
+    pipeline of listener hashes)."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("blueque_redis_up", "1 if Redis answered this scrape, else 0")
+        try:
+            families = self._families()
+        except BluequeError as error:
+            log.warning("metrics: %s", error)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _families(self) -> list[Metric]:
+        tasks = GaugeMetricFamily("blueque_tasks", "Tasks per queue and state",
+                                  labels=["queue", "state"])
+        age = GaugeMetricFamily(
+            "blueque_queue_oldest_pending_age_seconds",
+            "How long the next pending task of the queue has waited (0 when none is pending)",
+            labels=["queue"])
+        finished = CounterMetricFamily(
+            "blueque_tasks_finished",
+            "Tasks of the queue that ended, per outcome (complete, failed, cancelled, retry)",
+            labels=["queue", "outcome"])
+        listeners = GaugeMetricFamily("blueque_queue_listeners", "Listeners of the queue",
+                                      labels=["queue"])
+        slots = GaugeMetricFamily(
+            "blueque_listener_info_slots",
+            "Task slots of each registered listener (its --concurrency)",
+            labels=["listener", "host"])
+        busy = GaugeMetricFamily(
+            "blueque_listener_info_busy_slots",
+            "Slots in use per listener, as it wrote at its last lease renewal",
+            labels=["listener", "host"])
+        at = now()
+        ids: set[str] = set()
+        for queue, _ in self.store.known_queues():
+            counts = self.store.counts(queue)
+            for state in k.STATUSES:
+                tasks.add_metric([queue, state], getattr(counts, state))
+            listeners.add_metric([queue], counts.listeners)
+            age.add_metric([queue], oldest_pending_age(self.store, queue, at))
+            done = self.store.outcome_counts(queue)
+            for outcome in k.OUTCOMES:
+                finished.add_metric([queue, outcome], done.get(outcome, 0))
+            ids |= self.store.listener_ids(queue)
+        ordered = sorted(ids)
+        for listener, info in zip(ordered, self.store.listener_infos(ordered), strict=True):
+            if not info:
+                continue  # its info expired: a dead listener not yet recovered
+            host = info.get("host", "")
+            slots.add_metric([listener, host], _number(info.get("concurrency")))
+            busy.add_metric([listener, host], _number(info.get("busy")))
+        return [tasks, age, finished, listeners, slots, busy]
+
+
+def _number(raw: str | None) -> float:
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+class ListenerMetrics:
+    """One listener daemon's counters; the daemon calls these hooks, never the other way."""
+
+    def __init__(self, store: RedisStore, listener_id: str, concurrency: int,
+                 busy: Callable[[], int], registry: CollectorRegistry | None = None) -> None:
+        self.store = store
+        self.registry = registry or CollectorRegistry()
+        labels = {"listener": listener_id}
+        self.slots = Gauge("blueque_listener_slots", "Task slots (--concurrency)",
+                           list(labels), registry=self.registry).labels(**labels)
+        self.slots.set(concurrency)
+        self.busy = Gauge("blueque_listener_busy_slots", "Slots running a task now",
+                          list(labels), registry=self.registry).labels(**labels)
+        self.busy.set_function(lambda: float(busy()))  # read at scrape time
+        self.late = Counter(
+            "blueque_listener_lease_renewals_late",
+            "Lease renewals that came more than one interval after the previous one (the "
+            "lease lasts two: a paused or starved daemon)", registry=self.registry)
+        self.lost = Counter(
+            "blueque_listener_leases_lost",
+            "Renewals that found the lease gone: the listener had been declared dead",
+            ["queue"], registry=self.registry)
+        self.recoveries = Counter(
+            "blueque_listener_recoveries", "Dead listeners this daemon's sweeps recovered",
+            registry=self.registry)
+        self.recovered = Counter(
+            "blueque_listener_recovered_tasks",
+            "Tasks of dead listeners recovered by this daemon's sweeps, per verdict",
+            ["verdict"], registry=self.registry)
+        self.adopted = Gauge(
+            "blueque_listener_adopted_tasks",
+            "Running tasks of dead listeners on this host that its last sweep adopted",
+            registry=self.registry)
+        self.finished = Counter(
+            "blueque_listener_tasks_finished",
+            "Task runs of this listener's children that ended, per queue and outcome",
+            ["queue", "outcome"], registry=self.registry)
+        self.run_time = Histogram(
+            "blueque_task_run_seconds", "Run time of task attempts on this listener",
+            ["queue", "outcome"], buckets=RUN_TIME_BUCKETS, registry=self.registry)
+        self._last_renewal: float | None = None
+
+    def renewal(self, at: float, interval: float) -> None:
+        """At every renewal (monotonic clock)."""
+        if self._last_renewal is not None and at - self._last_renewal > interval:
+            self.late.inc()
+        self._last_renewal = at
+
+    def lease_lost(self, queue: str) -> None:
+        self.lost.labels(queue=queue).inc()
+
+    def swept(self, report: RecoveryReport) -> None:
+        self.recoveries.inc(len(report.listeners))
+        for verdict in ("requeued", "retried", "failed"):
+            self.recovered.labels(verdict=verdict).inc(getattr(report, verdict))
+        self.adopted.set(report.adopted)
+
+    def task_ended(self, task_id: str, queue: str, attempt: int | None,
+                   duration: float) -> None:
+        """A child exited and its ending is recorded: read the outcome from the task (one
+        HGETALL); while Redis is away, or if the task moved on, it counts as "unknown"."""
+        try:
+            data = self.store.task_data(task_id)
+        except BluequeError:
+            data = {}
+        fresh = attempt is None or data.get("attempts") == str(attempt)
+        outcome = task_outcome(data) if fresh else "unknown"
+        self.finished.labels(queue=queue, outcome=outcome).inc()
+        self.run_time.labels(queue=queue, outcome=outcome).observe(duration)
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP in a thread of the listener daemon. Its socket is closed in
+    forked children (os.register_at_fork), so a task process never holds the port after its
+    listener is gone."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
+        self.server: Any
+        self.thread: threading.Thread
+        self.server, self.thread = start_http_server(port, host, registry=registry)
+        _SERVERS.append(self.server)
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        if self.server in _SERVERS:
+            _SERVERS.remove(self.server)
+
+
+_SERVERS: list[Any] = []
+
+
+def _close_in_child() -> None:
+    for server in _SERVERS:
+        with contextlib.suppress(OSError):
+            server.socket.close()
+    _SERVERS.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+def serve_listener_metrics(metrics: ListenerMetrics, port: int, host: str) -> MetricsServer:
+    server = MetricsServer(metrics.registry, port, host)
+    log.info("metrics on http://%s:%d/metrics", host, server.port)
+    return server
+
+
+def scrape(registry: CollectorRegistry) -> bytes:
+    """The text exposition of a registry (what /metrics serves)."""
+    return bytes(generate_latest(registry))
+
+
+def queue_registry(store: RedisStore) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(store))
+    return registry

@@ -1,0 +1,190 @@
+"""Outcome counters written by the scripts that end tasks, and the Prometheus exporters: the
+queue collector (dashboard /metrics) and a real listener daemon's --metrics-port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+import blueque
+from blueque import keys as k
+from blueque.metrics import queue_registry, scrape
+from blueque.store import now
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+
+KEYS = k.Keys()
+
+
+def minute_key(queue: str, at: float) -> str:
+    return KEYS.finished_per_minute(queue, str(int(at // 60 * 60)))
+
+
+def run_to_end(client: blueque.Client, queue: str, outcome: str) -> str:
+    """Enqueue, reserve, start and record one outcome through the library's own operations."""
+    task_id = client.get_queue(queue).enqueue("{}")
+    listener = client.get_listener(queue)
+    task = listener.reserve()
+    assert task is not None and task.id == task_id
+    processor = client.get_processor(task)
+    processor.start(4242)
+    if outcome == "complete":
+        processor.complete("done")
+    elif outcome == "retry":
+        processor.retry("it broke once", time.time() + 600)
+    else:
+        processor.fail("it broke")
+    return task_id
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_endings_are_counted_per_minute_and_in_total(any_client: blueque.Client) -> None:
+    store = any_client.store
+    run_to_end(any_client, "q", "complete")
+    run_to_end(any_client, "q", "complete")
+    run_to_end(any_client, "q", "failed")
+    run_to_end(any_client, "q", "retry")
+    waiting = any_client.get_queue("q").enqueue("{}")
+    any_client.cancel_task(waiting)
+    expected = {"complete": 2, "failed": 1, "retry": 1, "cancelled": 1}
+    assert store.outcome_counts("q") == expected
+    minute = int(now() // 60 * 60)
+    per_minute = store.outcomes_per_minute("q", [minute - 60, minute])
+    assert per_minute[0] == {} or per_minute[1] == {}  # a minute boundary may fall between
+    assert {n: per_minute[0].get(n, 0) + per_minute[1].get(n, 0) for n in expected} == expected
+
+
+def test_minute_counters_expire_and_totals_do_not(redis_client: redis.Redis,
+                                                  client: blueque.Client) -> None:
+    run_to_end(client, "q", "complete")
+    ttl = redis_client.ttl(minute_key("q", now()))
+    if ttl == -2:  # the minute turned between the finish and this read
+        ttl = redis_client.ttl(minute_key("q", now() - 60))
+    assert 0 < ttl <= k.FINISHED_MINUTE_TTL
+    assert redis_client.ttl(KEYS.outcome_counts("q")) == -1
+
+
+def test_a_repeated_finish_is_not_counted_twice(client: blueque.Client) -> None:
+    task_id = client.get_queue("q").enqueue("{}")
+    task = client.get_listener("q").reserve()
+    assert task is not None
+    client.store.start("q", task_id, task.node or "", 7, now(), task.attempts)
+    for _ in range(2):  # the second is a retried call whose reply was lost
+        client.store.finish("q", task_id, task.node or "", 7, "complete", "r", now(),
+                            task.attempts)
+    assert client.store.outcome_counts("q") == {"complete": 1}
+
+
+def test_recovery_counts_what_it_decides(client: blueque.Client, redis_client: redis.Redis
+                                         ) -> None:
+    for retried in (False, True):
+        task_id = client.get_queue("q").enqueue("{}", max_attempts=2 if retried else 1)
+        listener = client.get_listener("q")
+        task = listener.reserve()
+        assert task is not None and task.id == task_id
+        client.get_processor(task).start(999_999)
+        verdict = ("retry", now() + 600) if retried else ("failed", None)
+        counts = client.store.recover("q", listener.id, [
+            (task_id, str(task.attempts), verdict[0], verdict[1], "listener died")],
+            now(), mode="host")
+        assert counts[:3] == ([0, 1, 0] if retried else [0, 0, 1])
+    assert client.store.outcome_counts("q") == {"failed": 1, "retry": 1}
+
+
+def test_queue_collector_reports_states_age_and_outcomes(client: blueque.Client) -> None:
+    queue = client.get_queue("jobs")
+    run_to_end(client, "jobs", "complete")
+    first = queue.enqueue("{}")
+    queue.enqueue("{}")
+    queue.schedule("{}", time.time() + 3600)
+    client.store.redis.hset(KEYS.task(first), mapping={"created": repr(now() - 120),
+                                                       "updated": repr(now() - 120)})
+    found = samples(scrape(queue_registry(client.store)))
+    assert found[("blueque_redis_up", ())] == 1
+    assert found[("blueque_tasks", (("queue", "jobs"), ("state", "pending")))] == 2
+    assert found[("blueque_tasks", (("queue", "jobs"), ("state", "scheduled")))] == 1
+    assert found[("blueque_tasks", (("queue", "jobs"), ("state", "complete")))] == 1
+    age = found[("blueque_queue_oldest_pending_age_seconds", (("queue", "jobs"),))]
+    assert 119 < age < 200
+    outcome = (("outcome", "complete"), ("queue", "jobs"))
+    assert found[("blueque_tasks_finished_total", outcome)] == 1
+
+
+def test_queue_collector_says_when_redis_is_down(redis_server: object) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = blueque.Client(f"redis://127.0.0.1:{port}/0")
+    found = samples(scrape(queue_registry(dead.store)))
+    assert found == {("blueque_redis_up", ()): 0}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read())
+
+
+@pytest.mark.slow
+def test_listener_serves_its_own_metrics(client: blueque.Client, redis_url: str,
+                                         redis_client: redis.Redis, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    queue = client.get_queue("work")
+    release = tmp_path / "release"
+    with daemons(tmp_path) as started:
+        daemon = Daemon(listen_command(
+            redis_url, "work", "tests.jobs:progress", "--interval", "0.5", "--poll", "0.1",
+            "--concurrency", "2", "--metrics-port", str(port)), tmp_path / "daemon.log")
+        started.append(daemon)
+        running = queue.enqueue(json.dumps({"seconds": 60, "release": str(release)}))
+        wait_until(lambda: client.get_task(running).status == "started", what="started")
+
+        def busy() -> bool:
+            try:
+                found = samples(fetch(url))
+            except OSError:
+                return False
+            labels = (("listener", client.get_task(running).node or ""),)
+            return (found.get(("blueque_listener_busy_slots", labels)) == 1
+                    and found.get(("blueque_listener_slots", labels)) == 2)
+
+        wait_until(busy, what="busy slots on the listener's /metrics")
+        info = KEYS.listener_info(client.get_task(running).node or "")
+        wait_until(lambda: redis_client.hget(info, "busy") == "1", what="busy in listener info")
+        release.touch()
+        client.get_task(running).wait(20)
+        failing = queue.enqueue(json.dumps({"seconds": 0}), task_id="will-fail")
+        redis_client.hset(KEYS.task(failing), "parameters", "not json")  # progress() raises
+        client.get_task(failing).wait(20)
+
+        def counted() -> bool:
+            found = samples(fetch(url))
+            done = ("blueque_listener_tasks_finished_total",
+                    (("outcome", "complete"), ("queue", "work")))
+            broke = ("blueque_listener_tasks_finished_total",
+                     (("outcome", "failed"), ("queue", "work")))
+            runs = ("blueque_task_run_seconds_count", (("outcome", "complete"),
+                                                       ("queue", "work")))
+            return found.get(done) == 1 and found.get(broke) == 1 and found.get(runs) == 1
+
+        wait_until(counted, what="finished counters and run-time histogram")
+        assert daemon.alive()
