@@ -79,7 +79,7 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 #: Commands that wait for Redis with backoff instead of exiting 3 when it is not up yet.
-DAEMONS = ("listen", "scheduler")
+DAEMONS = ("listen", "scheduler", "dashboard")
 
 
 def connect(args: argparse.Namespace, ping: bool = True) -> Client:
@@ -331,6 +331,19 @@ def cmd_listen(client: Client, args: argparse.Namespace) -> int:
     return daemon.run_listen(args, client)
 
 
+def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
+    try:  # the web extra is optional: say how to get it
+        from blueque.web import server
+    except ImportError as error:
+        raise Failure(f"the dashboard needs the web extra: pip install 'blueque[web]' "
+                      f"({error})", EXIT_USAGE) from error
+    configure_logs("text", "INFO")
+    try:
+        return server.serve(client, args, cron_entries(args))
+    except (OSError, ValueError) as error:
+        raise Failure(f"cannot serve the dashboard: {error}", EXIT_USAGE) from error
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(args.url, queue=args.queue, out=sys.stdout, err=sys.stderr)
 
@@ -389,6 +402,23 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 Command = Callable[[Client, argparse.Namespace], int]
+
+
+def _add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8080, help="default 8080")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="enable actions (cancel, retry, purge) for requests that carry "
+                             "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "
+                             "without one the dashboard is read-only")
+    parser.add_argument("--refresh", type=float, default=2.0,
+                        help="seconds between live updates of a page (default 2)")
+    parser.add_argument("--cron", action="append", default=[], metavar="NAME=CRON:QUEUE[:PARAMS]",
+                        help="the scheduler's cron entries, to show their next runs; repeatable")
+    parser.add_argument("--cron-file", action="append", default=[], metavar="FILE",
+                        help="the scheduler's cron file(s), to show their next runs")
+    parser.add_argument("--timezone", help="IANA time zone of the --cron entries (default UTC)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -466,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--once", action="store_true", help="run one step and exit")
     sub.add_argument("--log-format", choices=("text", "json"), default="text")
     sub.add_argument("--log-level", default="INFO")
+    sub = add("dashboard", cmd_dashboard,
+              "serve the web dashboard and /metrics (read-only unless a token is given)")
+    _add_dashboard_arguments(sub)
     sub = add("demo", cmd_demo, "run a demo: a private redis-server (unless --url or "
                                 "$BLUEQUE_URL), a listener, a scheduler and a few tasks")
     sub.add_argument("--queue", default=demo.QUEUE, help=f"default {demo.QUEUE}")

@@ -87,3 +87,26 @@ def flaky(task: Task) -> str:
     if (task.attempts or 0) < int(params.get("succeed_on", 3)):
         raise RuntimeError(f"attempt {task.attempts} failed")
     return f"succeeded on attempt {task.attempts}"
+
+
+def steps(task: Task) -> str:
+    """Reports progress 0.05, 0.10, ... every ``interval`` seconds until it reaches 1 or the
+    ``release`` file appears (the dashboard's browser tests watch it advance)."""
+    params = _params(task)
+    interval = float(params.get("interval", 0.3))
+    done = 0
+    while done < 20 and not os.path.exists(params.get("release", "/nonexistent")):
+        done += 1
+        report_progress(done / 20, f"step {done} of 20")
+        time.sleep(interval)
+    return f"{done} steps"
+
+
+def explode(task: Task) -> str:
+    """Fails with a traceback two frames deep (the dashboard shows it)."""
+
+    def parse(text: str) -> int:
+        return int(text)
+
+    print(f"parsing {task.parameters}", flush=True)
+    return str(parse("not a number"))

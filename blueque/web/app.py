@@ -1,0 +1,306 @@
+"""The dashboard's ASGI application (Starlette + Jinja2), mountable in any ASGI service.
+
+Read-only unless a token is configured. With one, actions (cancel, retry, retry all failed,
+purge) are JSON POSTs that must carry the token in the ``X-Blueque-Token`` header and come
+from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site form cannot set
+the header nor the JSON content type without a CORS preflight, which is never granted, and a
+cross-site page cannot read the token (kept in the tab's sessionStorage). Every value from
+Redis goes through Jinja2's autoescaping; the page script only moves server-rendered nodes and
+sets text, and the Content-Security-Policy allows scripts and styles from the dashboard only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from blueque import keys as k
+from blueque.client import Client
+from blueque.cron import CronEntry
+from blueque.display import format_seconds
+from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
+from blueque.metrics import queue_registry, scrape
+from blueque.store import now
+from blueque.web import views
+
+log = logging.getLogger("blueque.web")
+
+TOKEN_HEADER = "X-Blueque-Token"
+#: Seconds between live refreshes of a page (the page script polls it with fetch).
+DEFAULT_REFRESH = 2.0
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(timestamp: float | None, at: float) -> str:
+    if timestamp is None:
+        return "-"
+    delta = at - timestamp
+    return f"{format_seconds(delta)} ago" if delta >= 0 else f"in {format_seconds(-delta)}"
+
+
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else format_seconds(seconds)
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("blueque.web", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True, lstrip_blocks=True,
+    )
+    env.filters.update(when=_when, duration=_duration, ago=_ago)
+    return env
+
+
+class Dashboard:
+    """Holds the client, the token and the cron entries; its methods are the routes."""
+
+    def __init__(self, client: Client, token: str | None, cron_entries: Sequence[CronEntry],
+                 refresh: float) -> None:
+        self.client = client
+        self.store = client.store
+        self.token = token or None
+        self.cron_entries = list(cron_entries)
+        self.refresh = refresh
+        self.templates = Jinja2Templates(env=_environment())
+        self.registry = queue_registry(self.store)
+
+    # --- pages ---------------------------------------------------------------------------------
+    async def render(self, request: Request, name: str, context: dict[str, Any],
+                     status: int = 200) -> Response:
+        at = now()
+        context.update(at=at, actions=self.token is not None, refresh=self.refresh,
+                       states=views.STATES, page_name=name.removesuffix(".html"),
+                       **_links(request))
+        response = self.templates.TemplateResponse(request, name, context, status_code=status)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def queues(self, request: Request) -> Response:
+        rows = await run_in_threadpool(views.queues_page, self.store, now())
+        return await self.render(request, "queues.html", {"queues": rows})
+
+    async def queue(self, request: Request) -> Response:
+        name = request.query_params.get("name", "")
+        state = request.query_params.get("state", k.PENDING)
+        if state not in views.STATES:
+            state = k.PENDING
+        page = _int(request.query_params.get("page"), 1)
+        search = request.query_params.get("id", "").strip()
+        data = await run_in_threadpool(views.queue_page, self.store, name, state, page,
+                                       search, now())
+        return await self.render(request, "queue.html", data, 200 if data["known"] else 404)
+
+    async def task(self, request: Request) -> Response:
+        task_id = request.query_params.get("id", "")
+        data = await run_in_threadpool(views.task_page, self.store, task_id, now())
+        if data is None:
+            return await self.render(request, "missing.html", {"task_id": task_id}, 404)
+        return await self.render(request, "task.html", {"task": data})
+
+    async def nodes(self, request: Request) -> Response:
+        rows = await run_in_threadpool(views.nodes_page, self.store, now())
+        return await self.render(request, "nodes.html", {"listeners": rows})
+
+    async def schedule(self, request: Request) -> Response:
+        data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
+                                       now())
+        return await self.render(request, "schedule.html", data)
+
+    async def metrics(self, request: Request) -> Response:
+        body = await run_in_threadpool(scrape, self.registry)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # --- actions ---------------------------------------------------------------------------------
+    def refusal(self, request: Request) -> str | None:
+        """Why an action request is refused, or None to let it through."""
+        if self.token is None:
+            return "actions are off: start the dashboard with a token to enable them"
+        given = request.headers.get(TOKEN_HEADER, "")
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return "a valid token is required for actions"
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return "actions are JSON requests"
+        source = request.headers.get("origin") or request.headers.get("referer")
+        if not source:
+            return "cross-site check failed: no Origin or Referer"
+        origin = urlsplit(source)
+        if (origin.scheme, origin.netloc) != (request.url.scheme, request.url.netloc):
+            return "cross-site check failed: the request comes from another site"
+        return None
+
+    async def action(self, request: Request) -> Response:
+        refused = self.refusal(request)
+        if refused is not None:
+            log.warning("dashboard action refused: %s", refused)
+            return JSONResponse({"ok": False, "message": refused}, status_code=403,
+                                headers=SECURITY_HEADERS)
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):
+            return JSONResponse({"ok": False, "message": "send a JSON object"}, 400)
+        name = request.path_params["name"]
+        handler = ACTIONS.get(name)
+        if handler is None:
+            return JSONResponse({"ok": False, "message": f"no action {name!r}"}, 404)
+        try:
+            message = await run_in_threadpool(handler, self, body)
+        except (TaskNotFound, InvalidTaskState, ValueError) as error:
+            return JSONResponse({"ok": False, "message": str(error)}, 409)
+        log.info("dashboard action %s: %s", name, message)
+        return JSONResponse({"ok": True, "message": message}, headers=SECURITY_HEADERS)
+
+    def cancel(self, body: dict[str, Any]) -> str:
+        task_id = _text(body, "task_id")
+        outcome = self.client.cancel_task(task_id, "cancelled from the dashboard")
+        return (f"task {task_id} cancelled: it will not run" if outcome == "cancelled"
+                else f"task {task_id} is running: its listener was told to stop it")
+
+    def retry(self, body: dict[str, Any]) -> str:
+        task_id = _text(body, "task_id")
+        queue = self.client.get_task(task_id).queue
+        if queue is None:
+            raise TaskNotFound(task_id)
+        self.store.retry_failed(queue, task_id, now())
+        return f"task {task_id} is pending again"
+
+    def retry_failed(self, body: dict[str, Any]) -> str:
+        queue = _text(body, "queue")
+        retried = 0
+        for task_id in self.store.task_ids(queue, k.FAILED)[::-1]:  # oldest first
+            try:
+                self.store.retry_failed(queue, task_id, now())
+            except (InvalidTaskState, TaskNotFound):
+                continue  # retried, deleted or expired meanwhile
+            retried += 1
+        return f"{retried} failed task(s) of {queue} are pending again"
+
+    def purge(self, body: dict[str, Any]) -> str:
+        queue = _text(body, "queue")
+        status = _text(body, "status")
+        older_than = body.get("older_than", 0)
+        if not isinstance(older_than, (int, float)) or older_than < 0:
+            raise ValueError("older_than must be a number of seconds >= 0")
+        deleted = self.client.get_queue(queue).purge(status, float(older_than))
+        return f"{deleted} {status} task(s) of {queue} deleted"
+
+
+ACTIONS: dict[str, Callable[[Dashboard, dict[str, Any]], str]] = {
+    "cancel": Dashboard.cancel,
+    "retry": Dashboard.retry,
+    "retry-failed": Dashboard.retry_failed,
+    "purge": Dashboard.purge,
+}
+
+
+def _links(request: Request) -> dict[str, Callable[..., str]]:
+    """Path-only links (no scheme or host: right behind any reverse proxy), under the mount
+    point when the dashboard is mounted in another app."""
+
+    def link_to(route: str, /, **query: object) -> str:
+        path = request.url_for(route).path
+        shown = {key: str(value) for key, value in query.items() if value is not None}
+        return path + ("?" + urlencode(shown) if shown else "")
+
+    def static(path: str) -> str:
+        return request.url_for("static", path=path).path
+
+    def action_path(name: str) -> str:
+        return request.url_for("action", name=name).path
+
+    return {"link_to": link_to, "static": static, "action_path": action_path}
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"give {name} as a non-empty string")
+    return value
+
+
+def _int(raw: str | None, default: int) -> int:
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        return default
+
+
+def _guard(
+    route: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """Redis errors become a page that says so (503), never a stack trace."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await route(request)
+        except RedisUnavailable as error:
+            return HTMLResponse(_plain_error("Redis is unreachable", str(error)), 503,
+                                headers=SECURITY_HEADERS)
+        except BluequeError as error:
+            return HTMLResponse(_plain_error("Blueque refused", str(error)), 500,
+                                headers=SECURITY_HEADERS)
+
+    return guarded
+
+
+def _plain_error(title: str, detail: str) -> str:
+    env = _environment()
+    template = env.from_string(
+        "<!doctype html><title>{{ title }}</title><h1>{{ title }}</h1><p>{{ detail }}</p>"
+        "<p>This page retries by itself when reloaded.</p>")
+    return template.render(title=title, detail=detail)
+
+
+def create_app(url: str | None = None, token: str | None = None, *, client: Client | None = None,
+               cron_entries: Sequence[CronEntry] = (), refresh: float = DEFAULT_REFRESH,
+               debug: bool = False) -> Starlette:
+    """The dashboard as an ASGI app. ``url`` (or a ready ``client``) names the Redis;
+    ``token`` enables actions; ``cron_entries`` (the scheduler's) show their next runs.
+
+    Mount it in a Starlette or FastAPI service: ``app.mount("/blueque", create_app(url))``."""
+    if client is None:
+        client = Client(url) if url else Client()
+    dashboard = Dashboard(client, token, cron_entries, refresh)
+    routes = [
+        Route("/", _guard(dashboard.queues), name="queues"),
+        Route("/queue", _guard(dashboard.queue), name="queue"),
+        Route("/task", _guard(dashboard.task), name="task"),
+        Route("/nodes", _guard(dashboard.nodes), name="nodes"),
+        Route("/schedule", _guard(dashboard.schedule), name="schedule"),
+        Route("/metrics", dashboard.metrics, name="metrics"),
+        Route("/actions/{name}", _guard(dashboard.action), methods=["POST"], name="action"),
+        Mount("/static", StaticFiles(packages=[("blueque.web", "static")]), name="static"),
+    ]
+    app = Starlette(debug=debug, routes=routes)
+    app.state.dashboard = dashboard
+    return app

@@ -1,0 +1,40 @@
+"""``blueque dashboard``: serve the dashboard with uvicorn (loopback by default)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import uvicorn
+
+from blueque.client import Client
+from blueque.cron import CronEntry
+from blueque.web.app import create_app
+
+log = logging.getLogger("blueque.web")
+
+TOKEN_ENV = "BLUEQUE_DASHBOARD_TOKEN"  # also named in cli.py's help
+
+
+def read_token(path: str | None) -> str | None:
+    """The action token: from --token-file (never from the command line, where ``ps`` shows
+    it), else $BLUEQUE_DASHBOARD_TOKEN; None (read-only) when neither is set."""
+    if path:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+        if not token:
+            raise ValueError(f"the token file {path} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def serve(client: Client, args: argparse.Namespace, cron_entries: list[CronEntry]) -> int:
+    token = read_token(args.token_file)
+    app = create_app(client=client, token=token, cron_entries=cron_entries,
+                     refresh=args.refresh)
+    log.warning("dashboard on http://%s:%d/ (%s)", args.host, args.port,
+                "actions enabled with the token" if token else "read-only")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                proxy_headers=False, server_header=False)
+    return 0

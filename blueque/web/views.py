@@ -1,0 +1,237 @@
+"""What each dashboard page shows, read from Redis through the store: plain dicts and lists
+for the templates. Every read is a window (LRANGE/ZRANGE of one page, pipelined HGETALLs of
+that page's tasks) or O(1) per queue, so a page costs the same with ten tasks or a million."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from blueque import keys as k
+from blueque.cron import CronEntry
+from blueque.errors import BluequeError
+from blueque.metrics import oldest_pending_age
+from blueque.store import RedisStore
+
+#: Tasks per page of a queue's task list.
+PAGE_SIZE = 50
+#: Scheduled tasks shown per queue on the schedule page.
+SCHEDULED_SHOWN = 20
+#: Minutes of the queues page's throughput chart.
+CHART_MINUTES = 60
+#: States in the order a task moves through them.
+STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED)
+#: Task fields shown as dates.
+TIME_FIELDS = ("created", "updated", "eta", "started_at", "finished_at", "cancelled",
+               "cancel_requested", "pid_created")
+
+
+def number(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def progress_fraction(data: dict[str, str]) -> float | None:
+    value = number(data.get("progress"))
+    return None if value is None else min(1.0, max(0.0, value))
+
+
+def run_time(data: dict[str, str], at: float) -> float | None:
+    """Seconds the current attempt has run (started) or ran (finished)."""
+    started = number(data.get("started_at"))
+    if started is None or data.get("status") not in (k.STARTED, k.COMPLETE, k.FAILED):
+        return None
+    end = number(data.get("finished_at")) if data.get("status") != k.STARTED else None
+    return max(0.0, (end or at) - started)
+
+
+def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
+    error = data.get("error") or ""
+    return {
+        "id": task_id,
+        "data": data,
+        "status": data.get("status") or "(missing)",
+        "progress": progress_fraction(data),
+        "run_time": run_time(data, at),
+        "updated": number(data.get("updated")),
+        "eta": number(data.get("eta")),
+        "error_line": error.strip().splitlines()[-1] if error.strip() else "",
+    }
+
+
+# --- queues -----------------------------------------------------------------------------------
+def queues_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
+    """Every queue: counts per state, oldest pending age, outcomes per minute (last hour)."""
+    minute = int(at // 60 * 60)
+    minutes = [minute - 60 * n for n in range(CHART_MINUTES - 1, -1, -1)]
+    rows = []
+    for queue, _ in store.known_queues():
+        counts = store.counts(queue)
+        per_minute = store.outcomes_per_minute(queue, minutes)
+        bars = [{"minute": m, "complete": c.get("complete", 0),
+                 "failed": c.get("failed", 0) + c.get("cancelled", 0),
+                 "retry": c.get("retry", 0)} for m, c in zip(minutes, per_minute, strict=True)]
+        rows.append({
+            "name": queue,
+            "counts": {state: getattr(counts, state) for state in STATES},
+            "listeners": counts.listeners,
+            "oldest_pending_age": oldest_pending_age(store, queue, at),
+            "bars": bars,
+            "peak": max([1, *(b["complete"] + b["failed"] + b["retry"] for b in bars)]),
+            "last_hour": {name: sum(b[name] for b in bars)
+                          for name in ("complete", "failed", "retry")},
+            "last_minute": bars[-2]["complete"] + bars[-2]["failed"] if len(bars) > 1 else 0,
+        })
+    return rows
+
+
+# --- one queue's tasks ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Page:
+    number: int
+    size: int
+    total: int
+
+    @property
+    def start(self) -> int:
+        return (self.number - 1) * self.size
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.size - 1
+
+    @property
+    def pages(self) -> int:
+        return max(1, math.ceil(self.total / self.size))
+
+
+def page_ids(store: RedisStore, queue: str, state: str, page: Page) -> list[str]:
+    """One window of a state's ids: pending next-in-line first (the list's right end),
+    scheduled soonest first, finished newest first."""
+    if state == k.PENDING:
+        return store.task_ids(queue, state, -(page.stop + 1), -(page.start + 1))[::-1]
+    return store.task_ids(queue, state, page.start, page.stop)
+
+
+def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: str,
+               at: float) -> dict[str, Any]:
+    counts = store.counts(queue)
+    totals = {s: getattr(counts, s) for s in STATES}
+    if search:
+        data = store.task_data(search)
+        found = bool(data) and data.get("queue") == queue
+        rows = [task_row(search, data, at)] if found else []
+        page = Page(1, PAGE_SIZE, len(rows))
+    else:
+        page = Page(max(1, number_), PAGE_SIZE, totals[state])
+        ids = page_ids(store, queue, state, page) if page.start < page.total else []
+        rows = [task_row(i, d, at) for i, d in zip(ids, store.task_data_many(ids), strict=True)]
+    return {"queue": queue, "state": state, "totals": totals, "rows": rows, "page": page,
+            "search": search, "known": queue in dict(store.known_queues())}
+
+
+# --- one task ---------------------------------------------------------------------------------
+def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | None:
+    data = store.task_data(task_id)
+    if not data:
+        return None
+    fields = []
+    for name in sorted(data):
+        stamp = number(data[name]) if name in TIME_FIELDS else None
+        fields.append({"name": name, "value": data[name], "time": stamp})
+    row = task_row(task_id, data, at)
+    row.update(
+        fields=fields,
+        times={name: number(data.get(name)) for name in TIME_FIELDS},
+        attempts=data.get("attempts") or "0",
+        max_attempts=data.get("max_attempts") or "1",
+        error=data.get("error") or "",
+        last_error=data.get("last_error") or "",
+        result=data.get("result"),
+        parameters=data.get("parameters") or "",
+        queue=data.get("queue") or "",
+        node=data.get("node") or "",
+        cancelled=bool(data.get("cancelled")),
+        cancel_requested=bool(data.get("cancel_requested")),
+    )
+    return row
+
+
+# --- nodes and listeners ----------------------------------------------------------------------
+def nodes_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
+    """Every listener of every queue: host, pid, leases left, slots, and the tasks it runs."""
+    server_now = store.server_time()
+    listeners: dict[str, dict[str, Any]] = {}
+    running: dict[str, list[tuple[str, str, str]]] = {}
+    for queue, _ in store.known_queues():
+        leases = store.leases(queue)
+        for listener in sorted(store.listener_ids(queue) | set(leases)):
+            entry = listeners.setdefault(listener, {"id": listener, "leases": [], "tasks": []})
+            deadline = leases.get(listener)
+            entry["leases"].append({
+                "queue": queue,
+                "left": None if deadline is None else deadline / 1000 - server_now,
+            })
+        for listener, pid, task_id in store.started_entries(queue):
+            running.setdefault(listener, []).append((queue, pid, task_id))
+            listeners.setdefault(listener, {"id": listener, "leases": [], "tasks": []})
+    ordered = sorted(listeners)
+    for listener, info in zip(ordered, store.listener_infos(ordered), strict=True):
+        entry = listeners[listener]
+        entry["info"] = info
+        entry["host"] = info.get("host") or listener.rpartition("_")[0]
+        entry["pid"] = info.get("pid") or listener.rpartition("_")[2]
+        entry["busy"] = info.get("busy")
+        entry["slots"] = info.get("concurrency")
+        entry["renewed"] = number(info.get("renewed") or info.get("started"))
+        tasks = running.get(listener, [])
+        datas = store.task_data_many([task_id for _, _, task_id in tasks])
+        entry["tasks"] = [dict(task_row(task_id, data, at), queue=queue, pid=pid)
+                          for (queue, pid, task_id), data in zip(tasks, datas, strict=True)]
+        expired = [lease["left"] for lease in entry["leases"]
+                   if lease["left"] is not None and lease["left"] < 0]
+        entry["state"] = "expired" if expired else ("gone" if not info else "alive")
+    return [listeners[listener] for listener in ordered]
+
+
+# --- scheduled tasks and cron entries ---------------------------------------------------------
+def schedule_page(store: RedisStore, entries: Sequence[CronEntry], at: float
+                  ) -> dict[str, Any]:
+    queues = []
+    for queue, _ in store.known_queues():
+        window = store.scheduled_window(queue, 0, SCHEDULED_SHOWN - 1)
+        if not window:
+            continue
+        ids = [task_id for task_id, _ in window]
+        rows = []
+        for (task_id, eta), data in zip(window, store.task_data_many(ids), strict=True):
+            rows.append(dict(task_row(task_id, data, at), eta=eta))
+        queues.append({"name": queue, "total": store.counts(queue).scheduled, "rows": rows})
+    return {"queues": queues, "cron": cron_rows(store, entries, at)}
+
+
+def cron_rows(store: RedisStore, entries: Sequence[CronEntry], at: float
+              ) -> list[dict[str, Any]]:
+    """Entries given to the dashboard (the scheduler's --cron/--cron-file) with their next
+    tick, and names found only in blueque_cron (last tick fired, no definition here)."""
+    ticks = store.cron_ticks()
+    rows = []
+    for entry in entries:
+        last = number(ticks.get(entry.name))
+        try:
+            upcoming = entry.next_tick(last if last is not None and last > at - 86400 else at)
+        except (BluequeError, ValueError):
+            upcoming = None
+        rows.append({"name": entry.name, "cron": entry.cron, "queue": entry.queue,
+                     "timezone": entry.timezone or "UTC", "last": last, "next": upcoming,
+                     "next_task": entry.task_id(upcoming) if upcoming else ""})
+    defined = {entry.name for entry in entries}
+    for name in sorted(set(ticks) - defined):
+        rows.append({"name": name, "cron": "", "queue": "", "timezone": "",
+                     "last": number(ticks[name]), "next": None, "next_task": ""})
+    return rows
