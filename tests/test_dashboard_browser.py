@@ -1,0 +1,200 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright, against the private
+redis-server, real `blueque listen` daemons and a real `blueque dashboard` process.
+
+Screenshots of every scenario are saved under the test's tmp path (``screenshots/``; the path
+is printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/dashboard.png for the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import redis
+
+import blueque
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.dashboard import ROOT, DashboardProcess
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TOKEN = "browser-test-token"
+FAST = ("--interval", "0.5", "--poll", "0.1")
+
+
+def chromium_path() -> str:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise AssertionError("Debian's chromium is not installed: run ./dev setup")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    directory = tmp_path / "screenshots"
+    directory.mkdir()
+    print(f"screenshots in {directory}")
+    return directory
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1360, "height": 860})
+    opened = context.new_page()
+    opened.on("dialog", lambda dialog: dialog.accept())  # the confirm() before an action
+    yield opened
+    context.close()
+
+
+@pytest.fixture
+def dashboard(redis_url: str, redis_client: redis.Redis, tmp_path: Path
+              ) -> Iterator[DashboardProcess]:
+    process = DashboardProcess(redis_url, tmp_path / "dashboard.log", token=TOKEN)
+    yield process
+    process.close()
+
+
+@pytest.fixture
+def listen(redis_url: str, tmp_path: Path) -> Iterator[Any]:
+    with daemons(tmp_path) as started:
+        def start(queue: str, function: str, *options: str) -> Daemon:
+            daemon = Daemon(listen_command(redis_url, queue, function, *FAST, *options),
+                            tmp_path / f"listener{len(started)}.log")
+            started.append(daemon)
+            return daemon
+
+        yield start
+
+
+def progress_value(page: Any) -> float:
+    return float(page.locator("#progress").get_attribute("value") or "0")
+
+
+def test_running_progress_advances_without_reload(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path, tmp_path: Path) -> None:
+    listen("work", "tests.jobs:steps", "--concurrency", "2")
+    release = tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(
+        json.dumps({"interval": 0.4, "release": str(release)}))
+    wait_until(lambda: (client.get_task(task_id).progress or 0) > 0, what="first progress")
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    page.evaluate("window.notReloaded = true")
+    first = progress_value(page)
+    wait_until(lambda: progress_value(page) > first + 0.1, timeout=20,
+               what="the progress bar to advance")
+    assert page.evaluate("window.notReloaded") is True  # updated in place, not reloaded
+    assert "step" in page.locator("#progress-message").inner_text()
+    page.screenshot(path=str(shots / "task-running.png"), full_page=True)
+    page.goto(f"{dashboard.url}/nodes")
+    row = page.locator(f'tr[data-task="{task_id}"]')
+    assert row.count() == 1
+    wait_until(lambda: page.locator(".slots").first.inner_text() == "1/2",
+               what="busy/total slots as the listener last renewed")
+    page.screenshot(path=str(shots / "nodes.png"), full_page=True)
+    release.touch()
+    client.get_task(task_id).wait(20)
+
+
+def test_failed_task_shows_its_traceback(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path) -> None:
+    listen("work", "tests.jobs:explode")
+    task_id = client.get_queue("work").enqueue('{"input": 1}')
+    client.get_task(task_id).wait(20)
+    assert client.get_task(task_id).status == "failed"
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    error = page.locator("#error").inner_text()
+    assert "Traceback (most recent call last)" in error
+    assert "in parse" in error and "ValueError: invalid literal for int()" in error
+    assert page.locator("#status").inner_text() == "failed"
+    page.screenshot(path=str(shots / "task-failed.png"), full_page=True)
+
+
+def test_cancel_through_the_page_needs_the_token(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path, tmp_path: Path) -> None:
+    listen("work", "tests.jobs:steps")
+    task_id = client.get_queue("work").enqueue(
+        json.dumps({"interval": 5, "release": str(tmp_path / "never")}))
+    wait_until(lambda: client.get_task(task_id).status == "started", what="started")
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    page.locator("#cancel").click()  # no token typed yet
+    message = page.locator("#message")
+    wait_until(lambda: message.is_visible(), what="the refusal")
+    assert "valid token is required" in message.inner_text()
+    assert client.get_task(task_id).status == "started"
+    page.screenshot(path=str(shots / "cancel-refused.png"), full_page=True)
+    page.locator("#token").fill(TOKEN)
+    page.locator("#cancel").click()
+    wait_until(lambda: client.get_task(task_id).status == "failed", timeout=20,
+               what="the cancelled run to be recorded")
+    assert client.get_task(task_id).cancelled
+    wait_until(lambda: page.locator("#status").inner_text() == "failed", timeout=10,
+               what="the page to show the cancel without a reload")
+    assert "told to stop it" in message.inner_text()
+    page.screenshot(path=str(shots / "cancelled.png"), full_page=True)
+
+
+def test_xss_payload_in_parameters_renders_as_text(
+        client: blueque.Client, dashboard: DashboardProcess, page: Any, shots: Path) -> None:
+    payload = ('<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
+               '"><svg onload="window.pwned = 3">')
+    task_id = client.get_queue("evil<q>").enqueue(payload, task_id='id"><b>x</b>')
+    task_page = f"/task?{urlencode({'id': task_id})}"
+    for path in (task_page, f"/queue?{urlencode({'name': 'evil<q>'})}", "/"):
+        page.goto(dashboard.url + path)
+        page.wait_for_timeout(700)  # two live refreshes go by: they must not run it either
+        assert page.evaluate("typeof window.pwned") == "undefined", path
+    page.goto(dashboard.url + task_page)
+    assert page.locator("#parameters").inner_text() == payload
+    assert page.locator("#task-id").inner_text() == task_id
+    page.screenshot(path=str(shots / "xss-as-text.png"), full_page=True)
+
+
+def test_queues_overview_screenshot(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path, tmp_path: Path) -> None:
+    """The overview with work in every state; its screenshot is the README's."""
+    listen("documents", "tests.jobs:steps", "--concurrency", "2")
+    listen("reports", "tests.jobs:explode")
+    documents = client.get_queue("documents")
+    for n in range(6):
+        documents.enqueue(json.dumps({"interval": 0.05}), task_id=f"doc-{n}")
+    for n in range(3):
+        client.get_queue("reports").enqueue(json.dumps({"n": n}))
+    wait_until(lambda: documents.stats().complete >= 6, timeout=30, what="documents done")
+    long_ones = [documents.enqueue(json.dumps({"interval": 2, "release": str(tmp_path / "r")}))
+                 for _ in range(2)]
+    for n in range(4):
+        documents.enqueue(json.dumps({"interval": 2}), task_id=f"waiting-{n}")
+    documents.schedule("{}", time.time() + 3600, task_id="tonight")
+    wait_until(lambda: all(client.get_task(i).status == "started" for i in long_ones),
+               what="two running")
+    page.goto(dashboard.url + "/")
+    wait_until(lambda: page.locator('tr[data-queue="documents"]').count() == 1,
+               what="the documents row")
+    assert page.locator('tr[data-queue="reports"] td.state-failed').inner_text() == "3"
+    target = shots / "queues.png"
+    page.screenshot(path=str(target), full_page=True)
+    if os.environ.get("BLUEQUE_README_SCREENSHOT") == "1":
+        shutil.copy(target, ROOT / "docs" / "dashboard.png")
+    (tmp_path / "r").touch()
