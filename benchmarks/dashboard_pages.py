@@ -1,0 +1,158 @@
+"""How long each dashboard page takes with 10,000 tasks per queue and state.
+
+    python -m benchmarks.dashboard_pages                # 3 queues x 10,000 per state
+    python -m benchmarks.dashboard_pages --smoke        # seconds: proves it runs
+
+Starts a private redis-server on a free loopback port, fills each queue through Blueque's own
+operations (enqueue_many, then reserve/start/finish for the finished ones) with N pending, N
+complete, N failed, N/10 scheduled tasks and a few running ones held by a registered listener,
+starts a real `blueque dashboard` process, and times full HTTP requests of every page from
+this process (server rendering + transfer; no browser). Prints median, p95 and max per page in
+milliseconds. Asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlencode
+
+import blueque
+from blueque import keys as k
+from blueque.testing import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNNING = 8  # tasks per queue left started, held by one registered listener
+
+
+def fill(client: blueque.Client, queue_name: str, per_state: int) -> list[str]:
+    """per_state pending, complete and failed tasks, per_state/10 scheduled, RUNNING started."""
+    queue = client.get_queue(queue_name)
+    params = json.dumps({"document": "x" * 200, "pages": list(range(20))})
+    finished = per_state * 2 + RUNNING
+    queue.enqueue_many([params] * finished)
+    listener = client.get_listener(queue_name)
+    running = []
+    for n in range(finished):
+        task = listener.reserve()
+        assert task is not None
+        processor = client.get_processor(task)
+        processor.start(100_000 + n)
+        if n < per_state:
+            processor.complete(json.dumps({"pages": 20, "ok": True}))
+        elif n < 2 * per_state:
+            processor.fail("Traceback (most recent call last):\n  File \"job.py\", line 3\n"
+                           "ValueError: page 7 is unreadable")
+        else:
+            processor.progress(0.5, "half way")
+            running.append(task.id)
+    queue.enqueue_many([params] * per_state)
+    now = time.time()
+    for n in range(per_state // 10):
+        queue.schedule(params, now + 60 + n)
+    return running
+
+
+def start_dashboard(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "ab") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "blueque.cli", "dashboard", "--url", url, "--port",
+             str(port), "--cron", "nightly=0 3 * * *:queue0"],
+            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5):
+                return process
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise SystemExit(f"the dashboard did not start: see {log}") from None
+            time.sleep(0.1)
+
+
+def timed(url: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as response:
+        size = len(response.read())
+        assert response.status == 200, url
+    return (time.perf_counter() - started) * 1000, size
+
+
+def pages(queues: int, per_state: int, running: str, some_failed: str) -> list[str]:
+    last = max(1, -(-per_state // 50))
+    return [
+        "/",
+        "/nodes",
+        "/schedule",
+        "/metrics",
+        "/queue?" + urlencode({"name": "queue0", "state": "pending"}),
+        "/queue?" + urlencode({"name": "queue0", "state": "pending", "page": last}),
+        "/queue?" + urlencode({"name": "queue0", "state": "complete", "page": last // 2}),
+        "/queue?" + urlencode({"name": "queue0", "state": "failed"}),
+        "/queue?" + urlencode({"name": "queue0", "state": "scheduled"}),
+        "/queue?" + urlencode({"name": "queue0", "state": "started"}),
+        "/queue?" + urlencode({"name": "queue0", "id": some_failed}),
+        "/task?" + urlencode({"id": running}),
+        "/task?" + urlencode({"id": some_failed}),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--queues", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=10_000, help="per queue and state")
+    parser.add_argument("--repeat", type=int, default=30, help="requests per page")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: proves it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.queues, args.tasks, args.repeat = 2, 60, 2
+    with RedisServer() as server:
+        client = blueque.Client(server.url)
+        started = time.monotonic()
+        running = []
+        for n in range(args.queues):
+            running += fill(client, f"queue{n}", args.tasks)
+        some_failed = client.get_queue("queue0").task_ids(k.FAILED, 5, 5)[0]
+        print(f"filled {args.queues} queue(s) x ({args.tasks} pending, complete, failed; "
+              f"{args.tasks // 10} scheduled; {RUNNING} started) in "
+              f"{time.monotonic() - started:.0f} s")
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"dashboard-bench-{os.getpid()}.log"
+        port = _free_port()
+        process = start_dashboard(server.url, port, log)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            print(f"{'page':<58} {'median':>8} {'p95':>8} {'max':>8} {'bytes':>8}")
+            worst = 0.0
+            for page in pages(args.queues, args.tasks, running[0], some_failed):
+                timed(base + page)  # warm: template compiled, scripts loaded
+                figures = [timed(base + page) for _ in range(args.repeat)]
+                times = sorted(ms for ms, _ in figures)
+                p95 = times[min(len(times) - 1, int(len(times) * 0.95))]
+                worst = max(worst, times[-1])
+                print(f"{page[:58]:<58} {statistics.median(times):8.1f} {p95:8.1f} "
+                      f"{times[-1]:8.1f} {figures[-1][1]:8d}")
+            print(f"slowest single request: {worst:.1f} ms")
+        finally:
+            process.terminate()
+            process.wait(10)
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
