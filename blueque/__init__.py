@@ -2,6 +2,7 @@
 
 from blueque.client import Client
 from blueque.errors import (
+    AuthenticationFailed,
     BluequeError,
     CallbackError,
     ConfigurationError,
@@ -10,11 +11,13 @@ from blueque.errors import (
     RedisUnavailable,
     StaleAttempt,
     TaskNotFound,
+    UnsupportedServer,
 )
 from blueque.queue import BulkEnqueue, Queue, QueueStats
 from blueque.task import Task
 
 __all__ = [
+    "AuthenticationFailed",
     "BluequeError",
     "BulkEnqueue",
     "CallbackError",
@@ -28,4 +31,5 @@ __all__ = [
     "StaleAttempt",
     "Task",
     "TaskNotFound",
+    "UnsupportedServer",
 ]

@@ -60,7 +60,10 @@ def import_function(spec: str) -> TaskFunction:
     for part in attribute.split("."):
         target = getattr(target, part, None)
         if target is None:
-            raise CallbackError(f"module {module_name!r} has no attribute {attribute!r}")
+            raise CallbackError(
+                f"module {module_name!r} has no attribute {attribute!r} for task function "
+                f"{spec!r}"
+            )
     if not callable(target):
         raise CallbackError(f"{spec!r} is not callable")
     return target  # type: ignore[no-any-return]

@@ -27,6 +27,7 @@ from blueque.display import (
     last_line,
     parse_duration,
     parse_eta,
+    positive_seconds,
     shorten,
     table,
 )
@@ -86,7 +87,7 @@ def connect(args: argparse.Namespace, ping: bool = True) -> Client:
     """A client for --url (else $BLUEQUE_URL, else redis://localhost:6379/0), checked with a
     PING so that an unreachable Redis is reported at once (exit 3). Daemons skip the PING:
     they retry with backoff until Redis is there (a listener started before its Redis)."""
-    url = args.url or default_url()
+    url = default_url() if args.url is None else args.url  # --url '' is a mistake, not "default"
     kwargs: dict[str, Any] = {}
     if urlsplit(url).scheme.lower() in ("redis", "rediss", "unix"):
         kwargs["socket_connect_timeout"] = 5.0
@@ -488,10 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--cron-file", action="append", default=[], metavar="FILE",
                      help="periodic tasks from a .toml or .json file; repeatable")
     sub.add_argument("--timezone", help="IANA time zone of the --cron entries (default UTC)")
-    sub.add_argument("--interval", type=float, default=1.0, help="seconds between steps")
-    sub.add_argument("--recovery-interval", type=float, default=2.0,
+    sub.add_argument("--interval", type=positive_seconds, default=1.0, help="seconds between steps")
+    sub.add_argument("--recovery-interval", type=positive_seconds, default=2.0,
                      help="seconds between recovery sweeps (default 2)")
-    sub.add_argument("--purge-interval", type=float, default=60.0,
+    sub.add_argument("--purge-interval", type=positive_seconds, default=60.0,
                      help="seconds between purges of results past result_ttl (default 60)")
     sub.add_argument("--once", action="store_true", help="run one step and exit")
     sub.add_argument("--log-format", choices=("text", "json"), default="text")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,33 @@ def _describe(url: str) -> str:
     return url
 
 
+def _accepted_options(connection_class: type) -> set[str]:
+    """Keyword arguments a redis-py connection (and its pool) take: what a URL query may set."""
+    names: set[str] = set()
+    for cls in (*connection_class.__mro__, redis.ConnectionPool):
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            names.update(inspect.signature(init).parameters)
+    return names - {"self", "args", "kwargs"}
+
+
+def _check_query(url: str) -> None:
+    """redis-py passes unknown query options on to the connection, which fails with a
+    TypeError at the first command; refuse them here, with the ones that exist."""
+    try:
+        options: dict[str, Any] = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise ConfigurationError(f"bad Redis URL {_describe(url)!r}: {error}") from error
+    accepted = _accepted_options(options.pop("connection_class", redis.Connection))
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(unknown)} in Redis URL {_describe(url)!r}: a query "
+            "may set redis-py connection options such as db, socket_timeout, "
+            "socket_connect_timeout, health_check_interval, client_name or protocol"
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where Redis is and how to talk to it. ``from_url`` checks the URL up front."""
@@ -63,6 +91,11 @@ class Settings:
 
     @classmethod
     def from_url(cls, url: str | None = None, **redis_kwargs: Any) -> Settings:
+        if url is not None and not url.strip():
+            raise ConfigurationError(
+                "empty Redis URL: give one such as redis://localhost:6379/0, or leave it out "
+                f"to use ${URL_ENVIRONMENT_VARIABLE} (else {DEFAULT_URL})"
+            )
         url = url or default_url()
         if is_ha_url(url):
             options = {n: redis_kwargs.pop(n) for n in HA_OPTIONS if n in redis_kwargs}
@@ -94,6 +127,7 @@ class Settings:
                 )
         elif not parts.path:
             raise ConfigurationError(f"no socket path in Redis URL {_describe(url)!r}")
+        _check_query(url)
         return cls(url=url, redis_kwargs=dict(redis_kwargs))
 
     def retry_policy(self) -> RetryPolicy | None:

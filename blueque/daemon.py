@@ -15,6 +15,7 @@ import os
 import random
 import select
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -31,7 +32,14 @@ from blueque.child import (
     run_child,
 )
 from blueque.client import Client
-from blueque.errors import BluequeError, CallbackError, InvalidTaskState, RedisUnavailable
+from blueque.display import positive_seconds
+from blueque.errors import (
+    BluequeError,
+    CallbackError,
+    ConfigurationError,
+    InvalidTaskState,
+    RedisUnavailable,
+)
 from blueque.listener import Listener, hostname, listener_id
 from blueque.logs import configure as configure_logs
 from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
@@ -112,6 +120,10 @@ class ListenerDaemon:
             raise BluequeError(f"concurrency must be at least 1, not {concurrency}")
         if on_stop not in ON_STOP:
             raise BluequeError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
+        if not interval > 0 or not poll > 0:
+            raise ConfigurationError(
+                f"interval and poll must be more than 0 seconds, not {interval!r} and {poll!r}"
+            )
         self.client = client
         self.store = client.store
         self.weights = dict(queues)
@@ -148,22 +160,13 @@ class ListenerDaemon:
         self.metrics: ListenerMetrics | None = None  # blueque listen --metrics-port
 
     # --- lifecycle --------------------------------------------------------------------------
-    def _load_function(self) -> None:
-        if self.function is None and self.function_spec is not None:
-            try:
-                self.function = import_function(self.function_spec)
-            except CallbackError as error:
-                log.error("%s; every task this listener takes will fail until it is fixed", error)
-
-    def _task_function(self) -> TaskFunction:
-        if self.function is not None:
-            return self.function
-        spec = self.function_spec or ""
-
-        def unimportable(task: Task) -> object:
-            return import_function(spec)(task)  # raises CallbackError with the reason
-
-        return unimportable
+    def load_function(self) -> TaskFunction:
+        """Import the task function in the parent, before listening: children inherit it, and
+        a spec that cannot be imported stops the listener at start (CallbackError) instead of
+        failing every task it would take."""
+        if self.function is None:
+            self.function = import_function(self.function_spec or "")
+        return self.function
 
     def install_signals(self) -> None:
         """Taken for the life of run(); _finish gives them back (ForkingRunner runs in-process)."""
@@ -195,6 +198,7 @@ class ListenerDaemon:
             "started": repr(now()),
         }
         self._info = info
+        self.store.check_server()
         self.store.write_listener_info(self.id, info, int(self.interval * 3) + 1)
         for queue in self.weights:
             self.store.add_listener(queue, self.id)
@@ -212,8 +216,8 @@ class ListenerDaemon:
         self._registered = False
 
     def run(self) -> int:
+        self.load_function()
         self.install_signals()
-        self._load_function()
         self._start_subscriber()
         try:
             while True:
@@ -311,7 +315,7 @@ class ListenerDaemon:
     def _fork(self, task: Task) -> bool:
         queue = task.queue or ""
         policy = Policy.resolve(task.data, self.store.queue_config(queue))
-        function = self._task_function()
+        function = self.load_function()
         try:
             with self._pool_lock():
                 pid = os.fork()
@@ -608,10 +612,10 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
                         help="on SIGTERM: keep children running for the next listener to "
                              "adopt (default), drain (wait for them), or terminate them")
-    parser.add_argument("--interval", type=float, default=10.0,
+    parser.add_argument("--interval", type=positive_seconds, default=10.0,
                         help="lease renewal and recovery sweep interval in seconds (a dead "
                              "listener is recovered within 3 intervals; default 10)")
-    parser.add_argument("--poll", type=float, default=1.0,
+    parser.add_argument("--poll", type=positive_seconds, default=1.0,
                         help="fallback poll for enqueues that publish nothing, such as "
                              "blueque 1.0.1's (seconds, default 1)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
@@ -627,10 +631,22 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_listen(args: argparse.Namespace, client: Client) -> int:
     configure_logs(args.log_format, args.log_level)
+    # as `python -m` does (and RQ and Celery): the current directory's packages are importable
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     daemon = ListenerDaemon(
         client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
     )
+    try:
+        daemon.load_function()
+    except CallbackError as error:
+        raise ConfigurationError(
+            f"{error}. The listener imports it before taking any task: check the spelling "
+            "(package.module:function), and run `blueque listen` from the directory that holds "
+            "the package, add that directory to PYTHONPATH, or install the package into this "
+            f"Python ({sys.executable})"
+        ) from error
     server: MetricsServer | None = None
     if args.metrics_port is not None:
         daemon.metrics = ListenerMetrics(client.store, daemon.id, daemon.concurrency,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -23,6 +25,20 @@ def parse_duration(text: str) -> float:
             "(e.g. 90, 15m, 2h, 7d)"
         )
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type for intervals: a number of seconds above 0. Zero or less would make a
+    daemon spin (and a listener declare itself dead at once), so it is a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 (such as 0.5 or 10), not {text!r}"
+        )
+    return value
 
 
 def parse_eta(text: str) -> float:

@@ -43,3 +43,11 @@ class CorruptTask(BluequeError):
 
 class CallbackError(BluequeError):
     """A task function named as ``package.module:function`` cannot be imported or called."""
+
+
+class AuthenticationFailed(ConfigurationError):
+    """Redis refused the URL's user name or password (never retried: waiting cannot fix it)."""
+
+
+class UnsupportedServer(ConfigurationError):
+    """The server is not a Redis Blueque can use: not Redis at all, or older than 6.2."""

@@ -27,7 +27,7 @@ from typing import Protocol
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry, check_unique
-from blueque.errors import BluequeError, RedisUnavailable
+from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
 
 log = logging.getLogger("blueque.scheduler")
@@ -81,6 +81,11 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] | None = None,
     ) -> None:
+        if not min(interval, recovery_interval, purge_interval) > 0:
+            raise ConfigurationError(
+                "the scheduler's intervals must be more than 0 seconds, not "
+                f"{interval!r}, {recovery_interval!r}, {purge_interval!r}"
+            )
         self.client = client
         self.cron_entries = check_unique(cron_entries)
         self.interval = interval
@@ -124,6 +129,7 @@ class Scheduler:
         """One step. A queue or entry whose data is bad is logged and skipped; an unreachable
         Redis raises RedisUnavailable (run() retries with backoff)."""
         report = StepReport()
+        self.client.store.check_server()
         queues = self.client.queue_names()
         for queue in queues:
             self._guard(report, f"due tasks of {queue}", self._move_due, queue, report)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -19,15 +20,20 @@ from redis.commands.core import Script
 
 from blueque import keys as k
 from blueque.errors import (
+    AuthenticationFailed,
     BluequeError,
+    ConfigurationError,
     InvalidTaskState,
     RedisUnavailable,
     StaleAttempt,
     TaskNotFound,
+    UnsupportedServer,
 )
 
 T = TypeVar("T")
 
+#: The oldest server Blueque runs on: LMOVE and BLMOVE (the reserve step) came with Redis 6.2.
+MIN_REDIS_VERSION = (6, 2)
 #: How far delete.lua looks from each end of a finished list before a full LREM.
 DELETE_WINDOW = 512
 #: Tasks per submit_many call: keeps each script call short so Redis stays responsive.
@@ -50,25 +56,70 @@ def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
     def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> T:
         try:
             return self.retry.call(lambda: method(self, *args, **kwargs))
-        except redis.exceptions.ResponseError as error:
-            raise _protocol_error(error) from error
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
-            raise RedisUnavailable(
-                f"Redis at {self.where} is unreachable ({error}); check the URL and that "
-                "redis-server is running"
-            ) from error
+        except redis.exceptions.RedisError as error:
+            raise translate(error, self.where) from error
 
     return wrapper
 
 
-def _protocol_error(error: redis.exceptions.ResponseError) -> BluequeError:
+def translate(error: redis.exceptions.RedisError, where: str) -> BluequeError:
+    """The Blueque error for a redis-py error: refusals, bad credentials or URLs, servers that
+    are not (a recent enough) Redis, and unreachable ones each get their own."""
+    if isinstance(error, redis.exceptions.AuthenticationError):
+        return AuthenticationFailed(
+            f"authentication failed at Redis {where} ({error}): check the user name and "
+            "password in the URL (redis://user:password@host:port/db)"
+        )
+    if isinstance(error, redis.exceptions.ResponseError):
+        return _protocol_error(error, where)
+    if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return RedisUnavailable(
+            f"Redis at {where} is unreachable ({error}); check the URL and that "
+            "redis-server is running"
+        )
+    if isinstance(error, redis.exceptions.InvalidResponse):
+        return UnsupportedServer(
+            f"the server at {where} does not speak the Redis protocol ({error}): check the "
+            "URL's host and port"
+        )
+    return BluequeError(f"Redis client error at {where}: {type(error).__name__}: {error}")
+
+
+def _protocol_error(error: redis.exceptions.ResponseError, where: str = "?") -> BluequeError:
     text = str(error)
     for marker, kind in (("BLUEQUE_STALE ", StaleAttempt), ("BLUEQUE_STATE ", InvalidTaskState)):
         if marker in text:
             return kind(text.split(marker, 1)[1].split("\n")[0].rstrip(". "))
     if "BLUEQUE_MISSING " in text:
         return TaskNotFound(text.split("BLUEQUE_MISSING task ", 1)[1].split(" ")[0])
+    if "DB index is out of range" in text:
+        return ConfigurationError(
+            f"the database number in the URL does not exist on Redis {where} ({text}): use "
+            "one below its 'databases' setting (16 by default: /0 to /15)"
+        )
+    unknown = _UNKNOWN_COMMAND.search(text)
+    command = unknown.group(1).lower() if unknown else ""
+    if command == "sentinel":
+        return ConfigurationError(
+            f"a server in the Sentinel URL (for {where}) is not a Redis Sentinel ({text}): use "
+            "redis://host:port/db for a plain Redis server, or the sentinels' ports (26379 by "
+            "default) in a redis+sentinel:// URL"
+        )
+    if command in ("hello", "lmove", "blmove"):
+        return _too_old(where, text)
     return BluequeError(f"Redis refused a Blueque command: {text}")
+
+
+#: Redis 6+ quotes an unknown command with '', Redis 5 and older with ``.
+_UNKNOWN_COMMAND = re.compile(r"unknown command [`']([^`']*)[`']", re.IGNORECASE)
+
+
+def _too_old(where: str, detail: str) -> UnsupportedServer:
+    wanted = ".".join(map(str, MIN_REDIS_VERSION))
+    return UnsupportedServer(
+        f"Redis at {where} is too old for Blueque ({detail}): Blueque needs Redis {wanted} or "
+        "later (it reserves tasks with LMOVE/BLMOVE); upgrade the server"
+    )
 
 
 class NoRetry:
@@ -117,6 +168,7 @@ class RedisStore:
         #: blueque.ha.Durability: enqueues, starts and outcomes wait for replicas (WAIT)
         self.durability = durability
         self._scripts: dict[str, Script] = {}
+        self._server_checked = False
 
     @property
     def where(self) -> str:
@@ -640,13 +692,29 @@ class RedisStore:
         return self.redis.pubsub(ignore_subscribe_messages=True)
 
     def ping(self) -> None:
+        """PING, then check the server once (check_server): RedisUnavailable,
+        AuthenticationFailed, ConfigurationError or UnsupportedServer say what is wrong."""
         try:
             self.redis.ping()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
-            raise RedisUnavailable(
-                f"Redis at {self.where} is unreachable ({error}); check the URL and that "
-                "redis-server is running"
-            ) from error
+        except redis.exceptions.RedisError as error:
+            raise translate(error, self.where) from error
+        self.check_server()
+
+    def check_server(self) -> None:
+        """Once per store: refuse a server older than MIN_REDIS_VERSION with a clear error
+        (INFO server), rather than failing at the first reserve."""
+        if self._server_checked:
+            return
+        try:
+            info = self.redis.info("server")
+        except redis.exceptions.RedisError as error:
+            raise translate(error, self.where) from error
+        if isinstance(info, dict) and isinstance(info.get("redis_version"), str):
+            version = info["redis_version"]
+            numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+            if numbers < MIN_REDIS_VERSION:
+                raise _too_old(self.where, f"it runs Redis {version}")
+        self._server_checked = True
 
 
 def now() -> float:

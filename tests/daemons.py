@@ -25,12 +25,12 @@ def listen_command(url: str, queues: str, function: str, *options: str) -> list[
 class Daemon:
     """One listener daemon process; ``kill()`` SIGKILLs it, ``stop()`` sends SIGTERM."""
 
-    def __init__(self, command: Sequence[str], log_path: Path) -> None:
+    def __init__(self, command: Sequence[str], log_path: Path, cwd: Path = ROOT) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            list(command), cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            list(command), cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
 

@@ -77,13 +77,11 @@ def test_function_raising_is_recorded_and_daemon_keeps_running(client, start):  
     assert daemon.alive()
 
 
-def test_unimportable_function_fails_tasks_with_clear_error(client, start):  # type: ignore[no-untyped-def]
+def test_unimportable_function_stops_the_listener_at_start(client, start):  # type: ignore[no-untyped-def]
     daemon = start("work", "tests.no_such_module:run")
-    task = client.get_task(client.get_queue("work").enqueue("{}")).wait(20)
-    assert task.status == "failed"
-    assert "cannot import module 'tests.no_such_module'" in task.error
-    assert daemon.alive()
-    assert "every task this listener takes will fail" in daemon.log()
+    assert daemon.process.wait(20) == 2
+    assert "cannot import module 'tests.no_such_module'" in daemon.log()
+    assert client.get_queue("work").stats().listeners == 0
 
 
 @pytest.mark.parametrize(

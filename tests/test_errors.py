@@ -140,7 +140,7 @@ def test_password_and_acl_user_in_the_url() -> None:
                 client.close()
         wrong = blueque.Client(f"redis://alice:wrong@127.0.0.1:{server.port}/0")
         try:
-            with pytest.raises(RedisUnavailable, match=str(server.port)) as raised:
+            with pytest.raises(blueque.AuthenticationFailed, match=str(server.port)) as raised:
                 wrong.get_queue("q").enqueue("p")
             assert "wrong" not in str(raised.value)
         finally:

@@ -1,0 +1,180 @@
+"""Operator and programmer mistakes get a clear error and an exit code, never silent damage or
+a traceback (issue 9 §4). Every command runs as a real process against real servers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import blueque
+from blueque.keys import Keys
+from blueque.testing import RedisServer, free_port
+from tests.daemons import Daemon, daemons, listen_command
+from tests.fake_servers import FakeServer, old_redis
+from tests.test_cli import ROOT, cli, environment
+
+KEYS = Keys()
+FAST = ("--interval", "0.5", "--poll", "0.1")
+
+
+def refused(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    """The command exited with ``code`` and one `blueque: error:` line, no traceback."""
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("blueque: error: "), done.stderr
+    for word in words:
+        assert word in done.stderr, done.stderr
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[Daemon]]:
+    with daemons(tmp_path) as running:
+        yield running
+
+
+# --- intervals --------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+@pytest.mark.parametrize("daemon", ["listen", "scheduler"])
+def test_zero_or_negative_interval_is_a_usage_error(redis_url: str, redis_client: redis.Redis,
+                                                      daemon: str, value: str) -> None:
+    arguments = ["listen", "work", "tests.jobs:echo"] if daemon == "listen" else ["scheduler"]
+    done = cli(redis_url, *arguments, f"--interval={value}")
+    assert done.returncode == 2, done.stderr
+    assert "must be a number of seconds above 0" in done.stderr
+    assert redis_client.zcard(KEYS.queues()) == 0  # it never registered
+
+
+def test_interval_is_checked_by_the_library_too(client: blueque.Client) -> None:
+    from blueque.daemon import ListenerDaemon
+    from blueque.scheduler import Scheduler
+
+    with pytest.raises(blueque.ConfigurationError, match="more than 0"):
+        ListenerDaemon(client, {"work": 1}, "tests.jobs:echo", interval=0)
+    with pytest.raises(blueque.ConfigurationError, match="more than 0"):
+        Scheduler(client, interval=-1)
+
+
+# --- the task function ------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", ["tests.no_such_module:run", "tests.jobs:no_such_function",
+                                  "no_colon_here"])
+def test_listener_with_unimportable_function_exits_at_start(
+        redis_url: str, redis_client: redis.Redis, spec: str) -> None:
+    redis_client.lpush(KEYS.pending("work"), "waiting")  # would be taken and failed before
+    done = cli(redis_url, "listen", "work", spec, *FAST)
+    refused(done, 2, spec, "PYTHONPATH", "package.module:function")
+    assert redis_client.exists(KEYS.listeners("work")) == 0
+    assert redis_client.lrange(KEYS.pending("work"), 0, -1) == ["waiting"]
+
+
+def test_listen_imports_task_functions_from_the_current_directory(
+        redis_url: str, client: blueque.Client, tmp_path: Path, started: list[Daemon]) -> None:
+    """As `python -m`, RQ and Celery do: run from the project directory, no PYTHONPATH."""
+    project = tmp_path / "project"
+    (project / "mypackage").mkdir(parents=True)
+    (project / "mypackage" / "__init__.py").write_text("")
+    (project / "mypackage" / "jobs.py").write_text(
+        "def shout(task):\n    return task.parameters.upper()\n")
+    # bin/blueque is a script, so Python puts bin/ (not the current directory) on the path,
+    # as it does for the installed console script
+    command = [sys.executable, str(ROOT / "bin" / "blueque"), "listen", "work",
+               "mypackage.jobs:shout", "--url", redis_url, *FAST]
+    daemon = Daemon(command, tmp_path / "listen.log", cwd=project)
+    started.append(daemon)
+    task = client.get_task(client.get_queue("work").enqueue("hello")).wait(20)
+    assert (task.status, task.result) == ("complete", "HELLO"), daemon.log()
+
+
+# --- URLs -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def password_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:  # its start-up check PINGs without a password
+        redis.Redis(port=server.port).config_set("requirepass", "sekret")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def plain_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def bad_urls(password_server: RedisServer, plain_server: RedisServer,
+             http: FakeServer) -> dict[str, tuple[str, str]]:
+    """Each mistake -> (URL, words the error must contain)."""
+    port = plain_server.port
+    return {
+        "database out of range": (f"redis://127.0.0.1:{port}/99", "database"),
+        "unknown option": (f"redis://127.0.0.1:{port}/0?sockettimeout=3", "sockettimeout"),
+        "not a Redis": (f"redis://127.0.0.1:{http.port}/0", "does not speak the Redis protocol"),
+        "Sentinel URL at a plain Redis": (f"redis+sentinel://127.0.0.1:{port}/mymaster",
+                                          "not a Redis Sentinel"),
+        "empty": ("", "empty Redis URL"),
+        "wrong password": (f"redis://:wrong@127.0.0.1:{password_server.port}/0",
+                           "authentication failed"),
+        "no password": (f"redis://127.0.0.1:{password_server.port}/0", "authentication failed"),
+    }
+
+
+MISTAKES = ["database out of range", "unknown option", "not a Redis",
+            "Sentinel URL at a plain Redis", "empty", "wrong password", "no password"]
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_bad_url_is_a_clear_usage_error(password_server: RedisServer, plain_server: RedisServer,
+                                        mistake: str) -> None:
+    with FakeServer() as http:
+        url, words = bad_urls(password_server, plain_server, http)[mistake]
+        done = subprocess.run(
+            [sys.executable, "-m", "blueque.cli", "status", "--url", url],
+            capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60)
+    refused(done, 2, words)
+    assert "unreachable" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("daemon", ["listen", "scheduler"])
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_daemon_given_a_bad_url_exits_with_it(password_server: RedisServer,
+                                              plain_server: RedisServer, daemon: str,
+                                              mistake: str) -> None:
+    """Not retried for ever: waiting cannot fix a wrong password or a wrong port."""
+    with FakeServer() as http:
+        url, words = bad_urls(password_server, plain_server, http)[mistake]
+        arguments = ["listen", "work", "tests.jobs:echo"] if daemon == "listen" else [
+            "scheduler"]
+        done = subprocess.run(
+            [sys.executable, "-m", "blueque.cli", *arguments, "--url", url, *FAST[:2]],
+            capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "blueque: error: " in done.stderr and words in done.stderr, done.stderr
+
+
+def test_library_reports_a_wrong_password_as_authentication(password_server: RedisServer
+                                                            ) -> None:
+    client = blueque.Client(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
+    with pytest.raises(blueque.AuthenticationFailed, match="authentication failed"):
+        client.get_queue("work").enqueue("{}")
+    assert not issubclass(blueque.AuthenticationFailed, blueque.RedisUnavailable)
+
+
+@pytest.mark.parametrize("version", ["5.0.14", "6.0.16"])
+def test_redis_older_than_6_2_is_refused_at_connect(version: str, tmp_path: Path) -> None:
+    with FakeServer(old_redis(version)) as old:
+        status = cli(old.url, "status")
+        listen = subprocess.run(
+            listen_command(old.url, "work", "tests.jobs:echo", *FAST), capture_output=True,
+            text=True, env=environment(), cwd=ROOT, timeout=60)
+    for done in (status, listen):
+        refused(done, 2, "Blueque needs Redis 6.2 or later")
+    if version.startswith("6."):
+        assert f"it runs Redis {version}" in status.stderr
+
+
+def test_unreachable_redis_is_still_exit_3() -> None:
+    refused(cli(f"redis://127.0.0.1:{free_port()}/0", "status"), 3, "unreachable")
