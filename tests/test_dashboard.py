@@ -250,3 +250,17 @@ def test_mounted_in_another_starlette_app(client: blueque.Client, tmp_path: Path
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_redis_down_gives_a_clear_page_and_metrics_say_so(tmp_path: Path) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    process = DashboardProcess(dead, tmp_path / "down.log")
+    try:
+        status, text = get(process.url + "/")
+        assert status == 503 and "Redis is unreachable" in text
+        assert "Traceback" not in text
+        status, text = get(process.url + "/metrics")
+        assert status == 200 and "blueque_redis_up 0.0" in text
+        assert process.process.poll() is None  # still serving
+    finally:
+        process.close()

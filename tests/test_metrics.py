@@ -4,6 +4,8 @@ queue collector (dashboard /metrics) and a real listener daemon's --metrics-port
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 import urllib.request
@@ -188,3 +190,53 @@ def test_listener_serves_its_own_metrics(client: blueque.Client, redis_url: str,
 
         wait_until(counted, what="finished counters and run-time histogram")
         assert daemon.alive()
+
+
+@pytest.mark.slow
+def test_listener_counts_recoveries_adoptions_and_late_renewals(
+        client: blueque.Client, redis_url: str, tmp_path: Path) -> None:
+    """A listener SIGKILLed with two running tasks: one task process is killed too. The next
+    listener on the host recovers the dead one (the task whose process is gone fails) and
+    adopts the other; frozen for a while, it counts a late renewal."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    release = tmp_path / "release"
+    queue = client.get_queue("work")
+    fast = ("--interval", "0.5", "--poll", "0.1")
+    with daemons(tmp_path) as started:
+        first = Daemon(listen_command(redis_url, "work", "tests.jobs:steps", *fast,
+                                      "--concurrency", "2"), tmp_path / "first.log")
+        started.append(first)
+        ids = [queue.enqueue(json.dumps({"interval": 5, "release": str(release)}))
+               for _ in range(2)]
+        wait_until(lambda: all(client.get_task(i).status == "started" for i in ids),
+                   what="both running")
+        first.kill()
+        doomed = client.get_task(ids[0]).pid
+        assert doomed is not None
+        os.killpg(doomed, signal.SIGKILL)
+        second = Daemon(listen_command(redis_url, "work", "tests.jobs:steps", *fast,
+                                       "--metrics-port", str(port)), tmp_path / "second.log")
+        started.append(second)
+
+        def swept() -> bool:
+            try:
+                found = samples(fetch(url))
+            except OSError:
+                return False
+            return (found.get(("blueque_listener_adopted_tasks", ())) == 1
+                    and found.get(("blueque_listener_recoveries_total", ())) == 1
+                    and found.get(("blueque_listener_recovered_tasks_total",
+                                   (("verdict", "failed"),))) == 1)
+
+        wait_until(swept, what="the recovery and the adoption on the second listener's metrics")
+        assert client.get_task(ids[0]).status == "failed"
+        assert client.get_task(ids[1]).status == "started"
+        second.signal(signal.SIGSTOP)
+        time.sleep(1.5)  # the freeze itself is the scenario: longer than one interval
+        second.signal(signal.SIGCONT)
+        late = ("blueque_listener_lease_renewals_late_total", ())
+        wait_until(lambda: samples(fetch(url)).get(late, 0) >= 1, what="a late renewal")
+        release.touch()
+        client.get_task(ids[1]).wait(20)
+        assert client.get_task(ids[1]).status == "complete"
