@@ -83,11 +83,12 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED
     _current = processor
-    retry = True
+    retry, trace = True, None
     try:
         result = function(task.refresh())
-    except Exception:
-        outcome, text = "failed", traceback.format_exc()
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        # sys.exit() and KeyboardInterrupt end the task, not the child: recorded as what they are
+        outcome, text, trace = "failed", describe_error(error), traceback.format_exc()
     else:
         try:
             outcome, text = "complete", encode_result(result)
@@ -100,7 +101,7 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
     delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
     while True:
         try:
-            _report(processor, policy, outcome, text, retry)
+            _report(processor, policy, outcome, text, retry, trace)
             return EXIT_REPORTED
         except RedisUnavailable as error:
             # The work is done: hold on to its outcome until Redis is back, not lose it.
@@ -115,16 +116,30 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
             return EXIT_REPORT_FAILED
 
 
+def describe_error(error: BaseException) -> str:
+    """The ``error`` field of a run that raised: the message, as blueque 1.0.1 recorded it
+    (``str(error)``), the exception's name when it has none, and for ``sys.exit(n)`` the exit
+    code. The traceback goes to its own field."""
+    if isinstance(error, SystemExit):
+        if isinstance(error.code, str):
+            return error.code
+        code = 0 if error.code is None else error.code
+        return f"exit code {code}: the task function called sys.exit({code!r})"
+    if isinstance(error, KeyboardInterrupt):
+        return "KeyboardInterrupt: the task function was interrupted"
+    return str(error) or type(error).__name__
+
+
 def _report(processor: Processor, policy: Policy, outcome: str, text: str,
-            retry: bool = True) -> None:
+            retry: bool = True, trace: str | None = None) -> None:
     if outcome == "complete":
         processor.complete(text, _ttl_ms(policy))
         return
     eta = policy.retry_eta(processor.attempt or 1, now()) if retry else None
     if eta is None:
-        processor.fail(text, _ttl_ms(policy))
+        processor.fail(text, _ttl_ms(policy), traceback=trace)
     else:
-        processor.retry(text, eta)
+        processor.retry(text, eta, traceback=trace)
 
 
 def _ttl_ms(policy: Policy) -> int | None:

@@ -26,14 +26,18 @@ def _decodes(client: Any) -> bool:
 
 class Client:
     """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0) or
-    ``Client(redis_client)`` (a ready redis-py client made with decode_responses=True)."""
+    ``Client(redis_client)`` (a ready redis-py client made with decode_responses=True).
+
+    Other keyword arguments go to redis-py unchanged, as in blueque 1.0.1 (``retry=``,
+    ``socket_timeout=``...). Blueque's own options have names redis-py does not use:
+    ``cluster``, ``retry_policy`` (a ``blueque.ha.RetryPolicy``) and ``durability``."""
 
     def __init__(
         self,
         url: str | Any | None = None,
         *,
         cluster: bool = False,
-        retry: Any = None,
+        retry_policy: Any = None,
         durability: Any = None,
         **redis_kwargs: Any,
     ) -> None:
@@ -50,10 +54,10 @@ class Client:
             self.redis = url
         if self.settings is not None:  # Sentinel and Cluster URLs bring their own (blueque.ha)
             cluster = cluster or self.settings.cluster
-            retry = retry or self.settings.retry_policy()
+            retry_policy = retry_policy or self.settings.retry_policy()
             durability = durability or self.settings.durability()
         self.keys = Keys(cluster=cluster or isinstance(self.redis, RedisCluster))
-        self.store = RedisStore(self.redis, self.keys, retry=retry, durability=durability)
+        self.store = RedisStore(self.redis, self.keys, retry=retry_policy, durability=durability)
 
     def __repr__(self) -> str:
         return f"<blueque.Client {self.store.where}>"

@@ -404,9 +404,10 @@ class ListenerDaemon:
         attempt = running.attempt
         current = now()
         if running.reason == "cancelled" or data.get("cancel_requested"):
+            reason = data.get("cancel_reason") or "cancelled"  # with the operator's --reason
             status = self.store.finish(
                 running.queue, running.task_id, listener, pid, "failed",
-                f"cancelled: {error}", current, attempt, extra=("cancelled", repr(current)),
+                f"{reason} ({error})", current, attempt, extra=("cancelled", repr(current)),
             )
         else:
             eta = running.policy.retry_eta(attempt or 1, current, self.rng)

@@ -3,9 +3,13 @@ daemon (one queue, concurrency 1), so it gains leases, recovery and recorded cra
 
 from __future__ import annotations
 
-from blueque.child import TaskFunction
+import os
+
+from blueque.child import TaskFunction, run_child
 from blueque.client import Client
 from blueque.daemon import ListenerDaemon
+from blueque.policy import Policy
+from blueque.task import Task
 
 
 class ForkingRunner:
@@ -17,3 +21,15 @@ class ForkingRunner:
     def run(self) -> None:
         """Serve the queue until SIGTERM or SIGINT; each task runs in a forked child."""
         ListenerDaemon(self._client, {self._queue: 1}, self._task_callback).run()
+
+    def fork_task(self, task: Task) -> int:
+        """blueque 1.0.1's: fork a child that starts ``task`` (reserved by the caller's
+        listener), runs the callback and records its outcome; returns the child's pid, which
+        the caller waits for (``os.waitpid``). The child leads its own session and always
+        leaves through ``os._exit``, as the daemon's children do."""
+        store = self._client.store
+        policy = Policy.resolve(task.data, store.queue_config(task.queue or self._queue))
+        pid = os.fork()
+        if pid == 0:
+            run_child(store, task, self._task_callback, policy)
+        return pid

@@ -59,17 +59,21 @@ class Processor:
             encode_result(result), now(), self._attempt, result_ttl_ms=result_ttl_ms,
         )
 
-    def fail(self, error: object, result_ttl_ms: int | None = None) -> None:
+    def fail(self, error: object, result_ttl_ms: int | None = None,
+             traceback: str | None = None) -> None:
+        """Record the failure: ``error`` in the task's ``error`` field (as 1.0.1 does),
+        ``traceback`` (if any) in its ``traceback`` field."""
         self._store.finish(
             self._queue, self._task.id, self._listener, self._pid, "failed",
             encode_result(error), now(), self._attempt, result_ttl_ms=result_ttl_ms,
+            traceback=traceback,
         )
 
-    def retry(self, error: object, eta: float) -> None:
+    def retry(self, error: object, eta: float, traceback: str | None = None) -> None:
         """Record this attempt's failure and schedule the next attempt at ``eta``."""
         self._store.finish(
             self._queue, self._task.id, self._listener, self._pid, "retry",
-            encode_result(error), now(), self._attempt, retry_eta=eta,
+            encode_result(error), now(), self._attempt, retry_eta=eta, traceback=traceback,
         )
 
     def progress(self, fraction: float, message: str = "") -> None:

@@ -136,7 +136,8 @@ class Recovery:
         attempts = data.get("attempts", "")
         error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
         if data.get("cancel_requested"):
-            return (task_id, attempts, "failed", None, f"cancelled: {error}")
+            reason = data.get("cancel_reason") or "cancelled"  # with the operator's --reason
+            return (task_id, attempts, "failed", None, f"{reason} ({error})")
         policy = Policy.resolve(data, config)
         eta = policy.retry_eta(int(attempts) if attempts.isdigit() else 1, current, self._rng)
         if eta is None:

@@ -65,7 +65,10 @@ def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
 def translate(error: redis.exceptions.RedisError, where: str) -> BluequeError:
     """The Blueque error for a redis-py error: refusals, bad credentials or URLs, servers that
     are not (a recent enough) Redis, and unreachable ones each get their own."""
-    if isinstance(error, redis.exceptions.AuthenticationError):
+    if isinstance(error, redis.exceptions.AuthenticationError) or (
+        # the sentinels refused the sentinel_password: redis-py says so in a MasterNotFoundError
+        type(error).__name__ == "MasterNotFoundError" and "AuthenticationError" in str(error)
+    ):
         return AuthenticationFailed(
             f"authentication failed at Redis {where} ({error}): check the user name and "
             "password in the URL (redis://user:password@host:port/db)"
@@ -485,8 +488,10 @@ class RedisStore:
         retry_eta: float | None = None,
         result_ttl_ms: int | None = None,
         extra: tuple[str, str] | None = None,
+        traceback: str | None = None,
     ) -> str:
-        """Record complete | failed | retry for one run (finish.lua); returns the new status."""
+        """Record complete | failed | retry for one run (finish.lua); returns the new status.
+        ``traceback`` goes to its own field beside a failure's ``error``."""
         if outcome == "complete":
             target = self.keys.complete(queue)
         elif outcome == "failed":
@@ -503,7 +508,7 @@ class RedisStore:
             [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
              "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
              "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
-             field, value, k.FINISHED_MINUTE_TTL],
+             field, value, k.FINISHED_MINUTE_TTL, traceback or ""],
             durable=True,
         )
         return status

@@ -110,3 +110,17 @@ def explode(task: Task) -> str:
 
     print(f"parsing {task.parameters}", flush=True)
     return str(parse("not a number"))
+
+
+def exits(task: Task) -> str:
+    """sys.exit(code), sys.exit(message) or KeyboardInterrupt, as the parameters say."""
+    params = _params(task)
+    if "message" in params:
+        sys.exit(params["message"])
+    if params.get("interrupt"):
+        raise KeyboardInterrupt
+    sys.exit(params.get("code"))
+
+
+def some_error(task: Task) -> str:
+    raise Exception("some error")

@@ -597,7 +597,7 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
         held.wait(5)
         return jobs.text
 
-    daemon._task_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
+    daemon.load_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
     try:
         daemon._fork(task)
         (pid,) = daemon.children

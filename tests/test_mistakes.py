@@ -3,6 +3,7 @@ a traceback (issue 9 §4). Every command runs as a real process against real ser
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import redis
 import blueque
 from blueque.keys import Keys
 from blueque.testing import RedisServer, free_port
-from tests.daemons import Daemon, daemons, listen_command
+from tests.daemons import Daemon, daemons, kill_session_children, listen_command, wait_until
 from tests.fake_servers import FakeServer, old_redis
 from tests.test_cli import ROOT, cli, environment
 
@@ -178,3 +179,68 @@ def test_redis_older_than_6_2_is_refused_at_connect(version: str, tmp_path: Path
 
 def test_unreachable_redis_is_still_exit_3() -> None:
     refused(cli(f"redis://127.0.0.1:{free_port()}/0", "status"), 3, "unreachable")
+
+
+# --- how a task ends --------------------------------------------------------------------------
+@pytest.fixture
+def start(redis_url: str, tmp_path: Path, started: list[Daemon]):  # type: ignore[no-untyped-def]
+    def start_daemon(queues: str, function: str, *options: str) -> Daemon:
+        log = tmp_path / f"daemon{len(started)}.log"
+        daemon = Daemon(listen_command(redis_url, queues, function, *FAST, *options), log)
+        started.append(daemon)
+        return daemon
+
+    return start_daemon
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("parameters", "error", "raised"), [
+    ({"code": 3}, "exit code 3: the task function called sys.exit(3)", "SystemExit: 3"),
+    ({"code": None}, "exit code 0: the task function called sys.exit(0)", "SystemExit"),
+    ({"message": "no input file"}, "no input file", "SystemExit: no input file"),
+    ({"interrupt": True}, "KeyboardInterrupt: the task function was interrupted",
+     "KeyboardInterrupt"),
+])
+def test_sys_exit_and_keyboard_interrupt_are_recorded_as_what_they_are(
+        client: blueque.Client, start, parameters: dict[str, object], error: str,  # type: ignore[no-untyped-def]
+        raised: str) -> None:
+    daemon = start("work", "tests.jobs:exits")
+    task = client.get_task(client.get_queue("work").enqueue(json.dumps(parameters))).wait(20)
+    assert (task.status, task.error) == ("failed", error)
+    assert raised in task.data["traceback"] and "tests/jobs.py" in task.data["traceback"]
+    assert daemon.alive()
+
+
+@pytest.mark.slow
+def test_cancel_reason_is_kept_for_a_running_task(redis_url: str, client: blueque.Client,
+                                                  start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "marker"
+    start("work", "tests.jobs:sleep")
+    task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker),
+                                                            "seconds": 120}))
+    wait_until(lambda: marker.exists(), what="task running")
+    done = cli(redis_url, "cancel", task_id, "--reason", "wrong input")
+    assert done.returncode == 0, done.stderr
+    task = client.get_task(task_id).wait(20)
+    assert task.status == "failed" and task.cancelled
+    assert task.error.startswith("cancelled: wrong input ("), task.error
+
+
+@pytest.mark.slow
+def test_cancel_reason_is_kept_for_an_adopted_task(redis_url: str, client: blueque.Client,
+                                                   start, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "marker"
+    first = start("work", "tests.jobs:sleep")
+    task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker),
+                                                            "seconds": 120}))
+    wait_until(lambda: marker.exists(), what="task running")
+    child = client.get_task(task_id).pid
+    assert first.stop() == 0  # --on-stop=keep: the child runs on, to be adopted
+    try:
+        assert cli(redis_url, "cancel", task_id, "--reason", "wrong input").returncode == 0
+        start("work", "tests.jobs:sleep")  # adopts it, hears of the cancel, stops it
+        task = client.get_task(task_id).wait(30)
+    finally:
+        kill_session_children([child] if child else [])
+    assert task.status == "failed" and task.cancelled
+    assert task.error.startswith("cancelled: wrong input ("), task.error

@@ -21,7 +21,9 @@ if not status then
   return redis.error_reply('BLUEQUE_MISSING task ' .. ARGV[1] .. ' does not exist')
 end
 if status == 'started' then
-  redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[2], 'updated', ARGV[2])
+  -- the reason is kept for whoever records the stopped run (its listener, or an adopter)
+  redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[2], 'cancel_reason', ARGV[3],
+             'updated', ARGV[2])
   return {'requested', cur[2] or ''}
 end
 if status == 'pending' then

@@ -10,6 +10,7 @@
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
 -- ARGV[10] channel to publish the task id on, ARGV[11] extra field, ARGV[12] its value ("" none)
 -- ARGV[13] seconds KEYS[5] is kept
+-- ARGV[14] traceback of a failed or retried run ("" none: an older traceback is removed)
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
 -- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node')
@@ -46,6 +47,13 @@ else
              'eta', ARGV[8])
   redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
   outcome = 'scheduled'
+end
+if outcome ~= 'complete' then  -- the traceback belongs to the error it explains
+  if ARGV[14] and ARGV[14] ~= '' then
+    redis.call('HSET', KEYS[1], 'traceback', ARGV[14])
+  else
+    redis.call('HDEL', KEYS[1], 'traceback')
+  end
 end
 if ARGV[11] ~= '' then
   redis.call('HSET', KEYS[1], ARGV[11], ARGV[12])

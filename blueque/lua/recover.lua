@@ -66,12 +66,14 @@ for i = 11, #KEYS do
     elseif verdict == 'retry' then
       redis.call('HSET', KEYS[i], 'status', 'scheduled', 'eta', ARGV[a + 3], 'error', ARGV[a + 4],
                  'updated', ARGV[2])
+      redis.call('HDEL', KEYS[i], 'traceback')
       redis.call('ZADD', KEYS[6], ARGV[a + 3], id)
       count('retry')
       counts[2] = counts[2] + 1
     elseif verdict == 'failed' then
       redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
                  'finished_at', ARGV[2])
+      redis.call('HDEL', KEYS[i], 'traceback')
       if redis.call('HEXISTS', KEYS[i], 'cancel_requested') == 1 then
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
         count('cancelled')

@@ -27,7 +27,7 @@ if error_text then
 end
 redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'eta',
            'started_at', 'finished_at', 'cancelled', 'cancel_requested', 'progress',
-           'progress_message')
+           'progress_message', 'traceback', 'cancel_reason')
 redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'retried', 1)
 redis.call('PERSIST', KEYS[1])

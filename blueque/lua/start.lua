@@ -5,7 +5,8 @@
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid, ARGV[4] now, ARGV[5] attempt ("" = unfenced)
 -- ARGV[6] process create time ("" if unknown)
 -- Returns 1, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ..." (then the id leaves the
--- reserved list: the task must not run).
+-- reserved list: the task must not run), except for a second start of a task this listener
+-- already runs: refused, and left in the reserved list, where recovery finds the running one.
 local cur = redis.call('HMGET', KEYS[1], 'status', 'node')
 local status = cur[1]
 if ARGV[5] ~= '' then
@@ -18,6 +19,11 @@ if ARGV[5] ~= '' then
 end
 if status == 'started' and redis.call('HGET', KEYS[1], 'pid') == ARGV[3] then
   return 1
+end
+if status == 'started' and cur[2] == ARGV[2] then
+  return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is already started by '
+    .. ARGV[2] .. ' in pid ' .. tostring(redis.call('HGET', KEYS[1], 'pid'))
+    .. ': it cannot start twice')
 end
 if status ~= 'reserved' or cur[2] ~= ARGV[2] then
   redis.call('LREM', KEYS[3], 1, ARGV[1])

@@ -98,12 +98,13 @@ def test_tls_and_passwords_to_servers_and_sentinels(tmp_path: Path) -> None:
         assert info["user"] == "app"
         assert info["laddr"].endswith(f":{topology.client_port(topology.master())}")
         assert topology.client_port(topology.master()) != topology.master().port
-        # a wrong password is refused at once, not retried until the deadline
+        # a wrong password is refused at once, not retried until the deadline, and not
+        # mistaken for an unreachable server
         wrong = blueque.Client(topology.url.replace("app-secret", "wrong"))
-        with pytest.raises(RedisUnavailable, match="password"):
+        with pytest.raises(blueque.AuthenticationFailed, match="password"):
             wrong.get_queue("secure").enqueue("{}")
         wrong_sentinel = blueque.Client(topology.url.replace("watch-secret", "wrong"))
-        with pytest.raises(RedisUnavailable, match="AuthenticationError"):
+        with pytest.raises(blueque.AuthenticationFailed, match="AuthenticationError"):
             wrong_sentinel.get_queue("secure").enqueue("{}")
         # and a failover over TLS is ridden through like any other
         old = topology.kill_master()
