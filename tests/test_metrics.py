@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
@@ -170,6 +171,9 @@ def test_listener_serves_its_own_metrics(client: blueque.Client, redis_url: str,
                     and found.get(("blueque_listener_slots", labels)) == 2)
 
         wait_until(busy, what="busy slots on the listener's /metrics")
+        child = psutil.Process(client.get_task(running).pid or 0)
+        assert not [c for c in child.net_connections() if c.status == psutil.CONN_LISTEN], \
+            "the task process inherited the metrics port: it would hold it after its listener"
         info = KEYS.listener_info(client.get_task(running).node or "")
         wait_until(lambda: redis_client.hget(info, "busy") == "1", what="busy in listener info")
         release.touch()
