@@ -78,7 +78,7 @@ def run(client: blueque.Client, queue: str, fail: str | None = None,
     if progress is not None:
         processor.progress(progress, "working <b>hard</b>")
     if fail is not None:
-        processor.fail(fail)
+        processor.fail(fail, traceback=f"Traceback (most recent call last):\n{fail}")
     return task.id
 
 
@@ -86,7 +86,7 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
                                              dashboard: DashboardProcess) -> None:
     queue = client.get_queue("jobs")
     queue.enqueue(XSS, task_id="x<1>")
-    run(client, "jobs", fail=f"Traceback (most recent call last):\nValueError: {XSS}")
+    run(client, "jobs", fail=f"ValueError: {XSS}")
     queue.enqueue(XSS, task_id="running")
     run(client, "jobs", progress=0.25)
     queue.schedule(XSS, time.time() + 600, task_id="later")
@@ -100,7 +100,7 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
         assert "<b>hard</b>" not in text, page
     status, text = get(dashboard.url + "/task?id=x%3C1%3E")
     assert str(escape(XSS)) in text  # shown as text, not dropped
-    assert "Traceback (most recent call last)" in text
+    assert "Traceback (most recent call last):\nValueError: " + str(escape(XSS)) in text
     status, text = get(dashboard.url + "/task?id=running")
     assert 'value="0.25"' in text and "working &lt;b&gt;hard&lt;/b&gt;" in text
 

@@ -151,6 +151,7 @@ def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | No
         attempts=data.get("attempts") or "0",
         max_attempts=data.get("max_attempts") or "1",
         error=data.get("error") or "",
+        traceback=data.get("traceback") or "",
         last_error=data.get("last_error") or "",
         result=data.get("result"),
         parameters=data.get("parameters") or "",
