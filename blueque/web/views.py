@@ -115,6 +115,8 @@ def page_ids(store: RedisStore, queue: str, state: str, page: Page) -> list[str]
     scheduled soonest first, finished newest first."""
     if state == k.PENDING:
         return store.task_ids(queue, state, -(page.stop + 1), -(page.start + 1))[::-1]
+    if state == k.RESERVED:  # read whole (bounded by the listeners' slots), then windowed
+        return store.task_ids(queue, state)[page.start : page.stop + 1]
     return store.task_ids(queue, state, page.start, page.stop)
 
 
