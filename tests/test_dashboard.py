@@ -264,3 +264,11 @@ def test_redis_down_gives_a_clear_page_and_metrics_say_so(tmp_path: Path) -> Non
         assert process.process.poll() is None  # still serving
     finally:
         process.close()
+
+
+def test_huge_values_are_cut_on_the_task_page(client: blueque.Client,
+                                              dashboard: DashboardProcess) -> None:
+    task_id = client.get_queue("jobs").enqueue("p" * 300_000)
+    status, text = get(dashboard.url + f"/task?id={task_id}")
+    assert status == 200 and len(text) < 100_000  # refetched every refresh: kept small
+    assert f"({300_000 - 65_536} more characters not shown)" in text

@@ -23,6 +23,9 @@ SCHEDULED_SHOWN = 20
 CHART_MINUTES = 60
 #: States in the order a task moves through them.
 STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED)
+#: Characters of parameters, result and traceback shown on a task page (the page is fetched
+#: again at every live refresh; `blueque show ID --json` prints everything).
+SHOWN_CHARS = 65536
 #: Task fields shown as dates.
 TIME_FIELDS = ("created", "updated", "eta", "started_at", "finished_at", "cancelled",
                "cancel_requested", "pid_created")
@@ -153,16 +156,22 @@ def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | No
         attempts=data.get("attempts") or "0",
         max_attempts=data.get("max_attempts") or "1",
         error=data.get("error") or "",
-        traceback=data.get("traceback") or "",
+        traceback=_shown(data.get("traceback") or ""),
         last_error=data.get("last_error") or "",
-        result=data.get("result"),
-        parameters=data.get("parameters") or "",
+        result=_shown(data.get("result")),
+        parameters=_shown(data.get("parameters") or ""),
         queue=data.get("queue") or "",
         node=data.get("node") or "",
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
     )
     return row
+
+
+def _shown(text: str | None) -> str | None:
+    if text is None or len(text) <= SHOWN_CHARS:
+        return text
+    return text[:SHOWN_CHARS] + f"\n... ({len(text) - SHOWN_CHARS} more characters not shown)"
 
 
 # --- nodes and listeners ----------------------------------------------------------------------
