@@ -205,11 +205,17 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
         task_id = queue.schedule(parameters, eta, task_id=args.task_id, **options)
     else:
         task_id = queue.enqueue(parameters, task_id=args.task_id, **options)
+    if not task_id.created:
+        # stdout stays the id alone (scripts capture it); the notice goes to stderr
+        status = client.get_task(task_id).status or "gone"
+        print(f"blueque: task {task_id} already existed ({status}): nothing was enqueued"
+              + ("; waiting for the existing task" if args.wait else ""), file=sys.stderr)
     if not args.wait:
-        emit(args, {"task_id": task_id, "queue": args.queue}, task_id)
+        emit(args, {"task_id": task_id, "queue": args.queue, "created": task_id.created},
+             task_id)
         return EXIT_OK
     result = wait_all(client, [task_id], args.timeout)
-    return _report_waited(args, result)
+    return _report_waited(args, result, {"created": task_id.created})
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
@@ -266,6 +272,15 @@ def cmd_configure(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_forget_queue(client: Client, args: argparse.Namespace) -> int:
+    if not client.store.forget_queue(args.queue):
+        raise Failure(f"queue {args.queue!r} is not known (not in blueque_queues)",
+                      EXIT_NOT_FOUND)
+    emit(args, {"queue": args.queue, "forgotten": True},
+         f"queue {args.queue} forgotten: it no longer shows in blueque status")
+    return EXIT_OK
+
+
 # --- waiting ----------------------------------------------------------------------------------
 def cmd_wait(client: Client, args: argparse.Namespace) -> int:
     show = args.progress == "always" or (
@@ -284,13 +299,14 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
     return _report_waited(args, result)
 
 
-def _report_waited(args: argparse.Namespace, result: WaitResult) -> int:
+def _report_waited(args: argparse.Namespace, result: WaitResult,
+                   extra: dict[str, object] | None = None) -> int:
     tasks = [{"id": i, **d} for i, d in result.tasks.items()]
     rows = [(t["id"], t.get("status", "(missing)"),
              shorten(last_line(t.get("error")) if t.get("status") == k.FAILED
                      else t.get("result"), 60))
             for t in tasks]
-    emit(args, {"tasks": tasks, "timed_out": result.timed_out},
+    emit(args, {"tasks": tasks, "timed_out": result.timed_out, **(extra or {})},
          table(("ID", "STATUS", "RESULT/ERROR"), rows))
     if result.missing():
         raise Failure(f"no such task: {', '.join(result.missing())}", EXIT_NOT_FOUND)
@@ -473,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
               "set or show a queue's defaults (a value of 'none' removes one)")
     sub.add_argument("queue")
     _add_task_options(sub, _UNSET)
+    sub = add("forget-queue", cmd_forget_queue,
+              "remove an empty queue without listeners from `blueque status` (and its defaults)")
+    sub.add_argument("queue")
     sub = add("wait", cmd_wait, "wait until tasks finish (progress bar on stderr)")
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
     sub.add_argument("--timeout", type=duration, help="give up after this long")

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 
 from blueque.errors import ConfigurationError
+from blueque.keys import queue_name_problem
 from blueque.policy import encode_options
 
 if sys.version_info >= (3, 11):
@@ -61,6 +62,9 @@ class CronEntry:
             )
         if not isinstance(self.queue, str) or not self.queue:
             raise ConfigurationError(f"{where}: give the queue its tasks go to")
+        problem = queue_name_problem(self.queue)
+        if problem:
+            raise ConfigurationError(f"{where}: {problem}")
         if not isinstance(self.parameters, str):
             raise ConfigurationError(f"{where}: parameters must be a string")
         if not isinstance(self.catch_up, int) or self.catch_up < 1:

@@ -45,6 +45,7 @@ from blueque.logs import configure as configure_logs
 from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
 from blueque.policy import Policy
 from blueque.process import create_time
+from blueque.queue import check_queue_name
 from blueque.recovery import Recovery
 from blueque.store import now
 from blueque.task import Task
@@ -590,6 +591,7 @@ def parse_queues(text: str) -> dict[str, int]:
     weights: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, weight = item.partition(":")
+        check_queue_name(name)
         try:
             weights[name] = int(weight) if weight else 1
         except ValueError as error:

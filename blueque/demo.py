@@ -131,7 +131,7 @@ def run(url: str | None, queue: str = QUEUE, out: TextIO = sys.stdout,
 def _exercise(client: Client, queue_name: str, processes: Processes, out: TextIO,
               err: TextIO) -> int:
     queue = client.get_queue(queue_name)
-    ids = []
+    ids: list[str] = []
     for seconds, failing in TASKS:
         options: dict[str, object] = {"max_attempts": 2, "retry_backoff": 0.5} if failing else {}
         parameters = json.dumps({"seconds": seconds, "fail_attempts": failing})

@@ -33,6 +33,24 @@ OUTCOMES = ("complete", "failed", "cancelled", "retry")
 FINISHED_MINUTE_TTL = 7200
 
 
+#: What a queue name that `blueque listen` can serve may not contain (PROTOCOL.md §2): `:`
+#: separates a weight and `,` queues on its command line, whitespace and control characters
+#: cannot be typed or shown back reliably. Checked at enqueue, configure and listen.
+QUEUE_NAME_RULE = (
+    "a queue name may not be blank nor contain ':', ',', whitespace or control characters"
+)
+
+
+def queue_name_problem(name: object) -> str | None:
+    """Why ``name`` breaks QUEUE_NAME_RULE, or None if it is a good queue name."""
+    if not isinstance(name, str) or not name:
+        return f"a queue name must be a non-empty string, not {name!r}"
+    bad = sorted({c for c in name if c in ":," or c.isspace() or not c.isprintable()})
+    if bad:
+        return f"queue name {name!r} contains {', '.join(map(repr, bad))}: {QUEUE_NAME_RULE}"
+    return None
+
+
 def _key(*parts: str) -> str:
     return "_".join((PREFIX, *parts))
 

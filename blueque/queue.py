@@ -36,6 +36,28 @@ def _finished_time(data: dict[str, str]) -> float:
         return 0.0
 
 
+def check_queue_name(name: object) -> str:
+    """The one queue-name rule (keys.QUEUE_NAME_RULE), checked wherever a queue is made:
+    enqueue, configure, listen. ConfigurationError says what is wrong."""
+    problem = k.queue_name_problem(name)
+    if problem:
+        raise ConfigurationError(problem)
+    return str(name)
+
+
+class TaskId(str):
+    """The id ``enqueue`` and ``schedule`` return (a str, as in blueque 1.0.1), which also
+    says whether this call created the task: ``created`` is False when a task with that id
+    already existed (an idempotent re-enqueue that changed nothing)."""
+
+    created: bool
+
+    def __new__(cls, task_id: str, created: bool) -> TaskId:
+        self = super().__new__(cls, task_id)
+        self.created = created
+        return self
+
+
 @dataclass(frozen=True)
 class BulkEnqueue:
     """What enqueue_many did: the id of every task, and how many were new."""
@@ -87,22 +109,27 @@ class Queue:
             )
         return keys.task_id_for(self._name, task_id)
 
-    def enqueue(self, parameters: object, task_id: str | None = None, **options: object) -> str:
-        """Create a pending task and return its id. With ``task_id``, enqueueing the same id
-        again creates nothing (idempotent while the task exists). ``options``: max_attempts,
-        retry_backoff, retry_backoff_max, time_limit, kill_grace, result_ttl."""
+    def enqueue(self, parameters: object, task_id: str | None = None, **options: object
+                ) -> TaskId:
+        """Create a pending task and return its id (a ``TaskId``: a str whose ``created`` is
+        False if the task already existed). With ``task_id``, enqueueing the same id again
+        creates nothing (idempotent while the task exists); an id that exists in another queue
+        raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
+        time_limit, kill_grace, result_ttl."""
+        check_queue_name(self._name)
         task_id = self._task_id(task_id)
-        self._store.submit(
+        created = self._store.submit(
             self._name, task_id, _text(parameters, "parameters"), now(),
             fields=encode_options(options),
         )
-        return task_id
+        return TaskId(task_id, created)
 
     def enqueue_many(
         self, parameters: Sequence[object], task_ids: Sequence[str] | None = None
     ) -> BulkEnqueue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing."""
+        check_queue_name(self._name)
         texts = [_text(p, "parameters") for p in parameters]
         if task_ids is None:
             ids = [self._task_id(None) for _ in texts]
@@ -119,17 +146,19 @@ class Queue:
 
     def schedule(
         self, parameters: object, eta: float, task_id: str | None = None, **options: object
-    ) -> str:
-        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once."""
+    ) -> TaskId:
+        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once.
+        Returns a ``TaskId``, as enqueue does."""
         current = now()
         if eta < current:
             return self.enqueue(parameters, task_id, **options)
+        check_queue_name(self._name)
         task_id = self._task_id(task_id)
-        self._store.submit(
+        created = self._store.submit(
             self._name, task_id, _text(parameters, "parameters"), current, eta=float(eta),
             fields=encode_options(options),
         )
-        return task_id
+        return TaskId(task_id, created)
 
     def enqueue_due_tasks(self) -> list[str]:
         """Move every scheduled task whose eta has passed to pending; returns their ids."""
@@ -164,6 +193,7 @@ class Queue:
     def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a value
         of None removes that default."""
+        check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
         self._store.set_queue_config(self._name, encode_options(options), removed)
 

@@ -612,6 +612,21 @@ class RedisStore:
         pipe.zincrby(self.keys.queues(), 0, queue)
         pipe.execute()
 
+    @translate_errors
+    def forget_queue(self, queue: str) -> bool:
+        """Remove an empty queue with no listeners from blueque_queues, with its defaults and
+        outcome counts (forget_queue.lua); False if it was not listed. InvalidTaskState if it
+        holds tasks or has listeners."""
+        queues_key, use_queues = self._queues_key(queue)
+        k_ = self.keys
+        keys = [k_.pending(queue), k_.scheduled(queue), k_.started(queue), k_.complete(queue),
+                k_.failed(queue), k_.listeners(queue), k_.leases(queue), k_.queue_config(queue),
+                k_.outcome_counts(queue), queues_key]
+        known = bool(self._run("forget_queue", keys, [queue, use_queues]))
+        if self.keys.cluster:
+            known = bool(self.redis.zrem(self.keys.queues(), queue))
+        return known
+
     # --- scheduler and operator tools -----------------------------------------------------
     @translate_errors
     def cron_ticks(self) -> dict[str, str]:

@@ -244,3 +244,113 @@ def test_cancel_reason_is_kept_for_an_adopted_task(redis_url: str, client: blueq
         kill_session_children([child] if child else [])
     assert task.status == "failed" and task.cancelled
     assert task.error.startswith("cancelled: wrong input ("), task.error
+
+
+# --- task ids and queue names -----------------------------------------------------------------
+def test_task_id_of_another_queue_is_refused(client: blueque.Client, redis_url: str,
+                                             redis_client: redis.Redis) -> None:
+    client.get_queue("a").enqueue("first", task_id="job-1")
+    with pytest.raises(blueque.InvalidTaskState, match="already exists in queue a, not b"):
+        client.get_queue("b").enqueue("second", task_id="job-1")
+    with pytest.raises(blueque.InvalidTaskState, match="already exists in queue a"):
+        client.get_queue("b").schedule("second", eta=2e9, task_id="job-1")
+    with pytest.raises(blueque.InvalidTaskState, match="already exists in queue a"):
+        client.get_queue("b").enqueue_many(["x", "y"], task_ids=["new-1", "job-1"])
+    assert not redis_client.exists(KEYS.task("new-1"))  # the whole call wrote nothing
+    assert redis_client.llen(KEYS.pending("b")) == 0
+    assert redis_client.hget(KEYS.task("job-1"), "parameters") == "first"
+    refused(cli(redis_url, "enqueue", "b", "second", "--task-id", "job-1"), 1,
+            "already exists in queue a")
+
+
+def test_idempotent_re_enqueue_says_the_task_already_existed(
+        client: blueque.Client, redis_url: str) -> None:
+    queue = client.get_queue("work")
+    first = queue.enqueue("x", task_id="doc-1")
+    again = queue.enqueue("x", task_id="doc-1")
+    assert (first, first.created) == ("doc-1", True)
+    assert (again, again.created) == ("doc-1", False)
+    assert isinstance(again, str)  # 1.0.1's programs get the id, as before
+    assert queue.schedule("x", eta=2e9, task_id="doc-1").created is False
+
+    done = cli(redis_url, "enqueue", "work", "x", "--task-id", "doc-1")
+    assert done.returncode == 0 and done.stdout.strip() == "doc-1"
+    assert "task doc-1 already existed (pending): nothing was enqueued" in done.stderr
+    data = json.loads(cli(redis_url, "enqueue", "work", "x", "--task-id", "doc-1",
+                          "--json").stdout)
+    assert (data["task_id"], data["created"]) == ("doc-1", False)
+    fresh = json.loads(cli(redis_url, "enqueue", "work", "x", "--task-id", "doc-2",
+                           "--json").stdout)
+    assert fresh["created"] is True
+
+
+def test_enqueue_wait_on_an_existing_task_says_so(client: blueque.Client, redis_url: str) -> None:
+    queue = client.get_queue("work")
+    queue.enqueue("x", task_id="done-1")
+    task = client.get_listener("work").reserve()
+    assert task is not None
+    processor = client.get_processor(task)
+    processor.start(12345)
+    processor.complete("the old result")
+    done = cli(redis_url, "enqueue", "work", "new input", "--task-id", "done-1", "--wait",
+               "--json")
+    assert done.returncode == 0, done.stderr
+    assert "already existed (complete): nothing was enqueued; waiting for the existing task" \
+        in done.stderr
+    report = json.loads(done.stdout)
+    assert report["created"] is False and report["tasks"][0]["result"] == "the old result"
+
+
+BAD_NAMES = ["a:b", "a,b", "a b", " ", "", "tab\there", "nul\x00", "new\nline"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_queue_names_listen_cannot_serve_are_refused(client: blueque.Client, name: str,
+                                                     redis_client: redis.Redis) -> None:
+    queue = blueque.Queue.__new__(blueque.Queue)  # as get_queue would, even for ""
+    queue._name, queue._store = name, client.store
+    for attempt in (lambda: queue.enqueue("x"), lambda: queue.enqueue_many(["x"]),
+                    lambda: queue.schedule("x", eta=2e9), lambda: queue.configure(max_attempts=2)):
+        with pytest.raises(blueque.ConfigurationError, match="queue name"):
+            attempt()
+    assert redis_client.dbsize() == 0
+
+
+@pytest.mark.parametrize("name", ["a b", "tab\there", "x\x07"])
+def test_cli_refuses_bad_queue_names_everywhere(redis_url: str, redis_client: redis.Redis,
+                                                tmp_path: Path, name: str) -> None:
+    refused(cli(redis_url, "enqueue", name, "x"), 2, "queue name")
+    refused(cli(redis_url, "configure", name, "--max-attempts", "2"), 2, "queue name")
+    refused(cli(redis_url, "listen", name, "tests.jobs:echo", *FAST), 2, "queue name")
+    cron = tmp_path / "cron.json"
+    cron.write_text(json.dumps({"cron": [{"name": "n", "cron": "* * * * *", "queue": name}]}))
+    refused(cli(redis_url, "scheduler", "--once", "--cron-file", str(cron)), 2, "queue name")
+    assert redis_client.dbsize() == 0
+
+
+def test_good_queue_names_still_work(client: blueque.Client) -> None:
+    for name in ("documents", "reports.daily", "gpu-jobs_2", "dé-jà"):
+        task_id = client.get_queue(name).enqueue("x")
+        assert client.get_task(task_id).queue == name
+
+
+def test_forget_queue_removes_an_empty_queue_only(client: blueque.Client, redis_url: str,
+                                                  redis_client: redis.Redis) -> None:
+    busy, idle = client.get_queue("busy"), client.get_queue("idle")
+    busy.enqueue("x")
+    idle.configure(max_attempts=3)
+    redis_client.zadd(KEYS.queues(), {"bad name": 0})  # left by an older writer
+    listened = client.get_listener("listened")  # registers, as 1.0.1 does
+    refused(cli(redis_url, "forget-queue", "busy"), 1, "not empty (1 pending)")
+    refused(cli(redis_url, "forget-queue", "listened"), 1, "listeners")
+    for name in ("idle", "bad name"):
+        done = cli(redis_url, "forget-queue", name)
+        assert done.returncode == 0, done.stderr
+    assert set(client.queue_names()) == {"busy", "listened"}
+    assert not redis_client.exists(KEYS.queue_config("idle"))
+    refused(cli(redis_url, "forget-queue", "idle"), 4, "not known")
+    listened.close()
+    assert json.loads(cli(redis_url, "forget-queue", "listened", "--json").stdout) == {
+        "queue": "listened", "forgotten": True}
+    status = json.loads(cli(redis_url, "status", "--json").stdout)
+    assert [q["name"] for q in status["queues"]] == ["busy"]

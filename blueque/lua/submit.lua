@@ -5,8 +5,14 @@
 -- ARGV[1] task id, ARGV[2] queue, ARGV[3] parameters, ARGV[4] now (Unix s, the client's clock)
 -- ARGV[5] eta ("" to enqueue now), ARGV[6] channel to publish the queue name on (pending only)
 -- ARGV[7..] extra field/value pairs (e.g. max_attempts, time_limit)
--- Returns 1 if the task was created, 0 if a task with that id already existed (nothing changed).
+-- Returns 1 if the task was created, 0 if a task with that id already existed in this queue
+-- (nothing changed), or an error "BLUEQUE_STATE ..." if it exists in another queue.
 if redis.call('EXISTS', KEYS[1]) == 1 then
+  local owner = redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HGET', KEYS[1], 'queue')
+  if owner and owner ~= ARGV[2] then
+    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' already exists in queue '
+      .. owner .. ', not ' .. ARGV[2] .. ': choose another task id')
+  end
   return 0
 end
 local fields = {'status', 'pending', 'queue', ARGV[2], 'parameters', ARGV[3],

@@ -4,7 +4,15 @@
 -- KEYS[3..] task hashes        blueque_task_[id], one per task, in ARGV order
 -- ARGV[1] queue, ARGV[2] now, ARGV[3] "1" if KEYS[2] is the queues key, "0" if KEYS[2] is unused
 -- ARGV[4] channel, then pairs: ARGV[5] id1, ARGV[6] parameters1, ARGV[7] id2, ...
--- Returns a string of '1' (created) and '0' (already existed), one character per task.
+-- Returns a string of '1' (created) and '0' (already existed), one character per task, or an
+-- error "BLUEQUE_STATE ..." (nothing written) if an id exists in another queue.
+for i = 3, #KEYS do
+  local owner = redis.call('TYPE', KEYS[i]).ok == 'hash' and redis.call('HGET', KEYS[i], 'queue')
+  if owner and owner ~= ARGV[1] then
+    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[5 + (i - 3) * 2] .. ' already exists in'
+      .. ' queue ' .. owner .. ', not ' .. ARGV[1] .. ': choose another task id')
+  end
+end
 local created = {}
 local flags = {}
 local n = 0
