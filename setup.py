@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # tomllib (cron files), fromisoformat with "Z" (--eta)
     packages=find_packages(include=["blueque", "blueque.*"]),
     package_data={"blueque": ["lua/*.lua", "py.typed"],
                   "blueque.web": ["templates/*.html", "static/*"]},

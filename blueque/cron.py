@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
+import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone, tzinfo
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,9 +27,6 @@ from croniter import croniter
 from blueque.errors import ConfigurationError
 from blueque.keys import queue_name_problem
 from blueque.policy import encode_options
-
-if sys.version_info >= (3, 11):
-    import tomllib
 
 #: How many missed ticks of one entry the scheduler fires after downtime, by default; older
 #: missed ticks are skipped (and logged). Per entry: ``catch_up`` in the cron file.
@@ -74,7 +71,7 @@ class CronEntry:
 
     def zone(self) -> tzinfo:
         if self.timezone is None:
-            return timezone.utc
+            return UTC
         try:
             return ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError) as error:
@@ -153,8 +150,6 @@ def load_file(path: str | Path) -> list[CronEntry]:
         raise ConfigurationError(f"cannot read cron file {str(path)!r}: {error}") from error
     try:
         if path.suffix == ".toml":
-            if sys.version_info < (3, 11):
-                raise ConfigurationError("TOML cron files need Python 3.11; use JSON")
             data: Any = tomllib.loads(text)
         elif path.suffix == ".json":
             data = json.loads(text)

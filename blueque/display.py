@@ -7,7 +7,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from blueque.errors import ConfigurationError
@@ -62,7 +62,7 @@ def format_time(timestamp: float | None) -> str:
     """UTC, to the second: ``2026-11-22 18:30:05Z``."""
     if timestamp is None:
         return "-"
-    moment = datetime.fromtimestamp(timestamp, timezone.utc)
+    moment = datetime.fromtimestamp(timestamp, UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 

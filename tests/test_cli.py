@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,7 @@ def test_enqueue_then_show_and_tasks(run, redis_url, redis_client) -> None:  # t
     shown = run("show", task_id)
     assert shown.returncode == 0
     assert task_id in shown.stdout and "pending" in shown.stdout
-    created = datetime.fromtimestamp(float(data["created"]), timezone.utc)
+    created = datetime.fromtimestamp(float(data["created"]), UTC)
     assert created.strftime("%Y-%m-%d %H:%M") in shown.stdout  # times are readable
     assert cli_json(redis_url, "show", task_id) == {"id": task_id, **data}
 
@@ -168,7 +168,7 @@ def test_enqueue_with_delay_or_eta_schedules(run, redis_client) -> None:  # type
     eta = redis_client.zscore(KEYS.scheduled("q"), delayed)
     assert eta is not None and before + 3600 <= eta <= time.time() + 3600
     at = run("enqueue", "q", "{}", "--eta", "2030-01-02T03:04:05Z").stdout.strip()
-    expected = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()
+    expected = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
     assert redis_client.zscore(KEYS.scheduled("q"), at) == expected
     unix = run("enqueue", "q", "{}", "--eta", "1900000000", "--json").stdout
     assert json.loads(unix)["queue"] == "q"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -53,7 +53,7 @@ def _integer(raw: str | None) -> int | None:
 
 def _time(raw: str | None) -> datetime | None:
     try:
-        return datetime.fromtimestamp(float(raw), tz=timezone.utc) if raw else None
+        return datetime.fromtimestamp(float(raw), tz=UTC) if raw else None
     except (ValueError, OverflowError, OSError):
         return None
 

@@ -15,7 +15,7 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -56,7 +56,7 @@ SECURITY_HEADERS = {
 def _when(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _ago(timestamp: float | None, at: float) -> str:
