@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from blueque import daemon, demo
 from blueque import keys as k
 from blueque.client import Client
-from blueque.config import default_url
+from blueque.config import Settings, default_url
 from blueque.cron import CronEntry, check_unique, load_file, parse_spec
 from blueque.display import (
     ProgressBar,
@@ -533,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     try:
         if args.command == "demo":  # needs no connection: it may start its own Redis
+            if args.url is not None:
+                Settings.from_url(args.url)  # an empty or malformed --url: refused up front
             return cmd_demo(args)
         return int(args.handler(connect(args, ping=args.command not in DAEMONS), args))
     except Failure as failure:

@@ -121,6 +121,12 @@ def bad_urls(password_server: RedisServer, plain_server: RedisServer,
     }
 
 
+def never_the_machines_redis() -> dict[str, str]:
+    """The CLI's environment with $BLUEQUE_URL at a closed port: a command that wrongly falls
+    back to the default URL fails there instead of touching the machine's Redis on 6379."""
+    return {**environment(), "BLUEQUE_URL": f"redis://127.0.0.1:{free_port()}/0"}
+
+
 MISTAKES = ["database out of range", "unknown option", "not a Redis",
             "Sentinel URL at a plain Redis", "empty", "wrong password", "no password"]
 
@@ -132,7 +138,8 @@ def test_bad_url_is_a_clear_usage_error(password_server: RedisServer, plain_serv
         url, words = bad_urls(password_server, plain_server, http)[mistake]
         done = subprocess.run(
             [sys.executable, "-m", "blueque.cli", "status", "--url", url],
-            capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60)
+            capture_output=True, text=True, env=never_the_machines_redis(), cwd=ROOT,
+            timeout=60)
     refused(done, 2, words)
     assert "unreachable" not in done.stderr
 
@@ -150,10 +157,18 @@ def test_daemon_given_a_bad_url_exits_with_it(password_server: RedisServer,
             "scheduler"]
         done = subprocess.run(
             [sys.executable, "-m", "blueque.cli", *arguments, "--url", url, *FAST[:2]],
-            capture_output=True, text=True, env=environment(), cwd=ROOT, timeout=60)
+            capture_output=True, text=True, env=never_the_machines_redis(), cwd=ROOT,
+            timeout=60)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert "Traceback" not in done.stderr, done.stderr
     assert "blueque: error: " in done.stderr and words in done.stderr, done.stderr
+
+
+def test_demo_refuses_an_empty_url() -> None:
+    done = subprocess.run([sys.executable, "-m", "blueque.cli", "demo", "--url", ""],
+                          capture_output=True, text=True, env=never_the_machines_redis(),
+                          cwd=ROOT, timeout=60)
+    refused(done, 2, "empty Redis URL")
 
 
 def test_library_reports_a_wrong_password_as_authentication(password_server: RedisServer
