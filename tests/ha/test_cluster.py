@@ -69,6 +69,34 @@ def test_cluster_url_selects_the_hash_tagged_layout(cluster: ClusterTopology) ->
     client.close()
 
 
+def test_forget_queue_and_idempotent_enqueue_in_the_cluster_layout(cluster: ClusterTopology
+                                                                    ) -> None:
+    """forget_queue.lua runs in the queue's slot and blueque_queues is updated outside it; a
+    re-enqueued id says it existed; the version check reads INFO from a cluster node."""
+    client = blueque.Client(cluster.url)
+    try:
+        client.ping()
+        queue = client.get_queue("old")
+        first = queue.enqueue("x", task_id="job-1")
+        assert first.created and not queue.enqueue("x", task_id="job-1").created
+        with pytest.raises(blueque.InvalidTaskState, match="not empty"):
+            client.store.forget_queue("old")
+        task = client.get_listener("old").reserve()
+        assert task is not None
+        processor = client.get_processor(task)
+        processor.start(os.getpid())
+        processor.complete("done")
+        client.get_listener("old").close()
+        client.get_queue("old").delete_task(client.get_task(first))
+        client.get_queue("empty").configure(max_attempts=2)
+        assert set(client.queue_names()) >= {"old", "empty"}
+        assert client.store.forget_queue("empty") and client.store.forget_queue("old")
+        assert not {"old", "empty"} & set(client.queue_names())
+        assert not client.store.forget_queue("empty")
+    finally:
+        client.close()
+
+
 def test_full_lifecycle_on_three_shards(cluster: ClusterTopology) -> None:
     client = blueque.Client(cluster.url)
     names = queues_on_distinct_masters(cluster)
