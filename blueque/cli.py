@@ -54,7 +54,8 @@ EXIT_NOT_FOUND = 4  # no such task or queue
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  success
   {EXIT_FAILURE}  failure: an operation was refused, a task failed, a wait timed out
-  {EXIT_USAGE}  usage: bad arguments, bad Redis URL, bad cron entry
+  {EXIT_USAGE}  usage: bad arguments, bad Redis URL or credentials, Redis older than 6.2,
+     a task function that cannot be imported, bad cron entry
   {EXIT_UNREACHABLE}  Redis unreachable
   {EXIT_NOT_FOUND}  task or queue not found"""
 
