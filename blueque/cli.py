@@ -331,7 +331,8 @@ def cmd_scheduler(client: Client, args: argparse.Namespace) -> int:
     configure_logs(args.log_format, args.log_level)
     scheduler = Scheduler(
         client, cron_entries(args), interval=args.interval,
-        recovery=Recovery(client.store), recovery_interval=args.recovery_interval,
+        recovery=Recovery(client.store, host=args.node_name),
+        recovery_interval=args.recovery_interval,
         purge_interval=args.purge_interval,
     )
     if args.once:
@@ -515,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--purge-interval", type=positive_seconds, default=60.0,
                      help="seconds between purges of results past result_ttl (default 60)")
     sub.add_argument("--once", action="store_true", help="run one step and exit")
+    daemon.add_node_name_argument(sub)
     sub.add_argument("--log-format", choices=("text", "json"), default="text")
     sub.add_argument("--log-level", default="INFO")
     sub = add("dashboard", cmd_dashboard,

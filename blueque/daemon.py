@@ -40,19 +40,27 @@ from blueque.errors import (
     InvalidTaskState,
     RedisUnavailable,
 )
-from blueque.listener import Listener, hostname, listener_id
+from blueque.listener import Listener, listener_id
 from blueque.logs import configure as configure_logs
 from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
+from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.policy import Policy
-from blueque.process import create_time
+from blueque.process import create_time, process_alive
 from blueque.queue import check_queue_name
-from blueque.recovery import Recovery
+from blueque.recovery import Recovery, RecoveryReport
 from blueque.store import now
 from blueque.task import Task
 
 log = logging.getLogger("blueque.daemon")
 
 ON_STOP = ("keep", "drain", "terminate")
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str]:
@@ -114,6 +122,7 @@ class ListenerDaemon:
         poll: float = 1.0,
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        node_name: str | None = None,
     ) -> None:
         if not queues:
             raise BluequeError("a listener needs at least one queue")
@@ -132,10 +141,15 @@ class ListenerDaemon:
         self.on_stop = on_stop
         self.interval = interval
         self.poll = poll
-        self.id = identity or listener_id()
+        # an explicit id's host part is its node name: "[node name]_[pid]" stays readable
+        self.node_name = checked_node_name(node_name) if node_name else (
+            parse_listener_id(identity)[0] if identity else hostname())
+        self.id = identity or listener_id(node_name=self.node_name)
+        self.node = node_identity(self.node_name)
         self.clock = clock
         self.lease_ms = int(interval * 2000)
-        self.recovery = Recovery(self.store, lease_ms=self.lease_ms)
+        self.recovery = Recovery(self.store, host=self.node_name, lease_ms=self.lease_ms,
+                                 node=self.node)
         self.listeners = {q: Listener(q, self.store, self.id, register=False) for q in queues}
         self.function_spec = function if isinstance(function, str) else None
         self.function: TaskFunction | None = None if isinstance(function, str) else function
@@ -190,10 +204,63 @@ class ListenerDaemon:
                      self.on_stop)
         self.stopping = True
 
+    def claim_identity(self) -> bool:
+        """Make sure no live listener holds our id (two processes sharing one would share a
+        reserved list, a lease and a control channel). Raises ConfigurationError if one does;
+        returns False if we were asked to stop while waiting.
+
+        Same node identity: the holder's pid and create time tell at once. Otherwise (another
+        node, e.g. two containers with one host name and one pid; or a dead holder on this
+        node, after a pid reuse) its lease tells: we wait for one renewal interval and until
+        its leases on our queues have lapsed; a renewal meanwhile means it lives. A dead
+        holder's tasks are then recovered (mode lease) before we take the id."""
+        info = self.store.listener_info(self.id)
+        held = self._held_leases()
+        if not info and not held:
+            return True
+        pid = int(info["pid"]) if info.get("pid", "").isdigit() else None
+        if info.get("node") == self.node and pid is not None:
+            if pid == os.getpid():
+                return True  # an earlier run() of this very process (ForkingRunner)
+            if process_alive(pid, _float(info.get("pid_created"))):
+                raise ConfigurationError(
+                    f"listener id {self.id} is in use by the live listener pid {pid} on this "
+                    f"node: two listeners cannot share an id; give each its own --identity, "
+                    f"or stop the other one first")
+        where = info.get("node", "an unknown node")
+        log.warning("listener id %s was held by a listener on %s that cannot be checked by pid "
+                    "from here; waiting for its lease to lapse", self.id, where)
+        patience = self.clock() + (_float(info.get("interval")) or self.interval) + 1.0
+        renewed = info.get("renewed")
+        while not self.stopping:
+            time.sleep(0.2)  # a signal ends it early enough: its handler sets stopping
+            now_info, now_held = self.store.listener_info(self.id), self._held_leases()
+            if (now_info.get("renewed", renewed) != renewed
+                    or any(now_held.get(q, 0.0) > d for q, d in held.items())):
+                raise ConfigurationError(
+                    f"listener id {self.id} is in use by a live listener on {where} (it renewed "
+                    f"its lease): listener ids must be unique; give each node its own "
+                    f"--node-name (and each listener on it its own pid)")
+            server_ms = self.store.server_time() * 1000
+            if self.clock() > patience and all(d <= server_ms for d in now_held.values()):
+                break
+        else:
+            return False
+        report = RecoveryReport()
+        for queue in held:
+            self.recovery.recover_expired(queue, report)
+        self.store.delete_listener_info(self.id)
+        return True
+
+    def _held_leases(self) -> dict[str, float]:
+        found = {q: self.store.leases(q).get(self.id) for q in self.weights}
+        return {q: deadline for q, deadline in found.items() if deadline is not None}
+
     def register(self) -> None:
         pid = os.getpid()
         info = {
-            "host": hostname(), "pid": str(pid), "pid_created": repr(create_time(pid) or 0.0),
+            "host": self.node_name, "node": self.node, "pid": str(pid),
+            "pid_created": repr(create_time(pid) or 0.0),
             "queues": ",".join(f"{q}:{w}" for q, w in self.weights.items()),
             "concurrency": str(self.concurrency), "interval": repr(self.interval),
             "started": repr(now()),
@@ -262,6 +329,8 @@ class ListenerDaemon:
         self._reap()
         try:
             if not self._registered:
+                if not self.claim_identity():
+                    return
                 self.register()
                 self._heal()
             self._record_unrecorded()
@@ -621,6 +690,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll", type=positive_seconds, default=1.0,
                         help="fallback poll for enqueues that publish nothing, such as "
                              "blueque 1.0.1's (seconds, default 1)")
+    add_node_name_argument(parser)
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
@@ -640,6 +710,7 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
     daemon = ListenerDaemon(
         client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
+        node_name=args.node_name,
     )
     try:
         daemon.load_function()
@@ -665,3 +736,18 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
     finally:
         if server is not None:
             server.close()
+
+
+def _node_name_type(value: str) -> str:
+    try:
+        return checked_node_name(value)
+    except ConfigurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_node_name_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name", type=_node_name_type, metavar="NAME",
+        help="this node's name, first in listener ids ([NAME]_[pid]) and node identities "
+             "(default: the fully qualified host name); give nodes that share a host name "
+             "(containers, cloned VMs, 'localhost') distinct names")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
-from functools import lru_cache
 
+from blueque.node import hostname, local_process, node_identity, parse_listener_id
 from blueque.process import process_alive
 from blueque.store import BLOCK_SLICE, RedisStore, Reservation, now
 from blueque.task import Task
@@ -15,20 +14,13 @@ from blueque.task import Task
 log = logging.getLogger("blueque.listener")
 
 
-@lru_cache(maxsize=1)
-def hostname() -> str:
-    """The fully qualified host name, as blueque 1.0.1 uses in listener ids."""
-    return socket.getfqdn()
+__all__ = ["Listener", "hostname", "listener_id", "parse_listener_id"]
 
 
-def listener_id(pid: int | None = None) -> str:
-    """``[fully qualified hostname]_[pid]``."""
-    return f"{hostname()}_{os.getpid() if pid is None else pid}"
-
-
-def parse_listener_id(value: str) -> tuple[str, int | None]:
-    host, _, pid = value.rpartition("_")
-    return (host, int(pid)) if pid.isdigit() else (value, None)
+def listener_id(pid: int | None = None, node_name: str | None = None) -> str:
+    """``[node name]_[pid]``: the node name defaults to the fully qualified host name, as
+    in blueque 1.0.1."""
+    return f"{node_name or hostname()}_{os.getpid() if pid is None else pid}"
 
 
 class Listener:
@@ -45,6 +37,7 @@ class Listener:
         self._store = store
         self.id = identity or listener_id()
         self.host, self.pid = parse_listener_id(self.id)
+        self.node = node_identity(self.host)
         if register:
             store.add_listener(queue, self.id)
 
@@ -96,15 +89,15 @@ class Listener:
                 return None
 
     def claim_orphan(self) -> Task | None:
-        """A task left by a dead listener of this queue on this host, or None (blueque 1.0.1's
+        """A task left by a dead listener of this queue on this node, or None (blueque 1.0.1's
         rule: a listener on the same host whose pid is gone; removing it from the listeners
-        set is the claim, so only one claimer wins)."""
+        set is the claim, so only one claimer wins). A listener whose info names another
+        node identity is never judged by pid here: only its lease tells (PROTOCOL.md)."""
         for other in sorted(self._store.listener_ids(self._queue)):
-            host, pid = parse_listener_id(other)
-            if host != self.host or pid is None or pid == self.pid:
+            if other == self.id:
                 continue
-            created = self._store.listener_info(other).get("pid_created")
-            if process_alive(pid, float(created) if created else None):
+            local = local_process(other, self._store.listener_info(other), self.node, self.host)
+            if local is None or process_alive(*local):
                 continue
             if not self._store.remove_listener(self._queue, other):
                 continue

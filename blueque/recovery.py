@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from blueque import keys as k
-from blueque.listener import hostname, parse_listener_id
+from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy
 from blueque.process import process_alive, signal_group
 from blueque.store import RedisStore, now
@@ -63,10 +63,13 @@ class Recovery:
         alive: Callable[[int, float | None], bool] = process_alive,
         rng: random.Random | None = None,
         kill: Callable[[int, int], None] = signal_group,
+        node: str | None = None,
     ) -> None:
         self.store = store
         self.lease_ms = lease_ms
         self.host = host or hostname()
+        #: pids are judged only for listeners whose info names exactly this node identity
+        self.node = node or node_identity(self.host)
         self._alive = alive
         self._rng = rng or random.Random()
         self._kill = kill
@@ -167,11 +170,14 @@ class Recovery:
         its pid gone and applies the retry policy."""
         skip = set(exclude)
         for listener in sorted(self.store.listener_ids(queue)):
-            host, pid = parse_listener_id(listener)
-            if host != self.host or pid is None or listener in skip:
+            if listener in skip:
                 continue
-            created = _float(self.store.listener_info(listener).get("pid_created"))
-            if self._alive(pid, created):
+            local = local_process(listener, self.store.listener_info(listener), self.node,
+                                  self.host)
+            if local is None:  # another node (or one we cannot tell): its lease decides
+                continue
+            created = local[1]
+            if self._alive(*local):
                 continue
             verdicts, live = self._verdicts(
                 queue, listener, f"listener {listener} died", adopt=True
@@ -191,9 +197,12 @@ class Recovery:
             if live:
                 report.adopted += live
                 self.store.lease(queue, listener, self.lease_ms, "register")
-                if created is not None:  # outlive the info's TTL: a reused pid stays told apart
-                    self.store.write_listener_info(listener, {"pid_created": repr(created)},
-                                                   self.lease_ms // 1000 + 1)
+                # outlive the info's TTL: a reused pid stays told apart, and the node identity
+                # (written for a 1.0.1 listener too) keeps later sweeps judging it on this node
+                kept = {"node": self.node, "pid": str(local[0])}
+                if created is not None:
+                    kept["pid_created"] = repr(created)
+                self.store.write_listener_info(listener, kept, self.lease_ms // 1000 + 1)
 
     def sweep(self, queues: Iterable[str], exclude: Iterable[str] = ()) -> RecoveryReport:
         """Recover dead listeners of this host first (so their live processes are adopted

@@ -124,3 +124,13 @@ def exits(task: Task) -> str:
 
 def some_error(task: Task) -> str:
     raise Exception("some error")
+
+
+def hold(task: Task) -> str:
+    """Marks "start [task id] [attempt] [pid]", waits for the release file, marks "end"."""
+    params = _params(task)
+    _mark(params, f"start {task.id} {task.attempts}")
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    _mark(params, f"end {task.id} {task.attempts}")
+    return "held"

@@ -1,0 +1,174 @@
+"""Node identity (issue 9, section 2): nodes that share a host name never judge each other's
+pids, and no two live listeners share an id.
+
+Real daemons on the private redis-server; the look-alike node is a real PID namespace
+(`unshare --pid --fork --mount-proc`), whose first pid is set free in the root namespace so
+that a pid check from the wrong namespace finds nothing there (as on another machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+
+import blueque
+from blueque.keys import Keys
+from blueque.listener import Listener
+from blueque.node import hostname
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--interval", "0.5", "--poll", "0.1")
+KEYS = Keys()
+
+
+def _pid_namespaces_work() -> bool:
+    try:
+        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                              capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+needs_pid_namespaces = pytest.mark.skipif(
+    not _pid_namespaces_work(),
+    reason="PID namespaces are not available here (unshare --pid needs root or "
+           "CAP_SYS_ADMIN); node identities are still covered with --node-name")
+
+
+def free_pid_range(size: int = 200) -> int:
+    """A first pid whose range is unused in this (root) namespace."""
+    in_use = set(psutil.pids())
+    for base in range(30000, 10000, -2500):
+        if not in_use & set(range(base, base + size)):
+            return base
+    raise AssertionError("no free pid range for the namespace")
+
+
+def in_new_pid_namespace(command: Sequence[str], first_pid: int) -> list[str]:
+    """``command`` as pid ``first_pid`` of a new PID namespace (killed with the namespace
+    when unshare is killed)."""
+    script = f'echo {first_pid - 1} > /proc/sys/kernel/ns_last_pid && "$@"'
+    return ["unshare", "--pid", "--mount-proc", "--kill-child", "sh", "-c", script, "sh",
+            *command]
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[Daemon]]:
+    with daemons(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, started: list[Daemon]):  # type: ignore[no-untyped-def]
+    def spawn_daemon(command: Sequence[str]) -> Daemon:
+        daemon = Daemon(command, tmp_path / f"daemon{len(started)}.log")
+        started.append(daemon)
+        return daemon
+
+    return spawn_daemon
+
+
+def hold(tmp_path: Path, name: str) -> tuple[str, Path, Path]:
+    marker, release = tmp_path / f"{name}.marker", tmp_path / f"{name}.release"
+    return json.dumps({"marker": str(marker), "release": str(release)}), marker, release
+
+
+def recovered_decoy(client: blueque.Client, redis_client, round_: int) -> None:  # type: ignore[no-untyped-def]
+    """A dead listener on another node, lease lapsed, holding a task: waiting until someone
+    requeued its task proves that a recovery sweep ran after it was planted."""
+    decoy = Listener("work", client.store, identity=f"decoy{round_}.example_1")
+    task_id = client.get_queue("work").enqueue(f"decoy {round_}")
+    assert decoy.reserve() is not None
+    redis_client.zadd(KEYS.leases("work"), {decoy.id: 1})
+    wait_until(lambda: not redis_client.exists(KEYS.reserved("work", decoy.id)),
+               what="a sweep")
+    redis_client.lrem(KEYS.pending("work"), 0, task_id)  # nobody should run it
+    redis_client.delete(KEYS.task(task_id))
+
+
+@needs_pid_namespaces
+def test_same_host_name_in_two_pid_namespaces_never_judge_each_others_pids(  # type: ignore[no-untyped-def]
+        client, redis_url, redis_client, spawn, tmp_path):
+    queue = client.get_queue("work")
+    first = free_pid_range()
+    params_ns, marker_ns, release_ns = hold(tmp_path, "ns")
+    in_ns = queue.enqueue(params_ns, max_attempts=3, retry_backoff=0.01)
+    spawn(in_new_pid_namespace(listen_command(redis_url, "work", "tests.jobs:hold", *FAST),
+                               first))
+    wait_until(lambda: lines(marker_ns), what="task running in the other namespace")
+    ns_listener = f"{hostname()}_{first}"
+    assert client.get_task(in_ns).node == ns_listener  # same host name, pid of its namespace
+
+    params_root, marker_root, release_root = hold(tmp_path, "root")
+    in_root = queue.enqueue(params_root, max_attempts=3, retry_backoff=0.01)
+    root = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST))
+    wait_until(lambda: lines(marker_root), what="task running in the root namespace")
+    scheduler = spawn([sys.executable, "-m", "blueque.cli", "scheduler", "--url", redis_url,
+                       "--interval", "0.1", "--recovery-interval", "0.1"])
+    root_listener = f"{hostname()}_{root.pid}"
+    infos = [client.store.listener_info(x) for x in (ns_listener, root_listener)]
+    assert infos[0]["node"] != infos[1]["node"]
+    assert all(info["node"].startswith(hostname() + ":") for info in infos)
+
+    for round_ in range(3):  # sweeps of the scheduler and of both listeners ran meanwhile
+        recovered_decoy(client, redis_client, round_)
+
+    for task_id, marker in ((in_ns, marker_ns), (in_root, marker_root)):
+        task = client.get_task(task_id)
+        assert (task.status, task.attempts) == ("started", 1), task.error
+        assert len(lines(marker)) == 1  # started once, not ended: still running
+    assert {ns_listener, root_listener} <= redis_client.smembers(KEYS.listeners("work"))
+    logs = "".join(d.log() for d in (root, scheduler))
+    assert "recovered dead listener" not in logs and "lost its lease" not in logs
+    release_ns.touch()
+    release_root.touch()
+    for task_id in (in_ns, in_root):
+        task = client.get_task(task_id).wait(20)
+        assert (task.status, task.attempts) == ("complete", 1)
+    assert len(lines(marker_ns)) == 2 and len(lines(marker_root)) == 2
+
+
+@pytest.mark.parametrize("where", ["same node", "other node"])
+def test_listener_refuses_an_id_held_by_a_live_listener(  # type: ignore[no-untyped-def]
+        client, redis_url, spawn, where):
+    if where == "other node" and not _pid_namespaces_work():
+        pytest.skip("PID namespaces are not available here")
+    command = listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                             "--identity", "twin.example_1")
+    holder = spawn(command if where == "same node" else
+                   in_new_pid_namespace(command, free_pid_range()))
+    wait_until(lambda: client.store.listener_info("twin.example_1").get("renewed"),
+               what="the first listener registered")
+    owner = client.store.listener_info("twin.example_1")
+    second = spawn(command)
+    wait_until(lambda: not second.alive(), what="the second listener refusing to start")
+    assert second.process.returncode == 2  # bad configuration (blueque --help: exit codes)
+    text = second.log()
+    assert "blueque: error: listener id twin.example_1 is in use by" in text
+    assert ("--identity" if where == "same node" else "--node-name") in text
+    assert holder.alive()
+    assert client.store.listener_info("twin.example_1")["pid_created"] == owner["pid_created"]
+    assert client.store.listener_info("twin.example_1")["node"] == owner["node"]
+
+
+def test_node_name_names_the_listener_and_its_node(client, redis_url, spawn):  # type: ignore[no-untyped-def]
+    daemon = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                                  "--node-name", "gpu-7.example"))
+    listener = f"gpu-7.example_{daemon.pid}"
+    wait_until(lambda: client.store.listener_info(listener).get("renewed"),
+               what="registered under its node name")
+    info = client.store.listener_info(listener)
+    assert info["host"] == "gpu-7.example" and info["node"].startswith("gpu-7.example:")
+    assert info["pid"] == str(daemon.pid)
