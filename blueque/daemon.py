@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import random
@@ -54,6 +55,9 @@ from blueque.task import Task
 log = logging.getLogger("blueque.daemon")
 
 ON_STOP = ("keep", "drain", "terminate")
+#: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
+#: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
+NODE_RUNS_TTL = 7 * 24 * 3600
 
 
 def _float(raw: str | None) -> float | None:
@@ -90,6 +94,12 @@ class Running:
     term_sent: float = 0.0
     kill_sent: bool = False
     exit_code: int | None = None  # None while it runs, or when a signal ended it
+    created: float | None = None  # the process's create time
+
+    def record(self, listener: str) -> str:
+        """This run's entry in blueque_node_[node] (PROTOCOL.md)."""
+        return json.dumps({"task": self.task_id, "queue": self.queue, "attempt": self.attempt,
+                           "created": self.created, "listener": listener})
 
 
 def describe_exit(status: int, reason: str, time_limit: float) -> str:
@@ -154,6 +164,9 @@ class ListenerDaemon:
         self.function_spec = function if isinstance(function, str) else None
         self.function: TaskFunction | None = None if isinstance(function, str) else function
         self.children: dict[int, Running] = {}
+        # live runs of dead listeners of this node that we adopted: they occupy our slots
+        self.adopted: dict[str, tuple[int, float | None]] = {}
+        self._ended_pids: list[str] = []  # to drop from blueque_node_[node]
         self.unrecorded: list[tuple[Running, str]] = []
         self.stopping = False
         self.rng = random.Random()
@@ -342,10 +355,11 @@ class ListenerDaemon:
                 self._heal()
                 self._next_renew = current + self.interval / 2
             if current >= self._next_sweep:
-                report = self.recovery.sweep(self.weights, exclude=[self.id])
-                if self.metrics:
-                    self.metrics.swept(report)
+                self._sweep()
                 self._next_sweep = current + self.interval
+            if self._ended_pids:
+                self.store.forget_runs(self.node, self._ended_pids)
+                self._ended_pids = []
             if current >= self._next_due:
                 # retries are scheduled tasks: move due ones even when no scheduler runs
                 for listener in self.listeners.values():
@@ -369,8 +383,23 @@ class ListenerDaemon:
             self._enforce_limits_offline()
         self._wait(timeout)
 
+    def _sweep(self) -> None:
+        """Recovery, as adopter: the live runs of dead listeners we adopt take our slots."""
+        report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
+        if set(report.adopted_runs) != set(self.adopted):
+            log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
+                     self.id, len(report.adopted_runs))
+        self.adopted = dict(report.adopted_runs)
+        if self.metrics:
+            self.metrics.swept(report)
+
+    def _free_slots(self) -> int:
+        # an adopted run frees its slot when its process ends (no need to wait for a sweep)
+        self.adopted = {t: run for t, run in self.adopted.items() if process_alive(*run)}
+        return self.concurrency - len(self.children) - len(self.adopted)
+
     def _fill_slots(self) -> None:
-        while len(self.children) < self.concurrency and not self.stopping:
+        while self._free_slots() > 0 and not self.stopping:
             task = self._reserve()
             if task is None or not self._fork(task):
                 return
@@ -398,8 +427,9 @@ class ListenerDaemon:
             run_child(self.store, task, function, policy)
         self.children[pid] = Running(
             task.id, queue, task.attempts, self.clock(), policy.time_limit,
-            policy.kill_grace, policy, pid,
+            policy.kill_grace, policy, pid, created=create_time(pid),
         )
+        self._record_runs([self.children[pid]])
         log.info("task %s queue %s: attempt %s started in pid %d", task.id, queue,
                  task.attempts, pid, extra={"task_id": task.id, "queue": queue, "pid": pid,
                                             "event": "started", "attempt": task.attempts})
@@ -424,6 +454,7 @@ class ListenerDaemon:
             running = self.children.pop(pid, None)
             if running is None:
                 continue
+            self._ended_pids.append(str(pid))
             if running.reason:  # we stopped it: time limit, cancelled, shutdown, superseded
                 self._signal_group(running, signal.SIGKILL, pid)  # grandchildren too
             self._settle(pid, status, running)
@@ -559,9 +590,11 @@ class ListenerDaemon:
         # all of it: after a pause longer than its TTL (SIGSTOP, an outage) the hash is gone,
         # and recover_local needs pid_created to tell this process from a reused pid
         self.store.write_listener_info(
-            self.id, {**self._info, "renewed": repr(now()), "busy": str(len(self.children))},
+            self.id, {**self._info, "renewed": repr(now()),
+                      "busy": str(len(self.children) + len(self.adopted))},
             int(self.interval * 3) + 1)
         running = list(self.children.values())
+        self._record_runs(running)  # refreshes the record's expiry too
         if running:
             datas = self.store.task_data_many([r.task_id for r in running])
             for child, data in zip(running, datas, strict=True):
@@ -569,6 +602,10 @@ class ListenerDaemon:
                     self._cancels.append(child.task_id)
                 elif self._superseded(child, data):
                     self._stop_child(child, "superseded")
+
+    def _record_runs(self, runs: Sequence[Running]) -> None:
+        self.store.record_runs(self.node, {str(r.pid): r.record(self.id) for r in runs},
+                               NODE_RUNS_TTL)
 
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         """Its task was taken back (recovered while we were frozen or cut off) or reserved
@@ -724,7 +761,7 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
     server: MetricsServer | None = None
     if args.metrics_port is not None:
         daemon.metrics = ListenerMetrics(client.store, daemon.id, daemon.concurrency,
-                                         busy=lambda: len(daemon.children))
+                                         busy=lambda: len(daemon.children) + len(daemon.adopted))
         try:
             server = serve_listener_metrics(daemon.metrics, args.metrics_port,
                                             args.metrics_host)

@@ -114,6 +114,10 @@ class Keys:
         """Hash describing one listener process (host, pid, create time, queues...)."""
         return _key("listener", listener_id)
 
+    def node_runs(self, node: str) -> str:
+        """Hash: pid -> the task run a listener of node identity ``node`` forked (JSON)."""
+        return _key("node", node)
+
     def queue_config(self, queue: str) -> str:
         """Hash of a queue's defaults (max_attempts, backoff, time_limit, result_ttl)."""
         return _key("queue_config", self._q(queue))
@@ -178,6 +182,7 @@ KEY_BUILDERS = (
     "listeners",
     "leases",
     "listener_info",
+    "node_runs",
     "queue_config",
     "cron",
     "finished_per_minute",

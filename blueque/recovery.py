@@ -13,6 +13,7 @@ later or failed, by the task's retry policy; cancel requested -> failed as cance
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import signal
@@ -38,6 +39,11 @@ class RecoveryReport:
     failed: int = 0
     adopted: int = 0
     listeners: list[str] = field(default_factory=list)
+    #: live runs of dead listeners that the sweep's ``adopter`` holds: task id -> (pid,
+    #: create time); they occupy the adopter's slots until they end
+    adopted_runs: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    #: fenced runs of dead listeners whose process group was signalled
+    stopped_runs: int = 0
 
     def add(self, counts: list[int]) -> None:
         self.requeued += counts[0]
@@ -75,28 +81,29 @@ class Recovery:
         self._kill = kill
         # adopted task id -> (when SIGTERM was sent, why: "cancelled" | "time limit")
         self._stopping: dict[str, tuple[float, str]] = {}
+        # fenced run's pid -> when its group was first sent SIGTERM (monotonic)
+        self._fenced: dict[int, float] = {}
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
-    ) -> tuple[list[Verdict], int]:
-        """Verdicts for a dead listener's reserved tasks, and how many still-running ones
-        (adopt=True: checked by pid on this host) are left alone."""
+    ) -> tuple[list[Verdict], dict[str, tuple[int, float | None]]]:
+        """Verdicts for a dead listener's reserved tasks, and the still-running ones
+        (adopt=True: checked by pid on this node) left alone: task id -> (pid, created)."""
         ids = self.store.reserved_ids(queue, listener)
         datas = self.store.task_data_many(ids) if ids else []
         config = self.store.queue_config(queue) if ids else {}
         current = now()
         verdicts: list[Verdict] = []
-        live = 0
+        live: dict[str, tuple[int, float | None]] = {}
         for task_id, data in zip(ids, datas, strict=True):
             status, attempts = data.get("status"), data.get("attempts", "")
             pid = data.get("pid")
             if status in (k.PENDING, k.RESERVED) or not data:
                 verdicts.append((task_id, attempts, "pending", None, ""))
             elif status == k.STARTED:
-                if adopt and pid and pid.isdigit() and self._alive(
-                    int(pid), _float(data.get("pid_created"))
-                ):
-                    live += 1
+                created = _float(data.get("pid_created"))
+                if adopt and pid and pid.isdigit() and self._alive(int(pid), created):
+                    live[task_id] = (int(pid), created)
                     self._enforce(task_id, int(pid), data, Policy.resolve(data, config), current)
                     continue
                 stopped = self._stopping.pop(task_id, (0.0, ""))[1]
@@ -162,18 +169,20 @@ class Recovery:
                     "%d retried, %d failed", listener, queue, *counts[:3],
                 )
 
-    def recover_local(self, queue: str, report: RecoveryReport, exclude: Iterable[str] = ()
-                      ) -> None:
-        """Dead listeners on this host (mode "host"). Their processes that still run are
-        adopted: the dead listener's lease is renewed for them (so no other host recovers
+    def recover_local(self, queue: str, report: RecoveryReport, exclude: Iterable[str] = (),
+                      adopter: str | None = None) -> None:
+        """Dead listeners on this node (mode "host"). Their processes that still run are
+        adopted: the dead listener's lease is renewed for them (so no other node recovers
         them) and they record their own outcome; if one dies unreported, a later sweep sees
-        its pid gone and applies the retry policy."""
+        its pid gone and applies the retry policy. A listener sweeping (``adopter``: its
+        id) claims them in the dead listener's info (``adopted_by``) unless another live
+        listener did: the claimed runs occupy its slots (``report.adopted_runs``)."""
         skip = set(exclude)
         for listener in sorted(self.store.listener_ids(queue)):
             if listener in skip:
                 continue
-            local = local_process(listener, self.store.listener_info(listener), self.node,
-                                  self.host)
+            info = self.store.listener_info(listener)
+            local = local_process(listener, info, self.node, self.host)
             if local is None:  # another node (or one we cannot tell): its lease decides
                 continue
             created = local[1]
@@ -192,24 +201,82 @@ class Recovery:
                 report.listeners.append(listener)
                 log.warning(
                     "recovered dead listener %s on queue %s: %d requeued, %d retried, "
-                    "%d failed, %d still running", listener, queue, *counts[:3], live,
+                    "%d failed, %d still running", listener, queue, *counts[:3], len(live),
                 )
             if live:
-                report.adopted += live
+                report.adopted += len(live)
                 self.store.lease(queue, listener, self.lease_ms, "register")
                 # outlive the info's TTL: a reused pid stays told apart, and the node identity
                 # (written for a 1.0.1 listener too) keeps later sweeps judging it on this node
                 kept = {"node": self.node, "pid": str(local[0])}
                 if created is not None:
                     kept["pid_created"] = repr(created)
+                if adopter is not None and self._may_claim(info.get("adopted_by"), adopter):
+                    kept["adopted_by"] = adopter
+                    report.adopted_runs.update(live)
                 self.store.write_listener_info(listener, kept, self.lease_ms // 1000 + 1)
 
-    def sweep(self, queues: Iterable[str], exclude: Iterable[str] = ()) -> RecoveryReport:
-        """Recover dead listeners of this host first (so their live processes are adopted
-        before their lease can expire), then expired leases on ``queues``."""
+    def _may_claim(self, holder: str | None, adopter: str) -> bool:
+        """Adopted runs count against one listener's slots: the first to claim them, for as
+        long as it lives (two claiming at once both count them until the next sweep)."""
+        if not holder or holder == adopter:
+            return True
+        info = self.store.listener_info(holder)  # a live listener daemon always has its info
+        local = local_process(holder, info, self.node, self.host) if info else None
+        return local is None or not self._alive(*local)
+
+    def stop_fenced_runs(self, report: RecoveryReport, exclude: Iterable[str] = ()) -> None:
+        """Runs forked on this node (blueque_node_[node]) whose listener is dead and whose
+        task was taken back meanwhile (requeued, retried, cancelled, finished, or stamped
+        again): fenced, they can record nothing and only duplicate the task's next attempt.
+        Their group gets SIGTERM, then SIGKILL once kill_grace has passed, as a listener
+        stops a superseded run of its own. Entries of ended processes are dropped."""
+        skip = set(exclude)
+        ended: list[str] = []
+        for field_, raw in self.store.node_runs(self.node).items():
+            try:
+                run = json.loads(raw)
+                pid, task_id, listener = int(field_), str(run["task"]), str(run["listener"])
+                attempt, created = str(run["attempt"]), _float(str(run.get("created") or ""))
+            except (ValueError, KeyError, TypeError):
+                ended.append(field_)  # unreadable: nothing to act on
+                continue
+            if listener in skip:
+                continue  # the sweeping listener's own: it drops them when it reaps them
+            if not self._alive(pid, created):
+                ended.append(field_)
+                if self._fenced.pop(pid, None) is not None:
+                    self._kill(pid, signal.SIGKILL)  # grandchildren left in its group
+                continue
+            owner = local_process(listener, self.store.listener_info(listener), self.node,
+                                  self.host)
+            if owner is not None and self._alive(*owner):
+                continue  # its own listener watches it
+            data = self.store.task_data(task_id)
+            if not data or (data.get("attempts") == attempt and data.get("node") == listener
+                            and data.get("status") in (k.RESERVED, k.STARTED)):
+                continue  # still the task's current run: adopted (recover_local)
+            policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
+            first = self._fenced.setdefault(pid, time.monotonic())
+            signum = (signal.SIGKILL if time.monotonic() - first > policy.kill_grace
+                      else signal.SIGTERM)
+            log.warning("task %s: attempt %s (pid %d) of dead listener %s was taken back "
+                        "(now %s, attempt %s); sending %s to its group", task_id, attempt, pid,
+                        listener, data.get("status"), data.get("attempts"),
+                        signal.Signals(signum).name)
+            self._kill(pid, signum)
+            report.stopped_runs += 1
+        self.store.forget_runs(self.node, ended)
+
+    def sweep(self, queues: Iterable[str], exclude: Iterable[str] = (),
+              adopter: str | None = None) -> RecoveryReport:
+        """Recover dead listeners of this node first (so their live processes are adopted
+        before their lease can expire), then expired leases on ``queues``; then stop the
+        fenced runs of dead listeners of this node."""
         report = RecoveryReport()
         excluded = list(exclude)
         for queue in queues:
-            self.recover_local(queue, report, excluded)
+            self.recover_local(queue, report, excluded, adopter)
             self.recover_expired(queue, report)
+        self.stop_fenced_runs(report, excluded)
         return report

@@ -429,6 +429,26 @@ class RedisStore:
         self.redis.delete(self.keys.listener_info(listener_id))
 
     @translate_errors
+    def record_runs(self, node: str, runs: dict[str, str], ttl_s: int) -> None:
+        """HSET blueque_node_[node] pid -> run (JSON); EXPIRE: the node's runs, so that the
+        next listener or scheduler on the node finds those whose listener died."""
+        pipe = self.redis.pipeline(transaction=False)
+        if runs:
+            pipe.hset(self.keys.node_runs(node), mapping=runs)
+        pipe.expire(self.keys.node_runs(node), ttl_s)
+        pipe.execute()
+
+    @translate_errors
+    def forget_runs(self, node: str, pids: Sequence[str]) -> None:
+        """HDEL ended runs from blueque_node_[node] (the hash goes with its last field)."""
+        if pids:
+            self.redis.hdel(self.keys.node_runs(node), *pids)
+
+    @translate_errors
+    def node_runs(self, node: str) -> dict[str, str]:
+        return cast(dict[str, str], self.redis.hgetall(self.keys.node_runs(node)))
+
+    @translate_errors
     def reserved_ids(self, queue: str, listener_id: str) -> list[str]:
         return cast(list[str], self.redis.lrange(self.keys.reserved(queue, listener_id), 0, -1))
 

@@ -172,3 +172,27 @@ def test_node_name_names_the_listener_and_its_node(client, redis_url, spawn):  #
     info = client.store.listener_info(listener)
     assert info["host"] == "gpu-7.example" and info["node"].startswith("gpu-7.example:")
     assert info["pid"] == str(daemon.pid)
+
+
+@needs_pid_namespaces
+def test_a_dead_holder_of_the_id_on_another_node_is_waited_out_and_recovered(  # type: ignore[no-untyped-def]
+        client, redis_url, spawn, tmp_path):
+    """A container restarted with the same host name and pid: the old listener is in another
+    (now gone) PID namespace, so only its lease can say it is dead."""
+    params, marker, release = hold(tmp_path, "task")
+    task_id = client.get_queue("work").enqueue(params, max_attempts=2, retry_backoff=0.01)
+    command = listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                             "--identity", "twin.example_1")
+    container = spawn(in_new_pid_namespace(command, free_pid_range()))
+    wait_until(lambda: lines(marker), what="attempt 1 running in the old container")
+    container.kill()  # the namespace dies with its init: the listener and its task process
+    restarted = spawn(command)
+    wait_until(lambda: len(lines(marker)) == 2, what="attempt 2 run by the new listener")
+    task = client.get_task(task_id)
+    assert (task.status, task.attempts, task.node) == ("started", 2, "twin.example_1")
+    assert "twin.example_1 stopped renewing its lease" in (task.error or "")
+    assert "waiting for its lease to lapse" in restarted.log()
+    release.touch()
+    assert client.get_task(task_id).wait(20).status == "complete"
+    assert restarted.alive()
+    assert client.store.listener_info("twin.example_1")["pid"] == str(restarted.pid)

@@ -1,0 +1,151 @@
+"""Concurrency is a per-node promise across redeploys (issue 9, section 3): runs a new listener
+adopts occupy its slots, and runs whose listener died and whose task was taken back are
+stopped by the next listener or scheduler on their node. Real daemons, real task processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+
+import blueque
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--interval", "0.5", "--poll", "0.1")
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Sampler(threading.Thread):
+    """Counts the task processes alive at each moment, from the "start [task] [attempt]
+    [pid]" lines tests.jobs:hold writes (each process is known by pid and create time)."""
+
+    def __init__(self, marker: Path) -> None:
+        super().__init__(daemon=True)
+        self.marker = marker
+        self.processes: dict[int, psutil.Process | None] = {}
+        self.most = 0
+        self.samples = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            for line in lines(self.marker):
+                pid = int(line.split()[-1])
+                if line.startswith("start") and pid not in self.processes:
+                    try:
+                        self.processes[pid] = psutil.Process(pid)
+                    except psutil.NoSuchProcess:
+                        self.processes[pid] = None  # came and went between two samples
+            alive = 0
+            for process in self.processes.values():
+                try:
+                    if process is not None and process.is_running() and (
+                            process.status() != psutil.STATUS_ZOMBIE):
+                        alive += 1
+                except psutil.NoSuchProcess:
+                    pass
+            self.most = max(self.most, alive)
+            self.samples += 1
+            self._stop_event.wait(0.005)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(10)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    with daemons(tmp_path) as started:
+        def spawn_daemon(command: Sequence[str]) -> Daemon:
+            daemon = Daemon(command, tmp_path / f"daemon{len(started)}.log")
+            started.append(daemon)
+            return daemon
+
+        yield spawn_daemon
+
+
+def starts(marker: Path) -> Counter[str]:
+    return Counter(line.split()[1] for line in lines(marker) if line.startswith("start"))
+
+
+def test_adopted_runs_occupy_slots_across_two_restarts(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    params = json.dumps({"marker": str(marker), "release": str(release)})
+    queue = client.get_queue("work")
+    ids = [queue.enqueue(params) for _ in range(4)]  # two run, two wait for a free slot
+    sampler = Sampler(marker)
+    sampler.start()
+    command = listen_command(redis_url, "work", "tests.jobs:hold", *FAST, "--concurrency", "2")
+    try:
+        listener = spawn(command)
+        wait_until(lambda: sum(starts(marker).values()) == 2, what="two tasks running")
+        for _ in range(2):  # a redeploy: SIGTERM (--on-stop=keep), then a new listener
+            assert listener.stop() == 0
+            listener = spawn(command)
+            wait_until(lambda new=listener: "adopted task(s)" in new.log() or sampler.most > 2,
+                       what="the new listener adopting the running tasks")
+        assert sampler.most == 2
+        assert sorted(client.get_task(i).status or "" for i in ids) == [
+            "pending", "pending", "started", "started"]
+        ids += [queue.enqueue(params) for _ in range(2)]
+        release.touch()
+        for task_id in ids:
+            task = client.get_task(task_id).wait(30)
+            assert (task.status, task.attempts) == ("complete", 1)
+    finally:
+        sampler.stop()
+    assert sampler.most == 2 and sampler.samples > 100
+    assert starts(marker) == {task_id: 1 for task_id in ids}  # each ran exactly once
+    assert listener.alive()
+
+
+@pytest.mark.parametrize("successor", ["listener", "scheduler"])
+def test_next_daemon_on_the_node_stops_a_run_whose_task_was_taken_back(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path, successor: str) -> None:
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    params = json.dumps({"marker": str(marker), "release": str(release)})
+    task_id = client.get_queue("work").enqueue(params, max_attempts=2, retry_backoff=0.01)
+    node_a = ("--node-name", "node-a.example")
+    first = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: lines(marker), what="attempt 1 running on node A")
+    orphan = client.get_task(task_id).pid
+    assert orphan is not None
+    first.kill()  # node A's listener dies; its task process runs on (its own session)
+    # no listener comes up on node A in time: node B recovers the task when the lease lapses
+    spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                         "--node-name", "node-b.example"))
+    wait_until(lambda: starts(marker)[task_id] == 2, what="attempt 2 running on node B")
+    assert running(orphan)  # fenced, beside the next attempt
+    if successor == "listener":
+        spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    else:
+        spawn([sys.executable, "-m", "blueque.cli", "scheduler", "--url", redis_url,
+               "--interval", "0.1", "--recovery-interval", "0.2", *node_a])
+    wait_until(lambda: not running(orphan), what="the fenced run stopped by node A's successor")
+    task = client.get_task(task_id)
+    assert (task.status, task.attempts) == ("started", 2)
+    assert task.node is not None and task.node.startswith("node-b.example_")
+    release.touch()
+    task = client.get_task(task_id).wait(20)
+    assert (task.status, task.attempts) == ("complete", 2)
+    assert [line.split()[:3] for line in lines(marker) if line.startswith("end")] == [
+        ["end", task_id, "2"]]  # the fenced run never got to its end
