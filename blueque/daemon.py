@@ -342,6 +342,7 @@ class ListenerDaemon:
         self._reap()
         try:
             if not self._registered:
+                self.store.check_server()  # once: before the identity check's first command
                 if not self.claim_identity():
                     return
                 self.register()
