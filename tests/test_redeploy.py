@@ -103,6 +103,8 @@ def test_adopted_runs_occupy_slots_across_two_restarts(  # type: ignore[no-untyp
             listener = spawn(command)
             wait_until(lambda new=listener: "adopted task(s)" in new.log() or sampler.most > 2,
                        what="the new listener adopting the running tasks")
+            seen = sampler.samples
+            wait_until(lambda seen=seen: sampler.samples > seen + 2, what="samples after it")
         assert sampler.most == 2
         assert sorted(client.get_task(i).status or "" for i in ids) == [
             "pending", "pending", "started", "started"]
@@ -113,7 +115,7 @@ def test_adopted_runs_occupy_slots_across_two_restarts(  # type: ignore[no-untyp
             assert (task.status, task.attempts) == ("complete", 1)
     finally:
         sampler.stop()
-    assert sampler.most == 2 and sampler.samples > 100
+    assert sampler.most == 2
     assert starts(marker) == {task_id: 1 for task_id in ids}  # each ran exactly once
     assert listener.alive()
 
