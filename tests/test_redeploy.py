@@ -151,3 +151,37 @@ def test_next_daemon_on_the_node_stops_a_run_whose_task_was_taken_back(  # type:
     assert (task.status, task.attempts) == ("complete", 2)
     assert [line.split()[:3] for line in lines(marker) if line.startswith("end")] == [
         ["end", task_id, "2"]]  # the fenced run never got to its end
+
+
+RUNNER = """
+import sys
+import blueque
+from blueque.forking_runner import ForkingRunner
+from tests import jobs
+ForkingRunner(blueque.Client(sys.argv[1]), "work", jobs.hold).run()
+"""
+
+
+def test_forking_runner_waits_for_the_run_it_adopted(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """blueque 1.0.1's ForkingRunner.run() waits for a running orphan before taking work; so
+    does ours: the adopted run holds its one slot."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    params = json.dumps({"marker": str(marker), "release": str(release)})
+    queue = client.get_queue("work")
+    running_id, waiting_id = queue.enqueue(params), queue.enqueue(params)
+    listener = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST))
+    wait_until(lambda: starts(marker)[running_id] == 1, what="the first task running")
+    dead = client.get_task(running_id).node
+    assert dead is not None and listener.stop() == 0  # --on-stop=keep: its task runs on
+    runner = spawn([sys.executable, "-c", RUNNER, redis_url])
+    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
+        f"_{runner.pid}") or starts(marker)[waiting_id] > 0, what="the runner adopting")
+    assert client.get_task(waiting_id).status == "pending"
+    assert starts(marker)[waiting_id] == 0
+    release.touch()
+    first, second = (client.get_task(i).wait(30) for i in (running_id, waiting_id))
+    assert (first.status, second.status) == ("complete", "complete")
+    assert second.started_at is not None and first.finished_at is not None
+    assert second.started_at >= first.finished_at  # one at a time
+    assert starts(marker) == {running_id: 1, waiting_id: 1}
