@@ -253,9 +253,10 @@ class Recovery:
             if owner is not None and self._alive(*owner):
                 continue  # its own listener watches it
             data = self.store.task_data(task_id)
-            if not data or (data.get("attempts") == attempt and data.get("node") == listener
-                            and data.get("status") in (k.RESERVED, k.STARTED)):
-                continue  # still the task's current run: adopted (recover_local)
+            current = (data.get("attempts") == attempt and data.get("node") == listener
+                       and data.get("status") in (k.RESERVED, k.STARTED))
+            if not data or run.get("attempt") is None or current:
+                continue  # the task's current run (adopted by recover_local), or unfenced
             policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
             first = self._fenced.setdefault(pid, time.monotonic())
             signum = (signal.SIGKILL if time.monotonic() - first > policy.kill_grace

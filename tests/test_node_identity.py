@@ -8,6 +8,7 @@ that a pid check from the wrong namespace finds nothing there (as on another mac
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -21,8 +22,6 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.node import hostname
 from tests.daemons import Daemon, daemons, listen_command, wait_until
-
-pytestmark = pytest.mark.slow
 
 FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
@@ -98,6 +97,7 @@ def recovered_decoy(client: blueque.Client, redis_client, round_: int) -> None: 
     redis_client.delete(KEYS.task(task_id))
 
 
+@pytest.mark.slow
 @needs_pid_namespaces
 def test_same_host_name_in_two_pid_namespaces_never_judge_each_others_pids(  # type: ignore[no-untyped-def]
         client, redis_url, redis_client, spawn, tmp_path):
@@ -144,6 +144,7 @@ def test_same_host_name_in_two_pid_namespaces_never_judge_each_others_pids(  # t
     assert len(lines(marker_ns)) == 2 and len(lines(marker_root)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["same node", "other node"])
 def test_listener_refuses_an_id_held_by_a_live_listener(  # type: ignore[no-untyped-def]
         client, redis_url, spawn, where):
@@ -167,6 +168,7 @@ def test_listener_refuses_an_id_held_by_a_live_listener(  # type: ignore[no-unty
     assert client.store.listener_info("twin.example_1")["node"] == owner["node"]
 
 
+@pytest.mark.slow
 def test_node_name_names_the_listener_and_its_node(client, redis_url, spawn):  # type: ignore[no-untyped-def]
     daemon = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
                                   "--node-name", "gpu-7.example"))
@@ -178,6 +180,7 @@ def test_node_name_names_the_listener_and_its_node(client, redis_url, spawn):  #
     assert info["pid"] == str(daemon.pid)
 
 
+@pytest.mark.slow
 @needs_pid_namespaces
 def test_a_dead_holder_of_the_id_on_another_node_is_waited_out_and_recovered(  # type: ignore[no-untyped-def]
         client, redis_url, spawn, tmp_path):
@@ -200,3 +203,74 @@ def test_a_dead_holder_of_the_id_on_another_node_is_waited_out_and_recovered(  #
     assert client.get_task(task_id).wait(20).status == "complete"
     assert restarted.alive()
     assert client.store.listener_info("twin.example_1")["pid"] == str(restarted.pid)
+
+
+# --- the rules, step by step (injected liveness and kill; real redis-server) ------------------
+def test_local_process_compares_node_identities_exactly() -> None:
+    from blueque.node import local_process
+
+    node = "localhost:aaaaaaaaaaaa"
+    ours = {"node": node, "pid": "41", "pid_created": "12.5"}
+    assert local_process("localhost_41", ours, node, "localhost") == (41, 12.5)
+    other = {**ours, "node": "localhost:bbbbbbbbbbbb"}
+    assert local_process("localhost_41", other, node, "localhost") is None
+    # no node identity: blueque 1.0.1's rule, by the host name in the id
+    assert local_process("localhost_41", {}, node, "localhost") == (41, None)
+    assert local_process("elsewhere_41", {}, node, "localhost") is None
+
+
+@needs_pid_namespaces
+def test_node_identity_differs_between_pid_namespaces_only() -> None:
+    from blueque.node import node_identity
+
+    code = "from blueque.node import node_identity; print(node_identity('n'))"
+    here = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    there = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                            code], capture_output=True, text=True, check=True).stdout.strip()
+    assert here == node_identity("n") and here.startswith("n:") and len(here) == 2 + 12
+    assert there.startswith("n:") and there != here
+    assert node_identity("m") != node_identity("n")
+
+
+def test_sweep_stops_only_runs_whose_task_was_taken_back(client: blueque.Client) -> None:
+    from blueque.recovery import Recovery, RecoveryReport
+
+    store, node = client.store, "box:cccccccccccc"
+    queue = client.get_queue("work")
+    current, taken = queue.enqueue("a"), queue.enqueue("b", kill_grace=0.2)
+    watched = queue.enqueue("c")
+    for task_id, attempts, holder in ((current, "1", "box_10"), (taken, "2", "far_7"),
+                                      (watched, "3", "box_20")):
+        client.redis.hset(KEYS.task(task_id), mapping={
+            "status": "started", "attempts": attempts, "node": holder})
+    store.write_listener_info("box_10", {"node": node, "pid": "10", "pid_created": "1"}, 60)
+    store.write_listener_info("box_20", {"node": node, "pid": "20", "pid_created": "1"}, 60)
+
+    def run(task_id: str, attempt: int, listener: str) -> str:
+        return json.dumps({"task": task_id, "queue": "work", "attempt": attempt,
+                           "created": 5.0, "listener": listener})
+
+    store.record_runs(node, {"101": run(current, 1, "box_10"), "102": run(taken, 1, "box_10"),
+                             "103": run(watched, 3, "box_20"), "104": run(taken, 1, "box_10"),
+                             "105": "not json"}, 60)
+    alive = {101, 102, 103, 20}  # listener box_10 and run 104 are gone; box_20 lives
+    killed: list[tuple[int, int]] = []
+    recovery = Recovery(store, host="box", node=node, alive=lambda pid, _: pid in alive,
+                        kill=lambda pid, signum: killed.append((pid, signum)))
+    report = RecoveryReport()
+    recovery.stop_fenced_runs(report)
+    assert killed == [(102, signal.SIGTERM)] and report.stopped_runs == 1
+    assert set(store.node_runs(node)) == {"101", "102", "103"}  # ended and unreadable dropped
+    recovery.stop_fenced_runs(RecoveryReport())
+    assert killed[-1] == (102, signal.SIGTERM)  # again, within kill_grace
+
+    def killed_once_grace_passed() -> bool:
+        recovery.stop_fenced_runs(RecoveryReport())
+        return killed[-1] == (102, signal.SIGKILL)
+
+    wait_until(killed_once_grace_passed, what="SIGKILL after kill_grace")
+    alive.discard(102)
+    recovery.stop_fenced_runs(RecoveryReport())  # gone: its group is killed once more, dropped
+    assert killed[-1] == (102, signal.SIGKILL) and set(store.node_runs(node)) == {"101", "103"}
+    assert all(pid == 102 for pid, _ in killed)  # the current and the watched run live on
