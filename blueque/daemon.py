@@ -96,10 +96,12 @@ class Running:
     exit_code: int | None = None  # None while it runs, or when a signal ended it
     created: float | None = None  # the process's create time
 
-    def record(self, listener: str) -> str:
-        """This run's entry in blueque_node_[node] (PROTOCOL.md)."""
+    def record(self, listener: str, listener_pid: int, listener_created: float | None) -> str:
+        """This run's entry in blueque_node_[node] (PROTOCOL.md): with its listener process,
+        so that whoever reads it on this node can tell whether that very process lives."""
         return json.dumps({"task": self.task_id, "queue": self.queue, "attempt": self.attempt,
-                           "created": self.created, "listener": listener})
+                           "created": self.created, "listener": listener,
+                           "listener_pid": listener_pid, "listener_created": listener_created})
 
 
 def describe_exit(status: int, reason: str, time_limit: float) -> str:
@@ -605,7 +607,9 @@ class ListenerDaemon:
                     self._stop_child(child, "superseded")
 
     def _record_runs(self, runs: Sequence[Running]) -> None:
-        self.store.record_runs(self.node, {str(r.pid): r.record(self.id) for r in runs},
+        pid, created = os.getpid(), _float(self._info.get("pid_created"))
+        self.store.record_runs(self.node, {str(r.pid): r.record(self.id, pid, created)
+                                           for r in runs},
                                NODE_RUNS_TTL)
 
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:

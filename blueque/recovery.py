@@ -225,13 +225,14 @@ class Recovery:
         local = local_process(holder, info, self.node, self.host) if info else None
         return local is None or not self._alive(*local)
 
-    def stop_fenced_runs(self, report: RecoveryReport, exclude: Iterable[str] = ()) -> None:
+    def stop_fenced_runs(self, report: RecoveryReport) -> None:
         """Runs forked on this node (blueque_node_[node]) whose listener is dead and whose
         task was taken back meanwhile (requeued, retried, cancelled, finished, or stamped
         again): fenced, they can record nothing and only duplicate the task's next attempt.
         Their group gets SIGTERM, then SIGKILL once kill_grace has passed, as a listener
-        stops a superseded run of its own. Entries of ended processes are dropped."""
-        skip = set(exclude)
+        stops a superseded run of its own. Entries of ended processes are dropped. A run's
+        listener is judged by the process the entry names (pid and create time), so a later
+        listener with the same id (a pid reused) does not pass for it."""
         ended: list[str] = []
         for field_, raw in self.store.node_runs(self.node).items():
             try:
@@ -241,15 +242,12 @@ class Recovery:
             except (ValueError, KeyError, TypeError):
                 ended.append(field_)  # unreadable: nothing to act on
                 continue
-            if listener in skip:
-                continue  # the sweeping listener's own: it drops them when it reaps them
             if not self._alive(pid, created):
                 ended.append(field_)
                 if self._fenced.pop(pid, None) is not None:
                     self._kill(pid, signal.SIGKILL)  # grandchildren left in its group
                 continue
-            owner = local_process(listener, self.store.listener_info(listener), self.node,
-                                  self.host)
+            owner = self._run_owner(run, listener)
             if owner is not None and self._alive(*owner):
                 continue  # its own listener watches it
             data = self.store.task_data(task_id)
@@ -269,6 +267,14 @@ class Recovery:
             report.stopped_runs += 1
         self.store.forget_runs(self.node, ended)
 
+    def _run_owner(self, run: dict[str, object], listener: str
+                   ) -> tuple[int, float | None] | None:
+        owner_pid = run.get("listener_pid")
+        if isinstance(owner_pid, int):
+            return owner_pid, _float(str(run.get("listener_created") or ""))
+        return local_process(listener, self.store.listener_info(listener), self.node,
+                             self.host)
+
     def sweep(self, queues: Iterable[str], exclude: Iterable[str] = (),
               adopter: str | None = None) -> RecoveryReport:
         """Recover dead listeners of this node first (so their live processes are adopted
@@ -279,5 +285,5 @@ class Recovery:
         for queue in queues:
             self.recover_local(queue, report, excluded, adopter)
             self.recover_expired(queue, report)
-        self.stop_fenced_runs(report, excluded)
+        self.stop_fenced_runs(report)
         return report

@@ -247,23 +247,31 @@ def test_sweep_stops_only_runs_whose_task_was_taken_back(client: blueque.Client)
     store.write_listener_info("box_10", {"node": node, "pid": "10", "pid_created": "1"}, 60)
     store.write_listener_info("box_20", {"node": node, "pid": "20", "pid_created": "1"}, 60)
 
-    def run(task_id: str, attempt: int, listener: str) -> str:
+    def run(task_id: str, attempt: int, listener: str, owner: int | None = None) -> str:
         return json.dumps({"task": task_id, "queue": "work", "attempt": attempt,
-                           "created": 5.0, "listener": listener})
+                           "created": 5.0, "listener": listener, "listener_pid": owner,
+                           "listener_created": 1.0})
 
     store.record_runs(node, {"101": run(current, 1, "box_10"), "102": run(taken, 1, "box_10"),
-                             "103": run(watched, 3, "box_20"), "104": run(taken, 1, "box_10"),
-                             "105": "not json"}, 60)
-    alive = {101, 102, 103, 20}  # listener box_10 and run 104 are gone; box_20 lives
+                             "103": run(watched, 3, "box_20", owner=20),
+                             "104": run(taken, 1, "box_10"), "105": "not json",
+                             # box_20's id, but an earlier process (a pid reused): dead
+                             "106": run(watched, 2, "box_20", owner=19)}, 60)
+    alive = {101, 102, 103, 106, 20}  # listener box_10 and run 104 are gone; box_20 lives
     killed: list[tuple[int, int]] = []
     recovery = Recovery(store, host="box", node=node, alive=lambda pid, _: pid in alive,
                         kill=lambda pid, signum: killed.append((pid, signum)))
     report = RecoveryReport()
     recovery.stop_fenced_runs(report)
-    assert killed == [(102, signal.SIGTERM)] and report.stopped_runs == 1
-    assert set(store.node_runs(node)) == {"101", "102", "103"}  # ended and unreadable dropped
+    assert sorted(killed) == [(102, signal.SIGTERM), (106, signal.SIGTERM)]
+    assert report.stopped_runs == 2
+    # ended and unreadable entries dropped
+    assert set(store.node_runs(node)) == {"101", "102", "103", "106"}
+    alive.discard(106)
+    killed.clear()
     recovery.stop_fenced_runs(RecoveryReport())
-    assert killed[-1] == (102, signal.SIGTERM)  # again, within kill_grace
+    assert killed == [(106, signal.SIGKILL), (102, signal.SIGTERM)] or killed == [
+        (102, signal.SIGTERM), (106, signal.SIGKILL)]  # 106 gone: its group; 102 again
 
     def killed_once_grace_passed() -> bool:
         recovery.stop_fenced_runs(RecoveryReport())
@@ -273,4 +281,4 @@ def test_sweep_stops_only_runs_whose_task_was_taken_back(client: blueque.Client)
     alive.discard(102)
     recovery.stop_fenced_runs(RecoveryReport())  # gone: its group is killed once more, dropped
     assert killed[-1] == (102, signal.SIGKILL) and set(store.node_runs(node)) == {"101", "103"}
-    assert all(pid == 102 for pid, _ in killed)  # the current and the watched run live on
+    assert {pid for pid, _ in killed} == {102, 106}  # the current and the watched run live on

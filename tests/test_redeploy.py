@@ -185,3 +185,29 @@ def test_forking_runner_waits_for_the_run_it_adopted(  # type: ignore[no-untyped
     assert second.started_at is not None and first.finished_at is not None
     assert second.started_at >= first.finished_at  # one at a time
     assert starts(marker) == {running_id: 1, waiting_id: 1}
+
+
+def test_a_listener_taking_a_dead_listeners_id_stops_its_fenced_run(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """The same id on the same node after its holder died (a pid reused, or one explicit id):
+    the newcomer waits for the holder's lease, takes its tasks back, and stops the old run,
+    which its own id must not shelter."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    params = json.dumps({"marker": str(marker), "release": str(release)})
+    task_id = client.get_queue("work").enqueue(params, max_attempts=2, retry_backoff=0.01)
+    command = listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                             "--identity", "reused.example_1")
+    first = spawn(command)
+    wait_until(lambda: lines(marker), what="attempt 1 running")
+    orphan = client.get_task(task_id).pid
+    assert orphan is not None
+    first.kill()
+    second = spawn(command)
+    wait_until(lambda: not running(orphan), what="the dead holder's run stopped")
+    wait_until(lambda: starts(marker)[task_id] == 2, what="attempt 2 by the new holder")
+    release.touch()
+    task = client.get_task(task_id).wait(20)
+    assert (task.status, task.attempts, task.node) == ("complete", 2, "reused.example_1")
+    assert [line.split()[:3] for line in lines(marker) if line.startswith("end")] == [
+        ["end", task_id, "2"]]
+    assert second.alive()
