@@ -235,9 +235,11 @@ class ListenerDaemon:
             return True
         pid = int(info["pid"]) if info.get("pid", "").isdigit() else None
         if info.get("node") == self.node and pid is not None:
+            created = _float(info.get("pid_created"))
             if pid == os.getpid():
-                return True  # an earlier run() of this very process (ForkingRunner)
-            if process_alive(pid, _float(info.get("pid_created"))):
+                if created is not None and process_alive(pid, created):
+                    return True  # an earlier run() of this very process (ForkingRunner)
+            elif process_alive(pid, created):
                 raise ConfigurationError(
                     f"listener id {self.id} is in use by the live listener pid {pid} on this "
                     f"node: two listeners cannot share an id; give each its own --identity, "
