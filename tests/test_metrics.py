@@ -244,3 +244,32 @@ def test_listener_counts_recoveries_adoptions_and_late_renewals(
         release.touch()
         client.get_task(ids[1]).wait(20)
         assert client.get_task(ids[1]).status == "complete"
+
+
+@pytest.mark.slow
+def test_listener_counts_a_lost_lease(client: blueque.Client, redis_url: str,
+                                      tmp_path: Path) -> None:
+    """Frozen past its lease, a listener is declared dead by another; back, it counts the
+    lease it lost (and registers again)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    fast = ("--interval", "0.5", "--poll", "0.1")
+    with daemons(tmp_path) as started:
+        frozen = Daemon(listen_command(redis_url, "work", "tests.jobs:echo", *fast,
+                                       "--metrics-port", str(port)), tmp_path / "frozen.log")
+        started.append(frozen)
+        watcher = Daemon(listen_command(redis_url, "work", "tests.jobs:echo", *fast),
+                         tmp_path / "watcher.log")
+        started.append(watcher)
+        listeners = KEYS.listeners("work")
+        store = client.store
+        wait_until(lambda: len(store.listener_ids("work")) == 2, what="both registered")
+        wait_until(lambda: b"blueque_listener_slots" in fetch(url), what="metrics served")
+        frozen.signal(signal.SIGSTOP)
+        wait_until(lambda: len(store.listener_ids("work")) == 1, timeout=20,
+                   what=f"the frozen listener removed from {listeners}")
+        frozen.signal(signal.SIGCONT)
+        lost = ("blueque_listener_leases_lost_total", (("queue", "work"),))
+        wait_until(lambda: samples(fetch(url)).get(lost) == 1, what="the lost lease counted")
+        assert samples(fetch(url))[("blueque_listener_lease_renewals_late_total", ())] >= 1
+        wait_until(lambda: len(store.listener_ids("work")) == 2, what="registered again")
