@@ -130,6 +130,9 @@ def test_queue_pages_are_windows_next_in_line_first(client: blueque.Client,
     assert found.count('class="task-row"') == 1 and 'data-task="t077"' in found
     _, absent = get(dashboard.url + "/queue?name=big&id=t999")
     assert 'class="task-row"' not in absent and "no task with this id" in absent
+    client.get_queue("other").enqueue("{}", task_id="o1")
+    _, other = get(dashboard.url + "/queue?name=big&id=o1")
+    assert 'class="task-row"' not in other and 'href="/task?id=o1">queue other</a>' in other
 
 
 def test_read_only_by_default_on_loopback(client: blueque.Client,

@@ -127,17 +127,20 @@ def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: 
                at: float) -> dict[str, Any]:
     counts = store.counts(queue)
     totals = {s: getattr(counts, s) for s in STATES}
+    elsewhere = ""
     if search:
         data = store.task_data(search)
         found = bool(data) and data.get("queue") == queue
         rows = [task_row(search, data, at)] if found else []
+        elsewhere = "" if found else data.get("queue", "")
         page = Page(1, PAGE_SIZE, len(rows))
     else:
         page = Page(max(1, number_), PAGE_SIZE, totals[state])
         ids = page_ids(store, queue, state, page) if page.start < page.total else []
         rows = [task_row(i, d, at) for i, d in zip(ids, store.task_data_many(ids), strict=True)]
     return {"queue": queue, "state": state, "totals": totals, "rows": rows, "page": page,
-            "search": search, "known": queue in dict(store.known_queues())}
+            "search": search, "elsewhere": elsewhere,
+            "known": queue in dict(store.known_queues())}
 
 
 # --- one task ---------------------------------------------------------------------------------
