@@ -12,6 +12,7 @@ from blueque.errors import (
     StaleAttempt,
     TaskNotFound,
     UnsupportedServer,
+    WaitTimeout,
 )
 from blueque.queue import BulkEnqueue, Queue, QueueStats
 from blueque.task import Task
@@ -32,4 +33,5 @@ __all__ = [
     "Task",
     "TaskNotFound",
     "UnsupportedServer",
+    "WaitTimeout",
 ]

@@ -12,12 +12,13 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from blueque.errors import BluequeError, CallbackError, RedisUnavailable
+from blueque.errors import BluequeError, CallbackError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
 from blueque.process import create_time
 from blueque.processor import Processor, encode_result
@@ -35,14 +36,129 @@ EXIT_REPORT_FAILED = 4  # ran, but its outcome could not be recorded (see the lo
 #: How long a finished child keeps retrying to record its outcome while Redis is away.
 REPORT_PATIENCE = 3600.0
 
-_current: Processor | None = None
+#: Longest pause between two tries to send a progress report Redis did not take.
+PROGRESS_RETRY_MAX = 5.0
+
+
+class ProgressReporter:
+    """Sends a running task's progress; never raises into the task function.
+
+    Progress is best effort: while Redis is away the latest value is kept (older ones are
+    superseded) and a background thread sends it once Redis is back, with a backoff; a
+    report made meanwhile replaces it and returns at once. A report Redis refuses (the run
+    was superseded: StaleAttempt) is dropped and logged. Reports go through a store without
+    retries, so that a task never waits for Redis in ``report_progress``."""
+
+    def __init__(self, processor: Processor) -> None:
+        self._processor = processor
+        self._lock = threading.Lock()  # guards _pending, _retry_at, _closed
+        self._sending = threading.Lock()  # one sender at a time
+        self._pending: tuple[float, str] | None = None
+        self._retry_at = 0.0
+        self._delay = 0.1
+        self._kept = False  # a send failed: the value waits for Redis
+        self._closed = False
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def report(self, fraction: float, message: str) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
+        with self._lock:
+            if self._closed:
+                return
+            self._pending = (fraction, message)
+        self._send()
+
+    def _send(self) -> None:
+        """Send the latest value unless another send is under way (it picks the latest up)
+        or a failed send's backoff has not passed (the background thread sends it then)."""
+        if not self._sending.acquire(blocking=False):
+            return
+        try:
+            while True:
+                with self._lock:
+                    value = self._pending
+                    if value is None or time.monotonic() < self._retry_at:
+                        return
+                try:
+                    self._processor.progress(*value)
+                except RedisUnavailable as error:
+                    self._postpone(error)
+                    return
+                except BluequeError as error:  # superseded (StaleAttempt), or not started
+                    log.warning("progress of task %s not recorded: %s",
+                                self._processor.task.id, error)
+                with self._lock:
+                    if self._kept:
+                        log.info("task %s: kept progress recorded", self._processor.task.id)
+                    self._delay, self._kept = 0.1, False
+                    if self._pending is value:
+                        self._pending = None
+                        return
+        finally:
+            self._sending.release()
+
+    def _postpone(self, error: BluequeError) -> None:
+        with self._lock:
+            if not self._kept:
+                log.warning("task %s: progress kept until Redis is back: %s",
+                            self._processor.task.id, error)
+            self._kept = True
+            self._retry_at = time.monotonic() + self._delay
+            self._delay = min(PROGRESS_RETRY_MAX, self._delay * 2)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._retry, name="blueque-progress",
+                                                daemon=True)
+                self._thread.start()
+        self._wakeup.set()
+
+    def _retry(self) -> None:
+        """Background: send the kept value each time its backoff has passed, until sent."""
+        while True:
+            with self._lock:
+                if self._closed or self._pending is None:
+                    self._thread = None
+                    return
+                wait = self._retry_at - time.monotonic()
+                if wait <= 0:
+                    self._retry_at = 0.0
+            if wait > 0:
+                self._wakeup.wait(wait)
+                self._wakeup.clear()
+            else:
+                self._send()
+                self._wakeup.wait(0.01)  # a concurrent report may be sending: let it finish
+                self._wakeup.clear()
+
+    def close(self) -> None:
+        """The task function returned: one last try for a kept value, then drop it (the
+        outcome, recorded next, is what counts)."""
+        with self._lock:
+            self._retry_at = 0.0
+        self._send()
+        with self._lock:
+            self._closed = True
+            if self._pending is not None:
+                log.info("task %s: last progress report dropped (Redis unavailable)",
+                         self._processor.task.id)
+            self._pending = None
+        self._wakeup.set()
+
+
+_current: ProgressReporter | None = None
 
 
 def report_progress(fraction: float, message: str = "") -> None:
-    """Called from inside a task function: record how far the task has got (0.0 to 1.0)."""
+    """Called from inside a task function: record how far the task has got (0.0 to 1.0).
+
+    Best effort, and it never fails the task: while Redis is unavailable the latest value is
+    kept and sent when Redis is back (or dropped when the task ends first); a report of a
+    run that was superseded is dropped. Raises only for a fraction outside 0..1
+    (ConfigurationError) and outside a running task (BluequeError)."""
     if _current is None:
         raise BluequeError("report_progress() is only available inside a running task")
-    _current.progress(fraction, message)
+    _current.report(fraction, message)
 
 
 def import_function(spec: str) -> TaskFunction:
@@ -82,10 +198,10 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
     except BluequeError as error:
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED
-    _current = processor
+    _current = ProgressReporter(Processor(task, store.bounded(0.0)))
     retry, trace = True, None
     try:
-        result = function(task.refresh())
+        result = function(_refreshed(task))
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         # sys.exit() and KeyboardInterrupt end the task, not the child: recorded as what they are
         outcome, text, trace = "failed", describe_error(error), traceback.format_exc()
@@ -98,6 +214,7 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
             text = (f"the task function returned a {type(result).__name__}, which is not a "
                     f"string and cannot be encoded as JSON ({type(error).__name__}: {error}); "
                     "not retried: return a str or a JSON-serialisable value")
+    _current.close()
     delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
     while True:
         try:
@@ -114,6 +231,16 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
         except BluequeError as error:
             log.error("task %s: outcome (%s) not recorded: %s", task.id, outcome, error)
             return EXIT_REPORT_FAILED
+
+
+def _refreshed(task: Task) -> Task:
+    """The task as start left it; a Redis that went away right after the start (which the
+    retry policy rode out) leaves the task as it was read: its parameters do not change."""
+    try:
+        return task.refresh()
+    except RedisUnavailable as error:
+        log.warning("task %s: could not re-read it (%s); running it as reserved", task.id, error)
+        return task
 
 
 def describe_error(error: BaseException) -> str:

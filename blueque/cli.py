@@ -329,6 +329,9 @@ def cron_entries(args: argparse.Namespace) -> list[CronEntry]:
 
 def cmd_scheduler(client: Client, args: argparse.Namespace) -> int:
     configure_logs(args.log_format, args.log_level)
+    # a step retries for one interval at most (then run() backs off), so that a stop
+    # request is heard while Redis is away
+    client = client.bounded(max(1.0, args.interval))
     scheduler = Scheduler(
         client, cron_entries(args), interval=args.interval,
         recovery=Recovery(client.store, host=args.node_name),

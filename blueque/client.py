@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -30,7 +31,10 @@ class Client:
 
     Other keyword arguments go to redis-py unchanged, as in blueque 1.0.1 (``retry=``,
     ``socket_timeout=``...). Blueque's own options have names redis-py does not use:
-    ``cluster``, ``retry_policy`` (a ``blueque.ha.RetryPolicy``) and ``durability``."""
+    ``cluster``, ``retry_policy`` (a ``blueque.ha.RetryPolicy``), ``durability`` and
+    ``retry_deadline`` (seconds each operation keeps retrying through a Redis restart or
+    failover before RedisUnavailable; default 30, 0 = no retry; also a URL option). A ready
+    redis-py client gets no retry policy unless ``retry_policy`` is given."""
 
     def __init__(
         self,
@@ -61,6 +65,14 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<blueque.Client {self.store.where}>"
+
+    def bounded(self, seconds: float) -> Client:
+        """This client (same connection) with each operation retried for at most ``seconds``:
+        what daemons and the dashboard use, so that a loop or a page is never held for the
+        whole ``retry_deadline`` while Redis is away."""
+        view = copy.copy(self)
+        view.store = self.store.bounded(seconds)
+        return view
 
     def close(self) -> None:
         self.redis.close()

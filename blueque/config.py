@@ -7,7 +7,7 @@ import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 
@@ -20,6 +20,9 @@ from blueque.errors import ConfigurationError
 from blueque.ha import HA_OPTIONS, Durability, HASettings, RetryPolicy, is_ha_url
 
 DEFAULT_URL = "redis://localhost:6379/0"
+#: How long an operation keeps retrying through a restart or failover before RedisUnavailable
+#: (the ``retry_deadline`` URL option or Client argument; 0 = one try, no retry).
+DEFAULT_RETRY_DEADLINE = 30.0
 URL_ENVIRONMENT_VARIABLE = "BLUEQUE_URL"
 SCHEMES = ("redis", "rediss", "unix")
 
@@ -79,6 +82,28 @@ def _check_query(url: str) -> None:
         )
 
 
+def _pop_retry_deadline(url: str, redis_kwargs: dict[str, Any]) -> tuple[str, float]:
+    """Take Blueque's ``retry_deadline`` out of a plain URL's query (and the keyword
+    arguments, which win): redis-py would pass it on to the connection, which has no such
+    argument. Returns the URL without it and the deadline in seconds."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    given = [value for name, value in query if name == "retry_deadline"]
+    raw: Any = redis_kwargs.pop("retry_deadline", given[-1] if given else DEFAULT_RETRY_DEADLINE)
+    try:
+        deadline = float(raw)
+    except (TypeError, ValueError):
+        deadline = -1.0
+    if not deadline >= 0 or deadline == float("inf"):
+        raise ConfigurationError(
+            f"retry_deadline must be a number of seconds >= 0 (0: no retry), not {raw!r}"
+        )
+    if given:
+        rest = urlencode([(name, value) for name, value in query if name != "retry_deadline"])
+        url = url.partition("?")[0] + (f"?{rest}" if rest else "")
+    return url, deadline
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where Redis is and how to talk to it. ``from_url`` checks the URL up front."""
@@ -88,6 +113,8 @@ class Settings:
     cluster: bool = False
     #: Sentinel or Cluster settings when the URL uses one of their schemes (see blueque.ha)
     ha: HASettings | None = None
+    #: plain URLs: seconds every operation keeps retrying a restart or failover (0: off)
+    retry_deadline: float = DEFAULT_RETRY_DEADLINE
 
     @classmethod
     def from_url(cls, url: str | None = None, **redis_kwargs: Any) -> Settings:
@@ -103,6 +130,9 @@ class Settings:
             return cls(url=url, redis_kwargs=dict(redis_kwargs), cluster=ha.cluster, ha=ha)
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
+        if scheme in SCHEMES:
+            url, retry_deadline = _pop_retry_deadline(url, redis_kwargs)
+            parts = urlsplit(url)
         if scheme not in SCHEMES:
             raise ConfigurationError(
                 f"unsupported Redis URL {_describe(url)!r}: use redis://[user:password@]host"
@@ -128,11 +158,14 @@ class Settings:
         elif not parts.path:
             raise ConfigurationError(f"no socket path in Redis URL {_describe(url)!r}")
         _check_query(url)
-        return cls(url=url, redis_kwargs=dict(redis_kwargs))
+        return cls(url=url, redis_kwargs=dict(redis_kwargs), retry_deadline=retry_deadline)
 
     def retry_policy(self) -> RetryPolicy | None:
-        """Sentinel and Cluster URLs retry every operation through a failover."""
-        return self.ha.retry_policy() if self.ha is not None else None
+        """Every URL form retries each operation through a restart or a failover, for up to
+        ``retry_deadline`` seconds (default 30; None when it is 0)."""
+        if self.ha is not None:
+            return self.ha.retry_policy()
+        return RetryPolicy(deadline_s=self.retry_deadline) if self.retry_deadline > 0 else None
 
     def durability(self) -> Durability | None:
         """The WAIT setting of a Sentinel or Cluster URL (``wait_replicas``), if any."""

@@ -147,7 +147,11 @@ class ListenerDaemon:
                 f"interval and poll must be more than 0 seconds, not {interval!r} and {poll!r}"
             )
         self.client = client
-        self.store = client.store
+        # the loop's operations retry for half an interval at most, then the loop's own
+        # backoff takes over (it keeps enforcing time limits and hearing signals meanwhile);
+        # children get the client's whole retry_deadline for their start and outcome
+        self.store = client.store.bounded(interval / 2)
+        self.task_store = client.store
         self.weights = dict(queues)
         self.concurrency = concurrency
         self.on_stop = on_stop
@@ -351,14 +355,9 @@ class ListenerDaemon:
                     return
                 self.register()
                 self._heal()
-            self._record_unrecorded()
             current = self.clock()
-            if current >= self._next_renew:
-                self._renew()
-                # a move whose reply was lost (a failover: the retried LMOVE took another
-                # task) strands an id in our reserved list that nothing else would put back
-                self._heal()
-                self._next_renew = current + self.interval / 2
+            self._renew_when_due(current)
+            self._record_unrecorded()
             if current >= self._next_sweep:
                 self._sweep()
                 self._next_sweep = current + self.interval
@@ -384,9 +383,20 @@ class ListenerDaemon:
                 self._redis_down_since = self.clock()
                 log.error("listener %s: %s; children keep running, retrying", self.id, error)
             down = self.clock() - self._redis_down_since
-            timeout = min(5.0, 0.1 * 2 ** min(6, int(down)))
+            # at most half an interval: back within a lease's slack once Redis is
+            timeout = min(5.0, self.interval / 2, 0.1 * 2 ** min(6, int(down)))
             self._enforce_limits_offline()
         self._wait(timeout)
+
+    def _renew_when_due(self, current: float) -> None:
+        """Every half interval, and first thing after an outage (so that no sweeper takes
+        our lease for lapsed while Redis was away: PROTOCOL.md 6, "Outages")."""
+        if current >= self._next_renew or self._redis_down_since is not None:
+            self._renew()
+            # a move whose reply was lost (a failover: the retried LMOVE took another
+            # task) strands an id in our reserved list that nothing else would put back
+            self._heal()
+            self._next_renew = current + self.interval / 2
 
     def _sweep(self) -> None:
         """Recovery, as adopter: the live runs of dead listeners we adopt take our slots."""
@@ -429,7 +439,7 @@ class ListenerDaemon:
             self._heal()
             return False
         if pid == 0:
-            run_child(self.store, task, function, policy)
+            run_child(self.task_store, task, function, policy)
         self.children[pid] = Running(
             task.id, queue, task.attempts, self.clock(), policy.time_limit,
             policy.kill_grace, policy, pid, created=create_time(pid),
@@ -767,7 +777,7 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
         ) from error
     server: MetricsServer | None = None
     if args.metrics_port is not None:
-        daemon.metrics = ListenerMetrics(client.store, daemon.id, daemon.concurrency,
+        daemon.metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
                                          busy=lambda: len(daemon.children) + len(daemon.adopted))
         try:
             server = serve_listener_metrics(daemon.metrics, args.metrics_port,

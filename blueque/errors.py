@@ -15,6 +15,10 @@ class RedisUnavailable(BluequeError, ConnectionError):
     """Redis could not be reached, or went away and did not come back in time."""
 
 
+class WaitTimeout(BluequeError, TimeoutError):
+    """A wait for tasks ran out of time (a TimeoutError, as before)."""
+
+
 class TaskNotFound(BluequeError, KeyError):
     """No task hash exists under that id (never enqueued, or already deleted or expired)."""
 

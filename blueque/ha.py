@@ -30,7 +30,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -321,8 +321,10 @@ def connect(url: str, **kwargs: Any) -> redis.Redis | RedisCluster:
 
 # --- retrying ---------------------------------------------------------------------------------
 #: Reply prefixes that mean "this node cannot serve you right now", not "your command is wrong".
+#: BUSY (another client's script runs too long) is one too: the command was not run, and the
+#: server answers again once that script ends or is killed.
 TRANSIENT_REPLIES = ("READONLY", "MASTERDOWN", "UNBLOCKED", "NOREPLICAS", "LOADING", "TRYAGAIN",
-                     "CLUSTERDOWN", "MOVED", "ASK")
+                     "CLUSTERDOWN", "MOVED", "ASK", "BUSY")
 
 _PERMANENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 _TRANSIENT = (
@@ -358,7 +360,9 @@ class RetryPolicy:
     Every Blueque protocol operation is idempotent when repeated after a lost reply (see
     PROTOCOL.md), so the store wraps each one in ``call``. The waits grow from
     ``initial_backoff_s`` to ``max_backoff_s`` with jitter, so that a crowd of listeners does
-    not stampede the new master."""
+    not stampede the new master. The first failure of an operation is logged as a warning,
+    the following ones at debug level (a 30-s restart would otherwise log 60 lines per call),
+    and a success after failures says how long it took."""
 
     deadline_s: float = 30.0
     initial_backoff_s: float = 0.05
@@ -366,20 +370,32 @@ class RetryPolicy:
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
+    def bounded(self, seconds: float) -> RetryPolicy:
+        """The same policy with a deadline of at most ``seconds`` (a daemon's loop, which
+        must keep enforcing time limits and hearing signals, retries in its own steps)."""
+        return replace(self, deadline_s=min(self.deadline_s, seconds))
+
     def call(self, operation: Callable[[], T]) -> T:
-        deadline = self.clock() + self.deadline_s
+        started = self.clock()
+        deadline = started + self.deadline_s
         backoff = self.initial_backoff_s
         failures = 0
         while True:
             try:
-                return operation()
+                result = operation()
             except Exception as error:
                 failures += 1
                 left = deadline - self.clock()
                 if not is_transient(error) or left <= 0:
                     raise
                 wait = min(backoff * random.uniform(0.5, 1.0), left)
-                log.warning("Redis operation failed (%s: %s); retry %d in %.2f s",
-                            type(error).__name__, error, failures, wait)
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG,
+                        "Redis operation failed (%s: %s); retry %d in %.2f s (retrying for up "
+                        "to %g s)", type(error).__name__, error, failures, wait, self.deadline_s)
                 self.sleep(wait)
                 backoff = min(backoff * 2, self.max_backoff_s)
+            else:
+                if failures:
+                    log.info("Redis answered again after %d failed tr%s (%.1f s)", failures,
+                             "y" if failures == 1 else "ies", self.clock() - started)
+                return result

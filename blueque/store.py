@@ -7,8 +7,10 @@ every key passed in through KEYS. Redis errors are translated into Blueque error
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.resources
+import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +31,9 @@ from blueque.errors import (
     TaskNotFound,
     UnsupportedServer,
 )
+from blueque.ha import is_transient
+
+log = logging.getLogger("blueque.store")
 
 T = TypeVar("T")
 
@@ -54,8 +59,16 @@ def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(method)
     def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> T:
+        def attempt() -> T:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:
+                if is_transient(error):
+                    self.health.disrupted()
+                raise
+
         try:
-            return self.retry.call(lambda: method(self, *args, **kwargs))
+            return self.retry.call(attempt)
         except redis.exceptions.RedisError as error:
             raise translate(error, self.where) from error
 
@@ -73,8 +86,18 @@ def translate(error: redis.exceptions.RedisError, where: str) -> BluequeError:
             f"authentication failed at Redis {where} ({error}): check the user name and "
             "password in the URL (redis://user:password@host:port/db)"
         )
-    if isinstance(error, redis.exceptions.ResponseError):
+    if isinstance(error, redis.exceptions.ResponseError) and not is_transient(error):
         return _protocol_error(error, where)
+    if isinstance(error, (redis.exceptions.ResponseError, redis.exceptions.BusyLoadingError)):
+        # READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY...: this server cannot
+        # serve us right now (a demoted master, a restart loading its data, a failover); the
+        # command was not run, and waiting is what helps: unavailability, not a refusal
+        return RedisUnavailable(
+            f"Redis at {where} cannot serve Blueque right now ({type(error).__name__}: "
+            f"{error}): it is loading its "
+            "data, was made a replica, or its cluster is failing over; retry later, or raise "
+            "the URL's retry_deadline"
+        )
     if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return RedisUnavailable(
             f"Redis at {where} is unreachable ({error}); check the URL and that "
@@ -126,10 +149,64 @@ def _too_old(where: str, detail: str) -> UnsupportedServer:
 
 
 class NoRetry:
-    """The default policy: run once. blueque.ha provides one that rides through failovers."""
+    """Run once (a ready redis-py client, or ``retry_deadline=0``); URLs bring
+    blueque.ha.RetryPolicy, which rides through restarts and failovers."""
 
     def call(self, operation: Callable[[], T]) -> T:
         return operation()
+
+    def bounded(self, seconds: float) -> NoRetry:
+        return self
+
+
+class Health:
+    """Counts operations that failed transiently (a lost connection, READONLY, LOADING...),
+    shared by a store and its bounded copies: a recovery sweep that sees the count move
+    knows its view of the leases was interrupted (PROTOCOL.md 6, "Outages")."""
+
+    def __init__(self) -> None:
+        self.disruptions = 0
+
+    def disrupted(self) -> None:
+        self.disruptions += 1
+
+
+class Subscription:
+    """A pub/sub subscription that survives Redis going away: ``get_message`` returns None
+    (after waiting ``timeout``) while the connection is down and subscribes again when it is
+    back. Messages published meanwhile are lost, so callers re-read the state they wait for
+    through the store (whose retry policy bounds the outage); errors that are not transient
+    are raised as Blueque errors."""
+
+    def __init__(self, store: RedisStore, channels: Sequence[str]) -> None:
+        self._store = store
+        self._channels = list(channels)
+        self._pubsub: Any = None
+
+    def get_message(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            if self._pubsub is None:
+                pubsub = self._store.pubsub()
+                self._pubsub = pubsub
+                pubsub.subscribe(*self._channels)
+            message: dict[str, Any] | None = self._pubsub.get_message(timeout=timeout)
+            return message
+        except redis.exceptions.RedisError as error:
+            if not is_transient(error):
+                raise translate(error, self._store.where) from error
+            self._store.health.disrupted()
+            log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+            self.close()
+            time.sleep(max(0.0, min(timeout, 1.0)))
+            return None
+
+    def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except redis.exceptions.RedisError as error:
+                log.debug("closing a lost subscription: %s", error)
 
 
 @dataclass(frozen=True)
@@ -172,6 +249,15 @@ class RedisStore:
         self.durability = durability
         self._scripts: dict[str, Script] = {}
         self._server_checked = False
+        self.health = Health()
+
+    def bounded(self, seconds: float) -> RedisStore:
+        """This store (same connection, scripts and Health) retrying each operation for at most
+        ``seconds``: daemons take it for their loop, which must keep enforcing time limits
+        and hearing signals while Redis is away, and retries in its own steps."""
+        view = copy.copy(self)
+        view.retry = self.retry.bounded(seconds)
+        return view
 
     @property
     def where(self) -> str:
@@ -406,6 +492,19 @@ class RedisStore:
     def leases(self, queue: str) -> dict[str, float]:
         """Every lease of a queue: listener id -> deadline (server ms)."""
         return dict(self.redis.zrange(self.keys.leases(queue), 0, -1, withscores=True))
+
+    @translate_errors
+    def server_run(self) -> tuple[str, float]:
+        """(run id, start time by the server clock in Unix s) from INFO server: a Redis
+        restart changes both, even one this client never saw as a lost connection. For a
+        cluster, every master's run ids and the latest start."""
+        info: dict[str, Any] = self.redis.info("server")
+        nodes = [info] if "run_id" in info else [v for v in info.values() if isinstance(v, dict)]
+        seconds, micros = self.redis.time()
+        clock = float(seconds) + float(micros) / 1e6
+        run_ids = sorted(str(node.get("run_id", "")) for node in nodes)
+        uptime = min((float(node.get("uptime_in_seconds", 0)) for node in nodes), default=0.0)
+        return ",".join(run_ids), clock - uptime
 
     @translate_errors
     def server_time(self) -> float:
@@ -727,6 +826,10 @@ class RedisStore:
                     self.redis.zrange(self.keys.scheduled(queue), start, stop, withscores=True))
 
     # --- notifications --------------------------------------------------------------------
+    def subscribe(self, channels: Sequence[str]) -> Subscription:
+        """A Subscription to ``channels`` that subscribes again after an outage."""
+        return Subscription(self, channels)
+
     def pubsub(self) -> Any:
         """A pub/sub connection (ignore_subscribe_messages) for channels and done channels."""
         return self.redis.pubsub(ignore_subscribe_messages=True)

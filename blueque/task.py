@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blueque import keys as k
-from blueque.errors import CorruptTask, TaskNotFound
+from blueque.errors import CorruptTask, TaskNotFound, WaitTimeout
 from blueque.store import RedisStore
 
 
@@ -60,7 +60,9 @@ class Task:
         return self.status in k.FINISHED_STATUSES
 
     def wait(self, timeout: float | None = None) -> Task:
-        """Block until the task is complete or failed; raise TimeoutError after ``timeout``.
+        """Block until the task is complete or failed; raise WaitTimeout (a TimeoutError)
+        after ``timeout``. A Redis restart or failover shorter than the client's
+        ``retry_deadline`` goes unnoticed; a longer one raises RedisUnavailable.
 
         Listens on blueque_done_[queue] (published by every finish), and re-reads the hash at
         least once a second, for finishes by writers that do not publish (blueque 1.0.1)."""
@@ -72,20 +74,22 @@ class Task:
         queue = self.queue
         if queue is None:
             raise CorruptTask(f"task {self._id!r} has no queue field; cannot wait for it")
-        pubsub = self._store.pubsub()
+        # a Subscription rides out a lost connection: the refresh, under the store's retry
+        # policy, decides whether Redis came back in time (else RedisUnavailable)
+        subscription = self._store.subscribe([self._store.keys.done_channel(queue)])
         try:
-            pubsub.subscribe(self._store.keys.done_channel(queue))
+            subscription.get_message(timeout=0)  # subscribe before the first re-read
             while not self.refresh().finished:
                 if not self.exists:  # deleted (or expired) while we waited
                     raise TaskNotFound(self._id)
                 remaining = 1.0 if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
+                    raise WaitTimeout(
                         f"task {self._id} is still {self.status} after {timeout} s"
                     )
-                pubsub.get_message(timeout=min(1.0, remaining))
+                subscription.get_message(timeout=min(1.0, remaining))
         finally:
-            pubsub.close()
+            subscription.close()
         return self
 
     def _get(self, field: str) -> str | None:

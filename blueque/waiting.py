@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from blueque import keys as k
 from blueque.client import Client
+from blueque.store import Subscription
 
 #: How often every unfinished task is re-read, whatever the done channels said.
 FULL_POLL = 1.0
@@ -52,10 +52,10 @@ def wait_all(
     result = WaitResult(dict(zip(task_ids, store.task_data_many(task_ids), strict=True)))
     deadline = None if timeout is None else time.monotonic() + timeout
     queues = {d["queue"] for d in result.tasks.values() if d.get("queue")}
-    pubsub = store.pubsub()
+    subscription = store.subscribe([store.keys.done_channel(q) for q in sorted(queues)])
     try:
         if queues:
-            pubsub.subscribe(*(store.keys.done_channel(q) for q in sorted(queues)))
+            subscription.get_message(timeout=0)  # subscribes
         # re-read once subscribed, so a finish between the first read and SUBSCRIBE is seen
         _read(client, result, list(result.tasks))
         next_poll = time.monotonic() + FULL_POLL
@@ -72,10 +72,13 @@ def wait_all(
                 _read(client, result, _unfinished(result))
                 next_poll = current + FULL_POLL
                 continue
-            told = _drain(pubsub, min(next_poll, deadline or next_poll) - current)
+            if not queues:
+                time.sleep(max(0.0, min(next_poll, deadline or next_poll) - current))
+                continue
+            told = _drain(subscription, min(next_poll, deadline or next_poll) - current)
             _read(client, result, [i for i in told if i in result.tasks])
     finally:
-        pubsub.close()
+        subscription.close()
 
 
 def _unfinished(result: WaitResult) -> list[str]:
@@ -88,13 +91,13 @@ def _read(client: Client, result: WaitResult, task_ids: list[str]) -> None:
         result.tasks.update(zip(task_ids, datas, strict=True))
 
 
-def _drain(pubsub: Any, wait: float) -> list[str]:
+def _drain(subscription: Subscription, wait: float) -> list[str]:
     """Task ids published within ``wait`` seconds (returns at the first message, plus any
     already queued behind it)."""
     told: list[str] = []
-    message = pubsub.get_message(timeout=max(0.0, wait))
+    message = subscription.get_message(timeout=max(0.0, wait))
     while message is not None:
         if message.get("type") == "message":
             told.append(str(message["data"]))
-        message = pubsub.get_message(timeout=0)
+        message = subscription.get_message(timeout=0)
     return told

@@ -134,3 +134,24 @@ def hold(task: Task) -> str:
         time.sleep(0.02)
     _mark(params, f"end {task.id} {task.attempts}")
     return "held"
+
+
+def keeps_reporting(task: Task) -> str:
+    """Marks "start", reports progress every 20 ms (the message names the ``phase`` file's
+    text when it exists), marks "reported [phase]" after each new phase's first report, and
+    returns once the ``release`` file exists."""
+    params = _params(task)
+    _mark(params, f"start {task.attempts}")
+    seen = ""
+    while not os.path.exists(params["release"]):
+        phase = ""
+        if os.path.exists(params["phase"]):
+            with open(params["phase"], encoding="utf-8") as handle:
+                phase = handle.read().strip()
+        report_progress(0.5, f"phase {phase or 'none'}")
+        if phase != seen:
+            _mark(params, f"reported {phase}")
+            seen = phase
+        time.sleep(0.02)
+    _mark(params, "end")
+    return "done"

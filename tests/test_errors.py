@@ -42,7 +42,9 @@ def test_a_password_in_a_bad_url_is_not_echoed() -> None:
 
 def test_unreachable_redis_names_the_address() -> None:
     port = free_port()  # nothing listens there
-    client = blueque.Client(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+    # retried for 0.3 s (the default is 30 s), then RedisUnavailable
+    client = blueque.Client(f"redis://127.0.0.1:{port}/0?retry_deadline=0.3",
+                            socket_connect_timeout=1)
     try:
         with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}.*redis-server"):
             client.ping()
@@ -55,7 +57,7 @@ def test_unreachable_redis_names_the_address() -> None:
 
 def test_redis_going_away_raises_redis_unavailable() -> None:
     with RedisServer() as server:
-        client = blueque.Client(server.url, socket_connect_timeout=1)
+        client = blueque.Client(server.url, socket_connect_timeout=1, retry_deadline=0.3)
         try:
             client.get_queue("q").enqueue("p")
             server.kill()

@@ -16,7 +16,8 @@ from typing import Any, TextIO
 
 from blueque import keys as k
 from blueque.client import Client
-from blueque.errors import BluequeError, ConfigurationError
+from blueque.errors import ConfigurationError
+from blueque.errors import WaitTimeout as BaseWaitTimeout
 from blueque.store import RedisStore
 
 #: HGETs per pipeline when following task ids.
@@ -58,7 +59,7 @@ class BatchProgress:
         return " | ".join(parts)
 
 
-class WaitTimeout(BluequeError, TimeoutError):
+class WaitTimeout(BaseWaitTimeout):
     """The batch did not finish in time; ``progress`` is the last look at it."""
 
     def __init__(self, message: str, progress: BatchProgress) -> None:

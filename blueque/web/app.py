@@ -42,6 +42,9 @@ log = logging.getLogger("blueque.web")
 TOKEN_HEADER = "X-Blueque-Token"
 #: Seconds between live refreshes of a page (the page script polls it with fetch).
 DEFAULT_REFRESH = 2.0
+#: Seconds a page (or a /metrics scrape) keeps retrying a Redis that went away before it
+#: answers 503: the client's whole retry_deadline would hold the request for 30 s.
+PAGE_RETRY = 2.0
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
                                "img-src 'self' data:; frame-ancestors 'none'; "
@@ -86,7 +89,8 @@ class Dashboard:
     def __init__(self, client: Client, token: str | None, cron_entries: Sequence[CronEntry],
                  refresh: float) -> None:
         self.client = client
-        self.store = client.store
+        # pages wait at most a moment for Redis (then 503, and the page retries itself)
+        self.store = client.store.bounded(PAGE_RETRY)
         self.token = token or None
         self.cron_entries = list(cron_entries)
         self.refresh = refresh

@@ -70,7 +70,12 @@ def test_settings_hand_ha_urls_to_blueque_ha() -> None:
     settings = Settings.from_url("redis+cluster://n1:7000", wait_replicas=1)
     assert settings.cluster and settings.ha is not None
     assert settings.durability() == Durability(1, 1000)
-    assert Settings.from_url("redis://localhost/0").retry_policy() is None
+    # plain URLs retry too (30 s by default); retry_deadline=0 is one try
+    assert Settings.from_url("redis://localhost/0").retry_policy() == RetryPolicy(30.0)
+    assert Settings.from_url("redis://localhost/0?retry_deadline=0").retry_policy() is None
+    assert Settings.from_url("unix:///run/r.sock?db=1&retry_deadline=2.5").retry_policy() == (
+        RetryPolicy(2.5))
+    assert Settings.from_url("rediss://h/0", retry_deadline=4).retry_policy() == RetryPolicy(4)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,269 @@
+"""Redis restarts and transient server states, end to end: real `blueque listen` daemons, real
+task processes and a real redis-server that is SIGKILLed and restarted from its AOF, or made
+a replica. Running tasks must survive them (PROTOCOL.md 6 "Outages", 9 "Retry policy")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+import blueque
+from blueque.errors import BluequeError, RedisUnavailable
+from blueque.keys import Keys
+from blueque.testing import RedisServer
+from tests.daemons import ROOT, Daemon, daemons, kill_session_children, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--interval", "0.5", "--poll", "0.1")
+KEYS = Keys()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server that keeps everything in its AOF, so it can be SIGKILLed and
+    restarted without losing a write."""
+    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
+                               directory=str(tmp_path / "redis"))
+    (tmp_path / "redis").mkdir()
+    redis_server.start()
+    yield redis_server
+    redis_server.stop()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "blueque.cli", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def listener(started: list[Daemon], tmp_path: Path, url: str, *options: str,
+             function: str = "tests.jobs:keeps_reporting") -> Daemon:
+    daemon = Daemon(listen_command(url, "work", function, *FAST, *options),
+                    tmp_path / f"daemon{len(started)}.log")
+    started.append(daemon)
+    return daemon
+
+
+def test_a_task_reporting_progress_survives_a_redis_restart(  # type: ignore[no-untyped-def]
+        server, tmp_path):
+    """report_progress() never fails the task: while Redis is away it keeps the latest value
+    (and returns at once), and sends it when Redis is back; start and finish ride it out."""
+    marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
+    client = blueque.Client(server.url)
+    with daemons(tmp_path) as started:
+        daemon = listener(started, tmp_path, server.url)
+        task_id = client.get_queue("work").enqueue(
+            json.dumps({"marker": str(marker), "release": str(release), "phase": str(phase)}),
+            max_attempts=3, retry_backoff=0.01)
+        wait_until(lambda: client.get_task(task_id).progress_message == "phase none",
+                   what="progress reported")
+        child = client.get_task(task_id).pid
+        server.kill()
+        phase.write_text("outage")
+        # it reported during the outage and went on: nothing raised, nothing blocked it
+        wait_until(lambda: "reported outage" in " ".join(lines(marker)), what="reported")
+        server.start()
+        # the kept value reaches Redis while the task still runs
+        wait_until(lambda: client.get_task(task_id).progress_message == "phase outage",
+                   what="kept progress sent once Redis was back")
+        assert client.get_task(task_id).status == "started"
+        release.touch()
+        task = client.get_task(task_id).wait(30)
+        assert (task.status, task.result, task.attempts) == ("complete", "done", 1)
+        assert [line.split()[:2] for line in lines(marker) if line.startswith("start")] == [
+            ["start", "1"]]
+        assert task.pid == child and daemon.alive()
+
+
+def test_client_calls_ride_through_a_short_restart(server, tmp_path):  # type: ignore[no-untyped-def]
+    """enqueue, Task.wait, `blueque wait` and `blueque enqueue --wait` do not notice a
+    restart shorter than retry_deadline (30 s by default)."""
+    marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
+    params = json.dumps({"marker": str(marker), "release": str(release), "phase": str(phase)})
+    client = blueque.Client(server.url)
+    queue = client.get_queue("work")
+    watcher = redis.Redis(port=server.port, decode_responses=True)
+    with daemons(tmp_path) as started:
+        listener(started, tmp_path, server.url, "--concurrency", "3")
+        first = queue.enqueue(params)
+        waited: dict[str, object] = {}
+
+        def wait_in_thread() -> None:
+            try:
+                waited["task"] = client.get_task(first).wait(60)
+            except BaseException as error:  # the test reports it
+                waited["error"] = error
+
+        thread = threading.Thread(target=wait_in_thread)
+        thread.start()
+        waiting_cli = cli("wait", first, "--url", server.url, "--timeout", "60")
+        enqueue_cli = cli("enqueue", "work", params, "--url", server.url, "--wait",
+                          "--timeout", "60", "--json")
+        channel = KEYS.done_channel("work")
+        wait_until(lambda: dict(watcher.pubsub_numsub(channel))[channel] >= 3, timeout=30,
+                   what="three waiters subscribed")
+        wait_until(lambda: len(lines(marker)) == 2, what="both tasks running")
+        server.kill()
+        enqueued: dict[str, object] = {}
+        during = threading.Thread(target=lambda: enqueued.update(id=queue.enqueue(params)))
+        during.start()  # retried until Redis is back
+        time.sleep(2.0)  # the outage: Redis stays down for 2 s
+        server.start()
+        during.join(30)
+        release.touch()
+        thread.join(60)
+        assert "error" not in waited, waited.get("error")
+        assert waited["task"].status == "complete"  # type: ignore[attr-defined]
+        out, err = waiting_cli.communicate(timeout=60)
+        assert waiting_cli.returncode == 0, err
+        out, err = enqueue_cli.communicate(timeout=60)
+        assert enqueue_cli.returncode == 0, err
+        assert json.loads(out)["tasks"][0]["status"] == "complete"
+        later = client.get_task(str(enqueued["id"])).wait(30)
+        assert later.status == "complete"
+    assert watcher.llen(KEYS.complete("work")) == 3  # one task per enqueue, none twice
+    assert len([line for line in lines(marker) if line.startswith("start")]) == 3
+
+
+def test_calls_raise_redis_unavailable_after_the_bound(server, tmp_path):  # type: ignore[no-untyped-def]
+    """Past retry_deadline every public call raises RedisUnavailable (a BluequeError), never a
+    redis-py error: Task.wait, enqueue, the CLI's wait (exit 3)."""
+    url = server.url + "?retry_deadline=0.5"
+    client = blueque.Client(url)
+    task_id = client.get_queue("work").enqueue("{}")
+    outcome: dict[str, BaseException] = {}
+
+    def wait_in_thread() -> None:
+        try:
+            client.get_task(task_id).wait(60)
+        except BaseException as error:  # the test inspects it
+            outcome["error"] = error
+
+    thread = threading.Thread(target=wait_in_thread)
+    thread.start()
+    waiting_cli = cli("wait", task_id, "--url", url, "--timeout", "60")
+    watcher = redis.Redis(port=server.port, decode_responses=True)
+    channel = KEYS.done_channel("work")
+    wait_until(lambda: dict(watcher.pubsub_numsub(channel))[channel] >= 2, timeout=30,
+               what="two waiters subscribed")
+    server.kill()
+    thread.join(30)
+    assert isinstance(outcome.get("error"), RedisUnavailable), repr(outcome.get("error"))
+    with pytest.raises(RedisUnavailable, match="unreachable"):
+        client.get_queue("work").enqueue("{}")
+    with pytest.raises(RedisUnavailable):
+        client.get_task(task_id)
+    _, err = waiting_cli.communicate(timeout=30)
+    assert waiting_cli.returncode == 3 and "blueque: error:" in err and "Traceback" not in err
+
+
+def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-untyped-def]
+    """A failover turns the listener's server into a replica (READONLY): the listener keeps
+    running and resumes once the server is a master again; a client gets RedisUnavailable
+    after its bound, on the CLI exit 3."""
+    with RedisServer() as primary, RedisServer() as other, daemons(tmp_path) as started:
+        admin = redis.Redis(port=primary.port, decode_responses=True)
+        other_admin = redis.Redis(port=other.port, decode_responses=True)
+        other_admin.replicaof("127.0.0.1", primary.port)
+        client = blueque.Client(primary.url)
+        queue = client.get_queue("work")
+        daemon = listener(started, tmp_path, primary.url, function="tests.jobs:echo")
+        assert client.get_task(queue.enqueue('{"value": 1}')).wait(30).status == "complete"
+        wait_until(lambda: other_admin.info("replication")["master_link_status"] == "up",
+                   what="replica in sync")
+        # the failover: the replica is promoted, the old master follows it (keeping the data)
+        other_admin.replicaof("NO", "ONE")
+        admin.replicaof("127.0.0.1", other.port)
+        wait_until(lambda: "cannot serve Blueque right now (ReadOnlyError" in daemon.log(),
+                   what="listener meets READONLY")
+        short = blueque.Client(primary.url + "?retry_deadline=0.5")
+        with pytest.raises(RedisUnavailable, match="read only replica"):
+            short.get_queue("work").enqueue("{}")
+        done = cli("enqueue", "work", "{}", "--url", primary.url + "?retry_deadline=0.5")
+        _, err = done.communicate(timeout=30)
+        assert done.returncode == 3 and "read only replica" in err, err
+        assert daemon.alive(), daemon.log()
+        admin.replicaof("NO", "ONE")  # back to a master
+        task = client.get_task(queue.enqueue('{"value": 2}')).wait(30)
+        assert task.status == "complete" and task.result == "2"
+        assert daemon.alive()
+        assert "Traceback" not in daemon.log()
+
+
+def test_a_restart_longer_than_a_lease_kills_no_listener(  # type: ignore[no-untyped-def]
+        server, tmp_path):
+    """Four listeners on four nodes (interval 0.5 s: 1-s leases) each run a task; Redis is
+    SIGKILLed for 4 s, and one node dies meanwhile. After the restart no live listener is
+    taken for dead: their tasks run once, their processes are never stopped; the dead
+    node's task is taken back (by a listener started after the restart) and runs again."""
+    marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
+    client = blueque.Client(server.url)
+    queue = client.get_queue("work")
+    watcher = redis.Redis(port=server.port, decode_responses=True)
+    with daemons(tmp_path) as started:
+        nodes = [listener(started, tmp_path, server.url, "--identity", f"node{n}.example_{n}")
+                 for n in range(4)]
+        wait_until(lambda: len(watcher.smembers(KEYS.listeners("work"))) == 4,
+                   what="four listeners")
+        ids = [queue.enqueue(json.dumps({"marker": str(marker), "release": str(release),
+                                         "phase": str(phase), "n": n}),
+                             max_attempts=2, retry_backoff=0.01) for n in range(4)]
+        wait_until(lambda: all(client.get_task(i).status == "started" for i in ids),
+                   what="four tasks running")
+        tasks = {i: client.get_task(i) for i in ids}
+        assert len({t.node for t in tasks.values()}) == 4  # one per node
+        doomed = next(i for i, t in tasks.items() if t.node == "node3.example_3")
+        survivors = {i: t.pid for i, t in tasks.items() if i != doomed}
+        server.kill()
+        outage_started = time.monotonic()
+        nodes[3].kill()  # a node dies during the outage, with its task process
+        kill_session_children([tasks[doomed].pid or 0])
+        wait_until(lambda: all("unreachable" in d.log() for d in nodes[:3]),
+                   what="every listener noticed the outage")
+        time.sleep(max(0.0, 4.0 - (time.monotonic() - outage_started)))  # 4 s: 4 leases
+        server.start()
+        # each live listener ran a whole step (renewal, heal, sweep) after the restart
+        wait_until(lambda: all("Redis is back" in d.log() for d in nodes[:3]),
+                   what="every listener back")
+        late = listener(started, tmp_path, server.url, "--identity", "late.example_9")
+        wait_until(lambda: client.get_task(doomed).attempts == 2, timeout=40,
+                   what="the dead node's task taken back after the restart")
+        release.touch()
+        for task_id in ids:
+            assert client.get_task(task_id).wait(30).status == "complete"
+        for task_id, pid in survivors.items():
+            task = client.get_task(task_id)
+            assert task.attempts == 1 and task.pid == pid and task.error is None
+        starts = [line.split()[1] for line in lines(marker) if line.startswith("start")]
+        assert sorted(starts) == ["1", "1", "1", "1", "2"]  # only the dead node's ran again
+        assert len([line for line in lines(marker) if line.startswith("end")]) == 4
+        for daemon in nodes[:3]:
+            assert daemon.alive()
+            assert "superseded" not in daemon.log() and "lost its lease" not in daemon.log()
+            assert "recovered listener" not in daemon.log()
+        assert "node3.example_3" in (client.get_task(doomed).error or "")
+        assert late.alive()
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                   for pid in survivors.values())
+
+
+def test_every_public_error_is_a_blueque_error() -> None:
+    """The classes a caller catches: RedisUnavailable and the wait timeout are BluequeErrors
+    and keep the builtin classes they were before."""
+    assert issubclass(RedisUnavailable, BluequeError) and issubclass(RedisUnavailable,
+                                                                    ConnectionError)
+    assert issubclass(blueque.WaitTimeout, BluequeError)
+    assert issubclass(blueque.WaitTimeout, TimeoutError)
