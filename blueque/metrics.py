@@ -73,12 +73,18 @@ def task_outcome(data: dict[str, str]) -> str:
     return "unknown"
 
 
+#: Seconds a scrape keeps retrying a Redis that went away before it reports it down.
+SCRAPE_RETRY = 1.0
+
+
 class QueueCollector(Collector):
     """Cluster-wide figures, read from Redis at each scrape (O(1) commands per queue plus one
     pipeline of listener hashes)."""
 
     def __init__(self, store: RedisStore) -> None:
-        self.store = store
+        # a scrape waits at most a moment for a Redis that went away (then blueque_redis_up
+        # 0), not the client's whole retry_deadline: Prometheus times a scrape out at 10 s
+        self.store = store.bounded(SCRAPE_RETRY)
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("blueque_redis_up", "1 if Redis answered this scrape, else 0")

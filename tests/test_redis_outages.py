@@ -4,7 +4,10 @@ a replica. Running tasks must survive them (PROTOCOL.md 6 "Outages", 9 "Retry po
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -267,3 +270,89 @@ def test_every_public_error_is_a_blueque_error() -> None:
                                                                     ConnectionError)
     assert issubclass(blueque.WaitTimeout, BluequeError)
     assert issubclass(blueque.WaitTimeout, TimeoutError)
+
+
+class LosingProxy:
+    """A TCP proxy in front of a redis-server that can lose one reply: once armed, the first
+    command whose bytes contain ``token`` is passed on (so Redis runs it) but its reply is
+    swallowed and the client's connection closed, as a failover or a cut cable does."""
+
+    def __init__(self, port: int) -> None:
+        self.upstream = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.token: bytes | None = None
+        self.lost = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, token: str) -> None:
+        self.token = token.encode()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False),
+                             daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, requests: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+                if requests and self.token is not None and self.token in data:
+                    self.token = None
+                    self.lost += 1
+                    time.sleep(0.2)  # Redis runs it; its reply is then thrown away with us
+                    source.close()
+                    target.close()
+                    return
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                with contextlib.suppress(OSError):
+                    end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_writes_repeated_after_a_lost_reply_say_what_they_did(redis_server, redis_client):  # type: ignore[no-untyped-def]
+    """Each write whose reply is lost is repeated by the retry policy; the repeat reports what
+    the first try did: the enqueue created the task (once), the cancel cancelled it, the
+    operator's retry made the failed task pending (once)."""
+    proxy = LosingProxy(redis_server.port)
+    try:
+        client = blueque.Client(f"redis://127.0.0.1:{proxy.port}/0", retry_deadline=10)
+        queue = client.get_queue("lossy")
+        queue.enqueue("warm up the script cache")
+        proxy.arm("lose-this-enqueue")
+        task_id = queue.enqueue("lose-this-enqueue")
+        assert proxy.lost == 1 and task_id.created  # generated id: it was ours
+        assert redis_client.lrange(KEYS.pending("lossy"), 0, -1).count(task_id) == 1
+        proxy.arm("lose-this-named-one")
+        named = queue.enqueue("lose-this-named-one", task_id="named-1")
+        assert proxy.lost == 2 and named.created
+        again = queue.enqueue("lose-this-named-one", task_id="named-1")
+        assert not again.created  # a later enqueue of the id is still told apart
+        proxy.arm(f"{task_id}\r\n$")  # the id as an argument of cancel's script call
+        assert client.cancel_task(task_id, "lost reply") == "cancelled"
+        assert proxy.lost == 3
+        assert client.get_task(task_id).status == "failed"
+        listener = client.get_listener("lossy")
+        reserved = listener.reserve()
+        assert reserved is not None and reserved.id != task_id
+        processor = client.get_processor(reserved)
+        processor.start(os.getpid())
+        processor.fail("broken")
+        proxy.arm(str(reserved.id) + "\r\n$")  # the id as an argument of the script call
+        client.store.retry_failed("lossy", reserved.id, time.time())
+        assert proxy.lost == 4
+        assert redis_client.lrange(KEYS.pending("lossy"), 0, -1).count(reserved.id) == 1
+        assert client.get_task(reserved.id).status == "pending"
+    finally:
+        proxy.close()

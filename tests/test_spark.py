@@ -218,7 +218,7 @@ def test_unreachable_redis_is_reported_by_the_driver_check(spark: SparkSession) 
 
 def test_unreachable_redis_fails_the_spark_job_clearly(spark: SparkSession) -> None:
     port = free_port()
-    url = f"redis://:secret@127.0.0.1:{port}/0"
+    url = f"redis://:secret@127.0.0.1:{port}/0?retry_deadline=0.5"  # default: 30 s
     with pytest.raises(SparkEnqueueError) as caught:
         enqueue_dataframe(numbered(spark, 10), url, "q", task_id="tid", check_connection=False)
     message = str(caught.value)
@@ -247,7 +247,9 @@ def test_redis_lost_midway_reports_what_was_written(spark: SparkSession, tmp_pat
     killer.start()
     try:
         with pytest.raises(SparkEnqueueError) as caught:
-            enqueue_dataframe(numbered(spark, 200_000), server.url, "q", parameters="payload",
+            # retried for 0.5 s after the kill (the default is 30 s), then given up
+            enqueue_dataframe(numbered(spark, 200_000), server.url + "?retry_deadline=0.5",
+                              "q", parameters="payload",
                               task_id="tid", batch_size=100, validate=False)
         killer.join()
         error = caught.value

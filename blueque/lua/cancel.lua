@@ -9,7 +9,9 @@
 -- ARGV[4] seconds KEYS[5] is kept
 -- Returns {'cancelled', previous status} when the task is now failed and will never run, or
 -- {'requested', node} when it is running: its listener (told on blueque_control_[node]) stops
--- it and records the failure. Error "BLUEQUE_STATE ..." for a finished task.
+-- it and records the failure. Error "BLUEQUE_STATE ..." for a finished task, except a task
+-- this very call cancelled on an earlier try whose reply was lost (its `cancelled` field is
+-- ARGV[2]): {'cancelled', 'failed'} again.
 local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
   redis.call('HINCRBY', KEYS[5], outcome, 1)
   redis.call('EXPIRE', KEYS[5], ARGV[4])
@@ -25,6 +27,9 @@ if status == 'started' then
   redis.call('HSET', KEYS[1], 'cancel_requested', ARGV[2], 'cancel_reason', ARGV[3],
              'updated', ARGV[2])
   return {'requested', cur[2] or ''}
+end
+if status == 'failed' and redis.call('HGET', KEYS[1], 'cancelled') == ARGV[2] then
+  return {'cancelled', status}  -- our own earlier try: it did cancel the task
 end
 if status == 'pending' then
   redis.call('LREM', KEYS[2], 1, ARGV[1])

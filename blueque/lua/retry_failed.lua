@@ -4,12 +4,16 @@
 -- KEYS[3] pending list         blueque_pending_tasks_[queue]
 -- ARGV[1] task id, ARGV[2] now (Unix s), ARGV[3] queue, ARGV[4] channel to publish the queue
 -- name on, ARGV[5] window: how far LPOS looks from each end of the failed list before a full LREM
--- Returns 1; error "BLUEQUE_MISSING ..." if the hash is gone, "BLUEQUE_STATE ..." unless failed.
+-- Returns 1; error "BLUEQUE_MISSING ..." if the hash is gone, "BLUEQUE_STATE ..." unless failed,
+-- except for a repeat of this very call after a lost reply (`retried_at` is ARGV[2]): 1 again.
 -- The run's error moves to `last_error`; the fields of the finished run (result, node, pid,
 -- finish and cancel stamps, progress, eta) are removed, and so is any expiry the result TTL set.
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
   return redis.error_reply('BLUEQUE_MISSING task ' .. ARGV[1] .. ' does not exist')
+end
+if status ~= 'failed' and redis.call('HGET', KEYS[1], 'retried_at') == ARGV[2] then
+  return 1  -- our own earlier try, whose reply was lost: it did make the task pending
 end
 if status ~= 'failed' then
   return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. status
@@ -28,7 +32,7 @@ end
 redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'eta',
            'started_at', 'finished_at', 'cancelled', 'cancel_requested', 'progress',
            'progress_message', 'traceback', 'cancel_reason')
-redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[2])
+redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[2], 'retried_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'retried', 1)
 redis.call('PERSIST', KEYS[1])
 redis.call('LPUSH', KEYS[3], ARGV[1])

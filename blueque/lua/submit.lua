@@ -6,12 +6,17 @@
 -- ARGV[5] eta ("" to enqueue now), ARGV[6] channel to publish the queue name on (pending only)
 -- ARGV[7..] extra field/value pairs (e.g. max_attempts, time_limit)
 -- Returns 1 if the task was created, 0 if a task with that id already existed in this queue
--- (nothing changed), or an error "BLUEQUE_STATE ..." if it exists in another queue.
+-- (nothing changed), or an error "BLUEQUE_STATE ..." if it exists in another queue. A repeat of
+-- this very call (the retry after a lost reply: same created time and parameters) returns 1.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local owner = redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HGET', KEYS[1], 'queue')
   if owner and owner ~= ARGV[2] then
     return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' already exists in queue '
       .. owner .. ', not ' .. ARGV[2] .. ': choose another task id')
+  end
+  if owner and redis.call('HGET', KEYS[1], 'created') == ARGV[4]
+      and redis.call('HGET', KEYS[1], 'parameters') == ARGV[3] then
+    return 1  -- our own earlier try, whose reply was lost: it did create the task
   end
   return 0
 end

@@ -5,7 +5,8 @@
 -- ARGV[1] queue, ARGV[2] now, ARGV[3] "1" if KEYS[2] is the queues key, "0" if KEYS[2] is unused
 -- ARGV[4] channel, then pairs: ARGV[5] id1, ARGV[6] parameters1, ARGV[7] id2, ...
 -- Returns a string of '1' (created) and '0' (already existed), one character per task, or an
--- error "BLUEQUE_STATE ..." (nothing written) if an id exists in another queue.
+-- error "BLUEQUE_STATE ..." (nothing written) if an id exists in another queue. A task this very
+-- call created on an earlier try whose reply was lost (same created time and parameters) is '1'.
 for i = 3, #KEYS do
   local owner = redis.call('TYPE', KEYS[i]).ok == 'hash' and redis.call('HGET', KEYS[i], 'queue')
   if owner and owner ~= ARGV[1] then
@@ -24,6 +25,9 @@ for i = 3, #KEYS do
     n = n + 1
     created[n] = ARGV[a]
     flags[#flags + 1] = '1'
+  elseif redis.call('HGET', KEYS[i], 'created') == ARGV[2]
+      and redis.call('HGET', KEYS[i], 'parameters') == ARGV[a + 1] then
+    flags[#flags + 1] = '1'  -- created by our own earlier try, whose reply was lost
   else
     flags[#flags + 1] = '0'
   end

@@ -44,7 +44,7 @@ TOKEN_HEADER = "X-Blueque-Token"
 DEFAULT_REFRESH = 2.0
 #: Seconds a page (or a /metrics scrape) keeps retrying a Redis that went away before it
 #: answers 503: the client's whole retry_deadline would hold the request for 30 s.
-PAGE_RETRY = 2.0
+PAGE_RETRY = 1.0
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
                                "img-src 'self' data:; frame-ancestors 'none'; "
