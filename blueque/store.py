@@ -88,20 +88,20 @@ def translate(error: redis.exceptions.RedisError, where: str) -> BluequeError:
         )
     if isinstance(error, redis.exceptions.ResponseError) and not is_transient(error):
         return _protocol_error(error, where)
-    if isinstance(error, (redis.exceptions.ResponseError, redis.exceptions.BusyLoadingError)):
+    if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+                  ) and not isinstance(error, redis.exceptions.BusyLoadingError):
+        return RedisUnavailable(
+            f"Redis at {where} is unreachable ({error}); check the URL and that "
+            "redis-server is running"
+        )
+    if is_transient(error):
         # READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY...: this server cannot
         # serve us right now (a demoted master, a restart loading its data, a failover); the
         # command was not run, and waiting is what helps: unavailability, not a refusal
         return RedisUnavailable(
             f"Redis at {where} cannot serve Blueque right now ({type(error).__name__}: "
-            f"{error}): it is loading its "
-            "data, was made a replica, or its cluster is failing over; retry later, or raise "
-            "the URL's retry_deadline"
-        )
-    if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        return RedisUnavailable(
-            f"Redis at {where} is unreachable ({error}); check the URL and that "
-            "redis-server is running"
+            f"{error}): it is loading its data, was made a replica, or its cluster is failing "
+            "over; retry later, or raise the URL's retry_deadline"
         )
     if isinstance(error, redis.exceptions.InvalidResponse):
         return UnsupportedServer(

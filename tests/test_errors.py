@@ -13,6 +13,7 @@ from blueque.errors import (
     RedisUnavailable,
     TaskNotFound,
 )
+from blueque.store import translate
 from blueque.testing import RedisServer, free_port
 
 
@@ -147,3 +148,21 @@ def test_password_and_acl_user_in_the_url() -> None:
             assert "wrong" not in str(raised.value)
         finally:
             wrong.close()
+
+
+@pytest.mark.parametrize("error", [
+    redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+    redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+    redis.exceptions.ResponseError("MASTERDOWN Link with MASTER is down"),
+    redis.exceptions.ClusterDownError("The cluster is down"),
+    redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+    redis.exceptions.ResponseError("BUSY Redis is busy running a script."),
+])
+def test_transient_server_states_are_unavailability_not_refusals(
+        error: redis.exceptions.RedisError) -> None:
+    """Retried by the policy and waited out by daemons: never "Redis refused"."""
+    translated = translate(error, "127.0.0.1:1")
+    assert isinstance(translated, RedisUnavailable)
+    assert "cannot serve Blueque right now" in str(translated)
+    refusal = translate(redis.exceptions.ResponseError("ERR unknown subcommand"), "h")
+    assert type(refusal) is BluequeError
