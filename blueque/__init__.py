@@ -13,6 +13,7 @@ from blueque.errors import (
     TaskNotFound,
     UnsupportedServer,
     WaitTimeout,
+    WrongType,
 )
 from blueque.queue import BulkEnqueue, Queue, QueueStats
 from blueque.task import Task
@@ -34,4 +35,5 @@ __all__ = [
     "TaskNotFound",
     "UnsupportedServer",
     "WaitTimeout",
+    "WrongType",
 ]

@@ -11,6 +11,10 @@ class ConfigurationError(BluequeError, ValueError):
     """A URL, option or argument that cannot work (bad scheme, bad port, unknown option)."""
 
 
+class WrongType(ConfigurationError, TypeError):
+    """An argument of the wrong type (a TypeError too), e.g. parameters that are not text."""
+
+
 class RedisUnavailable(BluequeError, ConnectionError):
     """Redis could not be reached, or went away and did not come back in time."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from blueque.errors import InvalidTaskState
+from blueque.errors import ConfigurationError, InvalidTaskState
 from blueque.store import RedisStore, now
 from blueque.task import Task
 
@@ -81,5 +81,5 @@ class Processor:
         if self._attempt is None:
             raise InvalidTaskState(f"task {self._task.id} has no attempt number to report on")
         if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"progress must be between 0 and 1, not {fraction}")
+            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
         self._store.progress(self._task.id, self._attempt, fraction, message, now())

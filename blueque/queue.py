@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from blueque import keys as k
-from blueque.errors import ConfigurationError, InvalidTaskState
+from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
 from blueque.store import QueueCounts, RedisStore, now
 from blueque.task import Task
@@ -22,7 +22,7 @@ def _text(value: object, what: str) -> str:
         return value.decode("utf-8")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return repr(value)
-    raise TypeError(
+    raise WrongType(
         f"{what} must be a string (JSON by convention), not {type(value).__name__}: "
         "encode it with json.dumps first"
     )
