@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 
 from blueque.config import Settings
@@ -13,7 +14,7 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.processor import Processor
 from blueque.queue import Queue
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore, now, translate
 from blueque.task import Task
 
 
@@ -47,7 +48,10 @@ class Client:
     ) -> None:
         if url is None or isinstance(url, str):
             self.settings: Settings | None = Settings.from_url(url, **redis_kwargs)
-            self.redis = self.settings.connect()
+            try:  # a cluster client connects at once, to learn the slot map
+                self.redis = self.settings.connect()
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
+                raise translate(error, self.settings.url.rpartition("@")[2]) from error
         else:
             if not _decodes(url):
                 raise ConfigurationError(

@@ -69,13 +69,14 @@ def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
 
         try:
             return self.retry.call(attempt)
-        except redis.exceptions.RedisError as error:
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
             raise translate(error, self.where) from error
 
     return wrapper
 
 
-def translate(error: redis.exceptions.RedisError, where: str) -> BluequeError:
+def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
+              where: str) -> BluequeError:
     """The Blueque error for a redis-py error: refusals, bad credentials or URLs, servers that
     are not (a recent enough) Redis, and unreachable ones each get their own."""
     if isinstance(error, redis.exceptions.AuthenticationError) or (
@@ -103,6 +104,9 @@ def translate(error: redis.exceptions.RedisError, where: str) -> BluequeError:
             f"{error}): it is loading its data, was made a replica, or its cluster is failing "
             "over; retry later, or raise the URL's retry_deadline"
         )
+    if isinstance(error, redis.exceptions.RedisClusterException):
+        # redis-py's cluster client gives up with this when no node answers
+        return RedisUnavailable(f"Redis Cluster {where} cannot be reached ({error})")
     if isinstance(error, redis.exceptions.InvalidResponse):
         return UnsupportedServer(
             f"the server at {where} does not speak the Redis protocol ({error}): check the "

@@ -166,3 +166,12 @@ def test_transient_server_states_are_unavailability_not_refusals(
     assert "cannot serve Blueque right now" in str(translated)
     refusal = translate(redis.exceptions.ResponseError("ERR unknown subcommand"), "h")
     assert type(refusal) is BluequeError
+
+
+def test_an_unreachable_cluster_is_redis_unavailable() -> None:
+    """redis-py's cluster client connects at once and gives up with RedisClusterException,
+    which is no RedisError: it must not reach the caller as it is."""
+    port = free_port()
+    with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}") as raised:
+        blueque.Client(f"redis+cluster://:secret@127.0.0.1:{port}")
+    assert "secret" not in str(raised.value)
