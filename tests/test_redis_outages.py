@@ -283,6 +283,19 @@ class LosingProxy:
         self.port = self.listener.getsockname()[1]
         self.token: bytes | None = None
         self.lost = 0
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """The network between the proxy's clients and Redis goes: every connection drops and
+        new ones are refused, until restore()."""
+        self.listener.close()
+        for connection in self.connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    def restore(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self, token: str) -> None:
@@ -295,6 +308,7 @@ class LosingProxy:
             except OSError:
                 return
             server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.connections += [client, server]
             threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, False),
                              daemon=True).start()
@@ -354,5 +368,49 @@ def test_writes_repeated_after_a_lost_reply_say_what_they_did(redis_server, redi
         assert proxy.lost == 4
         assert redis_client.lrange(KEYS.pending("lossy"), 0, -1).count(reserved.id) == 1
         assert client.get_task(reserved.id).status == "pending"
+    finally:
+        proxy.close()
+
+
+def test_a_listener_cut_off_alone_is_recovered_after_its_lease(  # type: ignore[no-untyped-def]
+        redis_server, redis_client, tmp_path):
+    """Redis stays up and only one listener loses it (its network is cut): that one IS taken
+    for dead after its lease by a listener that still reaches Redis, and its task runs again
+    there; back on the network, it finds its lease lost and stops its superseded run."""
+    marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
+    proxy = LosingProxy(redis_server.port)
+    db = redis_client.connection_pool.connection_kwargs.get("db", 0)
+    direct = f"redis://127.0.0.1:{redis_server.port}/{db}"
+    client = blueque.Client(direct)
+    try:
+        with daemons(tmp_path) as started:
+            cut_off = listener(started, tmp_path, f"redis://127.0.0.1:{proxy.port}/{db}",
+                               "--identity", "islanded.example_5")
+            wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 1, what="listener")
+            task_id = client.get_queue("work").enqueue(json.dumps(
+                {"marker": str(marker), "release": str(release), "phase": str(phase)}),
+                max_attempts=2, retry_backoff=0.01)
+            wait_until(lambda: lines(marker), what="running on the listener to be cut off")
+            first_pid = client.get_task(task_id).pid
+            survivor = listener(started, tmp_path, direct, "--identity", "mainland.example_6")
+            wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 2, what="two")
+            proxy.cut()
+            # lease 1 s, sweeps every 0.5 s: taken back within 3 intervals (plus start-up)
+            wait_until(lambda: client.get_task(task_id).attempts == 2, timeout=10,
+                       what="the cut-off listener's task taken back")
+            wait_until(lambda: client.get_task(task_id).node == "mainland.example_6",
+                       what="running on the survivor")
+            proxy.restore()
+            wait_until(lambda: "lost its lease" in cut_off.log(), timeout=20,
+                       what="the cut-off listener back, its lease lost")
+            wait_until(lambda: not psutil.pid_exists(first_pid)
+                       or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE,
+                       what="its superseded run stopped")
+            release.touch()
+            task = client.get_task(task_id).wait(30)
+            assert task.status == "complete" and task.attempts == 2
+            assert "islanded.example_5 stopped renewing its lease" in (task.error or "")
+            assert "recovered listener islanded.example_5" in survivor.log()
+            assert cut_off.alive() and survivor.alive()
     finally:
         proxy.close()
