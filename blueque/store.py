@@ -508,7 +508,7 @@ class RedisStore:
         clock = float(seconds) + float(micros) / 1e6
         run_ids = sorted(str(node.get("run_id", "")) for node in nodes)
         uptime = min((float(node.get("uptime_in_seconds", 0)) for node in nodes), default=0.0)
-        return ",".join(run_ids), clock - uptime
+        return ",".join(run_ids), clock - uptime - 1.0  # whole seconds: the earliest start
 
     @translate_errors
     def server_time(self) -> float:
