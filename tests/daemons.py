@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,10 +25,11 @@ def listen_command(url: str, queues: str, function: str, *options: str) -> list[
 class Daemon:
     """One listener daemon process; ``kill()`` SIGKILLs it, ``stop()`` sends SIGTERM."""
 
-    def __init__(self, command: Sequence[str], log_path: Path, cwd: Path = ROOT) -> None:
+    def __init__(self, command: Sequence[str], log_path: Path, cwd: Path = ROOT,
+                 env: Mapping[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.process = subprocess.Popen(
             list(command), cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -1,0 +1,270 @@
+"""Chaos: three listeners with their own node names, hundreds of tasks, and for a minute the
+things operators and machines do to them: SIGKILL, SIGTERM and restart of listeners, SIGSTOP of
+a whole node, SIGKILL and SIGTERM of task processes, and Redis SIGKILLed and restarted from its
+append-only file, once for longer than a lease.
+
+At the end no task is lost (every one complete), no task's work finished twice, no two runs of
+one task overlapped while one of them went on to finish its work, and no process is left
+behind. The figures are printed for the closing notes of the issues that rely on it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+import blueque
+from blueque.testing import RedisServer
+from tests.daemons import Daemon, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+TAG = "BLUEQUE_CHAOS_TAG"
+INTERVAL = 2.0  # lease 4 s, renewed every second
+LEASE = 2 * INTERVAL
+TASKS_BEFORE, TASKS_DURING = 160, 60
+CHAOS_SECONDS = 50.0
+
+
+def tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
+    """Processes started for this run (a node's, or all): the tag is in their environment,
+    which forked task processes inherit, even once their listener is gone."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            environ = process.environ()
+            if environ.get(TAG) == tag and (node is None or environ.get("CHAOS_NODE") == node):
+                found.append(process)
+    return found
+
+
+@dataclass
+class Node:
+    name: str
+    url: str
+    directory: Path
+    tag: str
+    daemon: Daemon | None = None
+    starts: int = 0
+    logs: list[Path] = field(default_factory=list)
+
+    def start(self) -> None:
+        if self.daemon is not None:
+            self.daemon.close()  # its log file; the process is gone already
+        self.starts += 1
+        log = self.directory / f"{self.name}-{self.starts}.log"
+        self.logs.append(log)
+        command = listen_command(
+            self.url, "chaos", "tests.chaos_jobs:work", "--node-name", self.name,
+            "--concurrency", "2", "--interval", str(INTERVAL), "--poll", "0.2",
+        )
+        self.daemon = Daemon(command, log, env={TAG: self.tag, "CHAOS_NODE": self.name})
+
+    def alive(self) -> bool:
+        return self.daemon is not None and self.daemon.alive()
+
+    def listener_pid(self) -> int | None:
+        return self.daemon.pid if self.alive() and self.daemon is not None else None
+
+    def task_processes(self) -> list[psutil.Process]:
+        return [p for p in tagged(self.tag, self.name) if p.pid != self.listener_pid()]
+
+
+@dataclass
+class Run:
+    attempt: str
+    pid: int
+    started: float
+    ended: float | None = None
+
+
+def runs_of(journal: Path) -> list[Run]:
+    runs: dict[int, Run] = {}
+    for line in journal.read_text().splitlines():
+        event, attempt, pid, at = line.split()
+        if event == "start":
+            runs[int(pid)] = Run(attempt, int(pid), float(at))
+        else:
+            runs[int(pid)].ended = float(at)
+    return sorted(runs.values(), key=lambda run: run.started)
+
+
+@pytest.fixture
+def chaos_server(tmp_path: Path) -> Iterator[RedisServer]:
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
+                         directory=str(tmp_path / "redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Chaos:
+    """The operator from hell: one random action per step, on a random node."""
+
+    ACTIONS = {"kill listener": 2, "term listener": 2, "stop node": 2, "kill child": 3,
+               "term child": 1, "restart redis": 1}
+
+    def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random) -> None:
+        self.server, self.nodes, self.rng = server, nodes, rng
+        self.events: Counter[str] = Counter()
+        self.signalled: set[int] = set()  # task processes the chaos itself killed or stopped
+        self.long_outage_due = True  # one Redis outage longer than a lease, the rest shorter
+
+    def step(self, elapsed: float) -> None:
+        node = self.rng.choice(self.nodes)
+        kind = self.rng.choices(list(self.ACTIONS), weights=list(self.ACTIONS.values()))[0]
+        if self.long_outage_due and elapsed > 20:
+            kind = "restart redis"
+        if kind == "restart redis":
+            self.restart_redis()
+        elif not node.alive():
+            node.start()  # a listener the chaos stopped comes back
+            return
+        elif kind in ("kill listener", "term listener"):
+            self.restart_listener(node, kind == "kill listener")
+        elif kind == "stop node":
+            self.freeze(node)
+        elif not self.signal_child(node, signal.SIGKILL if kind == "kill child"
+                                   else signal.SIGTERM):
+            return
+        self.events[kind] += 1
+
+    def restart_redis(self) -> None:
+        down = 3 * LEASE if self.long_outage_due else self.rng.uniform(0.5, 3.0)
+        self.long_outage_due = False
+        self.server.kill()
+        time.sleep(down)  # the outage itself: how long Redis stays away
+        self.server.start()
+
+    def restart_listener(self, node: Node, kill: bool) -> None:
+        assert node.daemon is not None
+        if kill:
+            node.daemon.kill()
+            time.sleep(self.rng.uniform(0.0, 1.0))  # how long the node stays without one
+        else:
+            node.daemon.stop(timeout=30)
+        node.start()
+
+    def freeze(self, node: Node) -> None:
+        frozen = tagged(node.tag, node.name)
+        for process in frozen:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGSTOP)
+        time.sleep(self.rng.uniform(0.3, LEASE / 2))  # a pause shorter than a lease
+        for process in frozen:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGCONT)
+
+    def signal_child(self, node: Node, signum: int) -> bool:
+        children = node.task_processes()
+        if not children:
+            return False
+        victim = self.rng.choice(children)
+        self.signalled.add(victim.pid)
+        with contextlib.suppress(psutil.Error):
+            victim.send_signal(signum)
+        return True
+
+
+def check_journal(ids: list[str], journal: Path, signalled: set[int]) -> dict[str, int]:
+    """Every task's work finished, and more than once only where the chaos killed a run after
+    its work and before its outcome was recorded; only the chaos's own signals to task
+    processes cut runs short (a listener killed, stopped or restarted, or Redis away, must
+    never stop a live run); no run that finished overlapped another run of its task."""
+    runs = {task_id: runs_of(journal / task_id) for task_id in ids}
+    finished = {t: sum(run.ended is not None and run.pid not in signalled for run in r)
+                for t, r in runs.items()}
+    twice = {t: runs[t] for t, count in finished.items() if count != 1}
+    assert not twice, f"work finished other than once: {twice}"
+    cut_short = {t: r for t, r in runs.items()
+                 if any(run.ended is None and run.pid not in signalled for run in r)}
+    assert not cut_short, f"runs stopped that nobody signalled: {cut_short}"
+    overlapping = {
+        task_id: task_runs for task_id, task_runs in runs.items()
+        for run in task_runs if run.ended is not None and any(
+            other is not run and run.started <= other.started <= run.ended
+            for other in task_runs)
+    }
+    assert not overlapping, f"a run that finished overlapped another run: {overlapping}"
+    total = sum(len(r) for r in runs.values())
+    return {"runs": total, "reruns": total - len(ids),
+            "cut_short_by_chaos": sum(run.ended is None for r in runs.values() for run in r),
+            "most_runs_of_one_task": max(len(r) for r in runs.values())}
+
+
+def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
+                                                    tmp_path: Path) -> None:
+    seed = int(os.environ.get("BLUEQUE_CHAOS_SEED", "0")) or random.randrange(1 << 30)
+    rng = random.Random(seed)
+    tag = f"chaos-{os.getpid()}-{seed}"
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    nodes = [Node(f"node-{letter}", chaos_server.url, tmp_path, tag) for letter in "abc"]
+    chaos = Chaos(chaos_server, nodes, rng)
+    client = blueque.Client(chaos_server.url)
+    queue = client.get_queue("chaos")
+
+    def enqueue(count: int) -> list[str]:
+        return [
+            queue.enqueue(json.dumps({"dir": str(journal), "seconds": rng.uniform(0.3, 3.0)}),
+                          max_attempts=30, retry_backoff=0)
+            for _ in range(count)
+        ]
+
+    ids = enqueue(TASKS_BEFORE)
+    began = time.monotonic()
+    try:
+        for node in nodes:
+            node.start()
+        while (elapsed := time.monotonic() - began) < CHAOS_SECONDS:
+            time.sleep(rng.uniform(0.5, 1.5))  # the pace of the chaos, not a wait for a state
+            if len(ids) < TASKS_BEFORE + TASKS_DURING and elapsed > 10:
+                ids += enqueue(20)  # enqueues ride out the outages too
+            chaos.step(elapsed)
+        chaos_took = time.monotonic() - began
+        for node in nodes:
+            if not node.alive():
+                node.start()
+
+        def drained() -> bool:
+            counts = queue.stats()
+            return counts.complete + counts.failed >= len(ids)
+
+        wait_until(drained, timeout=240, what=f"{len(ids)} tasks ended")
+        drained_at = time.monotonic() - began
+        statuses = Counter(client.get_task(task_id).status for task_id in ids)
+        assert statuses == {"complete": len(ids)}, statuses
+        assert {client.get_task(task_id).result for task_id in ids} == {"ok"}
+        figures = check_journal(ids, journal, chaos.signalled)
+        for node in nodes:
+            assert node.daemon is not None
+            node.daemon.stop(timeout=30)
+        # nothing left behind: every task is complete, so no task process (a fenced run, an
+        # adopted child) may outlive the listeners
+        wait_until(lambda: not tagged(tag), timeout=15, what="no process left behind")
+    finally:
+        for node in nodes:
+            if node.daemon is not None:
+                node.daemon.close()
+        for process in tagged(tag):  # a failing run must not leave processes behind either
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+    print("chaos figures:", json.dumps({
+        "seed": seed, "tasks": len(ids), "complete": statuses["complete"], **figures,
+        "events": dict(chaos.events), "listener_starts": sum(n.starts for n in nodes),
+        "chaos_s": round(chaos_took, 1), "drained_s": round(drained_at, 1),
+    }))
