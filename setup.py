@@ -15,6 +15,7 @@ setup(
         "redis>=5.0.1",
         "psutil>=5.9",
         "croniter>=2.0",
+        "setproctitle>=1.3",
         "prometheus_client>=0.17",
     ],
     extras_require={

@@ -20,10 +20,11 @@ from typing import Any
 
 from blueque.errors import BluequeError, CallbackError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
-from blueque.process import create_time
+from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
 from blueque.store import RedisStore, now
 from blueque.task import Task
+from blueque.tasklog import Shipper, TaskLogSettings, capture
 
 log = logging.getLogger("blueque.child")
 
@@ -185,7 +186,8 @@ def import_function(spec: str) -> TaskFunction:
     return target  # type: ignore[no-any-return]
 
 
-def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) -> int:
+def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
+         task_logs: TaskLogSettings | None = None) -> int:
     global _current
     processor = Processor(task, store)
     pid = os.getpid()
@@ -199,6 +201,7 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED
     _current = ProgressReporter(Processor(task, store.bounded(0.0)))
+    shipper = _ship_output(store, task, policy, task_logs)
     retry, trace = True, None
     try:
         result = function(_refreshed(task))
@@ -215,6 +218,8 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
                     f"string and cannot be encoded as JSON ({type(error).__name__}: {error}); "
                     "not retried: return a str or a JSON-serialisable value")
     _current.close()
+    if shipper is not None:
+        _end_output(shipper, trace)
     delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
     while True:
         try:
@@ -231,6 +236,24 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) 
         except BluequeError as error:
             log.error("task %s: outcome (%s) not recorded: %s", task.id, outcome, error)
             return EXIT_REPORT_FAILED
+
+
+def _ship_output(store: RedisStore, task: Task, policy: Policy,
+                 task_logs: TaskLogSettings | None) -> Shipper | None:
+    """Ship the attempt's output file to the task's log stream as it grows (5.19)."""
+    if task_logs is None:
+        return None
+    shipper = Shipper(store.bounded(0.0), task_logs, task.id, task.attempts,
+                      task_logs.path(task.queue or "", task.id, task.attempts), _ttl_ms(policy))
+    shipper.start()
+    return shipper
+
+
+def _end_output(shipper: Shipper, trace: str | None) -> None:
+    if trace:
+        sys.stderr.write(trace)  # the task's own log shows why it failed, where it failed
+        sys.stderr.flush()
+    shipper.close()  # the rest of its output and the attempt's end, before the outcome
 
 
 def _refreshed(task: Task) -> Task:
@@ -270,12 +293,14 @@ def _report(processor: Processor, policy: Policy, outcome: str, text: str,
 
 
 def _ttl_ms(policy: Policy) -> int | None:
-    return int(policy.result_ttl * 1000) if policy.result_ttl > 0 else None
+    return policy.result_ttl_ms()
 
 
-def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Policy) -> None:
+def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
+              task_logs: TaskLogSettings | None = None) -> None:
     """Body of the forked child; never returns. ``policy`` is the one the parent resolved
-    for this task at fork time, so the child does not read the queue's config again."""
+    for this task at fork time, so the child does not read the queue's config again. With
+    ``task_logs``, its stdout and stderr are the attempt's log file (PROTOCOL.md 5.19)."""
     code = EXIT_REPORT_FAILED
     try:
         os.setsid()
@@ -283,7 +308,14 @@ def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Pol
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
-        code = _run(store, task, function, policy)
+        set_title(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
+        if task_logs is not None:
+            try:
+                capture(task_logs.path(task.queue or "", task.id, task.attempts))
+            except OSError as error:  # a full or read-only disk must not stop the task
+                log.error("task %s: output not captured: %s", task.id, error)
+                task_logs = None
+        code = _run(store, task, function, policy, task_logs)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -22,6 +22,7 @@ from blueque.config import Settings, default_url
 from blueque.cron import CronEntry, check_unique, load_file, parse_spec
 from blueque.display import (
     ProgressBar,
+    TaskProgress,
     format_seconds,
     format_time,
     last_line,
@@ -43,6 +44,7 @@ from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
 from blueque.store import now
+from blueque.tasklog import follow_output, read_output
 from blueque.waiting import WaitResult, wait_all
 
 EXIT_OK = 0
@@ -159,15 +161,25 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
         ids += queue.task_ids(status, 0, args.limit - 1)[: args.limit]
     datas = client.store.task_data_many(ids)
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
+    current = now()
     rows = [(t["id"], t.get("status", "(missing)"), t.get("attempts", "-"),
-             format_time(_float(t.get("updated"))), t.get("node") or "-",
+             format_time(_float(t.get("updated"))), _eta_text(t, current),
+             t.get("node") or "-",
              shorten(last_line(t.get("error")) or t.get("result") or t.get("parameters"),
                      48))
             for t in tasks]
-    text = table(("ID", "STATUS", "ATTEMPTS", "UPDATED", "NODE", "RESULT/ERROR/PARAMETERS"),
-                 rows) if rows else f"no tasks in {args.queue}"
+    text = table(("ID", "STATUS", "ATTEMPTS", "UPDATED", "ETA", "NODE",
+                  "RESULT/ERROR/PARAMETERS"), rows) if rows else f"no tasks in {args.queue}"
     emit(args, tasks, text)
     return EXIT_OK
+
+
+def _eta_text(task: dict[str, str], current: float) -> str:
+    """When a scheduled or retrying task runs: ``in 3h12m`` (``due`` once passed)."""
+    eta = _float(task.get("eta")) if task.get("status") == k.SCHEDULED else None
+    if eta is None:
+        return "-"
+    return f"in {format_seconds(eta - current)}" if eta > current else "due"
 
 
 def _float(raw: str | None) -> float | None:
@@ -188,6 +200,27 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         rows.append((name, f"{format_time(stamp)} ({value})" if stamp else value))
     emit(args, {"id": args.task_id, **data},
          f"task {args.task_id}\n" + table(("FIELD", "VALUE"), rows))
+    return EXIT_OK
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    task = client.get_task(args.task_id)
+    output = read_output(client.store, args.task_id, args.attempt)
+    if output is None:
+        if not task.data:
+            raise TaskNotFound(args.task_id)
+        which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
+        raise Failure(f"no output of {which} of task {args.task_id} in Redis (listeners keep "
+                      "the last 64 KiB of each attempt; --no-task-logs keeps none)", EXIT_FAILURE)
+    sys.stdout.write(output.text)
+    sys.stdout.flush()
+    if args.follow:
+        def finished() -> bool:
+            return task.refresh().status in k.FINISHED_STATUSES or not task.data
+
+        for text in follow_output(client.store, args.task_id, output, finished):
+            sys.stdout.write(text)
+            sys.stdout.flush()
     return EXIT_OK
 
 
@@ -284,17 +317,24 @@ def cmd_forget_queue(client: Client, args: argparse.Namespace) -> int:
 
 # --- waiting ----------------------------------------------------------------------------------
 def cmd_wait(client: Client, args: argparse.Namespace) -> int:
-    show = args.progress == "always" or (
-        args.progress == "auto" and len(args.task_ids) > 1 and sys.stderr.isatty())
-    bar = ProgressBar(len(args.task_ids), sys.stderr) if show else None
+    ids = list(dict.fromkeys(args.task_ids))
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    # one task: its own progress bar (fraction and message); several: how many finished
+    one = TaskProgress(sys.stderr) if show and len(ids) == 1 else None
+    bar = ProgressBar(len(ids), sys.stderr) if show and one is None else None
 
     def update(result: WaitResult) -> None:
+        if one is not None:
+            one.update(result.tasks[ids[0]])
         if bar is not None:
             bar.update(len(result.finished()), len(result.failed()))
 
     try:
-        result = wait_all(client, list(dict.fromkeys(args.task_ids)), args.timeout, update)
+        result = wait_all(client, ids, args.timeout, update,
+                          refresh=0.5 if one is not None else None)
     finally:
+        if one is not None:
+            one.close()
         if bar is not None:
             bar.close()
     return _report_waited(args, result)
@@ -465,6 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--limit", type=int, default=20, help="at most N per state (default 20)")
     sub = add("show", cmd_show, "every field of one task")
     sub.add_argument("task_id")
+    sub = add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis")
+    sub.add_argument("task_id")
+    sub.add_argument("--attempt", type=int, help="which attempt (default: the newest)")
+    sub.add_argument("--follow", "-f", action="store_true",
+                     help="print what a running attempt writes until it ends")
 
     sub = add("enqueue", cmd_enqueue, "submit a task (prints its id)")
     sub.add_argument("queue")

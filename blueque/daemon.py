@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from blueque import keys as k
@@ -33,7 +34,7 @@ from blueque.child import (
     run_child,
 )
 from blueque.client import Client
-from blueque.display import positive_seconds
+from blueque.display import format_seconds, last_line, parse_duration, positive_seconds, shorten
 from blueque.errors import (
     BluequeError,
     CallbackError,
@@ -46,11 +47,12 @@ from blueque.logs import configure as configure_logs
 from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.policy import Policy
-from blueque.process import create_time, process_alive
+from blueque.process import create_time, process_alive, set_title
 from blueque.queue import check_queue_name
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.store import now
 from blueque.task import Task
+from blueque.tasklog import TaskLogSettings, default_directory, ship_rest
 
 log = logging.getLogger("blueque.daemon")
 
@@ -95,6 +97,8 @@ class Running:
     kill_sent: bool = False
     exit_code: int | None = None  # None while it runs, or when a signal ended it
     created: float | None = None  # the process's create time
+    #: the task's fields once its ending is recorded (for the listener's log line)
+    ending: dict[str, str] | None = None
 
     def record(self, listener: str, listener_pid: int, listener_created: float | None) -> str:
         """This run's entry in blueque_node_[node] (PROTOCOL.md): with its listener process,
@@ -120,6 +124,34 @@ def describe_exit(status: int, reason: str, time_limit: float) -> str:
             text += "; if nobody sent it, the kernel's out-of-memory killer may have"
         return text
     return f"process exited with code {os.WEXITSTATUS(status)} without reporting an outcome"
+
+
+#: The task fields describe_ending reads.
+ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled")
+
+
+def describe_ending(fields: dict[str, str], attempt: int | None, took: str) -> str:
+    """How an attempt ended, for the listener's log: ``complete in 3h12m``, ``failed in 2s:
+    ValueError: bad``, ``failed in 2s, retry in 30s: ...``, ``cancelled in 5m: ...``, or
+    where the task has moved on meanwhile."""
+    status = fields.get("status")
+    # the exception with its type, from the traceback's last line; 1.0.1's error is its text
+    error = shorten(last_line(fields.get("traceback")) or fields.get("error"), 200)
+    if not fields:
+        return f"ended in {took}; its task is gone (deleted)"
+    if attempt is not None and fields.get("attempts") not in (None, str(attempt)):
+        return (f"ended in {took}, superseded: the task is {status} at attempt "
+                f"{fields.get('attempts')}")
+    if status == k.COMPLETE:
+        return f"complete in {took}"
+    if status == k.FAILED:
+        return f"{'cancelled' if fields.get('cancelled') else 'failed'} in {took}: {error}"
+    if status == k.SCHEDULED and fields.get("eta"):
+        wait = format_seconds(max(0.0, float(fields["eta"]) - now()))
+        return f"failed in {took}, retry in {wait}: {error}"
+    if status == k.PENDING:
+        return f"ended in {took}, put back: the task is pending again"
+    return f"ended in {took}; the task is {status}"
 
 
 class ListenerDaemon:
@@ -192,6 +224,8 @@ class ListenerDaemon:
         self._registered = False
         self._info: dict[str, str] = {}
         self.metrics: ListenerMetrics | None = None  # blueque listen --metrics-port
+        #: where task output goes (blueque listen: on by default; PROTOCOL.md 5.19)
+        self.task_logs: TaskLogSettings | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -401,6 +435,8 @@ class ListenerDaemon:
     def _sweep(self) -> None:
         """Recovery, as adopter: the live runs of dead listeners we adopt take our slots."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
+        if self.task_logs is not None:
+            self.task_logs.clean()
         if set(report.adopted_runs) != set(self.adopted):
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(report.adopted_runs))
@@ -439,7 +475,7 @@ class ListenerDaemon:
             self._heal()
             return False
         if pid == 0:
-            run_child(self.task_store, task, function, policy)
+            run_child(self.task_store, task, function, policy, self.task_logs)
         self.children[pid] = Running(
             task.id, queue, task.attempts, self.clock(), policy.time_limit,
             policy.kill_grace, policy, pid, created=create_time(pid),
@@ -479,6 +515,10 @@ class ListenerDaemon:
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         running.exit_code = code
         reported = code == 0 and not running.reason
+        if self.task_logs is not None and not reported and code != EXIT_NOT_STARTED:
+            # it died without shipping the end of its output: the listener does (5.19)
+            ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
+                      running.task_id, running.attempt, running.policy.result_ttl_ms())
         # 0 and EXIT_NOT_STARTED are checked too: a task function that called os._exit() with
         # one of them would otherwise leave its task started for ever (_record reads first)
         self.unrecorded.append((running, describe_exit(status, running.reason,
@@ -486,12 +526,17 @@ class ListenerDaemon:
         self._record_unrecorded()
         if self.metrics:
             self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
-        outcome = "not started" if code == EXIT_NOT_STARTED else (
+        process = "not started" if code == EXIT_NOT_STARTED else (
             "reported" if reported else "died")
-        log.info("task %s queue %s: pid %d ended after %.3f s (%s)", running.task_id,
-                 running.queue, pid, duration, outcome,
-                 extra={"task_id": running.task_id, "queue": running.queue, "pid": pid,
-                        "duration": round(duration, 6), "event": "ended", "outcome": outcome})
+        took = format_seconds(duration)
+        what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
+                else describe_ending(running.ending, running.attempt, took))
+        log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
+                 running.queue, running.attempt, what, pid, process, self.node, extra={
+                     "task_id": running.task_id, "queue": running.queue, "pid": pid,
+                     "attempt": running.attempt, "node": self.node,
+                     "duration": round(duration, 6), "event": "ended", "outcome": process,
+                     "ending": what})
 
     def _record_unrecorded(self) -> None:
         """Record endings the child could not report; kept until Redis accepts them."""
@@ -508,13 +553,19 @@ class ListenerDaemon:
 
     def _record(self, running: Running, error: str) -> None:
         said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
-        if said and self.store.task_statuses([running.task_id])[0] != k.STARTED:
-            return  # as the child said: it recorded an outcome, or never started the task
+        if said:
+            fields = self.store.task_fields(running.task_id, ENDING_FIELDS)
+            if fields.get("status") != k.STARTED:
+                # as the child said: it recorded an outcome, or never started the task
+                running.ending = fields
+                return
         data = self.store.task_data(running.task_id)
         if data.get("status") not in (k.RESERVED, k.STARTED) or (
             running.attempt is not None and data.get("attempts") != str(running.attempt)
         ):
-            return  # the child did report, or the task moved on (recovered, cancelled)
+            # the child did report, or the task moved on (recovered, cancelled)
+            running.ending = data
+            return
         pid = running.pid
         listener = data.get("node") or self.id
         attempt = running.attempt
@@ -532,6 +583,7 @@ class ListenerDaemon:
                 running.queue, running.task_id, listener, pid, outcome, error, current,
                 attempt, retry_eta=eta,
             )
+        running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
         log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
                     extra={"task_id": running.task_id, "queue": running.queue,
                            "event": "recorded", "outcome": status})
@@ -745,6 +797,18 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fallback poll for enqueues that publish nothing, such as "
                              "blueque 1.0.1's (seconds, default 1)")
     add_node_name_argument(parser)
+    parser.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
+                        help="where each task attempt's stdout and stderr go on this node "
+                             f"(default {default_directory()}); the last 64 KiB of each "
+                             "attempt are also kept in Redis for `blueque logs`")
+    parser.add_argument("--log-max-bytes", type=_byte_count, default=10 * 1024 * 1024,
+                        metavar="BYTES", help="cap of one attempt's file before its older "
+                                             "half moves to .1 (default 10M; K, M, G)")
+    parser.add_argument("--log-keep", type=_duration_type, default=7 * 86400.0,
+                        metavar="DURATION", help="remove task log files older than this, and "
+                                                 "expire unfinished streams after it (7d)")
+    parser.add_argument("--no-task-logs", action="store_true",
+                        help="do not capture task output: it goes to the listener's stderr")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
@@ -754,6 +818,45 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="address of the metrics server (default 127.0.0.1; 0.0.0.0 "
                              "lets a Prometheus on another host scrape it)")
+
+
+def _byte_count(text: str) -> int:
+    units = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+    number, unit = text.strip().upper().rstrip("B") or "x", ""
+    if number[-1:] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        value = 0
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"must be a size of at least 1K (such as 512K or "
+                                         f"10M), not {text!r}")
+    return value
+
+
+def _duration_type(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ConfigurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
+    return value
+
+
+def task_log_settings(args: argparse.Namespace) -> TaskLogSettings | None:
+    if args.no_task_logs:
+        return None
+    settings = TaskLogSettings(args.log_dir or default_directory(), args.log_max_bytes,
+                               args.log_keep)
+    try:
+        settings.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigurationError(f"cannot use --log-dir {settings.directory}: {error}; give "
+                                 "a writable directory or --no-task-logs") from error
+    settings.clean()
+    return settings
 
 
 def run_listen(args: argparse.Namespace, client: Client) -> int:
@@ -766,6 +869,8 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name,
     )
+    daemon.task_logs = task_log_settings(args)
+    set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
         daemon.load_function()
     except CallbackError as error:

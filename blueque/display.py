@@ -81,7 +81,7 @@ def format_seconds(seconds: float) -> str:
     if hours < 24:
         return f"{sign}{hours}h{minutes:02d}m"
     days, hours = divmod(hours, 24)
-    return f"{sign}{days}d{hours:02d}h"
+    return f"{sign}{days}d{hours:02d}h" if hours else f"{sign}{days}d"
 
 
 def shorten(text: str | None, width: int = 48) -> str:
@@ -149,3 +149,29 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class TaskProgress:
+    """``[###########.........]  55% half way, 3m10s`` for one task on a terminal: its own
+    progress fraction and message, redrawn in place."""
+
+    def __init__(self, stream: TextIO, width: int = 30) -> None:
+        self.stream = stream
+        self.width = width
+        self.started = time.monotonic()
+
+    def update(self, data: dict[str, str]) -> None:
+        try:
+            fraction = min(1.0, max(0.0, float(data.get("progress") or 0.0)))
+        except ValueError:
+            fraction = 0.0
+        filled = int(self.width * fraction)
+        message = shorten(data.get("progress_message") or data.get("status") or "", 40)
+        line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {fraction * 100:3.0f}% "
+                f"{message}, {format_seconds(time.monotonic() - self.started)}")
+        self.stream.write("\r\x1b[2K" + line)  # clear the line: messages differ in length
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()

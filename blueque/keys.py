@@ -131,6 +131,12 @@ class Keys:
         seconds); expires after FINISHED_MINUTE_TTL seconds."""
         return _key("finished_per_minute", self._q(queue), minute)
 
+    def task_log(self, task_id: str) -> str:
+        """Stream of a task's output: entries {attempt, data, offset[, end]}, the last
+        TAIL_BYTES of each attempt; expires ``keep`` after its last write (or with the task's
+        result TTL once the attempt ended)."""
+        return _key("task_log", task_id)
+
     def outcome_counts(self, queue: str) -> str:
         """Hash: outcome -> tasks of the queue that ended so, ever (a Prometheus counter)."""
         return _key("outcome_counts", self._q(queue))
@@ -186,6 +192,7 @@ KEY_BUILDERS = (
     "queue_config",
     "cron",
     "finished_per_minute",
+    "task_log",
     "outcome_counts",
     "channel",
     "done_channel",

@@ -7,7 +7,8 @@ import logging
 import sys
 
 #: Fields the daemons attach to task transition records (``extra=``).
-TASK_FIELDS = ("event", "task_id", "queue", "pid", "attempt", "duration", "outcome")
+TASK_FIELDS = ("event", "task_id", "queue", "pid", "attempt", "duration", "outcome", "node",
+               "ending")
 
 
 class JsonFormatter(logging.Formatter):

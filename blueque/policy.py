@@ -36,6 +36,10 @@ class Policy:
     kill_grace: float = 30.0
     result_ttl: float = 0.0  # 0: finished tasks stay until deleted
 
+    def result_ttl_ms(self) -> int | None:
+        """The result TTL in milliseconds for PEXPIRE, None to keep the result."""
+        return int(self.result_ttl * 1000) if self.result_ttl > 0 else None
+
     @classmethod
     def resolve(cls, task: Mapping[str, str], queue_config: Mapping[str, str]) -> Policy:
         values: dict[str, object] = {}

@@ -6,6 +6,7 @@ import contextlib
 import os
 
 import psutil
+import setproctitle
 
 #: Create times are compared with this slack (psutil rounds them; clocks tick).
 CREATE_TIME_SLACK = 1.0
@@ -37,3 +38,8 @@ def signal_group(pid: int, signum: int) -> None:
     """Signal the process group ``pid`` leads (every task child leads its own); gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
+
+
+def set_title(title: str) -> None:
+    """The process title ps and top show, so that a node's task processes tell apart."""
+    setproctitle.setproctitle(title)

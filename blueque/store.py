@@ -397,6 +397,13 @@ class RedisStore:
         return [{} if isinstance(reply, Exception) else reply for reply in replies]
 
     @translate_errors
+    def task_fields(self, task_id: str, fields: Sequence[str]) -> dict[str, str]:
+        """HMGET of some fields of one task hash (the missing ones left out)."""
+        values = self.redis.hmget(self.keys.task(task_id), list(fields))
+        return {name: value for name, value in zip(fields, values, strict=True)
+                if value is not None}
+
+    @translate_errors
     def task_statuses(self, task_ids: Sequence[str]) -> list[str | None]:
         """HGET status of many task hashes in one pipeline (None where the hash is missing):
         how blueque.spark.wait_for_tasks follows a batch without reading results."""
@@ -702,7 +709,8 @@ class RedisStore:
         return bool(
             self._run(
                 "delete",
-                [self.keys.task(task_id), self.keys.finished(queue, status)],
+                [self.keys.task(task_id), self.keys.finished(queue, status),
+                 self.keys.task_log(task_id)],
                 [task_id, status, DELETE_WINDOW],
             )
         )
@@ -828,6 +836,40 @@ class RedisStore:
         first."""
         return cast(list[tuple[str, float]],
                     self.redis.zrange(self.keys.scheduled(queue), start, stop, withscores=True))
+
+    # --- task output (blueque_task_log_[id], a stream) ---------------------------------------
+    @translate_errors
+    def append_output(self, task_id: str, attempt: str, text: str, offset: int,
+                      end: bool = False, ttl_ms: int | None = None) -> str:
+        """XADD one chunk of an attempt's output (``end``: the attempt's last entry) and
+        PEXPIRE the stream, in one transaction; returns the entry id."""
+        fields = {"attempt": attempt, "data": text, "offset": str(offset)}
+        if end:
+            fields["end"] = "1"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(self.keys.task_log(task_id), dict(fields))
+        if ttl_ms:
+            pipe.pexpire(self.keys.task_log(task_id), ttl_ms)
+        return str(pipe.execute()[0])
+
+    @translate_errors
+    def drop_output(self, task_id: str, entry_ids: Sequence[str]) -> None:
+        """XDEL older chunks of an attempt: each keeps only its last TAIL_BYTES."""
+        self.redis.xdel(self.keys.task_log(task_id), *entry_ids)
+
+    @translate_errors
+    def last_output(self, task_id: str) -> dict[str, str]:
+        """The stream's newest entry's fields ({} if none)."""
+        entries = self.redis.xrevrange(self.keys.task_log(task_id), count=1)
+        return dict(entries[0][1]) if entries else {}
+
+    @translate_errors
+    def output_after(self, task_id: str, after: str = "-", count: int | None = None
+                     ) -> list[tuple[str, dict[str, str]]]:
+        """Entries after ``after`` (an entry id, exclusive; "-" for all), oldest first."""
+        start = "-" if after == "-" else "(" + after
+        entries = self.redis.xrange(self.keys.task_log(task_id), start, "+", count=count)
+        return [(str(entry), dict(fields)) for entry, fields in entries]
 
     # --- notifications --------------------------------------------------------------------
     def subscribe(self, channels: Sequence[str]) -> Subscription:

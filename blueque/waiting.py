@@ -45,9 +45,11 @@ def wait_all(
     task_ids: Sequence[str],
     timeout: float | None = None,
     on_update: Callable[[WaitResult], None] | None = None,
+    refresh: float | None = None,
 ) -> WaitResult:
     """Block until every task is complete, failed or gone, or ``timeout`` seconds pass
-    (then ``timed_out`` is set). ``on_update`` is called after every read."""
+    (then ``timed_out`` is set). ``on_update`` is called after every read; ``refresh``
+    re-reads unfinished tasks at least that often (to show their progress)."""
     store = client.store
     result = WaitResult(dict(zip(task_ids, store.task_data_many(task_ids), strict=True)))
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -58,7 +60,8 @@ def wait_all(
             subscription.get_message(timeout=0)  # subscribes
         # re-read once subscribed, so a finish between the first read and SUBSCRIBE is seen
         _read(client, result, list(result.tasks))
-        next_poll = time.monotonic() + FULL_POLL
+        every = min(FULL_POLL, refresh) if refresh else FULL_POLL
+        next_poll = time.monotonic() + every
         while True:
             if on_update is not None:
                 on_update(result)
@@ -70,7 +73,7 @@ def wait_all(
                 return result
             if current >= next_poll:
                 _read(client, result, _unfinished(result))
-                next_poll = current + FULL_POLL
+                next_poll = current + every
                 continue
             if not queues:
                 time.sleep(max(0.0, min(next_poll, deadline or next_poll) - current))

@@ -29,7 +29,9 @@ class Daemon:
                  env: Mapping[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        # task output files (blueque listen --log-dir's default) go beside the log, not to ~
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               "XDG_STATE_HOME": str(log_path.parent / "state"), **(env or {})}
         self.process = subprocess.Popen(
             list(command), cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

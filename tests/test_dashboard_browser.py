@@ -114,7 +114,7 @@ def test_running_progress_advances_without_reload(
     client.get_task(task_id).wait(20)
 
 
-def test_failed_task_shows_its_traceback(
+def test_failed_task_shows_its_traceback_and_log_tail(
         client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
         shots: Path) -> None:
     listen("work", "tests.jobs:explode")
@@ -127,6 +127,10 @@ def test_failed_task_shows_its_traceback(
     assert "Traceback (most recent call last)" in trace
     assert "in parse" in trace and "ValueError: invalid literal for int()" in trace
     assert page.locator("#status").inner_text() == "failed"
+    # the log tail: what the task printed, then its traceback, as its listener captured them
+    output = page.locator("#output").inner_text()
+    assert output.startswith('parsing {"input": 1}')
+    assert "ValueError: invalid literal for int()" in output
     page.screenshot(path=str(shots / "task-failed.png"), full_page=True)
 
 

@@ -14,6 +14,7 @@ from blueque.cron import CronEntry
 from blueque.errors import BluequeError
 from blueque.metrics import oldest_pending_age
 from blueque.store import RedisStore
+from blueque.tasklog import read_output
 
 #: Tasks per page of a queue's task list.
 PAGE_SIZE = 50
@@ -168,6 +169,9 @@ def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | No
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
     )
+    output = read_output(store, task_id)  # the newest attempt's output tail (5.19)
+    row.update(output=output.text if output else None,
+               output_attempt=output.attempt if output else None)
     return row
 
 

@@ -1,0 +1,237 @@
+"""A task's output: captured per attempt to a file on the node, shipped to Redis as it comes.
+
+The child's stdout and stderr are the attempt's file (``[dir]/[queue]/[task id].[attempt].log``)
+from the moment it is forked, so output survives the listener's death and is never mixed into
+the listener's own log. A thread in the child ships what the file gains to the task's log
+stream in Redis (``blueque_task_log_[id]``) every ``interval`` seconds, keeping the last
+``tail_bytes`` of each attempt there; that is what ``blueque logs`` (and ``--follow``, from any
+machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: the older
+half moves to ``.1``); files older than ``keep`` seconds are removed by the listener.
+PROTOCOL.md §5.19 specifies the stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from blueque.errors import BluequeError
+from blueque.store import RedisStore
+
+log = logging.getLogger("blueque.tasklog")
+
+#: How much of each attempt's output the task's log stream keeps in Redis.
+TAIL_BYTES = 64 * 1024
+#: Largest chunk one stream entry holds.
+CHUNK_BYTES = 16 * 1024
+
+
+def default_directory() -> Path:
+    """``$XDG_STATE_HOME/blueque/task-logs`` (``~/.local/state/...`` without it)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(state) / "blueque" / "task-logs"
+
+
+@dataclass(frozen=True)
+class TaskLogSettings:
+    """Where and how much of a node's task output is kept (``blueque listen --log-dir``...)."""
+
+    directory: Path
+    max_bytes: int = 10 * 1024 * 1024  # per attempt's file on the node
+    keep: float = 7 * 86400.0  # seconds the node's files, and an unfinished stream, are kept
+    interval: float = 0.5  # seconds between two shipments to Redis
+
+    def path(self, queue: str, task_id: str, attempt: int | None) -> Path:
+        # a task id may hold any character: keep it one path component
+        safe = task_id.replace("/", "%2F").replace("\0", "%00")
+        if safe in (".", ".."):
+            safe = safe.replace(".", "%2E")
+        return self.directory / (queue.replace("/", "%2F") or "_") / f"{safe}.{attempt or 0}.log"
+
+    def clean(self, current: float | None = None) -> int:
+        """Remove files older than ``keep``; returns how many. Never raises."""
+        cutoff = (time.time() if current is None else current) - self.keep
+        removed = 0
+        with contextlib.suppress(OSError):
+            for path in self.directory.glob("*/*.log*"):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        removed += 1
+        return removed
+
+
+def capture(path: Path) -> None:
+    """In the child: make ``path`` its stdout and stderr (fds 1 and 2), line-buffered."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+class Shipper:
+    """Ships an attempt's file to the task's log stream: ``ship()`` sends what is new,
+    ``start()`` does so every ``interval`` seconds in a thread, ``close(end=True)`` sends the
+    rest and the attempt's end mark. Redis errors are logged and retried at the next
+    shipment, never raised: output is best effort, like progress."""
+
+    def __init__(self, store: RedisStore, settings: TaskLogSettings, task_id: str,
+                 attempt: int | None, path: Path, ttl_ms: int | None,
+                 offset: int = 0) -> None:
+        self.store, self.settings, self.path = store, settings, path
+        self.task_id, self.attempt = task_id, str(attempt or 0)
+        self.ttl_ms = ttl_ms
+        self.offset = offset
+        self._kept: deque[tuple[str, int]] = deque()  # (entry id, bytes) of this attempt
+        self._kept_bytes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="blueque-output", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.interval):
+            self.ship()
+
+    def ship(self, end: bool = False) -> None:
+        with self._lock:
+            try:
+                data = self._read_new()
+                for start in range(0, len(data), CHUNK_BYTES):
+                    self._send(data[start:start + CHUNK_BYTES])
+                self._cap_file()  # after shipping: what moves to .1 is in the stream already
+                if end:
+                    self._send(b"", end=True)
+            except BluequeError as error:
+                log.debug("task %s: output not shipped yet: %s", self.task_id, error)
+
+    def close(self, end: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.ship(end=end)
+
+    def _read_new(self) -> bytes:
+        try:
+            with open(self.path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size < self.offset:  # truncated under us: start again from its head
+                    self.offset = 0
+                start = max(self.offset, size - TAIL_BYTES)  # Redis keeps no more anyway
+                handle.seek(start)
+                data = handle.read(size - start)
+        except FileNotFoundError:
+            return b""
+        self.offset = start + len(data)
+        return data
+
+    def _send(self, data: bytes, end: bool = False) -> None:
+        entry = self.store.append_output(
+            self.task_id, self.attempt, data.decode("utf-8", "replace"), self.offset,
+            end=end, ttl_ms=self.ttl_ms if end and self.ttl_ms else int(self.settings.keep * 1000),
+        )
+        # shipped: only now does this chunk count (a failed send is read again next time)
+        if data:
+            self._kept.append((entry, len(data)))
+            self._kept_bytes += len(data)
+        old: list[str] = []
+        while self._kept_bytes > TAIL_BYTES and len(self._kept) > 1:
+            entry_id, size = self._kept.popleft()
+            self._kept_bytes -= size
+            old.append(entry_id)
+        if old:
+            self.store.drop_output(self.task_id, old)
+
+    def _cap_file(self) -> None:
+        """Copy-truncate past max_bytes: the file's content moves to ``.1`` (replacing the
+        older one) and the file starts again empty; its writers keep their descriptors."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size <= self.settings.max_bytes:
+            return
+        rotated = self.path.with_name(self.path.name + ".1")
+        with open(self.path, "rb") as source, open(rotated, "wb") as target:
+            target.write(source.read())
+        os.truncate(self.path, 0)
+        self.offset = 0
+
+
+def ship_rest(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
+              attempt: int | None, ttl_ms: int | None) -> None:
+    """After a child died without closing its shipper (a signal, os._exit): send what its
+    file holds beyond what the stream already has, and the attempt's end mark."""
+    path = settings.path(queue, task_id, attempt)
+    try:
+        last = store.last_output(task_id)
+    except BluequeError as error:
+        log.warning("task %s: output tail not shipped: %s", task_id, error)
+        return
+    if last.get("attempt") == str(attempt or 0) and last.get("end") == "1":
+        return
+    offset = int(last.get("offset") or 0) if last.get("attempt") == str(attempt or 0) else 0
+    Shipper(store, settings, task_id, attempt, path, ttl_ms, offset=offset).ship(end=True)
+
+
+@dataclass
+class Output:
+    """One attempt's output as the task's log stream holds it (its last TAIL_BYTES)."""
+
+    attempt: str
+    text: str
+    last_id: str  # the newest entry read, for following on
+    ended: bool  # the attempt's end mark was read
+
+
+def read_output(store: RedisStore, task_id: str, attempt: int | None = None) -> Output | None:
+    """The output of ``attempt`` (default: the newest attempt in the stream), or None when
+    the stream holds nothing of it."""
+    entries = store.output_after(task_id)
+    if not entries:
+        return None
+    wanted = str(attempt) if attempt is not None else entries[-1][1].get("attempt", "0")
+    mine = [(entry, fields) for entry, fields in entries if fields.get("attempt") == wanted]
+    if not mine:
+        return None
+    return Output(wanted, "".join(f.get("data", "") for _, f in mine), entries[-1][0],
+                  any(f.get("end") == "1" for _, f in mine))
+
+
+def follow_output(store: RedisStore, task_id: str, output: Output,
+                  finished: Callable[[], bool], poll: float = 0.2, quiet: float = 2.0
+                  ) -> Iterator[str]:
+    """What the attempt writes after ``output``, as it comes, until its end mark; or, for a
+    run that died without one, until the task is finished and nothing came for ``quiet``
+    seconds. Reads Redis only, so it works from any machine."""
+    heard = time.monotonic()
+    while not output.ended:
+        entries = store.output_after(task_id, output.last_id)
+        for entry, fields in entries:
+            output.last_id = entry
+            if fields.get("attempt") != output.attempt:
+                continue
+            heard = time.monotonic()
+            if fields.get("data"):
+                yield fields["data"]
+            output.ended = output.ended or fields.get("end") == "1"
+        if output.ended or (time.monotonic() - heard > quiet and finished()):
+            return
+        time.sleep(poll)

@@ -1,0 +1,63 @@
+"""Task functions that write output, for tests/test_task_logs.py (tests.output_jobs:NAME).
+
+Parameters are JSON: {"release": a path the task waits for, "bytes": how much to print...}."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from blueque.task import Task
+
+
+def _params(task: Task) -> dict[str, Any]:
+    value = json.loads(task.parameters or "{}")
+    return value if isinstance(value, dict) else {}
+
+
+def chatty(task: Task) -> str:
+    """Prints to stdout and stderr, garbage included; fails its first attempt."""
+    print(f"hello from attempt {task.attempts}")
+    print("not json {{{", file=sys.stderr)
+    if task.attempts == 1:
+        raise ValueError("first attempt fails")
+    print("second attempt done")
+    return "ok"
+
+
+def ticking(task: Task) -> str:
+    """Prints a tick every 0.05 s until its release file exists, then 'bye'."""
+    params = _params(task)
+    n = 0
+    while not os.path.exists(params["release"]):
+        print(f"tick {n}")
+        n += 1
+        time.sleep(0.05)
+    print("bye")
+    return "ok"
+
+
+def flood_then_crash(task: Task) -> str:
+    """Prints ``bytes`` of numbered lines, a last marker, then dies by SIGSEGV."""
+    params = _params(task)
+    line = 0
+    written = 0
+    while written < int(params["bytes"]):
+        text = f"line {line:08d} " + "x" * 80 + "\n"
+        sys.stdout.write(text)
+        written += len(text)
+        line += 1
+    print("LAST LINE BEFORE THE CRASH", flush=True)
+    os.kill(os.getpid(), signal.SIGSEGV)
+    return "unreachable"
+
+
+def waits(task: Task) -> str:
+    params = _params(task)
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    return "ok"

@@ -1,0 +1,265 @@
+"""Task output: captured per attempt on the node, kept in Redis, read with `blueque logs` from
+any process; the listener's own log stays clean; task processes carry readable titles."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import blueque
+from blueque.daemon import describe_ending
+from blueque.display import format_seconds
+from blueque.keys import Keys
+from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings, read_output
+from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--interval", "0.5", "--poll", "0.1")
+
+
+@pytest.fixture
+def logs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "task-logs"
+
+
+@pytest.fixture
+def start(redis_url: str, tmp_path: Path, logs_dir: Path) -> Iterator:  # type: ignore[type-arg]
+    with daemons(tmp_path) as started:
+        def start_daemon(function: str, *options: str) -> Daemon:
+            command = listen_command(redis_url, "work", function, *FAST, "--log-dir",
+                                     str(logs_dir), *options)
+            daemon = Daemon(command, tmp_path / f"daemon{len(started)}.log")
+            started.append(daemon)
+            return daemon
+
+        yield start_daemon
+
+
+def blueque_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "blueque.cli", *args, "--url", redis_url],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_each_attempt_has_its_file_and_its_tail_in_redis(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, start, logs_dir: Path) -> None:
+    daemon = start("tests.output_jobs:chatty", "--log-format", "json")
+    task_id = client.get_queue("work").enqueue("{}", max_attempts=2, retry_backoff=0.01)
+    assert client.get_task(task_id).wait(30).status == "complete"
+
+    first = (logs_dir / "work" / f"{task_id}.1.log").read_text()
+    second = (logs_dir / "work" / f"{task_id}.2.log").read_text()
+    assert "hello from attempt 1" in first and "not json {{{" in first
+    assert "ValueError: first attempt fails" in first  # the traceback, where it failed
+    assert "hello from attempt 2" in second and "second attempt done" in second
+    assert "attempt 1" not in second
+
+    shown = blueque_cli(redis_url, "logs", task_id)  # another process, through Redis only
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == second
+    earlier = blueque_cli(redis_url, "logs", task_id, "--attempt", "1")
+    assert earlier.returncode == 0 and earlier.stdout == first
+
+    # the listener's own log is JSON lines only, though the task printed garbage to both
+    # of its streams; and it says how each attempt ended
+    wait_until(lambda: "complete in" in daemon.log(), what="the ending logged")
+    events = [json.loads(line) for line in daemon.log().splitlines()]
+    endings = [e["message"] for e in events if e.get("event") == "ended"]
+    assert any("attempt 1 failed in" in m and "retry in" in m
+               and "ValueError: first attempt fails" in m for m in endings), endings
+    assert any("attempt 2 complete in" in m for m in endings), endings
+
+
+def test_logs_of_unknown_task_and_of_missing_attempt(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str) -> None:
+    missing = blueque_cli(redis_url, "logs", "no-such-task")
+    assert missing.returncode == 4 and "no-such-task" in missing.stderr
+    task_id = client.get_queue("work").enqueue("{}")
+    silent = blueque_cli(redis_url, "logs", task_id)
+    assert silent.returncode == 1 and "no output" in silent.stderr
+
+
+def test_follow_streams_a_running_task_until_it_ends(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, start, tmp_path: Path) -> None:
+    start("tests.output_jobs:ticking")
+    release = tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}))
+    wait_until(lambda: read_output(client.store, task_id) is not None, what="first output")
+    out_path = tmp_path / "follow.out"
+    with open(out_path, "w") as out:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "blueque.cli", "logs", task_id, "--follow", "--url",
+             redis_url], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out)
+        try:
+            seen = 0
+
+            def ticks() -> int:
+                return out_path.read_text().count("tick ")
+
+            wait_until(lambda: ticks() > 5, what="ticks streamed")
+            seen = ticks()
+            wait_until(lambda: ticks() > seen + 5, what="more ticks while it runs")
+            assert follower.poll() is None  # still following a running task
+            release.touch()
+            follower.wait(30)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+    assert follower.returncode == 0
+    text = out_path.read_text()
+    assert text.endswith("bye\n")
+    numbers = [int(line.split()[1]) for line in text.splitlines() if line.startswith("tick")]
+    assert numbers == list(range(len(numbers)))  # every tick once, in order
+
+
+def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start) -> None:
+    start("tests.output_jobs:flood_then_crash")
+    task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 300_000}))
+    assert client.get_task(task_id).wait(30).status == "failed"
+
+    def shipped() -> bool:
+        output = read_output(client.store, task_id)
+        return output is not None and output.ended
+
+    wait_until(shipped, what="the attempt's end mark")
+    output = read_output(client.store, task_id)
+    assert output is not None
+    assert output.text.endswith("LAST LINE BEFORE THE CRASH\n")
+    assert len(output.text.encode()) <= TAIL_BYTES + 16 * 1024  # the tail, not 300 KB
+    assert output.text.count("line ") > 100
+
+
+def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
+    start("tests.output_jobs:waits")
+    release = tmp_path / "release"
+    queue = client.get_queue("work")
+    task_id = queue.enqueue(json.dumps({"release": str(release)}))
+    wait_until(lambda: client.get_task(task_id).status == "started", what="running")
+    pid = client.get_task(task_id).pid
+    assert pid is not None
+    wait_until(lambda: psutil.Process(pid).cmdline()[:1] == [
+        f"blueque: work {task_id} attempt 1"], what="the task process's title")
+    release.touch()
+    task = client.get_task(task_id).wait(20)
+    wait_until(lambda: redis_client.exists(Keys().task_log(task_id)), what="end mark")
+    queue.delete_task(task)
+    assert not redis_client.exists(Keys().task_log(task_id))
+
+
+def test_file_cap_moves_the_older_output_aside_and_old_files_are_cleaned(  # type: ignore[no-untyped-def]
+        client: blueque.Client, tmp_path: Path) -> None:
+    settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)
+    path = settings.path("work", "t/1", 1)
+    assert path.parent == settings.directory / "work" and "/" not in path.name
+    path.parent.mkdir(parents=True)
+    path.write_text("a" * 5000)
+    shipper = Shipper(client.store, settings, "t/1", 1, path, None)
+    shipper.ship()
+    assert path.stat().st_size == 0
+    assert path.with_name(path.name + ".1").read_text() == "a" * 5000
+    with open(path, "a") as handle:
+        handle.write("after the cut\n")
+    shipper.ship(end=True)
+    output = read_output(client.store, "t/1")
+    assert output is not None and output.ended
+    assert output.text.endswith("a" * 100 + "after the cut\n")
+    old = time.time() - 7200
+    os.utime(path, (old, old))
+    assert settings.clean() == 1 and not path.exists()
+    assert path.with_name(path.name + ".1").exists()  # it is recent
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"status": "complete", "attempts": "2"}, "complete in 3h12m"),
+    ({"status": "failed", "attempts": "2", "error": "bad",
+      "traceback": "Traceback...\nValueError: bad\n"}, "failed in 3h12m: ValueError: bad"),
+    ({"status": "failed", "attempts": "2", "error": "by operator (stopped)", "cancelled": "1"},
+     "cancelled in 3h12m: by operator (stopped)"),
+    ({"status": "scheduled", "attempts": "2", "error": "boom", "eta": "9e18"},
+     "failed in 3h12m, retry in "),
+    ({"status": "started", "attempts": "3"}, "ended in 3h12m, superseded: the task is started "
+                                             "at attempt 3"),
+    ({}, "ended in 3h12m; its task is gone (deleted)"),
+])
+def test_describe_ending(fields: dict[str, str], expected: str) -> None:
+    assert describe_ending(fields, 2, "3h12m").startswith(expected)
+
+
+def _read_until(fd: int, wanted: str, timeout: float = 20.0) -> str:
+    """Read a pty's output until ``wanted`` appears (select with a deadline)."""
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{wanted!r} not shown; the terminal got {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                seen += os.read(fd, 4096).decode(errors="replace")
+            except OSError:  # the other end closed
+                break
+    return seen
+
+
+def test_wait_on_one_task_shows_its_progress_on_a_terminal_only(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, tmp_path: Path) -> None:
+    with daemons(tmp_path) as started:
+        started.append(Daemon(listen_command(redis_url, "work", "tests.jobs:progress", *FAST),
+                              tmp_path / "daemon.log"))
+        release = tmp_path / "release"
+        params = json.dumps({"release": str(release), "seconds": 60,
+                             "marker": str(tmp_path / "marker")})
+        task_id = client.get_queue("work").enqueue(params)
+        master, slave = pty.openpty()
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "blueque.cli", "wait", task_id, "--url", redis_url],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+            stderr=slave)
+        os.close(slave)
+        try:
+            shown = _read_until(master, "50% half way")
+            assert "[" + "#" * 15 + "." * 15 + "]" in shown
+            release.touch()
+            out, _ = waiter.communicate(timeout=30)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
+            os.close(master)
+        assert waiter.returncode == 0 and "complete" in out.decode()
+
+        # not a terminal: the table only, no bar
+        plain = subprocess.run(
+            [sys.executable, "-m", "blueque.cli", "wait", task_id, "--url", redis_url],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, timeout=30)
+        assert plain.returncode == 0 and plain.stderr == "" and "complete" in plain.stdout
+
+
+def test_tasks_shows_when_scheduled_tasks_run(redis_url: str, client: blueque.Client) -> None:
+    later = blueque_cli(redis_url, "enqueue", "work", "{}", "--delay", "2h")
+    assert later.returncode == 0
+    shown = blueque_cli(redis_url, "tasks", "work")
+    assert shown.returncode == 0, shown.stderr
+    row = next(line for line in shown.stdout.splitlines() if later.stdout.strip() in line)
+    assert "scheduled" in row and ("in 1h59m" in row or "in 2h00m" in row)
+
+
+def test_durations_read_as_people_write_them() -> None:
+    assert [format_seconds(s) for s in (0.25, 42, 425, 3 * 3600 + 12 * 60, 7 * 86400,
+                                        2 * 86400 + 4 * 3600)] == [
+        "250ms", "42s", "7m05s", "3h12m", "7d", "2d04h"]
