@@ -15,6 +15,9 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+#: In the environment of every daemon a test starts, and so of every task process it forks:
+#: how leftovers are found even once orphaned (a test that failed halfway, a fenced run).
+OWNER = "BLUEQUE_TEST_OWNER"
 
 
 def listen_command(url: str, queues: str, function: str, *options: str) -> list[str]:
@@ -31,7 +34,8 @@ class Daemon:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
         # task output files (blueque listen --log-dir's default) go beside the log, not to ~
         env = {**os.environ, "PYTHONPATH": str(ROOT),
-               "XDG_STATE_HOME": str(log_path.parent / "state"), **(env or {})}
+               "XDG_STATE_HOME": str(log_path.parent / "state"), OWNER: str(os.getpid()),
+               **(env or {})}
         self.process = subprocess.Popen(
             list(command), cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -70,6 +74,16 @@ class Daemon:
         self._log.close()
 
 
+def owned_processes() -> list[psutil.Process]:
+    """Processes started by this test run's daemons (their own or inherited environment)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(OWNER) == str(os.getpid()):
+                found.append(process)
+    return found
+
+
 def kill_session_children(pids: Sequence[int]) -> None:
     """SIGKILL task processes (and their groups) a test left behind."""
     for pid in pids:
@@ -92,6 +106,8 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
                 leftovers += [c.pid for c in psutil.Process(daemon.pid).children(recursive=True)]
             daemon.close()
         kill_session_children(leftovers)
+        # orphans too: a task process whose listener was killed is no child of anyone here
+        kill_session_children([p.pid for p in owned_processes()])
 
 
 def wait_until(predicate: object, timeout: float = 20.0, what: str = "") -> None:
