@@ -9,7 +9,7 @@ redis<6, and RQ), starts a private redis-server on a free loopback port (never 6
 scenario in the interpreter of the system it measures (benchmarks/scripts/*.py, one JSON
 object on stdout each), repeats the scenarios with the systems interleaved so machine noise
 spreads over all of them, and prints one table of medians with min-max, then the targets of
-issue 4 as ratios of figures measured in this same run. It asserts nothing about speed.
+issues 4 and 11 as ratios of figures measured in this same run. It asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -103,6 +103,19 @@ class Results:
         return statistics.median(values) if values else None
 
 
+def drain_cost_rows(p: Profile) -> list[Row]:
+    """Redis commands and Redis CPU per drained task (INFO commandstats and INFO cpu)."""
+    rows = []
+    for c in (1, 2):
+        for system in ("blueque", "original", "rq"):
+            rows.append(Row(f"drain_cmds_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
+                            f"Redis commands per task, c={c}", system, "commands", 1))
+            rows.append(Row(f"drain_redis_cpu_c{c}.{system}",
+                            f"4 drain {p.drain_n:,} no-op tasks",
+                            f"Redis CPU per task, c={c}", system, "us", 1))
+    return rows
+
+
 def build_rows(p: Profile) -> list[Row]:
     small, big = f"{p.scale_small:,}", f"{p.scale_big:,}"
     rows = [
@@ -132,6 +145,7 @@ def build_rows(p: Profile) -> list[Row]:
         for system in ("blueque", "original", "rq"):
             rows.append(Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
                             f"concurrency {c}", system, "tasks/s"))
+    rows += drain_cost_rows(p)
     rows += [
         Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
             "blueque", "s", 2),
@@ -192,7 +206,8 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
             jobs.append(Job(
                 "drain", system, "4",
                 script(system, name, "drain", "--n", p.drain_n, "--concurrency", c),
-                {f"drain_c{c}.{system}": "rate"}, slow=True))
+                {f"drain_c{c}.{system}": "rate", f"drain_cmds_c{c}.{system}": "commands",
+                 f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
     if p.recovery_default:
         jobs.append(Job("recovery", "blueque", "5",
                         script("blueque", bq, "recovery", "--lease", "default"),
@@ -403,8 +418,14 @@ TARGETS = [
     Target("idle pickup p99 (ms, fork included)", value_of("pickup_p99.blueque"), 25.0, True,
            " ms"),
     Target("drain c=1: blueque / original ForkingRunner",
-           ratio("drain_c1.blueque", "drain_c1.original"), 3.0),
-    Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.6),
+           ratio("drain_c1.blueque", "drain_c1.original"), 2.0),
+    Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.7),
+    Target("Redis CPU per drained task (c=1): blueque / original",
+           ratio("drain_redis_cpu_c1.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
+    Target("enqueue one at a time: blueque / redis-py loop",
+           ratio("enqueue.blueque", "enqueue.raw"), 0.8),
+    Target("memory per finished task: blueque / original",
+           ratio("memory_finished.blueque", "memory_finished.original"), 1.0, True),
     Target("memory per pending task (bytes): blueque", value_of("memory_pending.blueque"),
            313.0, True, " B"),
     Target("memory per pending task: blueque / original",
@@ -460,7 +481,7 @@ def render(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]],
             line = "  ".join(c.ljust(w) for c, w in zip(cells[:4], widths, strict=False))
             line += "  " + e["note"]
         lines.append(line.rstrip())
-    lines += ["", "Targets (issue 4), from the medians above:"]
+    lines += ["", "Targets (issues 4 and 11), from the medians above:"]
     for t in targets:
         if t["value"] is None:
             lines.append(f"  {t['text']:58s}  n/a")
@@ -488,7 +509,7 @@ def markdown(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]
             cells = ["n/a", e["note"]]
         lines.append(f"| {scenario} | {e['label']} | {e['system']} | {cells[0]} | {cells[1]} "
                      f"| {e['unit']} |")
-    lines += ["", "| target (issue 4) | measured | goal | |", "| --- | ---: | ---: | --- |"]
+    lines += ["", "| target (issues 4, 11) | measured | goal | |", "| --- | ---: | ---: | --- |"]
     for t in targets:
         if t["value"] is None:
             lines.append(f"| {t['text']} | n/a | | |")

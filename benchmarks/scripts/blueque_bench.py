@@ -158,7 +158,8 @@ def drain(url: str, n: int, concurrency: int) -> dict[str, float]:
     queue.enqueue_many([bc.PARAMETERS] * n)
     listener = start_listener(url, "noop", concurrency)
     try:
-        return bc.drain_rate(lambda: queue.stats().complete, n, timeout=n * 0.1 + 30)
+        return bc.drain_rate(lambda: queue.stats().complete, n, timeout=n * 0.1 + 30,
+                             r=bc.connect(url))
     finally:
         bc.stop_process(listener)  # type: ignore[arg-type]
 

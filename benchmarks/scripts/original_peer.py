@@ -102,7 +102,7 @@ def drain(url: str, n: int, concurrency: int) -> dict[str, float]:
         queue.enqueue(bc.PARAMETERS)
     workers = start_workers(url, concurrency, "noop")
     try:
-        return bc.drain_rate(lambda: r.llen(COMPLETE), n, timeout=n * 0.1 + 30)
+        return bc.drain_rate(lambda: r.llen(COMPLETE), n, timeout=n * 0.1 + 30, r=r)
     finally:
         for worker in workers:
             bc.stop_process(worker)  # type: ignore[arg-type]

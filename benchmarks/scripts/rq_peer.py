@@ -109,7 +109,8 @@ def drain(url: str, n: int, concurrency: int, batch: int) -> dict[str, float]:
         queue.enqueue_many([Queue.prepare_data(NOOP, args=(bc.PARAMETERS,)) for _ in range(count)])
     workers = start_workers(url, concurrency)
     try:
-        return bc.drain_rate(lambda: finished_count(r, queue), n, timeout=n * 0.1 + 30)
+        return bc.drain_rate(lambda: finished_count(r, queue), n, timeout=n * 0.1 + 30,
+                             r=r)
     finally:
         for worker in workers:
             bc.stop_process(worker)  # type: ignore[arg-type]
