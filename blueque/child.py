@@ -1,7 +1,11 @@
-"""The forked process that runs one task: start, call the function, record the outcome.
+"""The forked process that runs one task.
 
-It leads its own session (so a listener's death or restart does not kill it, and a time limit
-can kill its whole process group), reseeds random, and always leaves through ``os._exit``.
+The listener daemon's children (``run_reporting_child``) report to their listener over a
+socket and let it record start, progress and outcome (PROTOCOL.md 6.2); a child whose listener
+is gone records them itself, fenced by attempt. ``run_child`` (blueque 1.0.1's
+``ForkingRunner.fork_task``) starts and records its task itself. Either way the child leads
+its own session (so a listener's death or restart does not kill it, and a time limit can kill
+its whole process group), reseeds random, and always leaves through ``os._exit``.
 """
 
 from __future__ import annotations
@@ -11,17 +15,21 @@ import logging
 import os
 import random
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
+from blueque import keys as k
 from blueque.errors import BluequeError, CallbackError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
 from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
+from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 from blueque.task import Task
 from blueque.tasklog import Shipper, TaskLogSettings, capture
@@ -147,7 +155,75 @@ class ProgressReporter:
         self._wakeup.set()
 
 
-_current: ProgressReporter | None = None
+class ParentProgress:
+    """Progress of a listener daemon's child, sent to its listener (PROTOCOL.md 6.2).
+
+    A thread sends the latest value, so ``report`` never waits for the listener; values that
+    come faster than they can be sent are superseded. Once the listener is gone, a
+    ProgressReporter writes to Redis instead (best effort, as ever)."""
+
+    def __init__(self, link: ParentLink, direct: Callable[[], ProgressReporter]) -> None:
+        self._link = link
+        self._make_direct = direct
+        self._direct: ProgressReporter | None = None
+        self._lock = threading.Lock()  # guards _pending, _direct, _closed, _thread
+        self._pending: tuple[float, str] | None = None
+        self._closed = False
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def report(self, fraction: float, message: str) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
+        with self._lock:
+            if self._closed:
+                return
+            direct = self._direct
+            if direct is None:
+                self._pending = (fraction, message)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._send, name="blueque-progress",
+                                                    daemon=True)
+                    self._thread.start()
+        if direct is not None:
+            direct.report(fraction, message)
+        else:
+            self._wakeup.set()
+
+    def _send(self) -> None:
+        while True:
+            self._wakeup.wait()
+            self._wakeup.clear()
+            with self._lock:
+                value, self._pending, closed = self._pending, None, self._closed
+            if value is not None and not self._link.send(
+                    {"progress": value[0], "message": value[1]}):
+                self._orphaned(value)
+                return
+            if closed:
+                return
+
+    def _orphaned(self, value: tuple[float, str]) -> None:
+        """The listener is gone: from now on progress goes to Redis directly."""
+        direct = self._make_direct()
+        with self._lock:
+            self._direct = direct
+            latest, self._pending = self._pending or value, None
+        direct.report(*latest)
+
+    def close(self) -> None:
+        """The task function returned: what is under way is sent before its outcome."""
+        with self._lock:
+            self._closed = True
+            thread, direct = self._thread, self._direct
+        self._wakeup.set()
+        if thread is not None:
+            thread.join()
+        if direct is not None:
+            direct.close()
+
+
+_current: ProgressReporter | ParentProgress | None = None
 
 
 def report_progress(fraction: float, message: str = "") -> None:
@@ -186,9 +262,36 @@ def import_function(spec: str) -> TaskFunction:
     return target  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of the task function came to."""
+
+    outcome: str  # "complete" or "failed"
+    text: str  # the result, or the error (1.0.1's str(exception))
+    traceback: str | None = None
+    retry: bool = True  # False: the work finished (its value could not be encoded)
+
+
+def execute(function: TaskFunction, task: Task) -> Outcome:
+    """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
+    not the child: they are recorded as what they are."""
+    try:
+        result = function(task)
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        return Outcome("failed", describe_error(error), traceback.format_exc())
+    try:
+        return Outcome("complete", encode_result(result))
+    except Exception as error:
+        # the work is done; running it again would only return the same value
+        return Outcome("failed", retry=False, text=(
+            f"the task function returned a {type(result).__name__}, which is not a string and "
+            f"cannot be encoded as JSON ({type(error).__name__}: {error}); not retried: return "
+            "a str or a JSON-serialisable value"))
+
+
+# --- blueque 1.0.1's fork_task: the child starts and records its task itself --------------------
 def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
          task_logs: TaskLogSettings | None = None) -> int:
-    global _current
     processor = Processor(task, store)
     pid = os.getpid()
     try:
@@ -200,41 +303,39 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
     except BluequeError as error:
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED
+    return _run_orphan(store, _refreshed(task), function, policy, task_logs)
+
+
+def _run_orphan(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
+                task_logs: TaskLogSettings | None) -> int:
+    """Run a started task and record its outcome in Redis (no listener records it)."""
+    global _current
     _current = ProgressReporter(Processor(task, store.bounded(0.0)))
     shipper = _ship_output(store, task, policy, task_logs)
-    retry, trace = True, None
-    try:
-        result = function(_refreshed(task))
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        # sys.exit() and KeyboardInterrupt end the task, not the child: recorded as what they are
-        outcome, text, trace = "failed", describe_error(error), traceback.format_exc()
-    else:
-        try:
-            outcome, text = "complete", encode_result(result)
-        except Exception as error:
-            # the work is done; running it again would only return the same value
-            outcome, retry = "failed", False
-            text = (f"the task function returned a {type(result).__name__}, which is not a "
-                    f"string and cannot be encoded as JSON ({type(error).__name__}: {error}); "
-                    "not retried: return a str or a JSON-serialisable value")
+    outcome = execute(function, task)
     _current.close()
     if shipper is not None:
-        _end_output(shipper, trace)
+        _end_output(shipper, outcome.traceback)
+    return _record_itself(Processor(task, store), policy, outcome)
+
+
+def _record_itself(processor: Processor, policy: Policy, outcome: Outcome) -> int:
+    """Record the outcome, holding on to it while Redis is away (the work is done)."""
+    task_id = processor.task.id
     delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
     while True:
         try:
-            _report(processor, policy, outcome, text, retry, trace)
+            _report(processor, policy, outcome)
             return EXIT_REPORTED
         except RedisUnavailable as error:
-            # The work is done: hold on to its outcome until Redis is back, not lose it.
             if time.monotonic() > deadline:
-                log.error("task %s: gave up recording its outcome: %s", task.id, error)
+                log.error("task %s: gave up recording its outcome: %s", task_id, error)
                 return EXIT_REPORT_FAILED
-            log.warning("task %s: %s; retrying in %.1f s", task.id, error, delay)
+            log.warning("task %s: %s; retrying in %.1f s", task_id, error, delay)
             time.sleep(delay)
             delay = min(5.0, delay * 2)
         except BluequeError as error:
-            log.error("task %s: outcome (%s) not recorded: %s", task.id, outcome, error)
+            log.error("task %s: outcome (%s) not recorded: %s", task_id, outcome.outcome, error)
             return EXIT_REPORT_FAILED
 
 
@@ -244,16 +345,17 @@ def _ship_output(store: RedisStore, task: Task, policy: Policy,
     if task_logs is None:
         return None
     shipper = Shipper(store.bounded(0.0), task_logs, task.id, task.attempts,
-                      task_logs.path(task.queue or "", task.id, task.attempts), _ttl_ms(policy))
+                      task_logs.path(task.queue or "", task.id, task.attempts),
+                      policy.result_ttl_ms())
     shipper.start()
     return shipper
 
 
-def _end_output(shipper: Shipper, trace: str | None) -> None:
+def _end_output(shipper: Shipper, trace: str | None, ship: bool = True) -> None:
     if trace:
         sys.stderr.write(trace)  # the task's own log shows why it failed, where it failed
         sys.stderr.flush()
-    shipper.close()  # the rest of its output and the attempt's end, before the outcome
+    shipper.close(ship=ship)  # with ship: the rest of its output and the attempt's end
 
 
 def _refreshed(task: Task) -> Task:
@@ -280,46 +382,149 @@ def describe_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def _report(processor: Processor, policy: Policy, outcome: str, text: str,
-            retry: bool = True, trace: str | None = None) -> None:
-    if outcome == "complete":
-        processor.complete(text, _ttl_ms(policy))
+def _report(processor: Processor, policy: Policy, outcome: Outcome) -> None:
+    if outcome.outcome == "complete":
+        processor.complete(outcome.text, policy.result_ttl_ms())
         return
-    eta = policy.retry_eta(processor.attempt or 1, now()) if retry else None
+    eta = policy.retry_eta(processor.attempt or 1, now()) if outcome.retry else None
     if eta is None:
-        processor.fail(text, _ttl_ms(policy), traceback=trace)
+        processor.fail(outcome.text, policy.result_ttl_ms(), traceback=outcome.traceback)
     else:
-        processor.retry(text, eta, traceback=trace)
+        processor.retry(outcome.text, eta, traceback=outcome.traceback)
 
 
-def _ttl_ms(policy: Policy) -> int | None:
-    return policy.result_ttl_ms()
+def _prepare(title: str) -> None:
+    """The first steps of every task process: its own session, random and signals."""
+    os.setsid()
+    random.seed()
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    set_title(title)
+
+
+def _capture(task_logs: TaskLogSettings | None, task: Task) -> TaskLogSettings | None:
+    if task_logs is None:
+        return None
+    try:
+        capture(task_logs.path(task.queue or "", task.id, task.attempts))
+    except OSError as error:  # a full or read-only disk must not stop the task
+        log.error("task %s: output not captured: %s", task.id, error)
+        return None
+    return task_logs
+
+
+def _leave(code: int) -> NoReturn:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
-              task_logs: TaskLogSettings | None = None) -> None:
-    """Body of the forked child; never returns. ``policy`` is the one the parent resolved
-    for this task at fork time, so the child does not read the queue's config again. With
-    ``task_logs``, its stdout and stderr are the attempt's log file (PROTOCOL.md 5.19)."""
+              task_logs: TaskLogSettings | None = None) -> NoReturn:
+    """Body of a child that starts and records its task itself (``ForkingRunner.fork_task``);
+    never returns. ``policy`` is the one the parent resolved for this task at fork time.
+    With ``task_logs``, its stdout and stderr are the attempt's log file (5.19)."""
     code = EXIT_REPORT_FAILED
     try:
-        os.setsid()
-        random.seed()
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        set_title(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
-        if task_logs is not None:
-            try:
-                capture(task_logs.path(task.queue or "", task.id, task.attempts))
-            except OSError as error:  # a full or read-only disk must not stop the task
-                log.error("task %s: output not captured: %s", task.id, error)
-                task_logs = None
-        code = _run(store, task, function, policy, task_logs)
+        _prepare(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
+        code = _run(store, task, function, policy, _capture(task_logs, task))
     except BaseException:
         traceback.print_exc()
     finally:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        _leave(code)
+
+
+# --- the listener daemon's children: the listener records (PROTOCOL.md 6.2) ---------------------
+@dataclass(frozen=True)
+class Assignment:
+    """What a listener daemon's child knows when it is forked: the task id it will run (its
+    listener has moved it into its reserved list), that listener, and how long to wait for
+    it: ``patience`` for a frame (its lease: a listener silent that long may have been taken
+    for dead), ``start_patience`` for the word to start (a stamp may be repeated that long
+    while Redis is away)."""
+
+    task_id: str
+    queue: str
+    listener: str
+    patience: float
+    start_patience: float
+
+
+def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
+                        function: TaskFunction, task_logs: TaskLogSettings | None = None
+                        ) -> NoReturn:
+    """Body of a listener daemon's child; never returns. It waits for its listener's word,
+    runs the task, reports the outcome over ``sock`` and exits once the listener recorded
+    it. Without a listener (end of file), it records what it must itself."""
+    code = EXIT_REPORT_FAILED
+    try:
+        _prepare(f"blueque: {assignment.queue} {assignment.task_id} starting")
+        code = _run_reporting(store, ParentLink(sock, assignment.patience), assignment,
+                              function, task_logs)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        _leave(code)
+
+
+def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
+                   function: TaskFunction, task_logs: TaskLogSettings | None) -> int:
+    global _current
+    word = link.receive(assignment.start_patience)
+    if word is None:  # the listener died before telling: did its stamp start us?
+        return _run_unannounced(store, assignment, function, task_logs)
+    if "go" not in word:
+        return EXIT_NOT_STARTED  # refused (cancelled meanwhile, a duplicate...): nothing ran
+    task = Task(assignment.task_id, store, dict(word["go"]))
+    policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
+    set_title(f"blueque: {assignment.queue} {task.id} attempt {task.attempts}")
+    task_logs = _capture(task_logs, task)
+    _current = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
+    shipper = _ship_output(store, task, policy, task_logs)
+    outcome = execute(function, task)
+    _current.close()
+    output: dict[str, Any] = {}
+    if shipper is not None:
+        _end_output(shipper, outcome.traceback, ship=False)
+        output = shipper.state()
+    sent = link.send({"outcome": outcome.outcome, "text": outcome.text,
+                      "traceback": outcome.traceback, "retry": outcome.retry,
+                      "output": output})
+    if sent and link.receive() is not None:
+        return EXIT_REPORTED  # "recorded": the listener wrote it
+    # the listener is gone or frozen (before or after recording: a repeated finish changes
+    # nothing, and one of a run that was taken back meanwhile is refused)
+    log.warning("task %s: its listener %s is gone or not answering; recording the outcome "
+                "itself", task.id, assignment.listener)
+    if shipper is not None:
+        shipper.ship(end=True)
+    return _record_itself(Processor(task, store), policy, outcome)
+
+
+def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFunction,
+                     task_logs: TaskLogSettings | None) -> int:
+    """The listener died between the fork and its word. If its stamp made the task started
+    by this very process, run it as an orphan (the node's next listener adopts it); else
+    nothing was recorded for this process: leave, and recovery puts the task back."""
+    try:
+        data = store.task_data(assignment.task_id)
+    except BluequeError as error:
+        log.error("task %s: its listener is gone and its state cannot be read (%s); not "
+                  "running it", assignment.task_id, error)
+        return EXIT_NOT_STARTED
+    mine = (data.get("status") == k.STARTED and data.get("node") == assignment.listener
+            and data.get("pid") == str(os.getpid()))
+    if not mine:
+        return EXIT_NOT_STARTED
+    task = Task(assignment.task_id, store, data)
+    try:
+        policy = Policy.resolve(data, store.queue_config(assignment.queue))
+    except BluequeError:
+        policy = Policy.resolve(data, {})
+    set_title(f"blueque: {assignment.queue} {task.id} attempt {task.attempts}")
+    task_logs = _capture(task_logs, task)
+    log.warning("task %s: its listener %s died after starting it; running it as an orphan",
+                task.id, assignment.listener)
+    return _run_orphan(store, task, function, policy, task_logs)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
 import random
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -29,9 +31,10 @@ from blueque import keys as k
 from blueque.child import (
     EXIT_NOT_STARTED,
     EXIT_REPORTED,
+    Assignment,
     TaskFunction,
     import_function,
-    run_child,
+    run_reporting_child,
 )
 from blueque.client import Client
 from blueque.display import format_seconds, last_line, parse_duration, positive_seconds, shorten
@@ -50,9 +53,9 @@ from blueque.policy import Policy
 from blueque.process import create_time, process_alive, set_title
 from blueque.queue import check_queue_name
 from blueque.recovery import Recovery, RecoveryReport
+from blueque.reporting import ChildChannel
 from blueque.store import now
-from blueque.task import Task
-from blueque.tasklog import TaskLogSettings, default_directory, ship_rest
+from blueque.tasklog import TaskLogSettings, default_directory, ship_reported, ship_rest
 
 log = logging.getLogger("blueque.daemon")
 
@@ -60,6 +63,9 @@ ON_STOP = ("keep", "drain", "terminate")
 #: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
 #: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
 NODE_RUNS_TTL = 7 * 24 * 3600
+#: Shortest time between two progress writes for one child: a task that reports in a tight
+#: loop costs Redis ten writes a second, not one per report (PROTOCOL.md 6.2).
+PROGRESS_SPACING = 0.1
 
 
 def _float(raw: str | None) -> float | None:
@@ -82,7 +88,11 @@ def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str
 
 @dataclass
 class Running:
-    """A child process running one attempt of one task."""
+    """A child process running one attempt of one task (PROTOCOL.md 6.2).
+
+    ``state``: "starting" until the stamp has started the task for it (repeated while Redis
+    is away, until ``begin_deadline``), then "running"; "refused" when the stamp refused the
+    task (nothing ran); "abandoned" when the stamp could not be confirmed in time."""
 
     task_id: str
     queue: str
@@ -99,6 +109,15 @@ class Running:
     created: float | None = None  # the process's create time
     #: the task's fields once its ending is recorded (for the listener's log line)
     ending: dict[str, str] | None = None
+    channel: ChildChannel | None = None  # the listener's end of the child's socket
+    state: str = "running"
+    begin_deadline: float | None = None
+    #: the outcome frame the child sent, and the status recorded for it (None: not yet)
+    report: dict[str, Any] | None = None
+    recorded: str | None = None
+    progress: tuple[float, str] | None = None  # the latest report, not written yet
+    progress_due: float = 0.0  # monotonic: no progress write for this child before
+    output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
 
     def record(self, listener: str, listener_pid: int, listener_created: float | None) -> str:
         """This run's entry in blueque_node_[node] (PROTOCOL.md): with its listener process,
@@ -223,6 +242,8 @@ class ListenerDaemon:
         self._subscriber: threading.Thread | None = None
         self._registered = False
         self._info: dict[str, str] = {}
+        #: each queue's defaults (blueque_queue_config_[queue]), read again at every renewal
+        self._queue_defaults: dict[str, dict[str, str]] = {}
         self.metrics: ListenerMetrics | None = None  # blueque listen --metrics-port
         #: where task output goes (blueque listen: on by default; PROTOCOL.md 5.19)
         self.task_logs: TaskLogSettings | None = None
@@ -340,6 +361,9 @@ class ListenerDaemon:
 
     def run(self) -> int:
         self.load_function()
+        # what the listener holds by now stays put for good: the children's collections then
+        # never touch (and copy) the pages of the objects they inherit
+        gc.freeze()
         self.install_signals()
         self._start_subscriber()
         try:
@@ -373,6 +397,11 @@ class ListenerDaemon:
                 self.release()
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
+        for running in self.children.values():
+            if running.channel is not None:
+                # the children see their listener gone and record their outcomes themselves,
+                # even when this process lives on (ForkingRunner.run() returns to its caller)
+                running.channel.close()
         self._restore_signals()
         with self._wake_lock:  # the subscriber thread may still hold a message for a second
             for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):
@@ -381,6 +410,7 @@ class ListenerDaemon:
 
     # --- one step ---------------------------------------------------------------------------
     def run_once(self) -> None:
+        self._read_children()
         self._reap()
         try:
             if not self._registered:
@@ -391,6 +421,8 @@ class ListenerDaemon:
                 self._heal()
             current = self.clock()
             self._renew_when_due(current)
+            self._begin_waiting()
+            self._record_reports()  # first: each of those children waits for the word
             self._record_unrecorded()
             if current >= self._next_sweep:
                 self._sweep()
@@ -407,6 +439,7 @@ class ListenerDaemon:
             self._enforce_limits()
             if not self.stopping:
                 self._fill_slots()
+            self._write_progress()
             if self._redis_down_since is not None:
                 log.warning("listener %s: Redis is back", self.id)
                 self._redis_down_since = None
@@ -451,40 +484,119 @@ class ListenerDaemon:
 
     def _fill_slots(self) -> None:
         while self._free_slots() > 0 and not self.stopping:
-            task = self._reserve()
-            if task is None or not self._fork(task):
+            moved = self._reserve()
+            if moved is None or not self._fork(*moved):
                 return
 
-    def _reserve(self) -> Task | None:
+    def _reserve(self) -> tuple[str, str] | None:
+        """LMOVE the next pending id of a queue drawn by weight into our reserved list: the
+        queue and the id. The stamp comes once a child is forked to run it (6.2)."""
         for queue in reduced_lottery(self.weights, self.rng):
-            task = self.listeners[queue].reserve()
-            if task is not None:
-                return task
+            task_id = self.store.move_pending(queue, self.id, block=None)
+            if task_id is not None:
+                return queue, task_id
         return None
 
-    def _fork(self, task: Task) -> bool:
-        queue = task.queue or ""
-        policy = Policy.resolve(task.data, self.store.queue_config(queue))
+    def _fork(self, queue: str, task_id: str) -> bool:
+        """Fork the child that will run ``task_id``, then stamp the task for it (6.2)."""
         function = self.load_function()
+        ours, theirs = socket.socketpair()
         try:
             with self._pool_lock():
                 pid = os.fork()
         except OSError as error:  # EAGAIN at a pids limit (systemd TasksMax), ENOMEM
+            ours.close()
+            theirs.close()
             log.error("task %s: cannot fork a process to run it (%s); putting it back",
-                      task.id, error)
+                      task_id, error)
             self._heal()
             return False
         if pid == 0:
-            run_child(self.task_store, task, function, policy, self.task_logs)
-        self.children[pid] = Running(
-            task.id, queue, task.attempts, self.clock(), policy.time_limit,
-            policy.kill_grace, policy, pid, created=create_time(pid),
-        )
-        self._record_runs([self.children[pid]])
-        log.info("task %s queue %s: attempt %s started in pid %d", task.id, queue,
-                 task.attempts, pid, extra={"task_id": task.id, "queue": queue, "pid": pid,
-                                            "event": "started", "attempt": task.attempts})
+            ours.close()
+            for running in self.children.values():  # its siblings' sockets are not its own
+                if running.channel is not None:
+                    running.channel.close()
+            lease = self.lease_ms / 1000
+            run_reporting_child(self.task_store, theirs,
+                                Assignment(task_id, queue, self.id, lease,
+                                           self._start_patience() + lease),
+                                function, self.task_logs)
+        theirs.close()
+        running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
+                          Policy(), pid, created=create_time(pid), channel=ChildChannel(ours),
+                          state="starting")
+        self.children[pid] = running
+        self._begin(running)
         return True
+
+    def _begin(self, running: Running) -> None:
+        """Stamp the moved task with the child's pid (pending -> started) and record the run
+        on our node, in one round trip; then tell the child to go, or to stop (6.2)."""
+        try:
+            reservation = self.store.begin_run(
+                running.queue, self.id, running.task_id, now(), running.pid, running.created,
+                self.node, running.record(self.id, os.getpid(), self._created()),
+                NODE_RUNS_TTL)
+        except RedisUnavailable:
+            # the stamp may or may not have happened: the child waits while we repeat it
+            # (it is idempotent) for as long as a child would retry its own start
+            current = self.clock()
+            if running.begin_deadline is None:
+                running.begin_deadline = current + self._start_patience()
+            elif current >= running.begin_deadline:
+                log.error("task %s: could not start it in pid %d: Redis is unavailable; the "
+                          "process is told to stop", running.task_id, running.pid)
+                running.state = "abandoned"
+                self._tell(running, {"stop": "Redis is unavailable"})
+            raise
+        except BluequeError as error:
+            reservation = None
+            log.error("task %s: not started: %s", running.task_id, error)
+        if reservation is None or not reservation.runnable:
+            if reservation is not None:
+                log.warning("not running task %s from queue %s: %s (%s)", running.task_id,
+                            running.queue, reservation.verdict, reservation.detail)
+            running.state = "refused"
+            self._tell(running, {"stop": reservation.detail if reservation else "refused"})
+            return
+        fields = reservation.fields or {}
+        defaults = self._defaults(running.queue)
+        policy = Policy.resolve(fields, defaults)
+        running.attempt, running.policy = reservation.attempt, policy
+        running.time_limit, running.kill_grace = policy.time_limit, policy.kill_grace
+        running.started, running.state = self.clock(), "running"
+        self._tell(running, {"go": fields, "defaults": defaults})
+        log.info("task %s queue %s: attempt %s started in pid %d", running.task_id,
+                 running.queue, running.attempt, running.pid,
+                 extra={"task_id": running.task_id, "queue": running.queue,
+                        "pid": running.pid, "event": "started", "attempt": running.attempt})
+
+    def _begin_waiting(self) -> None:
+        """Repeat the stamps an outage interrupted (their children are waiting)."""
+        for running in list(self.children.values()):
+            if running.state == "starting":
+                self._begin(running)
+
+    def _start_patience(self) -> float:
+        """How long a child waits for its start while Redis is away: the client's whole
+        retry_deadline, as a child that started itself would retry."""
+        return float(getattr(self.task_store.retry, "deadline_s", 0.0))
+
+    def _created(self) -> float | None:
+        return _float(self._info.get("pid_created"))
+
+    @staticmethod
+    def _tell(running: Running, message: dict[str, Any]) -> None:
+        if running.channel is not None:
+            running.channel.send(message)
+
+    def _defaults(self, queue: str) -> dict[str, str]:
+        """The queue's defaults (blueque_queue_config_[queue]), read again at every lease
+        renewal rather than for every task."""
+        defaults = self._queue_defaults.get(queue)
+        if defaults is None:
+            defaults = self._queue_defaults[queue] = self.store.queue_config(queue)
+        return defaults
 
     def _pool_lock(self) -> contextlib.AbstractContextManager[object]:
         """The connection pool's lock, held across fork(): the child reuses the store, and
@@ -494,6 +606,85 @@ class ListenerDaemon:
         return lock if lock is not None else contextlib.nullcontext()
 
     # --- children ---------------------------------------------------------------------------
+    def _read_children(self) -> None:
+        """Take in what the children said (6.2): progress, and outcomes to record."""
+        for running in self.children.values():
+            if running.channel is None:
+                continue
+            for frame in running.channel.receive():
+                if running.report is not None:
+                    continue  # nothing counts after the outcome
+                if "outcome" in frame:
+                    running.report = frame
+                elif "progress" in frame and running.state == "running":
+                    try:
+                        running.progress = (float(frame["progress"]),
+                                            str(frame.get("message") or ""))
+                    except (TypeError, ValueError):
+                        log.warning("task %s: unreadable progress report %r", running.task_id,
+                                    frame)
+            running.channel.flush()
+
+    def _record_reports(self) -> None:
+        for running in list(self.children.values()):
+            if running.report is not None and running.recorded is None:
+                self._record_report(running)
+
+    def _record_report(self, running: Running) -> None:
+        """Record the outcome a child reported (finish, fenced by its attempt), after the
+        rest of its output; then tell the child, which exits. Raises RedisUnavailable: the
+        outcome is kept (and the child waits) until Redis takes it."""
+        report = running.report or {}
+        policy, attempt, pid = running.policy, running.attempt, running.pid
+        if self.task_logs is not None and not running.output_shipped:
+            output = report.get("output")
+            ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
+                          running.task_id, attempt, policy.result_ttl_ms(),
+                          output if isinstance(output, dict) else {})
+            running.output_shipped = True
+        text = str(report.get("text") or "")
+        trace = str(report.get("traceback") or "") or None
+        current = now()
+        eta = None
+        if report.get("outcome") == "complete":
+            outcome = "complete"
+        else:
+            if report.get("retry", True):
+                eta = policy.retry_eta(attempt or 1, current, self.rng)
+            outcome = "failed" if eta is None else "retry"
+        try:
+            status = self.store.finish(
+                running.queue, running.task_id, self.id, pid, outcome, text, current, attempt,
+                retry_eta=eta, result_ttl_ms=None if eta else policy.result_ttl_ms(),
+                traceback=trace, forget_run=(self.node, pid))
+        except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
+            log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
+                        running.task_id, outcome, attempt, refused)
+            running.recorded = ""
+            running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
+        else:
+            running.recorded = status
+            running.ending = {"status": status, "attempts": str(attempt)}
+            if status != k.COMPLETE:
+                running.ending.update(error=text, traceback=trace or "",
+                                      eta="" if eta is None else repr(eta))
+        self._tell(running, {"recorded": running.recorded})  # a reaped child's is closed
+
+    def _write_progress(self) -> None:
+        """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
+        current = self.clock()
+        for running in list(self.children.values()):
+            if (running.progress is None or running.report is not None
+                    or running.attempt is None or current < running.progress_due):
+                continue
+            fraction, message = running.progress
+            try:
+                self.store.progress(running.task_id, running.attempt, fraction, message, now())
+            except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
+                log.warning("progress of task %s not recorded: %s", running.task_id, error)
+            running.progress = None
+            running.progress_due = current + PROGRESS_SPACING
+
     def _reap(self) -> None:
         while self.children:
             try:
@@ -505,7 +696,8 @@ class ListenerDaemon:
             running = self.children.pop(pid, None)
             if running is None:
                 continue
-            self._ended_pids.append(str(pid))
+            if running.channel is not None:
+                running.channel.close()
             if running.reason:  # we stopped it: time limit, cancelled, shutdown, superseded
                 self._signal_group(running, signal.SIGKILL, pid)  # grandchildren too
             self._settle(pid, status, running)
@@ -514,23 +706,30 @@ class ListenerDaemon:
         duration = self.clock() - running.started
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         running.exit_code = code
-        reported = code == 0 and not running.reason
-        if self.task_logs is not None and not reported and code != EXIT_NOT_STARTED:
-            # it died without shipping the end of its output: the listener does (5.19)
-            ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
-                      running.task_id, running.attempt, running.policy.result_ttl_ms())
-        # 0 and EXIT_NOT_STARTED are checked too: a task function that called os._exit() with
-        # one of them would otherwise leave its task started for ever (_record reads first)
-        self.unrecorded.append((running, describe_exit(status, running.reason,
-                                                       running.time_limit)))
-        self._record_unrecorded()
-        if self.metrics:
+        if running.recorded is None and running.state != "refused":
+            if running.report is None:
+                self._ended_pids.append(str(pid))
+                if self.task_logs is not None and code != EXIT_NOT_STARTED:
+                    # it died without reporting: the listener ships the end of its output
+                    ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
+                              running.task_id, running.attempt, running.policy.result_ttl_ms())
+            # an outcome it reported is recorded as reported; any other ending is checked
+            # against the task, exit codes 0 and 3 included (a task function may call
+            # os._exit itself): _record reads first
+            self.unrecorded.append((running, describe_exit(status, running.reason,
+                                                           running.time_limit)))
+            self._record_unrecorded()
+        elif running.state == "refused":
+            self._ended_pids.append(str(pid))
+        if self.metrics and running.state != "refused":
             self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
-        process = "not started" if code == EXIT_NOT_STARTED else (
-            "reported" if reported else "died")
+        process = ("not started" if running.state == "refused" or code == EXIT_NOT_STARTED
+                   else "reported" if running.report is not None else "died")
         took = format_seconds(duration)
         what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
                 else describe_ending(running.ending, running.attempt, took))
+        if running.state == "refused":
+            what = "not started: the stamp refused it"
         log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
                  running.queue, running.attempt, what, pid, process, self.node, extra={
                      "task_id": running.task_id, "queue": running.queue, "pid": pid,
@@ -539,11 +738,15 @@ class ListenerDaemon:
                      "ending": what})
 
     def _record_unrecorded(self) -> None:
-        """Record endings the child could not report; kept until Redis accepts them."""
+        """Record endings of children that are gone: the outcome a child reported, or what
+        its exit status says; kept until Redis accepts them."""
         while self.unrecorded:
             running, error = self.unrecorded[0]
             try:
-                self._record(running, error)
+                if running.report is not None:
+                    self._record_report(running)
+                else:
+                    self._record(running, error)
             except RedisUnavailable:
                 return
             except InvalidTaskState as refused:
@@ -552,23 +755,24 @@ class ListenerDaemon:
             self.unrecorded.pop(0)
 
     def _record(self, running: Running, error: str) -> None:
+        """The ending of a child that reported no outcome, from its exit status."""
         said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
         if said:
-            fields = self.store.task_fields(running.task_id, ENDING_FIELDS)
-            if fields.get("status") != k.STARTED:
-                # as the child said: it recorded an outcome, or never started the task
+            fields = self.store.task_fields(running.task_id, (*ENDING_FIELDS, "pid", "node"))
+            if fields.get("status") != k.STARTED or not self._its_run(running, fields):
+                # it recorded an outcome itself, or never started the task
                 running.ending = fields
                 return
         data = self.store.task_data(running.task_id)
-        if data.get("status") not in (k.RESERVED, k.STARTED) or (
-            running.attempt is not None and data.get("attempts") != str(running.attempt)
-        ):
-            # the child did report, or the task moved on (recovered, cancelled)
+        if data.get("status") not in (k.RESERVED, k.STARTED) or not self._its_run(running, data):
+            # the task moved on (recovered, cancelled), or the stamp never started it
             running.ending = data
             return
         pid = running.pid
         listener = data.get("node") or self.id
         attempt = running.attempt
+        if attempt is None and data.get("attempts", "").isdigit():
+            attempt = int(data["attempts"])  # a stamp whose reply was lost, by its pid
         current = now()
         if running.reason == "cancelled" or data.get("cancel_requested"):
             reason = data.get("cancel_reason") or "cancelled"  # with the operator's --reason
@@ -577,7 +781,10 @@ class ListenerDaemon:
                 f"{reason} ({error})", current, attempt, extra=("cancelled", repr(current)),
             )
         else:
-            eta = running.policy.retry_eta(attempt or 1, current, self.rng)
+            policy = running.policy
+            if running.state != "running":  # never told its policy: read it now
+                policy = Policy.resolve(data, self._defaults(running.queue))
+            eta = policy.retry_eta(attempt or 1, current, self.rng)
             outcome = "failed" if eta is None else "retry"
             status = self.store.finish(
                 running.queue, running.task_id, listener, pid, outcome, error, current,
@@ -587,6 +794,13 @@ class ListenerDaemon:
         log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
                     extra={"task_id": running.task_id, "queue": running.queue,
                            "event": "recorded", "outcome": status})
+
+    def _its_run(self, running: Running, data: dict[str, str]) -> bool:
+        """Is the task's current run this child's? By attempt, once the stamp told it; for a
+        stamp whose reply never came, by the pid and listener the stamp would have written."""
+        if running.attempt is not None:
+            return data.get("attempts") == str(running.attempt)
+        return data.get("pid") == str(running.pid) and data.get("node") == self.id
 
     def _signal_group(self, running: Running, signum: int, pid: int | None = None) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -646,6 +860,7 @@ class ListenerDaemon:
     def _renew(self) -> None:
         if self.metrics:
             self.metrics.renewal(self.clock(), self.interval)
+        self._queue_defaults.clear()  # an operator's Queue.configure applies from now on
         for queue in self.weights:
             if self.store.lease(queue, self.id, self.lease_ms, "renew") == -1:
                 if self.metrics:
@@ -746,13 +961,22 @@ class ListenerDaemon:
                       if r.term_sent and not r.kill_sent]
         if self._redis_down_since is None:  # overdue while Redis is away: the backoff rules
             deadlines += [self._next_renew, self._next_sweep, self._next_due]
+        deadlines += [r.progress_due for r in self.children.values() if r.progress is not None]
+        channels = {r.channel.fileno(): r.channel for r in self.children.values()
+                    if r.channel is not None and not r.channel.closed}
         current = self.clock()
         timeout = max(0.0, min([timeout, *(d - current for d in deadlines)]))
         try:
-            ready, _, _ = select.select([self._wake_r, self._sig_r], [], [], timeout)
+            ready, writable, _ = select.select(
+                [self._wake_r, self._sig_r, *channels],
+                [fd for fd, channel in channels.items() if channel.wants_write], [], timeout)
         except InterruptedError:
             return
+        for fd in writable:
+            channels[fd].flush()
         for fd in ready:
+            if fd in channels:
+                continue  # a child's socket: run_once reads it
             try:
                 while os.read(fd, 512):
                     pass

@@ -52,7 +52,7 @@ class Listener:
     def _stamp(self, task_id: str) -> Task | None:
         reservation: Reservation = self._store.stamp(self._queue, self.id, task_id, now())
         if reservation.runnable:
-            return Task(task_id, self._store)
+            return Task(task_id, self._store, reservation.fields)
         log.warning(
             "not running task %s from queue %s: %s (%s)",
             task_id, self._queue, reservation.verdict, reservation.detail,

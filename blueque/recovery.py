@@ -318,7 +318,8 @@ class Recovery:
             try:
                 run = json.loads(raw)
                 pid, task_id, listener = int(field_), str(run["task"]), str(run["listener"])
-                attempt, created = str(run["attempt"]), _float(str(run.get("created") or ""))
+                attempt = None if run.get("attempt") is None else str(run["attempt"])
+                created = _float(str(run.get("created") or ""))
             except (ValueError, KeyError, TypeError):
                 ended.append(field_)  # unreadable: nothing to act on
                 continue
@@ -331,10 +332,14 @@ class Recovery:
             if owner is not None and self._alive(*owner):
                 continue  # its own listener watches it
             data = self.store.task_data(task_id)
-            current = (data.get("attempts") == attempt and data.get("node") == listener
-                       and data.get("status") in (k.RESERVED, k.STARTED))
-            if not data or run.get("attempt") is None or current:
-                continue  # the task's current run (adopted by recover_local), or unfenced
+            # the task's current run (adopted by recover_local): by attempt, or for a record
+            # written at fork, before the stamp fixed the attempt, by the pid it stamped
+            current = (data.get("node") == listener
+                       and data.get("status") in (k.RESERVED, k.STARTED)
+                       and (data.get("attempts") == attempt if attempt is not None
+                            else data.get("pid") == str(pid)))
+            if not data or current:
+                continue
             policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
             first = self._fenced.setdefault(pid, time.monotonic())
             signum = (signal.SIGKILL if time.monotonic() - first > policy.kill_grace

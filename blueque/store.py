@@ -220,6 +220,8 @@ class Reservation:
     task_id: str
     verdict: str  # ok | skip | bad
     detail: str  # attempts for ok; the status or reason otherwise
+    #: for ok: the task hash as the stamp left it (so the caller reads nothing more)
+    fields: dict[str, str] | None = None
 
     @property
     def runnable(self) -> bool:
@@ -288,6 +290,42 @@ class RedisStore:
         if durable and self.durability is not None:
             return self.durability.run(self.redis, self._script(name), keys, args)
         return self._script(name)(keys=list(keys), args=list(args))
+
+    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any],
+                  before: Sequence[Callable[[Any], object]] = (),
+                  after: Sequence[Callable[[Any], object]] = (),
+                  durable: bool = False) -> Any:
+        """Run script ``name`` with plain commands before and after it in one round trip (a
+        pipeline, not a transaction: each command is idempotent, so a repeat after a lost
+        reply is harmless); returns the script's reply. ``EVALSHA`` directly, not redis-py's
+        pipeline scripts, which cost a ``SCRIPT EXISTS`` round trip per pipeline: a server
+        that lost its script cache (a restart) answers NOSCRIPT once, and the pipeline is
+        sent again after loading it. With WAIT durability the script runs durably alone."""
+        if durable and self.durability is not None:
+            for add in before:
+                add(self.redis)
+            reply = self._run(name, keys, args, durable=True)
+            for add in after:
+                add(self.redis)
+            return reply
+        script = self._script(name)
+        for _ in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for add in before:
+                add(pipe)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for add in after:
+                add(pipe)
+            replies = pipe.execute(raise_on_error=False)
+            reply = replies[len(before)]
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                script.sha = self.redis.script_load(script.script)
+                continue
+            for item in replies:
+                if isinstance(item, Exception):
+                    raise item
+            return reply
+        raise reply
 
     def _queues_key(self, queue: str) -> tuple[str, str]:
         """The key a script may update blueque_queues through, and whether it should.
@@ -574,14 +612,45 @@ class RedisStore:
 
     @translate_errors
     def stamp(self, queue: str, listener_id: str, task_id: str, now: float) -> Reservation:
-        """Mark a moved task reserved by this listener and count the attempt (stamp.lua)."""
-        verdict, detail = self._run(
-            "stamp",
-            [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
-             self.keys.failed(queue), *self._outcome_keys(queue, now)],
-            [task_id, listener_id, repr(now), queue, k.FINISHED_MINUTE_TTL],
-        )
-        return Reservation(task_id, verdict, str(detail))
+        """Mark a moved task reserved by this listener and count the attempt (stamp.lua);
+        an ok Reservation carries the task's fields."""
+        return self._reservation(task_id, self._run("stamp", *self._stamp_call(
+            queue, listener_id, task_id, now, None, None)))
+
+    @translate_errors
+    def begin_run(self, queue: str, listener_id: str, task_id: str, now: float, pid: int,
+                  pid_created: float | None, node: str, record: str, ttl_s: int
+                  ) -> Reservation:
+        """The listener daemon's start of a run (PROTOCOL.md 6.2), in one round trip: record
+        the forked process on its node (HSET blueque_node_[node] pid record; EXPIRE), then
+        stamp.lua with its pid: pending -> started by that process (durable like start)."""
+        runs = self.keys.node_runs(node)
+        keys, args = self._stamp_call(queue, listener_id, task_id, now, pid, pid_created)
+        reply = self._run_with(
+            "stamp", keys, args, durable=True,
+            before=[lambda pipe: pipe.hset(runs, str(pid), record),
+                    lambda pipe: pipe.expire(runs, ttl_s)])
+        return self._reservation(task_id, reply)
+
+    def _stamp_call(self, queue: str, listener_id: str, task_id: str, now: float,
+                    pid: int | None, pid_created: float | None
+                    ) -> tuple[list[str], list[Any]]:
+        keys = [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+                self.keys.failed(queue), *self._outcome_keys(queue, now)]
+        if pid is not None:
+            keys.append(self.keys.started(queue))
+        return keys, [task_id, listener_id, repr(now), queue, k.FINISHED_MINUTE_TTL,
+                      "" if pid is None else pid,
+                      "" if pid_created is None else repr(pid_created)]
+
+    @staticmethod
+    def _reservation(task_id: str, reply: Sequence[Any]) -> Reservation:
+        verdict, detail = reply[0], reply[1]
+        fields = None
+        if verdict == "ok" and len(reply) > 2:
+            flat = reply[2]
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        return Reservation(task_id, verdict, str(detail), fields)
 
     @translate_errors
     def start(
@@ -619,9 +688,12 @@ class RedisStore:
         result_ttl_ms: int | None = None,
         extra: tuple[str, str] | None = None,
         traceback: str | None = None,
+        forget_run: tuple[str, int] | None = None,
     ) -> str:
         """Record complete | failed | retry for one run (finish.lua); returns the new status.
-        ``traceback`` goes to its own field beside a failure's ``error``."""
+        ``traceback`` goes to its own field beside a failure's ``error``. ``forget_run``
+        (node identity, pid): the listener daemon drops the run's record from
+        blueque_node_[node] in the same round trip (PROTOCOL.md 6.2)."""
         if outcome == "complete":
             target = self.keys.complete(queue)
         elif outcome == "failed":
@@ -631,17 +703,17 @@ class RedisStore:
         else:
             raise ValueError(f"unknown outcome {outcome!r} (or retry without an eta)")
         field, value = extra or ("", "")
-        status: str = self._run(
-            "finish",
-            [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
-             self.keys.started(queue), target, *self._outcome_keys(queue, now)],
-            [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
-             "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
-             "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
-             field, value, k.FINISHED_MINUTE_TTL, traceback or ""],
-            durable=True,
-        )
-        return status
+        keys = [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+                self.keys.started(queue), target, *self._outcome_keys(queue, now)]
+        args = [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
+                "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
+                "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
+                field, value, k.FINISHED_MINUTE_TTL, traceback or ""]
+        if forget_run is None:
+            return str(self._run("finish", keys, args, durable=True))
+        runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
+        return str(self._run_with("finish", keys, args, durable=True,
+                                  after=[lambda pipe: pipe.hdel(runs, run)]))
 
     @translate_errors
     def progress(self, task_id: str, attempt: int, fraction: float, message: str,

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,13 +91,14 @@ class Shipper:
 
     def __init__(self, store: RedisStore, settings: TaskLogSettings, task_id: str,
                  attempt: int | None, path: Path, ttl_ms: int | None,
-                 offset: int = 0) -> None:
+                 offset: int = 0, kept: Sequence[tuple[str, int]] = ()) -> None:
         self.store, self.settings, self.path = store, settings, path
         self.task_id, self.attempt = task_id, str(attempt or 0)
         self.ttl_ms = ttl_ms
         self.offset = offset
-        self._kept: deque[tuple[str, int]] = deque()  # (entry id, bytes) of this attempt
-        self._kept_bytes = 0
+        #: (entry id, bytes) of this attempt's entries in the stream, oldest first
+        self._kept: deque[tuple[str, int]] = deque(kept)
+        self._kept_bytes = sum(size for _, size in kept)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,22 +112,31 @@ class Shipper:
             self.ship()
 
     def ship(self, end: bool = False) -> None:
+        """Send what the file gained; with ``end``, also the attempt's end mark — unless the
+        attempt wrote nothing and nothing was shipped: then the stream is left alone."""
         with self._lock:
             try:
                 data = self._read_new()
                 for start in range(0, len(data), CHUNK_BYTES):
                     self._send(data[start:start + CHUNK_BYTES])
                 self._cap_file()  # after shipping: what moves to .1 is in the stream already
-                if end:
+                if end and (self.offset or self._kept):
                     self._send(b"", end=True)
             except BluequeError as error:
                 log.debug("task %s: output not shipped yet: %s", self.task_id, error)
 
-    def close(self, end: bool = True) -> None:
+    def close(self, ship: bool = True) -> None:
+        """Stop the shipping thread; with ``ship``, send the rest and the end mark."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.ship(end=end)
+        if ship:
+            self.ship(end=True)
+
+    def state(self) -> dict[str, object]:
+        """How far this attempt is shipped, for whoever ships the rest (PROTOCOL.md 6.2)."""
+        with self._lock:
+            return {"offset": self.offset, "kept": [list(item) for item in self._kept]}
 
     def _read_new(self) -> bytes:
         try:
@@ -173,6 +183,20 @@ class Shipper:
             target.write(source.read())
         os.truncate(self.path, 0)
         self.offset = 0
+
+
+def ship_reported(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
+                  attempt: int | None, ttl_ms: int | None, state: Mapping[str, object]) -> None:
+    """The listener's part after a child reported its outcome: ship the rest of the file
+    from where the child's shipper stopped (its ``state()``), and the attempt's end mark."""
+    raw = state.get("kept")
+    try:
+        offset = int(str(state.get("offset") or 0))
+        kept = [(str(entry), int(size)) for entry, size in raw] if isinstance(raw, list) else []
+    except (TypeError, ValueError):
+        offset, kept = 0, []
+    Shipper(store, settings, task_id, attempt, settings.path(queue, task_id, attempt), ttl_ms,
+            offset=offset, kept=kept).ship(end=True)
 
 
 def ship_rest(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,

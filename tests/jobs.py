@@ -38,6 +38,11 @@ def text(task: Task) -> str:
     return f"processed {task.parameters}"
 
 
+def reread(task: Task) -> str:
+    """Its first Redis command is its own: the task process's connection pool at work."""
+    return f"processed {task.refresh().parameters} while {task.status}"
+
+
 def sleep(task: Task) -> str:
     params = _params(task)
     _mark(params, "start")

@@ -58,6 +58,7 @@ def flood_then_crash(task: Task) -> str:
 
 def waits(task: Task) -> str:
     params = _params(task)
+    print("waiting for the release file", flush=True)
     while not os.path.exists(params["release"]):
         time.sleep(0.02)
     return "ok"

@@ -576,14 +576,13 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
 def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_client):  # type: ignore[no-untyped-def]
     """The subscriber thread takes and returns its connection under the shared pool's lock;
     a child forked at that moment must not inherit the lock held, or its pool reset (its first
-    Redis call) waits forever and the task hangs in reserved."""
+    Redis call: here the task function's own read) waits forever and the task hangs."""
     task_id = client.get_queue("work").enqueue("held")
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="forker.example_1")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.reread, identity="forker.example_1")
     lock = client.redis.connection_pool._lock
     held, pid = threading.Event(), 0
     daemon.register()
-    task = daemon.listeners["work"].reserve()
-    assert task is not None
+    assert client.store.move_pending("work", daemon.id, block=None) == task_id
 
     def hold_the_pool_lock() -> None:
         with lock:
@@ -593,18 +592,23 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
     holder = threading.Thread(target=hold_the_pool_lock)
 
     def function_then_the_subscriber_steps_in() -> Any:
-        holder.start()  # right before os.fork(): the last pool use (queue_config) is done
+        holder.start()  # right before os.fork(): the last pool use is done
         held.wait(5)
-        return jobs.text
+        return jobs.reread
 
     daemon.load_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
     try:
-        daemon._fork(task)
+        daemon._fork("work", task_id)
         (pid,) = daemon.children
         holder.join()
-        wait_until(lambda: redis_client.hget(KEYS.task(task_id), "status") == "complete",
-                   timeout=10, what="the forked child to record its result")
-        assert os.waitpid(pid, 0)[1] == 0
+
+        def recorded() -> bool:
+            daemon.run_once()  # takes in the child's outcome, records it, reaps the child
+            return redis_client.hget(KEYS.task(task_id), "status") == "complete"
+
+        wait_until(recorded, timeout=10, what="the forked child's result recorded")
+        wait_until(lambda: (daemon.run_once(), not daemon.children)[1], timeout=10,
+                   what="the child reaped")
         pid = 0
     finally:
         if holder.ident is not None:
@@ -613,7 +617,7 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
             kill_session_children([pid])
             os.waitpid(pid, 0)
         daemon._finish()
-    assert client.get_task(task_id).result == "processed held"
+    assert client.get_task(task_id).result == "processed held while started"
 
 
 def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  # type: ignore[no-untyped-def]

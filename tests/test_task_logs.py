@@ -160,6 +160,16 @@ def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # typ
     assert not redis_client.exists(Keys().task_log(task_id))
 
 
+def test_an_attempt_that_writes_nothing_costs_no_stream_writes(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_client, start) -> None:
+    """A no-op task's output costs nothing in Redis: no entry, not even an end mark."""
+    start("tests.jobs:text")
+    task_id = client.get_queue("work").enqueue("quiet")
+    assert client.get_task(task_id).wait(20).result == "processed quiet"
+    assert not redis_client.exists(Keys().task_log(task_id))
+    assert read_output(client.store, task_id) is None
+
+
 def test_file_cap_moves_the_older_output_aside_and_old_files_are_cleaned(  # type: ignore[no-untyped-def]
         client: blueque.Client, tmp_path: Path) -> None:
     settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)

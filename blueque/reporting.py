@@ -1,0 +1,189 @@
+"""The socket between a listener and each task process it forks (PROTOCOL.md 6.2).
+
+The listener records a run's start, progress and outcome; the task process tells it what
+happened in frames: a 4-byte big-endian length, then that many bytes of one JSON object.
+
+- listener -> child: ``{"go": fields, "defaults": queue defaults}`` (the task is started: run
+  it), ``{"stop": why}`` (do not run it), ``{"recorded": status}`` (your outcome is recorded:
+  exit);
+- child -> listener: ``{"progress": fraction, "message": text}``, then one ``{"outcome":
+  "complete" | "failed", "text", "traceback", "retry", "output"}``.
+
+The listener's end (``ChildChannel``) never blocks: it is read and written from the
+listener's select loop. The child's end (``ParentLink``) blocks: the child has nothing else to
+do while it waits for its listener, and a listener that is gone shows as end of file.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from typing import Any
+
+HEADER = struct.Struct(">I")
+#: Bytes read per recv; a frame may span many.
+READ_SIZE = 256 * 1024
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    return HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Splits a byte stream into frames as it arrives (the listener's non-blocking reads)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        frames = []
+        while len(self._buffer) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self._buffer)
+            end = HEADER.size + size
+            if len(self._buffer) < end:
+                break
+            body = bytes(self._buffer[HEADER.size:end])
+            del self._buffer[:end]
+            message = json.loads(body)
+            if isinstance(message, dict):
+                frames.append(message)
+        return frames
+
+
+class ChildChannel:
+    """The listener's end of one child's socket: non-blocking, read and written by its loop.
+
+    ``receive`` returns the frames that arrived; ``send`` queues a frame and writes what the
+    socket takes now, ``flush`` the rest when the loop finds the socket writable. Once the
+    child is gone (end of file, a reset) the channel is ``closed`` and sends are dropped."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.closed = False
+        self._reader = FrameReader()
+        self._outbox = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._outbox) and not self.closed
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        self._outbox += encode(message)
+        self.flush()
+
+    def flush(self) -> None:
+        while self._outbox and not self.closed:
+            try:
+                sent = self.sock.send(self._outbox)
+            except BlockingIOError:
+                return
+            except OSError:  # the child is gone: nobody to tell
+                self._gone()
+                return
+            del self._outbox[:sent]
+
+    def receive(self) -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = []
+        while not self.closed:
+            try:
+                data = self.sock.recv(READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._gone()
+                break
+            if not data:
+                self._gone()
+                break
+            try:
+                frames += self._reader.feed(data)
+            except ValueError:  # not our frames: the child is not a Blueque task process
+                self._gone()
+        return frames
+
+    def _gone(self) -> None:
+        self.closed = True
+        self._outbox.clear()
+
+    def close(self) -> None:
+        self._gone()
+        self.sock.close()
+
+
+class ParentLink:
+    """The child's end: blocking frames to and from its listener. A listener that is gone
+    (end of file, EPIPE) or does not take or give a frame within ``patience`` seconds (it is
+    frozen: its lease runs out meanwhile, and its task may be taken back) counts as gone for
+    good: ``send`` returns False and ``receive`` None; they never raise."""
+
+    def __init__(self, sock: socket.socket, patience: float) -> None:
+        self._sock = sock
+        self._patience = patience
+        sock.settimeout(patience)
+        self._lock = threading.Lock()  # one writer at a time: the progress thread and main
+        self.gone = False
+
+    def send(self, message: dict[str, Any]) -> bool:
+        data = encode(message)
+        with self._lock:
+            if self.gone:
+                return False
+            try:
+                self._sock.sendall(data)
+            except OSError:  # a timeout too: a frame cut short leaves the stream unusable
+                self.gone = True
+                return False
+        return True
+
+    def receive(self, patience: float | None = None) -> dict[str, Any] | None:
+        """The next frame; None if the listener is gone or says nothing within ``patience``
+        seconds (default: the link's)."""
+        if self.gone:
+            return None
+        self._sock.settimeout(self._patience if patience is None else patience)
+        try:
+            return self._receive()
+        finally:
+            self._sock.settimeout(self._patience)
+
+    def _receive(self) -> dict[str, Any] | None:
+        header = self._read(HEADER.size)
+        if header is None:
+            return None
+        (size,) = HEADER.unpack(header)
+        body = self._read(size)
+        if body is None:
+            return None
+        try:
+            message = json.loads(body)
+        except ValueError:
+            self.gone = True
+            return None
+        return message if isinstance(message, dict) else None
+
+    def _read(self, size: int) -> bytes | None:
+        chunks = bytearray()
+        while len(chunks) < size:
+            try:
+                data = self._sock.recv(min(READ_SIZE, size - len(chunks)))
+            except OSError:
+                data = b""
+            if not data:
+                self.gone = True
+                return None
+            chunks += data
+        return bytes(chunks)
+
+    def close(self) -> None:
+        self.gone = True
+        self._sock.close()
