@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from blueque import failpoints
 from blueque import keys as k
 from blueque.errors import BluequeError, CallbackError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
@@ -440,16 +441,15 @@ def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Pol
 @dataclass(frozen=True)
 class Assignment:
     """What a listener daemon's child knows when it is forked: the task id it will run (its
-    listener has moved it into its reserved list), that listener, and how long to wait for
-    it: ``patience`` for a frame (its lease: a listener silent that long may have been taken
-    for dead), ``start_patience`` for the word to start (a stamp may be repeated that long
-    while Redis is away)."""
+    listener has moved it into its reserved list), that listener, and how long to wait for a
+    frame once it runs (``patience``: the listener's lease; a listener silent that long may
+    have been taken for dead). For the word to start it waits as long as its listener lives:
+    until then nothing runs, so nothing is lost by waiting."""
 
     task_id: str
     queue: str
     listener: str
     patience: float
-    start_patience: float
 
 
 def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
@@ -472,7 +472,7 @@ def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assi
 def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
                    function: TaskFunction, task_logs: TaskLogSettings | None) -> int:
     global _current
-    word = link.receive(assignment.start_patience)
+    word = link.receive(forever=True)
     if word is None:  # the listener died before telling: did its stamp start us?
         return _run_unannounced(store, assignment, function, task_logs)
     if "go" not in word:
@@ -492,6 +492,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     sent = link.send({"outcome": outcome.outcome, "text": outcome.text,
                       "traceback": outcome.traceback, "retry": outcome.retry,
                       "output": output})
+    failpoints.hit("child-after-outcome")
     if sent and link.receive() is not None:
         return EXIT_REPORTED  # "recorded": the listener wrote it
     # the listener is gone or frozen (before or after recording: a repeated finish changes

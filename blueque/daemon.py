@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blueque import failpoints
 from blueque import keys as k
 from blueque.child import (
     EXIT_NOT_STARTED,
@@ -91,8 +92,7 @@ class Running:
     """A child process running one attempt of one task (PROTOCOL.md 6.2).
 
     ``state``: "starting" until the stamp has started the task for it (repeated while Redis
-    is away, until ``begin_deadline``), then "running"; "refused" when the stamp refused the
-    task (nothing ran); "abandoned" when the stamp could not be confirmed in time."""
+    is away), then "running"; "refused" when the stamp refused the task (nothing ran)."""
 
     task_id: str
     queue: str
@@ -111,7 +111,6 @@ class Running:
     ending: dict[str, str] | None = None
     channel: ChildChannel | None = None  # the listener's end of the child's socket
     state: str = "running"
-    begin_deadline: float | None = None
     #: the outcome frame the child sent, and the status recorded for it (None: not yet)
     report: dict[str, Any] | None = None
     recorded: str | None = None
@@ -516,16 +515,15 @@ class ListenerDaemon:
             for running in self.children.values():  # its siblings' sockets are not its own
                 if running.channel is not None:
                     running.channel.close()
-            lease = self.lease_ms / 1000
             run_reporting_child(self.task_store, theirs,
-                                Assignment(task_id, queue, self.id, lease,
-                                           self._start_patience() + lease),
+                                Assignment(task_id, queue, self.id, self.lease_ms / 1000),
                                 function, self.task_logs)
         theirs.close()
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
                           Policy(), pid, created=create_time(pid), channel=ChildChannel(ours),
                           state="starting")
         self.children[pid] = running
+        failpoints.hit("listener-before-stamp")
         self._begin(running)
         return True
 
@@ -538,16 +536,8 @@ class ListenerDaemon:
                 self.node, running.record(self.id, os.getpid(), self._created()),
                 NODE_RUNS_TTL)
         except RedisUnavailable:
-            # the stamp may or may not have happened: the child waits while we repeat it
-            # (it is idempotent) for as long as a child would retry its own start
-            current = self.clock()
-            if running.begin_deadline is None:
-                running.begin_deadline = current + self._start_patience()
-            elif current >= running.begin_deadline:
-                log.error("task %s: could not start it in pid %d: Redis is unavailable; the "
-                          "process is told to stop", running.task_id, running.pid)
-                running.state = "abandoned"
-                self._tell(running, {"stop": "Redis is unavailable"})
+            # the stamp may or may not have happened: the child waits (nothing runs yet)
+            # while we repeat it, idempotent, at every step until Redis answers
             raise
         except BluequeError as error:
             reservation = None
@@ -564,8 +554,11 @@ class ListenerDaemon:
         policy = Policy.resolve(fields, defaults)
         running.attempt, running.policy = reservation.attempt, policy
         running.time_limit, running.kill_grace = policy.time_limit, policy.kill_grace
-        running.started, running.state = self.clock(), "running"
+        failpoints.hit("listener-before-go")
         self._tell(running, {"go": fields, "defaults": defaults})
+        if running.channel is not None and running.channel.closed:
+            return  # the child died before it could be told: it never ran (see _put_back)
+        running.started, running.state = self.clock(), "running"
         log.info("task %s queue %s: attempt %s started in pid %d", running.task_id,
                  running.queue, running.attempt, running.pid,
                  extra={"task_id": running.task_id, "queue": running.queue,
@@ -576,11 +569,6 @@ class ListenerDaemon:
         for running in list(self.children.values()):
             if running.state == "starting":
                 self._begin(running)
-
-    def _start_patience(self) -> float:
-        """How long a child waits for its start while Redis is away: the client's whole
-        retry_deadline, as a child that started itself would retry."""
-        return float(getattr(self.task_store.retry, "deadline_s", 0.0))
 
     def _created(self) -> float | None:
         return _float(self._info.get("pid_created"))
@@ -652,6 +640,7 @@ class ListenerDaemon:
             if report.get("retry", True):
                 eta = policy.retry_eta(attempt or 1, current, self.rng)
             outcome = "failed" if eta is None else "retry"
+        failpoints.hit("listener-before-finish")
         try:
             status = self.store.finish(
                 running.queue, running.task_id, self.id, pid, outcome, text, current, attempt,
@@ -668,6 +657,7 @@ class ListenerDaemon:
             if status != k.COMPLETE:
                 running.ending.update(error=text, traceback=trace or "",
                                       eta="" if eta is None else repr(eta))
+        failpoints.hit("listener-before-recorded")
         self._tell(running, {"recorded": running.recorded})  # a reaped child's is closed
 
     def _write_progress(self) -> None:
@@ -723,7 +713,8 @@ class ListenerDaemon:
             self._ended_pids.append(str(pid))
         if self.metrics and running.state != "refused":
             self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
-        process = ("not started" if running.state == "refused" or code == EXIT_NOT_STARTED
+        never_ran = running.state in ("refused", "starting")
+        process = ("not started" if never_ran or code == EXIT_NOT_STARTED
                    else "reported" if running.report is not None else "died")
         took = format_seconds(duration)
         what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
@@ -745,6 +736,8 @@ class ListenerDaemon:
             try:
                 if running.report is not None:
                     self._record_report(running)
+                elif running.state == "starting":
+                    self._put_back(running)
                 else:
                     self._record(running, error)
             except RedisUnavailable:
@@ -794,6 +787,21 @@ class ListenerDaemon:
         log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
                     extra={"task_id": running.task_id, "queue": running.queue,
                            "event": "recorded", "outcome": status})
+
+    def _put_back(self, running: Running) -> None:
+        """A child that ended before it was told to go never ran its task: whether or not
+        the stamp (whose reply never came) started it for that child, the task goes back to
+        the head of the line, its attempt not held against it (recover, verdict pending)."""
+        data = self.store.task_data(running.task_id)
+        ours = data.get("node") == self.id and (
+            data.get("status") == k.RESERVED
+            or (data.get("status") == k.STARTED and data.get("pid") == str(running.pid)))
+        running.ending = data
+        if data.get("status") == k.PENDING or ours:
+            self.store.recover(running.queue, self.id,
+                               [(running.task_id, data.get("attempts", ""), "pending", None, "")],
+                               now(), mode="host", release=False)
+            running.ending = {"status": k.PENDING}
 
     def _its_run(self, running: Running, data: dict[str, str]) -> bool:
         """Is the task's current run this child's? By attempt, once the stamp told it; for a

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import time
 
 import psutil
 import setproctitle
@@ -12,7 +14,29 @@ import setproctitle
 CREATE_TIME_SLACK = 1.0
 
 
+#: Where /proc shows a process's start, in clock ticks after boot (Linux).
+_PROC_STAT = "/proc/{}/stat"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_time(minute: int) -> float:
+    """psutil's boot time, read again once a minute (it follows the wall clock's steps)."""
+    return float(psutil.boot_time())
+
+
 def create_time(pid: int) -> float | None:
+    """The process's create time, as psutil computes it (so values compare with psutil's),
+    read straight from /proc where there is one: the listener asks for every child it forks,
+    and psutil.Process costs ten times as much."""
+    try:
+        with open(_PROC_STAT.format(pid), "rb") as handle:
+            data = handle.read()
+        # the name, in parentheses, may hold spaces: fields count from the last ")"
+        ticks = int(data[data.rfind(b")") + 2:].split()[19])
+        return ticks / _CLOCK_TICKS + _boot_time(int(time.monotonic() // 60))
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return float(psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -145,12 +145,12 @@ class ParentLink:
                 return False
         return True
 
-    def receive(self, patience: float | None = None) -> dict[str, Any] | None:
-        """The next frame; None if the listener is gone or says nothing within ``patience``
-        seconds (default: the link's)."""
+    def receive(self, forever: bool = False) -> dict[str, Any] | None:
+        """The next frame; None if the listener is gone or says nothing within the link's
+        patience (``forever``: only end of file ends the wait)."""
         if self.gone:
             return None
-        self._sock.settimeout(self._patience if patience is None else patience)
+        self._sock.settimeout(None if forever else self._patience)
         try:
             return self._receive()
         finally:

@@ -65,8 +65,9 @@ local counted = ARGV[4]
 if counted == 'failed' and ARGV[11] == 'cancelled' then
   counted = 'cancelled'
 end
-redis.call('HINCRBY', KEYS[5], counted, 1)
-redis.call('EXPIRE', KEYS[5], ARGV[13])
+if redis.call('HINCRBY', KEYS[5], counted, 1) == 1 then  -- the minute's first of them
+  redis.call('EXPIRE', KEYS[5], ARGV[13])
+end
 redis.call('HINCRBY', KEYS[6], counted, 1)
 redis.call('PUBLISH', ARGV[10], ARGV[1])
 return outcome

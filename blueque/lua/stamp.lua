@@ -51,14 +51,15 @@ end
 local function ok(attempts)
   return {'ok', attempts, redis.call('HGETALL', KEYS[1])}
 end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
-  return record_failure('task data was missing when the task was reserved')
-elseif kind ~= 'hash' then
+local cur = redis.pcall('HMGET', KEYS[1], 'status', 'node', 'pid', 'attempts')
+if cur['err'] then  -- WRONGTYPE
+  local kind = redis.call('TYPE', KEYS[1])['ok']
   return record_failure('task data is a ' .. kind .. ', not a hash: cannot run it')
 end
-local cur = redis.call('HMGET', KEYS[1], 'status', 'node', 'pid', 'attempts')
 local status = cur[1]
+if not status and redis.call('EXISTS', KEYS[1]) == 0 then
+  return record_failure('task data was missing when the task was reserved')
+end
 if status == 'pending' then
   local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
   if pid ~= '' then

@@ -1,0 +1,36 @@
+"""Failure injection for the crash-window tests of PROTOCOL.md 6.2: real processes killed (or
+held) at named points of the reporting path, so each window is tested as it happens.
+
+``BLUEQUE_FAILPOINTS=name[:seconds],...`` in a listener's environment (inherited by its task
+processes): at point ``name`` the process SIGKILLs itself, or with ``:seconds`` sleeps that
+long (the test acts meanwhile, e.g. restarts Redis). Without the variable every ``hit`` is one
+set lookup. Points: ``listener-before-stamp``, ``listener-before-go``,
+``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def _parse(text: str) -> dict[str, float | None]:
+    points: dict[str, float | None] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, seconds = item.partition(":")
+        points[name] = float(seconds) if seconds else None
+    return points
+
+
+_POINTS = _parse(os.environ.get("BLUEQUE_FAILPOINTS", ""))
+
+
+def hit(name: str) -> None:
+    if name not in _POINTS:
+        return
+    seconds = _POINTS[name]
+    if seconds is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        time.sleep(seconds)
