@@ -4,8 +4,10 @@ size limit, and the checkpoint key's life (delete, purge, result TTL, operator r
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -303,3 +305,49 @@ def test_the_limit_is_an_option_of_enqueue_and_configure(redis_client: redis.Red
     assert redis_client.hget(K.queue_config("q"), "checkpoint_max_bytes") is None
     refused = cli(redis_url, "enqueue", "q", "{}", "--checkpoint-max-bytes", "0")
     assert refused.returncode == 2 and "out of range" in refused.stderr
+
+
+# --- the README's example -----------------------------------------------------------------
+def readme_example() -> tuple[str, str]:
+    """The two ```python blocks of README.md's "Long jobs that resume" section."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+    section = text.split("\n## Long jobs that resume\n", 1)[1].split("\n## ", 1)[0]
+    function, enqueue = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:2]
+    return function, enqueue
+
+
+def test_the_readme_example_resumes_where_it_left_off(client: blueque.Client) -> None:
+    """Run as written: its first attempt dies at frame 25, the second renders from 20 on."""
+    function, enqueue = readme_example()
+    rendered: list[tuple[int, int]] = []
+    attempt = [1]
+
+    def render(frame: int) -> None:
+        if attempt[0] == 1 and frame == 25:
+            raise MemoryError("killed at frame 25")
+        rendered.append((attempt[0], frame))
+
+    namespace: dict[str, object] = {"render": render}
+    exec(function, namespace)  # the README's own code
+    queue = client.get_queue("frames")
+    exec(enqueue.replace("5000", "42"), {"queue": queue, "json": json})
+    job = namespace["render_frames"]
+    assert callable(job)
+    first = reserve_and_start(client, "frames", attempt=1)
+    with pytest.raises(MemoryError):
+        job(first)
+    client.get_processor(first).retry("killed", eta=time.time() - 1)
+    queue.enqueue_due_tasks()
+    attempt[0] = 2
+    second = reserve_and_start(client, "frames", attempt=2)
+    assert job(second) == {"frames": 42}
+    assert [f for a, f in rendered if a == 1] == list(range(25))
+    assert [f for a, f in rendered if a == 2] == list(range(20, 42))
+    assert json.loads(second.checkpoint or "{}") == {"next": 40}
+
+
+def reserve_and_start(client: blueque.Client, queue: str, attempt: int) -> blueque.Task:
+    task = Listener(queue, client.store).reserve()
+    assert task is not None and task.attempts == attempt
+    client.get_processor(task).start(4343)
+    return task.refresh()
