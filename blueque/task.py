@@ -65,7 +65,9 @@ class Task:
     """All fields of ``blueque_task_[id]``; every attribute of a missing task is None.
 
     Typed fields: pid and attempts (int), created, updated, eta, started_at, finished_at,
-    progress (float). A corrupt typed field raises CorruptTask when read."""
+    progress (float). A corrupt typed field raises CorruptTask when read. The task function
+    gets one: ``checkpoint`` (read at first use) and ``save_checkpoint(state)`` let a long job
+    resume where a dead attempt left off (PROTOCOL.md 5.20)."""
 
     def __init__(self, task_id: str, store: RedisStore, data: dict[str, str] | None = None):
         self._id = task_id
