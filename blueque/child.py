@@ -26,7 +26,14 @@ from typing import Any, NoReturn
 
 from blueque import failpoints
 from blueque import keys as k
-from blueque.errors import BluequeError, CallbackError, ConfigurationError, RedisUnavailable
+from blueque.endings import Ran, decide
+from blueque.errors import (
+    BluequeError,
+    CallbackError,
+    ConfigurationError,
+    Preempted,
+    RedisUnavailable,
+)
 from blueque.policy import Policy
 from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
@@ -267,7 +274,7 @@ def import_function(spec: str) -> TaskFunction:
 class Outcome:
     """What one call of the task function came to."""
 
-    outcome: str  # "complete" or "failed"
+    outcome: Ran  # complete, failed, or preempted (it raised Preempted)
     text: str  # the result, or the error (1.0.1's str(exception))
     traceback: str | None = None
     retry: bool = True  # False: the work finished (its value could not be encoded)
@@ -275,9 +282,12 @@ class Outcome:
 
 def execute(function: TaskFunction, task: Task) -> Outcome:
     """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
-    not the child: they are recorded as what they are."""
+    not the child: they are recorded as what they are. Preempted stops it to run again
+    elsewhere (PROTOCOL.md 6.3)."""
     try:
         result = function(task)
+    except Preempted as error:
+        return Outcome("preempted", str(error) or "the task stopped: its node goes away")
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         return Outcome("failed", describe_error(error), traceback.format_exc())
     try:
@@ -384,14 +394,17 @@ def describe_error(error: BaseException) -> str:
 
 
 def _report(processor: Processor, policy: Policy, outcome: Outcome) -> None:
-    if outcome.outcome == "complete":
-        processor.complete(outcome.text, policy.result_ttl_ms())
-        return
-    eta = policy.retry_eta(processor.attempt or 1, now()) if outcome.retry else None
-    if eta is None:
-        processor.fail(outcome.text, policy.result_ttl_ms(), traceback=outcome.traceback)
+    """Record the outcome as the one rule (blueque.endings) says, from the task's fields."""
+    ending = decide(policy, processor.task.data, outcome.outcome, outcome.text, now(),
+                    retry=outcome.retry)
+    if ending.outcome == "complete":
+        processor.complete(ending.text, policy.result_ttl_ms())
+    elif ending.outcome == "preempted":
+        processor.preempt(ending.text)
+    elif ending.outcome == "retry" and ending.eta is not None:
+        processor.retry(ending.text, ending.eta, traceback=outcome.traceback)
     else:
-        processor.retry(outcome.text, eta, traceback=outcome.traceback)
+        processor.fail(ending.text, policy.result_ttl_ms(), traceback=outcome.traceback)
 
 
 def _prepare(title: str) -> None:

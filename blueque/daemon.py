@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from blueque.child import (
 )
 from blueque.client import Client
 from blueque.display import format_seconds, last_line, parse_duration, positive_seconds, shorten
+from blueque.endings import Ending, Stopped, decide
 from blueque.errors import (
     BluequeError,
     CallbackError,
@@ -102,7 +103,7 @@ class Running:
     kill_grace: float
     policy: Policy
     pid: int = 0
-    reason: str = ""  # why we stop it: "time limit", "cancelled", "shutdown", "superseded"
+    reason: Stopped = ""  # why we stop it
     term_sent: float = 0.0
     kill_sent: bool = False
     exit_code: int | None = None  # None while it runs, or when a signal ended it
@@ -114,6 +115,7 @@ class Running:
     #: the outcome frame the child sent, and the status recorded for it (None: not yet)
     report: dict[str, Any] | None = None
     recorded: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)  # the task as the stamp left it
     progress: tuple[float, str] | None = None  # the latest report, not written yet
     progress_due: float = 0.0  # monotonic: no progress write for this child before
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
@@ -552,7 +554,7 @@ class ListenerDaemon:
         fields = reservation.fields or {}
         defaults = self._defaults(running.queue)
         policy = Policy.resolve(fields, defaults)
-        running.attempt, running.policy = reservation.attempt, policy
+        running.attempt, running.policy, running.fields = reservation.attempt, policy, fields
         running.time_limit, running.kill_grace = policy.time_limit, policy.kill_grace
         failpoints.hit("listener-before-go")
         self._tell(running, {"go": fields, "defaults": defaults})
@@ -623,42 +625,50 @@ class ListenerDaemon:
         rest of its output; then tell the child, which exits. Raises RedisUnavailable: the
         outcome is kept (and the child waits) until Redis takes it."""
         report = running.report or {}
-        policy, attempt, pid = running.policy, running.attempt, running.pid
+        policy, attempt = running.policy, running.attempt
         if self.task_logs is not None and not running.output_shipped:
             output = report.get("output")
             ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
                           running.task_id, attempt, policy.result_ttl_ms(),
                           output if isinstance(output, dict) else {})
             running.output_shipped = True
-        text = str(report.get("text") or "")
+        ran = report.get("outcome")
         trace = str(report.get("traceback") or "") or None
-        current = now()
-        eta = None
-        if report.get("outcome") == "complete":
-            outcome = "complete"
-        else:
-            if report.get("retry", True):
-                eta = policy.retry_eta(attempt or 1, current, self.rng)
-            outcome = "failed" if eta is None else "retry"
+        ending = decide(policy, running.fields, ran if ran in ("complete", "preempted") else
+                        "failed", str(report.get("text") or ""), now(),
+                        retry=bool(report.get("retry", True)), stopped=running.reason,
+                        rng=self.rng)
         failpoints.hit("listener-before-finish")
         try:
-            status = self.store.finish(
-                running.queue, running.task_id, self.id, pid, outcome, text, current, attempt,
-                retry_eta=eta, result_ttl_ms=None if eta else policy.result_ttl_ms(),
-                traceback=trace, forget_run=(self.node, pid))
+            running.recorded = self._finish_run(running, ending, trace, forget=True)
         except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
             log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
-                        running.task_id, outcome, attempt, refused)
+                        running.task_id, ending.outcome, attempt, refused)
             running.recorded = ""
             running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
-        else:
-            running.recorded = status
-            running.ending = {"status": status, "attempts": str(attempt)}
-            if status != k.COMPLETE:
-                running.ending.update(error=text, traceback=trace or "",
-                                      eta="" if eta is None else repr(eta))
         failpoints.hit("listener-before-recorded")
         self._tell(running, {"recorded": running.recorded})  # a reaped child's is closed
+
+    def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
+                    forget: bool = False, listener: str | None = None,
+                    attempt: int | None = None) -> str:
+        """Record ``ending`` for the child's run (finish, fenced by its attempt); with
+        ``forget``, drop its run record in the same round trip. Keeps what was recorded for
+        the listener's log line."""
+        current = now()
+        final = ending.outcome in ("complete", "failed")
+        status = self.store.finish(
+            running.queue, running.task_id, listener or self.id, running.pid, ending.outcome,
+            ending.text, current, running.attempt if attempt is None else attempt,
+            retry_eta=ending.eta, result_ttl_ms=running.policy.result_ttl_ms() if final else None,
+            extra=("cancelled", repr(current)) if ending.cancelled else None,
+            traceback=trace, forget_run=(self.node, running.pid) if forget else None)
+        running.ending = {"status": status, "attempts": str(running.attempt)}
+        if ending.outcome != "complete":
+            running.ending.update(error=ending.text, traceback=trace or "",
+                                  eta="" if ending.eta is None else repr(ending.eta),
+                                  cancelled="1" if ending.cancelled else "")
+        return status
 
     def _write_progress(self) -> None:
         """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
@@ -761,28 +771,16 @@ class ListenerDaemon:
             # the task moved on (recovered, cancelled), or the stamp never started it
             running.ending = data
             return
-        pid = running.pid
-        listener = data.get("node") or self.id
         attempt = running.attempt
         if attempt is None and data.get("attempts", "").isdigit():
             attempt = int(data["attempts"])  # a stamp whose reply was lost, by its pid
-        current = now()
-        if running.reason == "cancelled" or data.get("cancel_requested"):
-            reason = data.get("cancel_reason") or "cancelled"  # with the operator's --reason
-            status = self.store.finish(
-                running.queue, running.task_id, listener, pid, "failed",
-                f"{reason} ({error})", current, attempt, extra=("cancelled", repr(current)),
-            )
-        else:
-            policy = running.policy
-            if running.state != "running":  # never told its policy: read it now
-                policy = Policy.resolve(data, self._defaults(running.queue))
-            eta = policy.retry_eta(attempt or 1, current, self.rng)
-            outcome = "failed" if eta is None else "retry"
-            status = self.store.finish(
-                running.queue, running.task_id, listener, pid, outcome, error, current,
-                attempt, retry_eta=eta,
-            )
+        policy = running.policy
+        if running.state != "running":  # never told its policy: read it now
+            policy = running.policy = Policy.resolve(data, self._defaults(running.queue))
+        ending = decide(policy, data, "failed", error, now(), stopped=running.reason,
+                        rng=self.rng)
+        status = self._finish_run(running, ending, listener=data.get("node") or self.id,
+                                  attempt=attempt)
         running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
         log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
                     extra={"task_id": running.task_id, "queue": running.queue,
@@ -814,7 +812,7 @@ class ListenerDaemon:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid or running.pid, signum)
 
-    def _stop_child(self, running: Running, reason: str) -> None:
+    def _stop_child(self, running: Running, reason: Stopped) -> None:
         if not running.reason:
             running.reason = reason
             running.term_sent = self.clock()

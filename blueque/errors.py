@@ -65,3 +65,10 @@ class CheckpointTooLarge(BluequeError, ValueError):
     """A checkpoint larger than its task's limit (``checkpoint_max_bytes``): nothing was
     written. Store large state elsewhere (a file, an object store) and checkpoint a reference
     to it."""
+
+
+class Preempted(BluequeError):
+    """Raised by a task function to stop because its node goes away (``blueque preempt``,
+    SIGUSR1 to its listener): the task goes back to pending without spending an attempt,
+    to resume (from its checkpoint) elsewhere. Its preemptions are counted, and a task
+    preempted more than ``max_preemptions`` times fails instead of looping."""

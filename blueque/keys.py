@@ -147,6 +147,11 @@ class Keys:
         the cluster layout the task id's hash tag puts it in the task's slot."""
         return _key("checkpoint", task_id)
 
+    def preemption(self, node_name: str) -> str:
+        """Hash {deadline, grace, requested_at, reason}: the node named ``node_name`` goes
+        away at ``deadline`` (Unix s); its listeners stop taking work and tell their tasks."""
+        return _key("preempt", node_name)
+
     # --- pub/sub channels (not keys; listed in PROTOCOL.md all the same) -----------------
     def channel(self, queue: str) -> str:
         """Channel published on every enqueue, so idle multi-queue listeners wake at once."""
@@ -159,6 +164,10 @@ class Keys:
     def control(self, listener_id: str) -> str:
         """Channel on which a listener is told to cancel one of its running tasks."""
         return _key("control", listener_id)
+
+    def preemption_channel(self, node_name: str) -> str:
+        """Channel on which the listeners of node ``node_name`` hear of its preemption."""
+        return _key("preempt_channel", node_name)
 
     def finished(self, queue: str, status: str) -> str:
         """The complete or failed list, by status."""

@@ -21,6 +21,7 @@ OPTION_TYPES: dict[str, type] = {
     "time_limit": float,
     "kill_grace": float,
     "result_ttl": float,
+    "max_preemptions": int,
     # read by Task.save_checkpoint, not by Policy: the largest checkpoint, in bytes
     "checkpoint_max_bytes": int,
 }
@@ -37,6 +38,8 @@ class Policy:
     time_limit: float = 0.0  # 0: none
     kill_grace: float = 30.0
     result_ttl: float = 0.0  # 0: finished tasks stay until deleted
+    #: runs stopped by a preemption that do not count as attempts, before the task fails
+    max_preemptions: int = 10
 
     def result_ttl_ms(self) -> int | None:
         """The result TTL in milliseconds for PEXPIRE, None to keep the result."""
@@ -53,6 +56,15 @@ class Policy:
                 except (ValueError, OverflowError):
                     continue  # a corrupt option falls back to the default, never blocks a task
         return cls(**values)  # type: ignore[arg-type]
+
+    @staticmethod
+    def attempts_used(fields: Mapping[str, str]) -> int:
+        """Attempts a task has spent: its runs (``attempts``, the fencing token) less those a
+        preemption stopped (``preemptions``), which do not count against max_attempts."""
+        def number(name: str) -> int:
+            raw = fields.get(name) or "0"
+            return int(raw) if raw.isdigit() else 0
+        return max(1, number("attempts") - number("preemptions"))
 
     def retry_eta(
         self, attempts: int, now: float, rng: random.Random | None = None

@@ -76,6 +76,14 @@ class Processor:
             encode_result(error), now(), self._attempt, retry_eta=eta, traceback=traceback,
         )
 
+    def preempt(self, reason: str) -> None:
+        """Record that this run stopped because its node goes away: the task is pending
+        again, at the head of the line, and the run does not count as an attempt."""
+        self._store.finish(
+            self._queue, self._task.id, self._listener, self._pid, "preempted", reason, now(),
+            self._attempt,
+        )
+
     def progress(self, fraction: float, message: str = "") -> None:
         """Report how far the task has got (0.0 to 1.0) and what it is doing."""
         if self._attempt is None:

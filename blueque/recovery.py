@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from blueque import keys as k
+from blueque.endings import decide
 from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy
 from blueque.process import process_alive, signal_group
@@ -223,14 +224,9 @@ class Recovery:
     ) -> Verdict:
         attempts = data.get("attempts", "")
         error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
-        if data.get("cancel_requested"):
-            reason = data.get("cancel_reason") or "cancelled"  # with the operator's --reason
-            return (task_id, attempts, "failed", None, f"{reason} ({error})")
-        policy = Policy.resolve(data, config)
-        eta = policy.retry_eta(int(attempts) if attempts.isdigit() else 1, current, self._rng)
-        if eta is None:
-            return (task_id, attempts, "failed", None, error)
-        return (task_id, attempts, "retry", eta, error)
+        ending = decide(Policy.resolve(data, config), data, "failed", error, current,
+                        rng=self._rng)  # recover.lua stamps a cancelled one `cancelled`
+        return (task_id, attempts, ending.outcome, ending.eta, ending.text)
 
     def recover_expired(self, queue: str, report: RecoveryReport,
                         listeners: Iterable[str] | None = None) -> None:

@@ -717,6 +717,8 @@ class RedisStore:
             target = self.keys.failed(queue)
         elif outcome == "retry" and retry_eta is not None:
             target = self.keys.scheduled(queue)
+        elif outcome == "preempted":
+            target = self.keys.pending(queue)
         else:
             raise ValueError(f"unknown outcome {outcome!r} (or retry without an eta)")
         field, value = extra or ("", "")
@@ -726,12 +728,35 @@ class RedisStore:
         args = [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
                 "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
                 "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
-                field, value, k.FINISHED_MINUTE_TTL, traceback or ""]
+                field, value, k.FINISHED_MINUTE_TTL, traceback or "",
+                self.keys.channel(queue), queue]
         if forget_run is None:
             return str(self._run("finish", keys, args, durable=True))
         runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
         return str(self._run_with("finish", keys, args, durable=True,
                                   after=[lambda pipe: pipe.hdel(runs, run)]))
+
+    # --- preemption (PROTOCOL.md 6.3) --------------------------------------------------------
+    @translate_errors
+    def request_preemption(self, node_name: str, fields: dict[str, str], ttl_s: int) -> None:
+        """HSET blueque_preempt_[node name] (deadline, grace, requested_at, reason); EXPIRE;
+        PUBLISH blueque_preempt_channel_[node name]: its listeners hear it at once, or read
+        the hash at their next renewal."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.preemption(node_name), mapping=fields)
+        pipe.expire(self.keys.preemption(node_name), ttl_s)
+        pipe.publish(self.keys.preemption_channel(node_name), node_name)
+        pipe.execute()
+
+    @translate_errors
+    def preemption(self, node_name: str) -> dict[str, str]:
+        """HGETALL blueque_preempt_[node name] ({}: no preemption announced)."""
+        return cast(dict[str, str], self.redis.hgetall(self.keys.preemption(node_name)))
+
+    @translate_errors
+    def withdraw_preemption(self, node_name: str) -> bool:
+        """DEL blueque_preempt_[node name]; False if there was none."""
+        return bool(self.redis.delete(self.keys.preemption(node_name)))
 
     @translate_errors
     def progress(self, task_id: str, attempt: int, fraction: float, message: str,

@@ -1,17 +1,21 @@
--- finish: record the outcome of one run: complete, failed, or failed-and-retried later.
+-- finish: record the outcome of one run: complete, failed, failed-and-retried later, or
+-- preempted (back to pending at the head of the line, without spending an attempt).
 -- KEYS[1] task hash            blueque_task_[id]
 -- KEYS[2] reserved list        blueque_reserved_tasks_[queue]_[listener id]
 -- KEYS[3] started set          blueque_started_tasks_[queue]
--- KEYS[4] target               complete list, failed list, or scheduled zset (retry)
+-- KEYS[4] target               complete list, failed list, scheduled zset (retry), or
+--                              pending list (preempted)
 -- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
 -- KEYS[7] checkpoint hash      blueque_checkpoint_[id] (follows the result TTL)
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid ("" if it never started)
--- ARGV[4] outcome: complete | failed | retry, ARGV[5] result or error text, ARGV[6] now
+-- ARGV[4] outcome: complete | failed | retry | preempted, ARGV[5] result, error text or (for
+-- preempted) why, ARGV[6] now
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
 -- ARGV[10] channel to publish the task id on, ARGV[11] extra field, ARGV[12] its value ("" none)
 -- ARGV[13] seconds KEYS[5] is kept
 -- ARGV[14] traceback of a failed or retried run ("" none: an older traceback is removed)
+-- ARGV[15] the queue's channel, ARGV[16] the queue (preempted: published, the task is pending)
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
 -- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node')
@@ -20,7 +24,8 @@ if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
   return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
     .. tostring(cur[2]) .. ', not ' .. ARGV[7] .. ': this outcome is not recorded')
 end
-local recorded = {complete = 'complete', failed = 'failed', retry = 'scheduled'}
+local recorded = {complete = 'complete', failed = 'failed', retry = 'scheduled',
+                  preempted = 'pending'}
 if ARGV[7] ~= '' and status == recorded[ARGV[4]] and cur[4] == ARGV[2] then
   return status
 end
@@ -43,13 +48,21 @@ elseif outcome == 'failed' then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[5], 'updated', ARGV[6],
              'finished_at', ARGV[6])
   redis.call('LPUSH', KEYS[4], ARGV[1])
+elseif outcome == 'preempted' then  -- node kept: a repeat after a lost reply is told apart
+  redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[6], 'preempted_at', ARGV[6],
+             'preempted_reason', ARGV[5])
+  redis.call('HDEL', KEYS[1], 'pid')
+  redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
+  redis.call('RPUSH', KEYS[4], ARGV[1])
+  redis.call('PUBLISH', ARGV[15], ARGV[16])
+  outcome = 'pending'
 else
   redis.call('HSET', KEYS[1], 'status', 'scheduled', 'error', ARGV[5], 'updated', ARGV[6],
              'eta', ARGV[8])
   redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
   outcome = 'scheduled'
 end
-if outcome ~= 'complete' then  -- the traceback belongs to the error it explains
+if outcome ~= 'complete' and outcome ~= 'pending' then  -- the traceback explains the error
   if ARGV[14] and ARGV[14] ~= '' then
     redis.call('HSET', KEYS[1], 'traceback', ARGV[14])
   else
@@ -59,10 +72,11 @@ end
 if ARGV[11] ~= '' then
   redis.call('HSET', KEYS[1], ARGV[11], ARGV[12])
 end
-if ARGV[9] ~= '' and outcome ~= 'scheduled' then
+local final = outcome == 'complete' or outcome == 'failed'
+if ARGV[9] ~= '' and final then
   redis.call('PEXPIRE', KEYS[1], ARGV[9])
 end
-if ARGV[9] ~= '' and outcome ~= 'scheduled' and KEYS[7] then
+if ARGV[9] ~= '' and final and KEYS[7] then
   redis.call('PEXPIRE', KEYS[7], ARGV[9])  -- the checkpoint goes with its task
 end
 local counted = ARGV[4]
@@ -73,5 +87,7 @@ if redis.call('HINCRBY', KEYS[5], counted, 1) == 1 then  -- the minute's first o
   redis.call('EXPIRE', KEYS[5], ARGV[13])
 end
 redis.call('HINCRBY', KEYS[6], counted, 1)
-redis.call('PUBLISH', ARGV[10], ARGV[1])
+if outcome ~= 'pending' then  -- a preempted task is not done: nobody waiting is woken
+  redis.call('PUBLISH', ARGV[10], ARGV[1])
+end
 return outcome

@@ -1,0 +1,59 @@
+"""How a run that did not simply complete ends: the one rule (PROTOCOL.md 6.2) that every
+path recording a run's end follows — the listener for what its child reported or for how it
+exited, a child whose listener is gone for itself, and recovery for a dead listener's run.
+
+A pure function of the task's policy and fields: cancelled wins (failed, stamped cancelled);
+a preemption puts the task back without spending an attempt, until ``max_preemptions``; any
+other failure is retried by the policy while attempts remain (preempted runs not counted).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from blueque.policy import Policy
+
+#: What a run reports or comes to before the rule: it returned, it raised (or died), or it
+#: stopped because its node goes away.
+Ran = Literal["complete", "failed", "preempted"]
+#: What finish records (finish.lua's outcomes).
+Outcome = Literal["complete", "failed", "retry", "preempted"]
+#: Why its listener stopped it, if it did ("" for a run that ended by itself).
+Stopped = Literal["", "time limit", "cancelled", "shutdown", "superseded", "preempted"]
+
+
+@dataclass(frozen=True)
+class Ending:
+    outcome: Outcome
+    text: str  # the result, or the error (or why it was preempted)
+    eta: float | None = None  # retry: when the next attempt runs
+    cancelled: bool = False  # failed because it was cancelled: stamped ``cancelled``
+
+
+def _count(fields: Mapping[str, str], name: str) -> int:
+    raw = fields.get(name) or "0"
+    return int(raw) if raw.isdigit() else 0
+
+
+def decide(policy: Policy, task: Mapping[str, str], ran: Ran, text: str, now: float, *,
+           retry: bool = True, stopped: Stopped = "",
+           rng: random.Random | None = None) -> Ending:
+    """The ending of one run of ``task`` (its hash's fields). ``retry`` False: the work
+    finished but its value could not be recorded, so running it again would not help."""
+    if ran == "complete":
+        return Ending("complete", text)
+    if stopped == "cancelled" or task.get("cancel_requested"):
+        reason = task.get("cancel_reason") or "cancelled"  # with the operator's --reason
+        return Ending("failed", f"{reason} ({text})", cancelled=True)
+    if ran == "preempted" or stopped == "preempted":
+        done = _count(task, "preemptions")
+        if done >= policy.max_preemptions:
+            return Ending("failed", f"preempted {done + 1} times, more than its max_preemptions "
+                                    f"of {policy.max_preemptions}: stopped so that it does not "
+                                    f"loop ({text})")
+        return Ending("preempted", text)
+    eta = policy.retry_eta(Policy.attempts_used(task), now, rng) if retry else None
+    return Ending("failed" if eta is None else "retry", text, eta)
