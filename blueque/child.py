@@ -10,6 +10,7 @@ its whole process group), reseeds random, and always leaves through ``os._exit``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -234,6 +235,71 @@ class ParentProgress:
 _current: ProgressReporter | ParentProgress | None = None
 
 
+class Preemption:
+    """The notice that this task's node goes away (PROTOCOL.md 6.3), as a task process gets
+    it: SIGUSR1 from its listener, whose frame before it gives the deadline. The handler runs
+    in the task's main thread, between two bytecodes: it notes the notice and runs the
+    callbacks registered with ``on_preempt`` (an exception in one is logged, never raised
+    into the task)."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.noticed = False
+        self.callbacks: list[Callable[[], object]] = []
+        self.link: ParentLink | None = None
+
+    def install(self, link: ParentLink | None) -> None:
+        self.link = link
+        signal.signal(signal.SIGUSR1, self._notice)
+
+    def _notice(self, signum: int, frame: object) -> None:
+        if self.link is not None:
+            for message in self.link.pending():
+                if "preempt" in message:
+                    with contextlib.suppress(TypeError, ValueError):
+                        self.deadline = float(message["preempt"])
+        if self.noticed:
+            return
+        self.noticed = True
+        log.warning("this task's node goes away%s: it should save what it has and stop "
+                    "(raise blueque.Preempted)", "" if self.deadline is None else
+                    f" in {max(0.0, self.deadline - time.time()):.0f} s")
+        for callback in list(self.callbacks):
+            self.call(callback)
+
+    @staticmethod
+    def call(callback: Callable[[], object]) -> None:
+        try:
+            callback()
+        except Exception:
+            log.exception("an on_preempt callback raised; the task goes on")
+
+
+_preemption = Preemption()
+
+
+def preempted() -> bool:
+    """True once this task's node has announced that it goes away (``blueque preempt`` or
+    SIGUSR1 to the listener): save a checkpoint and stop by raising ``blueque.Preempted``;
+    the task then runs again elsewhere without spending an attempt."""
+    return _preemption.noticed
+
+
+def preempt_deadline() -> float | None:
+    """When the node goes away (Unix s) once preempted, if its listener said; None else.
+    After it, the task's process group is terminated."""
+    return _preemption.deadline
+
+
+def on_preempt(callback: Callable[[], object]) -> None:
+    """Call ``callback()`` (in the task's main thread) when the node announces that it goes
+    away; at once if it already has. Typically it saves a checkpoint and sets a flag the task
+    loop checks, or raises blueque.Preempted to stop the task where it is."""
+    _preemption.callbacks.append(callback)
+    if _preemption.noticed:
+        _preemption.call(callback)
+
+
 def report_progress(fraction: float, message: str = "") -> None:
     """Called from inside a task function: record how far the task has got (0.0 to 1.0).
 
@@ -321,6 +387,7 @@ def _run_orphan(store: RedisStore, task: Task, function: TaskFunction, policy: P
                 task_logs: TaskLogSettings | None) -> int:
     """Run a started task and record its outcome in Redis (no listener records it)."""
     global _current
+    _preemption.install(None)  # an adopter's notice comes without a deadline
     _current = ProgressReporter(Processor(task, store.bounded(0.0)))
     shipper = _ship_output(store, task, policy, task_logs)
     outcome = execute(function, task)
@@ -490,6 +557,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
         return _run_unannounced(store, assignment, function, task_logs)
     if "go" not in word:
         return EXIT_NOT_STARTED  # refused (cancelled meanwhile, a duplicate...): nothing ran
+    _preemption.install(link)
     task = Task(assignment.task_id, store, dict(word["go"]))
     policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
     set_title(f"blueque: {assignment.queue} {task.id} attempt {task.attempts}")

@@ -41,6 +41,7 @@ from blueque.errors import (
     TaskNotFound,
 )
 from blueque.logs import configure as configure_logs
+from blueque.node import hostname
 from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
@@ -112,9 +113,9 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
                  [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
     rows = [(item["listener"], item["queue"], item["info"].get("host", "-"),
              item["info"].get("pid", "-"), _lease_text(item["lease_remaining"]),
-             _age_text(item["renewed_age"])) for item in listeners]
-    text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "LEASE", "RENEWED"), rows)
-                      if rows else "no listeners")
+             _age_text(item["renewed_age"]), _state_text(item["info"])) for item in listeners]
+    text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "LEASE", "RENEWED", "STATE"),
+                            rows) if rows else "no listeners")
     emit(args, {"queues": stats, "listeners": listeners}, text)
     return EXIT_OK
 
@@ -139,6 +140,19 @@ def _listeners(client: Client, queues: Sequence[str]) -> list[dict[str, Any]]:
                 "info": info,
             })
     return found
+
+
+def _state_text(info: dict[str, str]) -> str:
+    """``preempting: node goes away in 1m20s (12:34:56)`` for a preempted listener."""
+    try:
+        deadline = float(info.get("preempting_until") or "")
+    except ValueError:
+        return "listening"
+    when = time.strftime("%H:%M:%S", time.localtime(deadline))
+    left = deadline - time.time()
+    if left <= 0:
+        return f"preempted: node gone since {when}"
+    return f"preempting: node goes away in {format_seconds(left)} ({when})"
 
 
 def _lease_text(remaining: float | None) -> str:
@@ -281,6 +295,27 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     text = {"cancelled": f"task {args.task_id} cancelled: it will not run",
             "requested": f"task {args.task_id} is running: its listener was told to stop it"}
     emit(args, {"task_id": args.task_id, "outcome": outcome}, text.get(outcome, outcome))
+    return EXIT_OK
+
+
+def cmd_preempt(client: Client, args: argparse.Namespace) -> int:
+    node = args.node or hostname()
+    if args.withdraw:
+        gone = client.withdraw_preemption(node)
+        emit(args, {"node": node, "withdrawn": gone},
+             f"preemption of node {node} withdrawn" if gone
+             else f"no preemption of node {node} was announced")
+        return EXIT_OK if gone else EXIT_NOT_FOUND
+    deadline = client.preempt_node(node, args.grace, args.reason or "")
+    listeners = sorted({item["listener"] for item in _listeners(client, client.queue_names())
+                        if item["info"].get("host") == node})
+    text = (f"node {node} goes away in {format_seconds(args.grace)} "
+            f"({time.strftime('%H:%M:%S', time.localtime(deadline))}): "
+            + (f"its {len(listeners)} listener(s) take no more tasks and tell their tasks: "
+               + ", ".join(listeners) if listeners else
+               "no listener of it is registered now; one that starts before then takes no "
+               "tasks"))
+    emit(args, {"node": node, "deadline": deadline, "listeners": listeners}, text)
     return EXIT_OK
 
 
@@ -556,6 +591,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("cancel", cmd_cancel, "cancel a task (a running one has its processes stopped)")
     sub.add_argument("task_id")
     sub.add_argument("--reason", default="by operator", help="recorded in the task's error")
+    sub = add("preempt", cmd_preempt,
+              "announce that a node goes away: its listeners stop taking tasks, and its tasks "
+              "save and stop to resume elsewhere (without spending an attempt)")
+    sub.add_argument("--node", metavar="NAME",
+                     help="the node's name, as its listeners' --node-name (default: this "
+                          "machine's fully qualified host name)")
+    sub.add_argument("--grace", type=duration, default=90.0, metavar="DURATION",
+                     help="notice before the node goes away: tasks still running then are "
+                          "terminated and put back (default 90s)")
+    sub.add_argument("--reason", help="recorded with the request (default: blueque preempt)")
+    sub.add_argument("--withdraw", action="store_true",
+                     help="withdraw the node's preemption (a false alarm)")
     sub = add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
     sub.add_argument("task_id", nargs="?")
     sub.add_argument("--failed", metavar="QUEUE", help="every failed task of QUEUE")

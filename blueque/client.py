@@ -26,6 +26,10 @@ def _decodes(client: Any) -> bool:
                 client.get_encoder().decode_responses)
 
 
+#: Seconds a preemption request outlives its deadline (blueque_preempt_[node name]).
+PREEMPTION_KEPT = 3600
+
+
 class Client:
     """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0) or
     ``Client(redis_client)`` (a ready redis-py client made with decode_responses=True).
@@ -118,6 +122,29 @@ class Client:
             raise TaskNotFound(task_id)
         verdict, _ = self.store.cancel(task.queue, task_id, now(), f"cancelled: {reason}")
         return verdict
+
+    def preempt_node(self, node_name: str, grace: float, reason: str = "") -> float:
+        """Announce that the node named ``node_name`` (its listeners' --node-name, by default
+        its fully qualified host name) goes away in ``grace`` seconds: its listeners take no
+        more tasks and tell their task processes, which may save a checkpoint and stop
+        (blueque.Preempted) to resume elsewhere without spending an attempt; at the deadline
+        the rest are terminated and their tasks put back (PROTOCOL.md 6.3). Returns the
+        deadline (Unix s). An earlier deadline replaces a later one at the listeners."""
+        if not grace >= 0:
+            raise ConfigurationError(f"the grace must be 0 seconds or more, not {grace!r}")
+        current = now()
+        deadline = current + grace
+        fields = {"deadline": repr(deadline), "grace": repr(grace),
+                  "requested_at": repr(current), "reason": reason or "blueque preempt"}
+        # kept past the deadline for a while: a listener starting then sees the request is over
+        self.store.request_preemption(node_name, fields, int(grace) + PREEMPTION_KEPT)
+        return deadline
+
+    def withdraw_preemption(self, node_name: str) -> bool:
+        """Forget a node's preemption request (a false alarm): listeners started from now on
+        take tasks again; those already preempting finish handing back their work and exit.
+        False if there was none."""
+        return self.store.withdraw_preemption(node_name)
 
     def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""

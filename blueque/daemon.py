@@ -136,6 +136,9 @@ def describe_exit(status: int, reason: str, time_limit: float) -> str:
         return "cancelled while it ran: its process group was terminated"
     if reason == "shutdown":
         return "terminated because its listener shut down (--on-stop=terminate)"
+    if reason == "preempted":
+        return ("preempted: its node goes away, and it still ran at the deadline; its process "
+                "group was terminated")
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
@@ -245,6 +248,14 @@ class ListenerDaemon:
         self._info: dict[str, str] = {}
         #: each queue's defaults (blueque_queue_config_[queue]), read again at every renewal
         self._queue_defaults: dict[str, dict[str, str]] = {}
+        #: preemption (PROTOCOL.md 6.3): SIGUSR1 gives this much notice
+        self.preempt_grace = 90.0
+        self.preempt_deadline: float | None = None  # Unix s: this node goes away then
+        self._preempt_at = 0.0  # the same deadline, on self.clock
+        self._preempt_signalled = False  # SIGUSR1 arrived
+        self._preempt_heard = True  # read blueque_preempt_[node name] at the next step
+        self._preempt_seen = ""  # requested_at of the request acted on (or found stale)
+        self._adopted_stops: dict[int, float] = {}  # adopted pid -> SIGTERM sent (clock)
         self.metrics: ListenerMetrics | None = None  # blueque listen --metrics-port
         #: where task output goes (blueque listen: on by default; PROTOCOL.md 5.19)
         self.task_logs: TaskLogSettings | None = None
@@ -264,6 +275,8 @@ class ListenerDaemon:
         self._previous_handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous_handlers[signum] = signal.signal(signum, self._request_stop)
+        self._previous_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1,
+                                                                self._request_preempt)
 
     def _restore_signals(self) -> None:
         while self._previous_handlers:
@@ -272,6 +285,9 @@ class ListenerDaemon:
         if self._previous_wakeup_fd is not None:
             signal.set_wakeup_fd(self._previous_wakeup_fd)
             self._previous_wakeup_fd = None
+
+    def _request_preempt(self, signum: int, frame: object) -> None:
+        self._preempt_signalled = True  # acted on in run_once (the wakeup fd wakes it)
 
     def _request_stop(self, signum: int, frame: object) -> None:
         if not self.stopping:
@@ -372,6 +388,10 @@ class ListenerDaemon:
                 self.run_once()
                 if self.stopping and self._may_exit():
                     break
+                if self._preempted_and_done():
+                    log.warning("listener %s: preempted, and every task it ran is handed back; "
+                                "exiting", self.id)
+                    break
         finally:
             self._finish()
         return 0
@@ -422,6 +442,7 @@ class ListenerDaemon:
                 self._heal()
             current = self.clock()
             self._renew_when_due(current)
+            self._check_preemption()
             self._begin_waiting()
             self._record_reports()  # first: each of those children waits for the word
             self._record_unrecorded()
@@ -438,7 +459,7 @@ class ListenerDaemon:
                 self._next_due = current + self.poll
             self._handle_cancels()
             self._enforce_limits()
-            if not self.stopping:
+            if not self.stopping and self.preempt_deadline is None:
                 self._fill_slots()
             self._write_progress()
             if self._redis_down_since is not None:
@@ -460,6 +481,7 @@ class ListenerDaemon:
         """Every half interval, and first thing after an outage (so that no sweeper takes
         our lease for lapsed while Redis was away: PROTOCOL.md 6, "Outages")."""
         if current >= self._next_renew or self._redis_down_since is not None:
+            self._preempt_heard = True  # a request whose message we missed: read it now
             self._renew()
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back
@@ -808,6 +830,73 @@ class ListenerDaemon:
             return data.get("attempts") == str(running.attempt)
         return data.get("pid") == str(running.pid) and data.get("node") == self.id
 
+    # --- preemption (PROTOCOL.md 6.3) ------------------------------------------------------
+    def _check_preemption(self) -> None:
+        """SIGUSR1 (our own grace), or a request for this node in Redis (read when its
+        message came, and at every renewal in case it was missed)."""
+        if self._preempt_signalled:
+            self._preempt_signalled = False
+            self.preempt(now() + self.preempt_grace, "SIGUSR1")
+        if not self._preempt_heard:
+            return
+        self._preempt_heard = False
+        request = self.store.preemption(self.node_name)
+        requested = request.get("requested_at", "")
+        if not request or requested == self._preempt_seen:
+            return
+        self._preempt_seen = requested
+        deadline = _float(request.get("deadline"))
+        if deadline is None:
+            log.error("listener %s: unreadable preemption request %r ignored", self.id, request)
+        elif deadline <= now() and self.preempt_deadline is None:
+            log.info("listener %s: a preemption of node %s that ended %s ago is ignored "
+                     "(the node is still here)", self.id, self.node_name,
+                     format_seconds(now() - deadline))
+        else:
+            self.preempt(deadline, request.get("reason") or "blueque preempt")
+
+    def preempt(self, deadline: float, why: str) -> None:
+        """This node goes away at ``deadline`` (Unix s): take no more tasks, tell every task
+        process (a frame with the deadline, then SIGUSR1) so that it saves and stops; its
+        groups are terminated at the deadline. An earlier deadline replaces a later one."""
+        if self.preempt_deadline is not None and deadline >= self.preempt_deadline:
+            return
+        self.preempt_deadline = deadline
+        self._preempt_at = self.clock() + max(0.0, deadline - now())
+        self._info["preempting_until"] = repr(deadline)
+        self._next_renew = 0.0  # blueque status shows it from our next step on
+        runs = [r for r in self.children.values() if r.state == "running"]
+        log.warning("listener %s: node %s goes away in %s (%s): taking no more tasks; telling "
+                    "%d task(s)", self.id, self.node_name,
+                    format_seconds(max(0.0, deadline - now())), why,
+                    len(runs) + len(self.adopted), extra={"event": "preempted",
+                                                          "deadline": deadline})
+        for running in runs:
+            self._tell(running, {"preempt": deadline})
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(running.pid, signal.SIGUSR1)
+        for pid, _ in self.adopted.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)
+
+    def _stop_preempted(self, current: float) -> None:
+        """The deadline has come: SIGTERM the groups still running (then SIGKILL after their
+        kill_grace, as for any stop); their tasks go back to pending (endings.decide)."""
+        for running in list(self.children.values()):
+            if running.report is None:
+                self._stop_child(running, "preempted")
+        for pid, _ in list(self.adopted.values()):
+            first = self._adopted_stops.setdefault(pid, current)
+            signum = (signal.SIGKILL if current - first > Policy().kill_grace
+                      else signal.SIGTERM)
+            if first == current or signum == signal.SIGKILL:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signum)
+
+    def _preempted_and_done(self) -> bool:
+        return (self.preempt_deadline is not None and not self.children
+                and not self.unrecorded and self._free_slots() == self.concurrency)
+
     def _signal_group(self, running: Running, signum: int, pid: int | None = None) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid or running.pid, signum)
@@ -824,8 +913,11 @@ class ListenerDaemon:
         self._enforce_limits_offline()
 
     def _enforce_limits_offline(self) -> None:
-        """Time limits and kill escalation need no Redis: they keep working while it is down."""
+        """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
+        working while it is down."""
         current = self.clock()
+        if self.preempt_deadline is not None and current >= self._preempt_at:
+            self._stop_preempted(current)
         for running in list(self.children.values()):
             if running.time_limit and current - running.started > running.time_limit:
                 self._stop_child(running, "time limit")
@@ -909,6 +1001,7 @@ class ListenerDaemon:
     # --- waiting ----------------------------------------------------------------------------
     def _start_subscriber(self) -> None:
         channels = [self.store.keys.channel(q) for q in self.weights]
+        channels.append(self.store.keys.preemption_channel(self.node_name))
         control = self.store.keys.control(self.id)
         thread = threading.Thread(
             target=self._subscribe, args=(channels, control), name="blueque-subscriber",
@@ -935,6 +1028,8 @@ class ListenerDaemon:
                             continue
                         if message["channel"] == control:
                             self._cancels.append(message["data"])
+                        elif message["channel"] == channels[-1]:
+                            self._preempt_heard = True  # this node's preemption
                         self._wake()
                     elif pinged and current - pinged > self.interval:
                         raise ConnectionError(f"no reply to PING within {self.interval:g} s")
@@ -967,6 +1062,8 @@ class ListenerDaemon:
                       if r.term_sent and not r.kill_sent]
         if self._redis_down_since is None:  # overdue while Redis is away: the backoff rules
             deadlines += [self._next_renew, self._next_sweep, self._next_due]
+        if self.preempt_deadline is not None and self._preempt_at > self.clock():
+            deadlines.append(self._preempt_at)
         deadlines += [r.progress_due for r in self.children.values() if r.progress is not None]
         channels = {r.channel.fileno(): r.channel for r in self.children.values()
                     if r.channel is not None and not r.channel.closed}
@@ -1039,6 +1136,10 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                                                  "expire unfinished streams after it (7d)")
     parser.add_argument("--no-task-logs", action="store_true",
                         help="do not capture task output: it goes to the listener's stderr")
+    parser.add_argument("--preempt-grace", type=_duration_type, default=90.0,
+                        metavar="DURATION",
+                        help="on SIGUSR1 (this node goes away), how long its tasks have to "
+                             "save and stop before they are terminated and put back (90s)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
@@ -1100,6 +1201,7 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
         node_name=args.node_name,
     )
     daemon.task_logs = task_log_settings(args)
+    daemon.preempt_grace = args.preempt_grace
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
         daemon.load_function()

@@ -210,7 +210,9 @@ KEY_BUILDERS = (
     "task_log",
     "outcome_counts",
     "checkpoint",
+    "preemption",
     "channel",
     "done_channel",
     "control",
+    "preemption_channel",
 )

@@ -131,6 +131,8 @@ class ParentLink:
         self._patience = patience
         sock.settimeout(patience)
         self._lock = threading.Lock()  # one writer at a time: the progress thread and main
+        self._reader = FrameReader()
+        self._ready: list[dict[str, Any]] = []  # frames read, not yet taken
         self.gone = False
 
     def send(self, message: dict[str, Any]) -> bool:
@@ -157,32 +159,41 @@ class ParentLink:
             self._sock.settimeout(self._patience)
 
     def _receive(self) -> dict[str, Any] | None:
-        header = self._read(HEADER.size)
-        if header is None:
-            return None
-        (size,) = HEADER.unpack(header)
-        body = self._read(size)
-        if body is None:
-            return None
-        try:
-            message = json.loads(body)
-        except ValueError:
-            self.gone = True
-            return None
-        return message if isinstance(message, dict) else None
-
-    def _read(self, size: int) -> bytes | None:
-        chunks = bytearray()
-        while len(chunks) < size:
+        while True:
+            if self._ready:
+                return self._ready.pop(0)
             try:
-                data = self._sock.recv(min(READ_SIZE, size - len(chunks)))
-            except OSError:
+                data = self._sock.recv(READ_SIZE)
+            except OSError:  # a timeout too: the listener is frozen, or gone
                 data = b""
             if not data:
                 self.gone = True
                 return None
-            chunks += data
-        return bytes(chunks)
+            try:
+                self._ready += self._reader.feed(data)
+            except ValueError:
+                self.gone = True
+                return None
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Frames that have arrived, read without waiting (a notice sent with a signal);
+        a frame that has only partly arrived stays for the next read."""
+        if self.gone:
+            return []
+        self._sock.setblocking(False)
+        try:
+            while True:
+                data = self._sock.recv(READ_SIZE)
+                if not data:
+                    self.gone = True
+                    break
+                self._ready += self._reader.feed(data)
+        except (BlockingIOError, ValueError, OSError):
+            pass
+        finally:
+            self._sock.settimeout(self._patience)
+        frames, self._ready = self._ready, []
+        return frames
 
     def close(self) -> None:
         self.gone = True

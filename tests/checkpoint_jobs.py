@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from blueque.errors import StaleAttempt
+from blueque.child import on_preempt, preempt_deadline, preempted
+from blueque.errors import Preempted, StaleAttempt
 from blueque.task import Task
 
 
@@ -82,3 +83,40 @@ def save_when_told(task: Task) -> str:
     while not os.path.exists(params["release"]):
         time.sleep(0.01)
     return "done"
+
+
+def count_until_preempted(task: Task) -> str:
+    """As ``count``, but when its node announces it goes away (blueque.child.on_preempt) it
+    saves a checkpoint at the next step boundary and stops with blueque.Preempted; it marks
+    ``preempted [attempt] [steps done] [seconds before the deadline]``."""
+    params = _params(task)
+    n, k, pause = int(params["n"]), int(params["k"]), float(params["step"])
+    saved = task.checkpoint
+    done = json.loads(saved)["done"] if saved else 0
+    _mark(params, "begin", task.attempts, done, repr(time.time()))
+    told: list[float] = []
+    on_preempt(lambda: told.append(time.time()))
+    while done < n:
+        if preempted():
+            task.save_checkpoint(json.dumps({"done": done}))
+            deadline = preempt_deadline()
+            _mark(params, "preempted", task.attempts, done,
+                  "-" if deadline is None else round(deadline - time.time(), 1))
+            raise Preempted(f"stopped at step {done} of {n}: the node goes away")
+        time.sleep(pause)  # the work of one step
+        _mark(params, "step", task.attempts, done, repr(time.time()))
+        done += 1
+        if done % k == 0 and done < n:
+            task.save_checkpoint(json.dumps({"done": done}))
+    return json.dumps({"steps": n, "resumed_from": json.loads(saved)["done"] if saved else 0,
+                       "attempt": task.attempts, "told": len(told)})
+
+
+def ignores_preemption(task: Task) -> str:
+    """Marks ``running [attempt] [pid]`` and sleeps until ``release`` exists, whatever its
+    node says: it is terminated at the deadline, and its task put back."""
+    params = _params(task)
+    _mark(params, "running", task.attempts, os.getpid())
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    return f"done by attempt {task.attempts}"

@@ -220,7 +220,8 @@ def test_cancel_in_each_state(client, start, tmp_path, redis_client):  # type: i
     assert client.cancel_task(scheduled) == "cancelled"
     start("work", "tests.jobs:sleep")
     running = queue.enqueue(json.dumps({"marker": str(marker), "seconds": 600}))
-    wait_until(lambda: client.get_task(running).status == "started", what="running")
+    # started is recorded before the function runs: wait for the function itself
+    wait_until(lambda: lines(marker), what="running")
     pid = client.get_task(running).pid
     assert client.cancel_task(running) == "requested"
     task = client.get_task(running).wait(20)

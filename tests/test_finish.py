@@ -404,3 +404,29 @@ def test_purge_gets_past_corrupt_and_stale_entries(any_client: blueque.Client) -
     assert r.hget(K.task(moved_on.id), "status") == "complete"  # not deleted: not failed
     assert r.lrange(K.complete("q"), 0, -1) == [moved_on.id]
     assert r.exists(K.task(corrupt.id)) == 0 and r.exists(K.task(newest.id)) == 0
+
+
+def test_a_preempted_run_puts_its_task_back_first_in_line_without_spending_an_attempt(
+        any_client: blueque.Client) -> None:
+    r = any_client.redis
+    any_client.get_queue("q").enqueue("later")  # waiting behind it
+    task, listener = reserved_task(any_client, "long job")
+    processor = any_client.get_processor(task)
+    processor.start(4242)
+    task.save_checkpoint('{"done": 12}')
+    processor.preempt("the node goes away")
+    data = r.hgetall(K.task(task.id))
+    assert data["status"] == "pending" and data["preemptions"] == "1"
+    assert data["preempted_reason"] == "the node goes away" and "pid" not in data
+    assert r.lrange(K.pending("q"), -1, -1) == [task.id]  # the next one taken
+    assert r.lrange(K.reserved("q", listener.id), 0, -1) == []
+    assert r.smembers(K.started("q")) == set()
+    assert r.hget(K.outcome_counts("q"), "preempted") == "1"
+    assert any_client.get_task(task.id).checkpoint == '{"done": 12}'  # kept for the re-run
+    processor.preempt("the node goes away")  # repeated after a lost reply: nothing changes
+    assert r.hget(K.task(task.id), "preemptions") == "1"
+    assert r.hget(K.outcome_counts("q"), "preempted") == "1"
+    again = listener.reserve()
+    assert again is not None and again.id == task.id and again.attempts == 2
+    with pytest.raises(StaleAttempt):
+        processor.preempt("a superseded run cannot put it back")
