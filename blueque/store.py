@@ -317,11 +317,12 @@ class RedisStore:
         reply is harmless); returns the script's reply. ``EVALSHA`` directly, not redis-py's
         pipeline scripts, which cost a ``SCRIPT EXISTS`` round trip per pipeline: a server
         that lost its script cache (a restart) answers NOSCRIPT once, and the pipeline is
-        sent again after loading it. With WAIT durability the script runs durably alone."""
-        if durable and self.durability is not None:
+        sent again after loading it. With WAIT durability the script runs durably alone, and
+        on a Redis Cluster (whose pipelines refuse scripts) each command goes on its own."""
+        if (durable and self.durability is not None) or hasattr(self.redis, "get_nodes"):
             for add in before:
                 add(self.redis)
-            reply = self._run(name, keys, args, durable=True)
+            reply = self._run(name, keys, args, durable=durable)
             for add in after:
                 add(self.redis)
             return reply
