@@ -107,6 +107,14 @@ class Client:
         verdict, _ = self.store.cancel(task.queue, task_id, now(), f"cancelled: {reason}")
         return verdict
 
+    def retry_task(self, task_id: str) -> None:
+        """Put a failed task back in its queue's pending list, its attempts kept
+        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        task = self.get_task(task_id)
+        if task.queue is None:
+            raise TaskNotFound(task_id)
+        self.store.retry_failed(task.queue, task_id, now())
+
     def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""
         return [name for name, _ in self.store.known_queues()]

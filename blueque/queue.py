@@ -67,6 +67,24 @@ def bulk_ids(keys: k.Keys, queue: str, count: int, task_ids: Sequence[str] | Non
     return ids
 
 
+def submission(keys: k.Keys, queue: str, parameters: object, task_id: str | None,
+               options: dict[str, object]) -> tuple[str, str, dict[str, str]]:
+    """What enqueue and schedule pass to protocol.submit, checked: (id, parameters as
+    text, option fields). ConfigurationError or WrongType say what is wrong."""
+    check_queue_name(queue)
+    return task_id_for(keys, queue, task_id), _text(parameters, "parameters"), \
+        encode_options(options)
+
+
+def bulk_submission(keys: k.Keys, queue: str, parameters: Sequence[object],
+                    task_ids: Sequence[str] | None) -> list[tuple[str, str]]:
+    """What enqueue_many passes to protocol.submit_many, checked: (id, parameters as text)
+    per task."""
+    check_queue_name(queue)
+    texts = [_text(p, "parameters") for p in parameters]
+    return list(zip(bulk_ids(keys, queue, len(texts), task_ids), texts, strict=True))
+
+
 def check_deletable(queue: str, task_id: str, task_queue: str | None, status: str | None
                     ) -> str:
     """The status of a task delete_task may delete (complete or failed, in this queue)."""
@@ -141,9 +159,6 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self._name}>"
 
-    def _task_id(self, task_id: str | None) -> str:
-        return task_id_for(self._store.keys, self._name, task_id)
-
     def enqueue(self, parameters: object, task_id: str | None = None, **options: object
                 ) -> TaskId:
         """Create a pending task and return its id (a ``TaskId``: a str whose ``created`` is
@@ -151,12 +166,9 @@ class Queue:
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
         time_limit, kill_grace, result_ttl."""
-        check_queue_name(self._name)
-        task_id = self._task_id(task_id)
-        created = self._store.submit(
-            self._name, task_id, _text(parameters, "parameters"), now(),
-            fields=encode_options(options),
-        )
+        task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
+                                           options)
+        created = self._store.submit(self._name, task_id, text, now(), fields=fields)
         return TaskId(task_id, created)
 
     def enqueue_many(
@@ -164,11 +176,9 @@ class Queue:
     ) -> BulkEnqueue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing."""
-        check_queue_name(self._name)
-        texts = [_text(p, "parameters") for p in parameters]
-        ids = bulk_ids(self._store.keys, self._name, len(texts), task_ids)
-        flags = self._store.submit_many(self._name, list(zip(ids, texts, strict=True)), now())
-        return BulkEnqueue(ids, flags)
+        tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        flags = self._store.submit_many(self._name, tasks, now())
+        return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
         self, parameters: object, eta: float, task_id: str | None = None, **options: object
@@ -178,12 +188,10 @@ class Queue:
         current = now()
         if eta < current:
             return self.enqueue(parameters, task_id, **options)
-        check_queue_name(self._name)
-        task_id = self._task_id(task_id)
-        created = self._store.submit(
-            self._name, task_id, _text(parameters, "parameters"), current, eta=float(eta),
-            fields=encode_options(options),
-        )
+        task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
+                                           options)
+        created = self._store.submit(self._name, task_id, text, current, eta=float(eta),
+                                     fields=fields)
         return TaskId(task_id, created)
 
     def enqueue_due_tasks(self) -> list[str]:
