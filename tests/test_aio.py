@@ -20,6 +20,7 @@ import redis
 
 import blueque
 import blueque.aio
+from blueque import protocol
 from blueque.errors import InvalidTaskState, RedisUnavailable, TaskNotFound
 from blueque.keys import Keys
 from blueque.testing import RedisServer
@@ -175,24 +176,23 @@ async def test_cancelling_a_wait_closes_its_subscription(
 
 async def test_cancelled_enqueues_leak_no_connection_and_write_whole_tasks_or_none(
         aio: blueque.aio.Client, redis_client: redis.Redis) -> None:
-    """Forty enqueues caught in flight (CLIENT PAUSE holds their scripts), half of them
-    cancelled: every task exists whole or not at all, and the pool gets every connection
-    back."""
+    """Forty enqueues caught in flight (CLIENT PAUSE holds their scripts, pipelined on one
+    connection), half of them cancelled: the others still get their answers, every task
+    exists whole or not at all, and the pool gets its connection back."""
     queue = aio.get_queue("q")
     await queue.enqueue("warm-up")  # scripts loaded, one connection in the pool
     ids = [f"t{i}" for i in range(40)]
-    redis_client.client_pause(20_000, all=False)
+    redis_client.client_pause(3_000, all=False)  # writes wait; well within socket timeouts
     try:
         calls = [asyncio.create_task(queue.enqueue(json.dumps({"n": i}), task_id=task_id))
                  for i, task_id in enumerate(ids)]
-        await until(lambda: redis_client.info("clients")["blocked_clients"] >= 40,
-                    what="40 scripts held by the pause")
-        assert in_use(aio) == 40
+        await until(lambda: redis_client.info("clients")["blocked_clients"] >= 1,
+                    what="the enqueues held by the pause")
+        assert in_use(aio) == 1  # one pipeline carries them all
         for call in calls[::2]:
             call.cancel()
         results = await asyncio.gather(*calls[::2], return_exceptions=True)
         assert all(isinstance(r, asyncio.CancelledError) for r in results)
-        assert in_use(aio) == 20  # the cancelled calls gave theirs back at once
     finally:
         redis_client.client_unpause()
     assert all(created.created for created in await asyncio.gather(*calls[1::2]))
@@ -206,8 +206,29 @@ async def test_cancelled_enqueues_leak_no_connection_and_write_whole_tasks_or_no
         else:  # or nothing at all
             assert task_id not in pending
     assert {t for t in ids if redis_client.exists(K.task(t))} >= set(ids[1::2])
-    # the task made before still works through the same client
     assert (await queue.stats()).pending == len(pending)
+
+
+async def test_cancelled_reads_on_their_own_connections_give_them_back(
+        aio: blueque.aio.Client, redis_client: redis.Redis) -> None:
+    """A pipeline step (here task_data_many) has a connection of its own while it waits:
+    cancelled mid-reply, redis-py drops that connection and the pool has it back."""
+    ids = (await aio.get_queue("q").enqueue_many(["a", "b"])).task_ids
+    redis_client.client_pause(3_000, all=True)  # reads wait too
+    try:
+        reads = [asyncio.create_task(aio.store.perform(protocol.task_data_many, ids))
+                 for _ in range(10)]
+        # (INFO would wait for the pause too: the pool says when all ten are in flight)
+        await until(lambda: in_use(aio) == 10, what="ten reads held by the pause")
+        for read in reads:
+            read.cancel()
+        results = await asyncio.gather(*reads, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        assert in_use(aio) == 0
+    finally:
+        redis_client.client_unpause()
+    datas = await aio.store.perform(protocol.task_data_many, ids)  # the pool still works
+    assert [d["parameters"] for d in datas] == ["a", "b"]
 
 
 async def test_closing_the_client_closes_its_connections(redis_url: str,

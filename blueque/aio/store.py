@@ -4,10 +4,17 @@ The twin of blueque.store.RedisStore for the client-side operations: the same op
 descriptions (keys, scripts, arguments, reply decoding), the same retry policy (awaited) and
 the same translation of redis-py errors into the BluequeError tree.
 
+Pipelining: script calls and single commands that coroutines make while a round trip is in
+flight are sent together, in one pipeline on one connection (``Pipeliner``): a hundred
+concurrent enqueues cost a few round trips, not a hundred connections.
+
 Cancellation: each step is one command, one pipeline or one script call, and Redis runs a
-script whole or not at all; a coroutine cancelled while it awaits a reply leaves the
-connection to redis-py, which disconnects it (a reply may be pending on it) and gives it back
-to the pool. So a cancelled call leaks no connection and leaves no task half-written.
+script whole or not at all. A coroutine cancelled while it awaits a pipelined step stops
+waiting; the pipeline, sent by a task of its own, still reads every reply, so its connection
+stays clean. A coroutine cancelled while it awaits a reply on a connection of its own (a
+pipeline step, a subscription) leaves that connection to redis-py, which disconnects it (a
+reply may be pending on it) and gives it back to the pool. So a cancelled call leaks no
+connection and leaves no task half-written.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
+import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
@@ -46,6 +54,9 @@ class AsyncRedisStore:
         self._scripts: dict[str, Any] = {}
         self._server_checked = False
         self.health = Health()
+        # a cluster routes each command to its slot's node; WAIT must follow its own script
+        plain = not isinstance(client, redis.asyncio.cluster.RedisCluster)
+        self._pipeliner = Pipeliner(client) if plain and durability is None else None
 
     def bounded(self, seconds: float) -> AsyncRedisStore:
         """This store (same connections, scripts and Health) retrying each operation for at
@@ -109,8 +120,16 @@ class AsyncRedisStore:
             script = self._script(step.name)
             if step.durable and self.durability is not None:
                 return await self.durability.arun(self.redis, script, step.keys, step.args)
+            if self._pipeliner is not None:
+                try:
+                    return await self._pipeliner.call(protocol.command(
+                        "evalsha", script.sha, len(step.keys), *step.keys, *step.args))
+                except redis.exceptions.NoScriptError:
+                    pass  # a restarted or flushed server: the script call loads it again
             return await script(keys=list(step.keys), args=list(step.args))
         if isinstance(step, protocol.Command):
+            if self._pipeliner is not None:
+                return await self._pipeliner.call(step)
             return await getattr(self.redis, step.name)(*step.args, **step.kwargs)
         pipe = self.redis.pipeline(transaction=step.transaction)
         for item in step.commands:
@@ -137,6 +156,51 @@ class AsyncRedisStore:
                 self._server_checked = True
         except _REDIS_ERRORS as error:
             raise translate(error, self.where) from error
+
+
+class Pipeliner:
+    """Sends the commands coroutines ask for while a round trip is in flight together, in
+    one pipeline (not a transaction: each command, a script call included, is atomic on
+    its own), and hands each caller its own reply or error. At most one pipeline is in
+    flight per client; a caller that is cancelled stops waiting, and its command is sent
+    anyway if its pipeline had already left (as a reply lost to a crash)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._waiting: list[tuple[protocol.Command, asyncio.Future[Any]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def call(self, command: protocol.Command) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((command, future))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send())
+        return await future
+
+    async def _send(self) -> None:
+        while self._waiting:
+            batch = [(c, f) for c, f in self._waiting if not f.done()]  # drop the cancelled
+            self._waiting = []
+            if not batch:
+                continue
+            pipe = self._client.pipeline(transaction=False)
+            for command, _ in batch:
+                getattr(pipe, command.name)(*command.args, **command.kwargs)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except Exception as error:  # the connection failed: every caller hears it
+                replies = [error] * len(batch)
+            except BaseException:  # this task cancelled (the loop closing): so are they
+                for _, future in batch + self._waiting:
+                    future.cancel()
+                raise
+            for (_, future), reply in zip(batch, replies, strict=True):
+                if future.done():
+                    continue
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
 
 
 class AsyncSubscription:
