@@ -151,6 +151,21 @@ async def test_updates_stream_progress_until_the_task_ends(
     assert task.result == "all done"
 
 
+async def test_a_refusal_in_a_shared_pipeline_reaches_only_its_caller(
+        aio: blueque.aio.Client, redis_client: redis.Redis) -> None:
+    """Concurrent calls share one pipeline; one refused (the id lives in another queue)
+    raises for its caller only, the others are created."""
+    await aio.get_queue("other").enqueue("first", task_id="taken")
+    queue = aio.get_queue("q")
+    calls = [queue.enqueue(str(i), task_id=f"t{i}") for i in range(10)]
+    calls.insert(5, queue.enqueue("again", task_id="taken"))
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(results[5], InvalidTaskState) and "other" in str(results[5])
+    assert [r for i, r in enumerate(results) if i != 5] == [f"t{i}" for i in range(10)]
+    assert redis_client.llen(K.pending("q")) == 10
+    assert redis_client.hget(K.task("taken"), "queue") == "other"
+
+
 # --- cancellation safety ---------------------------------------------------------------------
 async def test_cancelling_a_wait_closes_its_subscription(
         aio: blueque.aio.Client, redis_client: redis.Redis) -> None:
