@@ -18,7 +18,8 @@ from blueque.store import RedisStore, now, translate
 from blueque.task import Task
 
 
-def _decodes(client: Any) -> bool:
+def decodes_text(client: Any) -> bool:
+    """Whether a redis-py client (sync or asyncio) was made with decode_responses=True."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         return bool(pool.connection_kwargs.get("decode_responses"))
@@ -53,7 +54,7 @@ class Client:
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
                 raise translate(error, self.settings.url.rpartition("@")[2]) from error
         else:
-            if not _decodes(url):
+            if not decodes_text(url):
                 raise ConfigurationError(
                     "pass a redis client made with decode_responses=True: Blueque's fields "
                     "are text"

@@ -19,7 +19,7 @@ import redis.asyncio.cluster
 
 from blueque import protocol
 from blueque.aio.store import AsyncRedisStore
-from blueque.client import _decodes
+from blueque.client import decodes_text
 from blueque.config import Settings
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.keys import Keys
@@ -67,7 +67,7 @@ class Client:
             cluster = cluster or self.settings.cluster
             retry_policy = retry_policy or self.settings.retry_policy()
             durability = durability or self.settings.durability()
-        elif not _decodes(url):
+        elif not decodes_text(url):
             raise ConfigurationError(
                 "pass a redis.asyncio client made with decode_responses=True: Blueque's "
                 "fields are text"
