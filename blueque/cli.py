@@ -523,6 +523,10 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("--checkpoint-max-bytes", dest="checkpoint_max_bytes", default=default,
                         type=int if default is None else _attempts_value, metavar="BYTES",
                         help="largest checkpoint a run may save (default 1048576: 1 MiB)")
+    parser.add_argument("--max-preemptions", dest="max_preemptions", default=default,
+                        type=int if default is None else _attempts_value, metavar="N",
+                        help="runs a preemption may stop without spending an attempt before "
+                             "the task fails (default 10)")
 
 
 Command = Callable[[Client, argparse.Namespace], int]
