@@ -34,7 +34,16 @@ from blueque.child import (
     run_child,
 )
 from blueque.client import Client
-from blueque.display import format_seconds, last_line, parse_duration, positive_seconds, shorten
+from blueque.display import (
+    format_seconds,
+    last_line,
+    log_level,
+    parse_duration,
+    port_number,
+    positive_int,
+    positive_seconds,
+    shorten,
+)
 from blueque.errors import (
     BluequeError,
     CallbackError,
@@ -169,11 +178,11 @@ class ListenerDaemon:
         node_name: str | None = None,
     ) -> None:
         if not queues:
-            raise BluequeError("a listener needs at least one queue")
+            raise ConfigurationError("a listener needs at least one queue")
         if concurrency < 1:
-            raise BluequeError(f"concurrency must be at least 1, not {concurrency}")
+            raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
         if on_stop not in ON_STOP:
-            raise BluequeError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
+            raise ConfigurationError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
         if not interval > 0 or not poll > 0:
             raise ConfigurationError(
                 f"interval and poll must be more than 0 seconds, not {interval!r} and {poll!r}"
@@ -770,11 +779,12 @@ def parse_queues(text: str) -> dict[str, int]:
         try:
             weights[name] = int(weight) if weight else 1
         except ValueError as error:
-            raise BluequeError(f"bad queue weight in {item!r}: use QUEUE[:WEIGHT]") from error
+            raise ConfigurationError(f"bad queue weight in {item!r}: use QUEUE[:WEIGHT]"
+                                     ) from error
         if weights[name] < 1:
-            raise BluequeError(f"queue weight must be at least 1 in {item!r}")
+            raise ConfigurationError(f"queue weight must be at least 1 in {item!r}")
     if not weights:
-        raise BluequeError("no queue given: use QUEUE[:WEIGHT][,QUEUE[:WEIGHT]...]")
+        raise ConfigurationError("no queue given: use QUEUE[:WEIGHT][,QUEUE[:WEIGHT]...]")
     return weights
 
 
@@ -784,7 +794,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("function", metavar="package.module:function",
                         help="called with the Task in a forked child; its return value is the "
                              "result (a string, or JSON for other values)")
-    parser.add_argument("--concurrency", type=int, default=1,
+    parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="tasks run at once (one child each); no task is reserved "
                              "without a free slot (default 1)")
     parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
@@ -811,8 +821,8 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not capture task output: it goes to the listener's stderr")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+    parser.add_argument("--log-level", type=log_level, default="INFO")
+    parser.add_argument("--metrics-port", type=port_number, metavar="PORT",
                         help="serve this listener's Prometheus metrics on http://HOST:PORT/"
                              "metrics (0: any free port, logged)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
@@ -888,8 +898,8 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
             server = serve_listener_metrics(daemon.metrics, args.metrics_port,
                                             args.metrics_host)
         except OSError as error:
-            raise BluequeError(f"cannot serve metrics on {args.metrics_host}:"
-                               f"{args.metrics_port}: {error}") from error
+            raise ConfigurationError(f"cannot serve metrics on {args.metrics_host}:"
+                                     f"{args.metrics_port}: {error}") from error
     try:
         return daemon.run()
     finally:
