@@ -369,7 +369,11 @@ class ListenerDaemon:
                 if not running.term_sent:
                     running.term_sent = self.clock()
                     self._signal_group(running, signal.SIGTERM)
-        return not self.children and not self.unrecorded
+            self.recovery.stop_adopted(self.adopted)
+        # adopted runs occupy our slots too: leaving them would end the renewal of their
+        # lease, and another node would run their tasks again beside them; a sweep empties
+        # self.adopted once their processes are gone and records them
+        return not self.children and not self.unrecorded and not self.adopted
 
     def _finish(self) -> None:
         self._subscriber = None

@@ -201,6 +201,8 @@ class Recovery:
             reason = "cancelled"
         elif policy.time_limit and started_at and current - started_at > policy.time_limit:
             reason = "time limit"
+        elif task_id in self._stopping:
+            reason = self._stopping[task_id][1]  # "shutdown": stop_adopted began it
         else:
             return
         first, _ = self._stopping.setdefault(task_id, (time.monotonic(), reason))
@@ -210,8 +212,22 @@ class Recovery:
                     signal.Signals(signum).name, pid)
         self._kill(pid, signum)
 
+    def stop_adopted(self, runs: dict[str, tuple[int, float | None]]) -> None:
+        """A listener stopping with --on-stop=terminate stops the runs it adopted as it stops
+        its own children: SIGTERM to their groups now, SIGKILL once kill_grace has passed
+        (later sweeps), and a sweep records each once its process is gone."""
+        for task_id, (pid, created) in runs.items():
+            if task_id not in self._stopping and self._alive(pid, created):
+                self._stopping[task_id] = (time.monotonic(), "shutdown")
+                log.warning("task %s: adopted run (pid %d) stopped with its adopter, sending "
+                            "SIGTERM to its group", task_id, pid)
+                self._kill(pid, signal.SIGTERM)
+
     @staticmethod
     def _why(why: str, stopped: str, data: dict[str, str], config: dict[str, str]) -> str:
+        if stopped == "shutdown":
+            return ("terminated because the listener that adopted it shut down "
+                    f"(--on-stop=terminate; {why})")
         if stopped != "time limit":
             return why
         limit = Policy.resolve(data, config).time_limit

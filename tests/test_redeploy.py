@@ -5,6 +5,7 @@ stopped by the next listener or scheduler on their node. Real daemons, real task
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 from collections import Counter
@@ -211,3 +212,59 @@ def test_a_listener_taking_a_dead_listeners_id_stops_its_fenced_run(  # type: ig
     assert [line.split()[:3] for line in lines(marker) if line.startswith("end")] == [
         ["end", task_id, "2"]]
     assert second.alive()
+
+
+def adopt_one(client: blueque.Client, redis_url: str, spawn, tmp_path: Path,  # type: ignore[no-untyped-def]
+              on_stop: str) -> tuple[str, int, Daemon, Path]:
+    """A task started by a listener stopped with --on-stop=keep, adopted by a successor
+    started with ``on_stop``: (task id, its pid, the successor, the release file)."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(json.dumps(
+        {"marker": str(marker), "release": str(release)}), max_attempts=2, retry_backoff=0.01)
+    first = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST))
+    wait_until(lambda: starts(marker)[task_id] == 1, what="the task running")
+    dead, pid = client.get_task(task_id).node, client.get_task(task_id).pid
+    assert dead is not None and pid is not None
+    assert first.stop() == 0  # keep: the task runs on
+    successor = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                                     "--on-stop", on_stop))
+    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
+        f"_{successor.pid}"), what="the successor adopting the run")
+    return task_id, pid, successor, release
+
+
+def test_drain_waits_for_the_runs_it_adopted(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """--on-stop=drain waits for every run on its slots, adopted ones too: leaving them
+    would stop renewing their lease, and another node would run them again beside the
+    live run (a node being decommissioned with `systemctl stop`)."""
+    task_id, pid, draining, release = adopt_one(client, redis_url, spawn, tmp_path, "drain")
+    draining_id = next(i for i in client.store.listener_ids("work")
+                       if i.endswith(f"_{draining.pid}"))
+    draining.signal(signal.SIGTERM)
+    wait_until(lambda: "stopping (on-stop=drain)" in draining.log(), what="asked to stop")
+    renewed = client.store.listener_info(draining_id).get("renewed")
+    for _ in range(2):  # two lease renewals while it drains: it is still there, waiting
+        wait_until(lambda r=renewed: client.store.listener_info(draining_id).get(
+            "renewed", r) != r, what="a renewal while draining")
+        renewed = client.store.listener_info(draining_id)["renewed"]
+    assert draining.alive() and running(pid)
+    assert client.get_task(task_id).status == "started"
+    release.touch()
+    assert draining.process.wait(20) == 0
+    task = client.get_task(task_id)
+    assert (task.status, task.attempts, task.pid) == ("complete", 1, pid)
+    assert draining_id not in client.store.listener_ids("work")  # it left cleanly
+
+
+def test_terminate_stops_the_runs_it_adopted_too(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """--on-stop=terminate stops every run on its slots, adopted ones too, and records them
+    by their retry policy before it exits, instead of leaving them running unwatched."""
+    task_id, pid, stopping, _ = adopt_one(client, redis_url, spawn, tmp_path, "terminate")
+    assert stopping.stop() == 0
+    assert not running(pid)
+    task = client.get_task(task_id)
+    # retried by its policy (the listener may have moved the retry to pending as it left)
+    assert task.status in ("scheduled", "pending") and task.attempts == 1, task.data
+    assert "shut down" in (task.error or ""), task.error
