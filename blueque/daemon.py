@@ -213,6 +213,9 @@ class ListenerDaemon:
         self.children: dict[int, Running] = {}
         # live runs of dead listeners of this node that we adopted: they occupy our slots
         self.adopted: dict[str, tuple[int, float | None]] = {}
+        # fenced runs of dead listeners of this node that our sweep is stopping: pid ->
+        # create time; they occupy our slots too until their processes are gone
+        self.fenced: dict[int, float | None] = {}
         self._ended_pids: list[str] = []  # to drop from blueque_node_[node]
         self.unrecorded: list[tuple[Running, str]] = []
         self.stopping = False
@@ -454,13 +457,21 @@ class ListenerDaemon:
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(report.adopted_runs))
         self.adopted = dict(report.adopted_runs)
+        self.fenced = dict(report.fenced_runs)
         if self.metrics:
             self.metrics.swept(report)
 
+    def busy(self) -> int:
+        """Slots in use: our children, the runs we adopted, the fenced runs we are stopping."""
+        return len(self.children) + len(self.adopted) + len(self.fenced)
+
     def _free_slots(self) -> int:
-        # an adopted run frees its slot when its process ends (no need to wait for a sweep)
+        # an adopted or fenced run frees its slot when its process ends (no need to wait
+        # for a sweep)
         self.adopted = {t: run for t, run in self.adopted.items() if process_alive(*run)}
-        return self.concurrency - len(self.children) - len(self.adopted)
+        self.fenced = {pid: created for pid, created in self.fenced.items()
+                       if process_alive(pid, created)}
+        return self.concurrency - self.busy()
 
     def _fill_slots(self) -> None:
         while self._free_slots() > 0 and not self.stopping:
@@ -671,7 +682,7 @@ class ListenerDaemon:
         # and recover_local needs pid_created to tell this process from a reused pid
         self.store.write_listener_info(
             self.id, {**self._info, "renewed": repr(now()),
-                      "busy": str(len(self.children) + len(self.adopted))},
+                      "busy": str(self.busy())},
             int(self.interval * 3) + 1)
         running = list(self.children.values())
         self._record_runs(running)  # refreshes the record's expiry too
@@ -897,7 +908,7 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
     server: MetricsServer | None = None
     if args.metrics_port is not None:
         daemon.metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
-                                         busy=lambda: len(daemon.children) + len(daemon.adopted))
+                                         busy=daemon.busy)
         try:
             server = serve_listener_metrics(daemon.metrics, args.metrics_port,
                                             args.metrics_host)

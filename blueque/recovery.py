@@ -44,6 +44,9 @@ class RecoveryReport:
     adopted_runs: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     #: fenced runs of dead listeners whose process group was signalled
     stopped_runs: int = 0
+    #: those of them still alive: pid -> create time; until they are gone they occupy a slot
+    #: of the sweeping listener (a job may take its whole kill_grace to stop)
+    fenced_runs: dict[int, float | None] = field(default_factory=dict)
 
     def add(self, counts: list[int]) -> None:
         self.requeued += counts[0]
@@ -361,6 +364,7 @@ class Recovery:
                         signal.Signals(signum).name)
             self._kill(pid, signum)
             report.stopped_runs += 1
+            report.fenced_runs[pid] = created
         self.store.forget_runs(self.node, ended)
 
     def _run_owner(self, run: dict[str, object], listener: str

@@ -8,6 +8,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -152,6 +153,36 @@ def test_next_daemon_on_the_node_stops_a_run_whose_task_was_taken_back(  # type:
     assert (task.status, task.attempts) == ("complete", 2)
     assert [line.split()[:3] for line in lines(marker) if line.startswith("end")] == [
         ["end", task_id, "2"]]  # the fenced run never got to its end
+
+
+def test_a_fenced_run_being_stopped_still_occupies_a_slot(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """The node's next listener stops a fenced run of its dead predecessor; until that
+    process is gone (a job may take its whole kill_grace to stop) it holds a slot, or a
+    --concurrency 1 node would run two jobs at once after a slow redeploy."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    queue = client.get_queue("work")
+    stubborn = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release),
+                                         "ignore_term": True}),
+                             max_attempts=2, retry_backoff=0.01, kill_grace=3)
+    node_a = ("--node-name", "node-a.example", "--concurrency", "1")
+    first = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: starts(marker)[stubborn] == 1, what="attempt 1 running on node A")
+    orphan = client.get_task(stubborn).pid
+    assert orphan is not None
+    first.kill()
+    spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                         "--node-name", "node-b.example", "--concurrency", "1"))
+    wait_until(lambda: starts(marker)[stubborn] == 2, what="attempt 2 running on node B")
+    following = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release)}))
+    spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    while running(orphan):  # being stopped: SIGTERM ignored, SIGKILL after kill_grace
+        assert starts(marker)[following] == 0, "a second job started on a 1-slot node"
+        time.sleep(0.01)  # the next sample
+    wait_until(lambda: starts(marker)[following] == 1, what="the next task once the slot freed")
+    release.touch()
+    for task_id in (stubborn, following):
+        assert client.get_task(task_id).wait(20).status == "complete"
 
 
 RUNNER = """
