@@ -414,3 +414,48 @@ def test_a_listener_cut_off_alone_is_recovered_after_its_lease(  # type: ignore[
             assert cut_off.alive() and survivor.alive()
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0",
+                                 "unix:///run/no-redis.sock?db=2"])
+def test_every_plain_url_form_gets_the_retry_policy(url: str) -> None:
+    """Issue 9: plain URLs ride out a restart as the Sentinel and Cluster forms do."""
+    from blueque.ha import RetryPolicy
+
+    client = blueque.Client(url)
+    assert isinstance(client.store.retry, RetryPolicy)
+    assert client.store.retry.deadline_s == 30.0
+    shorter = blueque.Client(url + ("&" if "?" in url else "?") + "retry_deadline=2.5")
+    assert isinstance(shorter.store.retry, RetryPolicy) and shorter.store.retry.deadline_s == 2.5
+    assert not isinstance(blueque.Client(url, retry_deadline=0).store.retry, RetryPolicy)
+
+
+def test_a_unix_socket_client_rides_through_a_restart(tmp_path: Path) -> None:
+    """The same policy on a unix:// URL, end to end: an enqueue made while the server is
+    down lands once it is back; with a short deadline the call raises RedisUnavailable."""
+    socket_path = tmp_path / "redis.sock"
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(extra_args=("--unixsocket", str(socket_path), "--appendonly", "yes",
+                                     "--appendfsync", "always"),
+                         directory=str(tmp_path / "redis"))
+    server.start()
+    try:
+        client = blueque.Client(f"unix://{socket_path}?db=1")
+        queue = client.get_queue("work")
+        before = queue.enqueue("before")
+        server.kill()
+        with pytest.raises(RedisUnavailable):
+            blueque.Client(f"unix://{socket_path}?db=1&retry_deadline=0.3").get_queue(
+                "work").enqueue("never")
+        enqueued: dict[str, str] = {}
+        during = threading.Thread(target=lambda: enqueued.update(id=queue.enqueue("during")))
+        during.start()  # retried until the server is back
+        time.sleep(1.0)  # the outage: the server stays down for a second more
+        server.start()
+        during.join(30)
+        assert [client.get_task(t).parameters for t in (before, enqueued["id"])] == [
+            "before", "during"]
+        direct = redis.Redis(port=server.port, db=1, decode_responses=True)
+        assert direct.lrange(KEYS.pending("work"), 0, -1) == [enqueued["id"], before]
+    finally:
+        server.stop()
