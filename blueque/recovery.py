@@ -90,16 +90,20 @@ class LeaseWatch:
         """At the start of a sweep: notice a restart, an outage or a stall."""
         run_id, self._server_start = self.store.server_run()
         current = self.clock()
-        interrupted = (
-            self.store.health.disruptions != self._disruptions
-            or (self._run_id is not None and run_id != self._run_id)
-            or (self._last_sweep is not None and current - self._last_sweep > self.lease_s)
-        )
+        if self.store.health.disruptions != self._disruptions:
+            interrupted = "Redis was unavailable"
+        elif self._run_id is not None and run_id != self._run_id:
+            interrupted = "Redis restarted or failed over"
+        elif self._last_sweep is not None and current - self._last_sweep > self.lease_s:
+            interrupted = (f"this sweeper was paused or stalled for "
+                           f"{current - self._last_sweep:.1f} s")
+        else:
+            interrupted = ""
         self._run_id, self._disruptions = run_id, self.store.health.disruptions
         if interrupted:
             if self._back_since is None or self._live:
-                log.warning("Redis was away or restarted: no listener is taken for dead by its "
-                            "lease until it had time to renew")
+                log.warning("%s: no listener is taken for dead by its lease until it had time "
+                            "to renew", interrupted)
             self._back_since = current
             self._live.clear()
 
