@@ -352,6 +352,15 @@ class ListenerDaemon:
 
     def run(self) -> int:
         self.load_function()
+        if self.on_stop == "keep" and os.getpid() == 1:
+            # the init of a PID namespace (a container's main process): when it exits, the
+            # kernel kills every process in the namespace, so no run can wait for adoption
+            log.warning("listener %s runs as pid 1 of its PID namespace: its task processes "
+                        "end when it exits, so --on-stop=keep cannot leave them to the next "
+                        "listener; it will stop them as --on-stop=terminate does (recorded, "
+                        "retried by their policy). Run it under an init that outlives it "
+                        "to keep them", self.id)
+            self.on_stop = "terminate"
         self.install_signals()
         self._start_subscriber()
         try:
