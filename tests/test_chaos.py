@@ -5,7 +5,8 @@ append-only file, once for longer than a lease.
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
 one task overlapped while one of them went on to finish its work, no node ever ran more task
-processes than its --concurrency, and no process is left behind. The figures are printed for the closing notes of the issues that rely on it."""
+processes than its --concurrency, and no process is left behind. The figures are printed for
+the closing notes of the issues that rely on it."""
 
 from __future__ import annotations
 
