@@ -459,3 +459,48 @@ def test_a_unix_socket_client_rides_through_a_restart(tmp_path: Path) -> None:
         assert direct.lrange(KEYS.pending("work"), 0, -1) == [enqueued["id"], before]
     finally:
         server.stop()
+
+
+def test_every_public_call_raises_only_blueque_errors_when_redis_is_gone() -> None:
+    """Issue 9: past retry_deadline each call of the public API raises RedisUnavailable
+    (a BluequeError), whatever redis-py raised underneath: commands, scripts, pipelines,
+    pub/sub (wait, listen) and a new client's first command."""
+    from blueque.waiting import wait_all
+
+    with RedisServer() as server:
+        url = server.url + "?retry_deadline=0.2"
+        client = blueque.Client(url)
+        queue = client.get_queue("q")
+        task_id = queue.enqueue("x")
+        finished_id = queue.enqueue("done")
+        listener = client.get_listener("q")
+        task, finished = listener.reserve(), listener.reserve()
+        assert task is not None and finished is not None and finished.id == finished_id
+        processor = client.get_processor(task)
+        client.get_processor(finished).start(os.getpid())
+        client.get_processor(finished).complete("r")
+        finished.refresh()
+        server.kill()
+        calls = {
+            "enqueue": lambda: queue.enqueue("y"), "enqueue_many": lambda: queue.enqueue_many(
+                ["a"]), "schedule": lambda: queue.schedule("a", eta=2e9),
+            "stats": queue.stats, "configure": lambda: queue.configure(max_attempts=2),
+            "config": queue.config, "purge": lambda: queue.purge("complete", 1),
+            "enqueue_due_tasks": queue.enqueue_due_tasks,
+            "task_ids": lambda: queue.task_ids("pending"),
+            "delete_task": lambda: queue.delete_task(finished),
+            "get_task": lambda: client.get_task(task_id).status, "refresh": task.refresh,
+            "wait": lambda: client.get_task(task_id).wait(1), "wait_all": lambda: wait_all(
+                client, [task_id], 1), "cancel_task": lambda: client.cancel_task(task_id),
+            "queue_names": client.queue_names, "ping": client.ping,
+            "listen": lambda: client.get_listener("q").listen(timeout=1),
+            "reserve": listener.reserve, "claim_orphan": listener.claim_orphan,
+            "close": listener.close, "start": lambda: processor.start(os.getpid()),
+            "complete": lambda: processor.complete("r"), "fail": lambda: processor.fail("e"),
+            "progress": lambda: processor.progress(0.5, "m"),
+            "new client": lambda: blueque.Client(url).get_queue("q").stats(),
+        }
+        for name, call in calls.items():
+            with pytest.raises(RedisUnavailable):
+                call()
+                pytest.fail(f"{name} returned with Redis gone")
