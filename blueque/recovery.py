@@ -328,7 +328,8 @@ class Recovery:
         local = local_process(holder, info, self.node, self.host) if info else None
         return local is None or not self._alive(*local)
 
-    def stop_fenced_runs(self, report: RecoveryReport) -> None:
+    def stop_fenced_runs(self, report: RecoveryReport,
+                         runs: dict[str, str] | None = None) -> None:
         """Runs forked on this node (blueque_node_[node]) whose listener is dead and whose
         task was taken back meanwhile (requeued, retried, cancelled, finished, or stamped
         again): fenced, they can record nothing and only duplicate the task's next attempt.
@@ -337,7 +338,7 @@ class Recovery:
         listener is judged by the process the entry names (pid and create time), so a later
         listener with the same id (a pid reused) does not pass for it."""
         ended: list[str] = []
-        for field_, raw in self.store.node_runs(self.node).items():
+        for field_, raw in (self.store.node_runs(self.node) if runs is None else runs).items():
             try:
                 run = json.loads(raw)
                 pid, task_id, listener = int(field_), str(run["task"]), str(run["listener"])
@@ -385,11 +386,30 @@ class Recovery:
         before their lease can expire), then expired leases on ``queues``; then stop the
         fenced runs of dead listeners of this node."""
         report = RecoveryReport()
-        excluded = list(exclude)
+        excluded, swept = list(exclude), list(queues)
         self.watch.begin()
-        for queue in queues:
+        for queue in swept:
             self.recover_local(queue, report, excluded, adopter)
             self.recover_expired(queue, report, self.watch.expired(queue))
-        self.stop_fenced_runs(report)
+        runs = self.store.node_runs(self.node)
+        # runs forked on this node for queues the sweeper does not serve (a listener
+        # restarted with fewer queues): adopt them too, or their lease lapses and a node
+        # serving that queue runs them again beside the live process
+        for queue in sorted(_run_queues(runs) - set(swept)):
+            self.recover_local(queue, report, excluded, adopter)
+        self.stop_fenced_runs(report, runs)
         self.watch.end()
         return report
+
+
+def _run_queues(runs: dict[str, str]) -> set[str]:
+    """The queues named in a node's run records (unreadable entries are skipped)."""
+    queues = set()
+    for raw in runs.values():
+        try:
+            queue = json.loads(raw).get("queue")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(queue, str) and queue:
+            queues.add(queue)
+    return queues

@@ -299,3 +299,33 @@ def test_terminate_stops_the_runs_it_adopted_too(  # type: ignore[no-untyped-def
     # retried by its policy (the listener may have moved the retry to pending as it left)
     assert task.status in ("scheduled", "pending") and task.attempts == 1, task.data
     assert "shut down" in (task.error or ""), task.error
+
+
+def test_a_listener_restarted_with_fewer_queues_still_adopts_the_runs_of_the_others(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """A redeploy that drops a queue from the listener's list: the run its predecessor left
+    on that queue is still on the node, so the new listener adopts it (and counts it) rather
+    than let its lease lapse and another node serving that queue run it again."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    task_id = client.get_queue("other").enqueue(json.dumps(
+        {"marker": str(marker), "release": str(release)}), max_attempts=2, retry_backoff=0.01)
+    node_a = ("--node-name", "node-a.example")
+    first = spawn(listen_command(redis_url, "work,other", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: starts(marker)[task_id] == 1, what="the task running on node A")
+    pid, dead = client.get_task(task_id).pid, client.get_task(task_id).node
+    assert pid is not None and dead is not None
+    assert first.stop() == 0  # keep
+    successor = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
+        f"_{successor.pid}"), what="node A's new listener adopting the run on 'other'")
+    spawn(listen_command(redis_url, "other", "tests.jobs:hold", *FAST,
+                         "--node-name", "node-b.example"))
+    # node B sweeps 'other' every 0.5 s: two lease lengths of sweeps find nothing to recover
+    leases = client.keys.leases("other")
+    leased = client.redis.zscore(leases, dead) or 0
+    wait_until(lambda: (client.redis.zscore(leases, dead) or 0) > leased + 2000,
+               what="the adopted run's lease carried on for two more lease lengths")
+    assert starts(marker)[task_id] == 1 and running(pid)
+    release.touch()
+    task = client.get_task(task_id).wait(20)
+    assert (task.status, task.attempts, task.pid) == ("complete", 1, pid)
