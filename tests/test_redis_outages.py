@@ -184,7 +184,12 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
         client = blueque.Client(primary.url)
         queue = client.get_queue("work")
         daemon = listener(started, tmp_path, primary.url, function="tests.jobs:echo")
+        scheduler = Daemon([sys.executable, "-m", "blueque.cli", "scheduler", "--url",
+                            primary.url, "--interval", "0.2", "--cron", "beat=* * * * * *:beats"],
+                           tmp_path / "scheduler.log")
+        started.append(scheduler)
         assert client.get_task(queue.enqueue('{"value": 1}')).wait(30).status == "complete"
+        wait_until(lambda: admin.hget(KEYS.cron(), "beat"), what="the scheduler firing")
         wait_until(lambda: other_admin.info("replication")["master_link_status"] == "up",
                    what="replica in sync")
         # the failover: the replica is promoted, the old master follows it (keeping the data)
@@ -192,6 +197,8 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
         admin.replicaof("127.0.0.1", other.port)
         wait_until(lambda: "cannot serve Blueque right now (ReadOnlyError" in daemon.log(),
                    what="listener meets READONLY")
+        wait_until(lambda: "cannot serve Blueque right now (ReadOnlyError" in scheduler.log(),
+                   what="scheduler meets READONLY")
         short = blueque.Client(primary.url + "?retry_deadline=0.5")
         with pytest.raises(RedisUnavailable, match="read only replica"):
             short.get_queue("work").enqueue("{}")
@@ -199,11 +206,15 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
         _, err = done.communicate(timeout=30)
         assert done.returncode == 3 and "read only replica" in err, err
         assert daemon.alive(), daemon.log()
+        assert scheduler.alive(), scheduler.log()
         admin.replicaof("NO", "ONE")  # back to a master
         task = client.get_task(queue.enqueue('{"value": 2}')).wait(30)
         assert task.status == "complete" and task.result == "2"
-        assert daemon.alive()
-        assert "Traceback" not in daemon.log()
+        beat = int(admin.hget(KEYS.cron(), "beat") or 0)
+        wait_until(lambda: int(admin.hget(KEYS.cron(), "beat") or 0) > beat,
+                   what="the scheduler firing again")
+        assert daemon.alive() and scheduler.alive()
+        assert "Traceback" not in daemon.log() + scheduler.log()
 
 
 def test_a_restart_longer_than_a_lease_kills_no_listener(  # type: ignore[no-untyped-def]
