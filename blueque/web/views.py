@@ -11,9 +11,10 @@ from typing import Any
 
 from blueque import keys as k
 from blueque.cron import CronEntry
-from blueque.errors import BluequeError
+from blueque.errors import BluequeError, CorruptTask
 from blueque.metrics import oldest_pending_age
 from blueque.store import RedisStore
+from blueque.task import CheckpointInfo
 from blueque.tasklog import read_output
 
 #: Tasks per page of a queue's task list.
@@ -169,6 +170,10 @@ def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | No
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
     )
+    try:  # its size, time and attempt (HMGET): the state itself stays in Redis (5.20)
+        row.update(checkpoint=CheckpointInfo.parse(task_id, store.checkpoint_info(task_id)))
+    except CorruptTask:
+        row.update(checkpoint=None)
     output = read_output(store, task_id)  # the newest attempt's output tail (5.19)
     row.update(output=output.text if output else None,
                output_attempt=output.attempt if output else None)
