@@ -27,8 +27,11 @@ from blueque.display import (
     format_seconds,
     format_time,
     last_line,
+    log_level,
     parse_duration,
     parse_eta,
+    port_number,
+    positive_int,
     positive_seconds,
     shorten,
     table,
@@ -59,7 +62,7 @@ EXIT_CODES = f"""exit codes:
   {EXIT_OK}  success
   {EXIT_FAILURE}  failure: an operation was refused, a task failed, a wait timed out
   {EXIT_USAGE}  usage: bad arguments, bad Redis URL or credentials, Redis older than 6.2,
-     a task function that cannot be imported, bad cron entry
+     a task function that cannot be imported, bad cron entry, a port in use
   {EXIT_UNREACHABLE}  Redis unreachable
   {EXIT_NOT_FOUND}  task or queue not found"""
 
@@ -294,6 +297,9 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
         client.store.retry_failed(queue, args.task_id, now())
         emit(args, {"retried": [args.task_id]}, f"task {args.task_id} is pending again")
         return EXIT_OK
+    if args.failed not in client.queue_names():  # a typo must not read as "0 retried"
+        raise Failure(f"queue {args.failed!r} is not known (not in blueque_queues)",
+                      EXIT_NOT_FOUND)
     ids = client.get_queue(args.failed).task_ids(k.FAILED)[::-1]  # oldest first
     retried = []
     for task_id in ids[: args.limit]:
@@ -496,7 +502,7 @@ Command = Callable[[Client, argparse.Namespace], int]
 def _add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8080, help="default 8080")
+    parser.add_argument("--port", type=port_number, default=8080, help="default 8080")
     parser.add_argument("--token-file", metavar="FILE",
                         help="enable actions (cancel, retry, purge) for requests that carry "
                              "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "
@@ -529,14 +535,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("tasks", cmd_tasks, "list the tasks of a queue")
     sub.add_argument("queue")
     sub.add_argument("--status", choices=k.STATUSES, help="only tasks in this state")
-    sub.add_argument("--limit", type=int, default=20, help="at most N per state (default 20)")
+    sub.add_argument("--limit", type=positive_int, default=20,
+                     help="at most N per state (default 20)")
     sub = add("show", cmd_show, "every field of one task, and its checkpoint's size and age")
     sub.add_argument("task_id")
     sub.add_argument("--checkpoint", action="store_true",
                      help="print the task's checkpoint (its saved state) instead")
     sub = add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis")
     sub.add_argument("task_id")
-    sub.add_argument("--attempt", type=int, help="which attempt (default: the newest)")
+    sub.add_argument("--attempt", type=positive_int,
+                     help="which attempt (default: the newest)")
     sub.add_argument("--follow", "-f", action="store_true",
                      help="print what a running attempt writes until it ends")
 
@@ -559,7 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
     sub.add_argument("task_id", nargs="?")
     sub.add_argument("--failed", metavar="QUEUE", help="every failed task of QUEUE")
-    sub.add_argument("--limit", type=int, default=None, help="with --failed: oldest N only")
+    sub.add_argument("--limit", type=positive_int, default=None,
+                     help="with --failed: oldest N only")
     sub = add("purge", cmd_purge, "delete finished tasks older than a duration")
     sub.add_argument("queue")
     sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION")
@@ -595,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--once", action="store_true", help="run one step and exit")
     daemon.add_node_name_argument(sub)
     sub.add_argument("--log-format", choices=("text", "json"), default="text")
-    sub.add_argument("--log-level", default="INFO")
+    sub.add_argument("--log-level", type=log_level, default="INFO")
     sub = add("dashboard", cmd_dashboard,
               "serve the web dashboard and /metrics (read-only unless a token is given)")
     _add_dashboard_arguments(sub)

@@ -110,6 +110,13 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
             "over; retry later, or raise the URL's retry_deadline"
         )
     if isinstance(error, redis.exceptions.RedisClusterException):
+        if "cluster mode is not enabled" in str(error).lower():
+            # a node answered, but it is a plain Redis: waiting will not make it a cluster
+            return ConfigurationError(
+                f"the server in the Cluster URL {where} is not a Redis Cluster node (cluster "
+                "mode is off): use redis://host:port/db for a plain Redis server, or the "
+                "cluster's nodes in a redis+cluster:// URL"
+            )
         # redis-py's cluster client gives up with this when no node answers
         return RedisUnavailable(f"Redis Cluster {where} cannot be reached ({error})")
     if isinstance(error, redis.exceptions.InvalidResponse):
