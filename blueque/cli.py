@@ -44,7 +44,7 @@ from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
 from blueque.store import now
-from blueque.tasklog import follow_output, read_output
+from blueque.tasklog import follow_output, read_output, wait_for_output
 from blueque.waiting import WaitResult, wait_all
 
 EXIT_OK = 0
@@ -205,9 +205,16 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id)
+
+    def finished() -> bool:
+        return task.refresh().status in k.FINISHED_STATUSES or not task.data
+
     output = read_output(client.store, args.task_id, args.attempt)
+    if output is None and args.follow and not finished():
+        # pending, scheduled or just reserved: follow from its first line
+        output = wait_for_output(client.store, args.task_id, args.attempt, finished)
     if output is None:
-        if not task.data:
+        if not task.refresh().data:
             raise TaskNotFound(args.task_id)
         which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
         raise Failure(f"no output of {which} of task {args.task_id} in Redis (listeners keep "
@@ -215,12 +222,13 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     sys.stdout.write(output.text)
     sys.stdout.flush()
     if args.follow:
-        def finished() -> bool:
-            return task.refresh().status in k.FINISHED_STATUSES or not task.data
-
         for text in follow_output(client.store, args.task_id, output, finished):
             sys.stdout.write(text)
             sys.stdout.flush()
+        if output.superseded_by is not None:
+            print(f"blueque: attempt {output.attempt} ended without its end mark (its "
+                  f"process died unwatched); attempt {output.superseded_by} has begun: "
+                  f"blueque logs {args.task_id} --follow", file=sys.stderr)
     return EXIT_OK
 
 
@@ -509,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("task_id")
     sub.add_argument("--attempt", type=int, help="which attempt (default: the newest)")
     sub.add_argument("--follow", "-f", action="store_true",
-                     help="print what a running attempt writes until it ends")
+                     help="print what the attempt writes until it ends (waits for a task "
+                          "that has not started yet)")
 
     sub = add("enqueue", cmd_enqueue, "submit a task (prints its id)")
     sub.add_argument("queue")
@@ -546,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
     sub.add_argument("--timeout", type=duration, help="give up after this long")
     sub.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
-                     help="auto: a bar when waiting on several tasks on a terminal")
+                     help="auto (default): on a terminal, one task's own progress bar "
+                          "(fraction and message) or, for several, how many finished")
 
     sub = add("listen", cmd_listen, "run the listener daemon: fork one child per task")
     daemon.add_listen_arguments(sub)

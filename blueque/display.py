@@ -62,7 +62,10 @@ def format_time(timestamp: float | None) -> str:
     """UTC, to the second: ``2026-11-22 18:30:05Z``."""
     if timestamp is None:
         return "-"
-    moment = datetime.fromtimestamp(timestamp, UTC)
+    try:
+        moment = datetime.fromtimestamp(timestamp, UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999 (--delay 600000w), nan
+        return f"{timestamp:.0f} (not a date)"
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
