@@ -34,6 +34,7 @@ setup(
             "starlette>=0.37",
             "uvicorn>=0.23",
             "jinja2>=3.1",
+            "fastapi>=0.100",  # the dashboard mounted in a FastAPI service (test_dashboard)
         ],
         "spark": ["pyspark>=3.5"],
         "web": ["starlette>=0.37", "uvicorn>=0.23", "jinja2>=3.1", "prometheus_client>=0.17"],

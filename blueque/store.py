@@ -163,6 +163,20 @@ class NoRetry:
         return self
 
 
+def _counts(reply: object) -> dict[str, int]:
+    """An outcome-counter hash as numbers; a value that is no integer, or a key that is no
+    hash (a WRONGTYPE reply), counts as nothing rather than failing the page or scrape."""
+    if not isinstance(reply, dict):
+        return {}
+    counts = {}
+    for name, count in reply.items():
+        try:
+            counts[str(name)] = int(count)
+        except ValueError:
+            continue
+    return counts
+
+
 class Health:
     """Counts operations that failed transiently (a lost connection, READONLY, LOADING...),
     shared by a store and its bounded copies: a recovery sweep that sees the count move
@@ -790,14 +804,16 @@ class RedisStore:
         pipe = self.redis.pipeline(transaction=False)
         for minute in minutes:
             pipe.hgetall(self.keys.finished_per_minute(queue, str(minute)))
-        return [{name: int(count) for name, count in reply.items()}
-                for reply in pipe.execute()]
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                raise reply
+        return [_counts(reply) for reply in replies]
 
     @translate_errors
     def outcome_counts(self, queue: str) -> dict[str, int]:
         """blueque_outcome_counts_[queue]: outcome -> tasks that ever ended so."""
-        reply = self.redis.hgetall(self.keys.outcome_counts(queue))
-        return {name: int(count) for name, count in reply.items()}
+        return _counts(self.redis.hgetall(self.keys.outcome_counts(queue)))
 
     @translate_errors
     def oldest_pending(self, queue: str) -> tuple[str, dict[str, str]] | None:
@@ -806,7 +822,12 @@ class RedisStore:
         task_id = cast("str | None", self.redis.lindex(self.keys.pending(queue), -1))
         if task_id is None:
             return None
-        created, updated = self.redis.hmget(self.keys.task(task_id), "created", "updated")
+        try:
+            created, updated = self.redis.hmget(self.keys.task(task_id), "created", "updated")
+        except redis.exceptions.ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            return task_id, {}  # a foreign key under a task's name: no times to read
         times = {name: value for name, value in (("created", created), ("updated", updated))
                  if value is not None}
         return task_id, times

@@ -6,6 +6,9 @@ actions unless a token is configured, given and sent from the dashboard's own or
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -25,7 +28,8 @@ from starlette.routing import Mount, Route
 import blueque
 from blueque import keys as k
 from blueque.web import create_app
-from tests.dashboard import DashboardProcess, free_port
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.dashboard import ROOT, DashboardProcess, free_port
 
 TOKEN = "t0ken-for-tests"
 XSS = '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
@@ -227,14 +231,31 @@ def test_schedule_page_shows_cron_next_runs(client: blueque.Client, redis_client
     assert 'data-cron="orphan"' in text and "not given to the dashboard" in text
 
 
-def test_mounted_in_another_starlette_app(client: blueque.Client, tmp_path: Path) -> None:
-    client.get_queue("jobs").enqueue("{}", task_id="one")
-    service = Starlette(routes=[
+def host_service(kind: str, dashboard_app: object) -> object:
+    """A service of the given kind with its own route at / and the dashboard at /ops/blueque."""
+    if kind == "fastapi":
+        from fastapi import FastAPI
+
+        service = FastAPI()
+        service.add_api_route("/", lambda: PlainTextResponse("the host service"))
+        service.mount("/ops/blueque", dashboard_app)  # type: ignore[arg-type]
+        return service
+    return Starlette(routes=[
         Route("/", lambda request: PlainTextResponse("the host service")),
-        Mount("/ops/blueque", app=create_app(client=client)),
+        Mount("/ops/blueque", app=dashboard_app),  # type: ignore[arg-type]
     ])
+
+
+@pytest.mark.parametrize("kind", ["starlette", "fastapi"])
+def test_mounted_in_another_service(kind: str, client: blueque.Client) -> None:
+    """Mounted under a path of a Starlette or FastAPI service: links, assets and actions (with
+    the token, from the service's own origin) all work under the mount point."""
+    queue = client.get_queue("jobs")
+    queue.enqueue("{}", task_id="one")
+    queue.enqueue("{}", task_id="two")
+    service = host_service(kind, create_app(client=client, token=TOKEN))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(service, host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(service, host="127.0.0.1", port=port,  # type: ignore[arg-type]
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -247,9 +268,20 @@ def test_mounted_in_another_starlette_app(client: blueque.Client, tmp_path: Path
         status, text = get(base + "/ops/blueque/queue?name=jobs")
         assert status == 200 and 'href="/ops/blueque/task?id=one"' in text
         assert 'src="/ops/blueque/static/dashboard.js"' in text
-        status, script = get(base + "/ops/blueque/static/dashboard.js")
-        assert status == 200 and "DOMParser" in script
+        assert 'data-action-url="/ops/blueque/actions/NAME"' in text
+        for asset in ("dashboard.js", "dashboard.css", "favicon.svg"):
+            status, _ = get(base + "/ops/blueque/static/" + asset)
+            assert status == 200, asset
         assert get(base + "/") == (200, "the host service")
+        url = base + "/ops/blueque/actions/cancel"
+        status, reply = post(url, {"task_id": "one"}, {"Origin": base})
+        assert status == 403 and client.get_task("one").status == "pending"
+        status, reply = post(url, {"task_id": "one"}, {"Origin": "http://evil.example",
+                                                        "X-Blueque-Token": TOKEN})
+        assert status == 403 and client.get_task("one").status == "pending"
+        status, reply = post(url, {"task_id": "one"}, {"Origin": base, "X-Blueque-Token": TOKEN})
+        assert status == 200 and reply["ok"] is True, reply
+        assert client.get_task("one").cancelled and client.get_task("two").status == "pending"
     finally:
         server.should_exit = True
         thread.join(10)
@@ -262,6 +294,12 @@ def test_redis_down_gives_a_clear_page_and_metrics_say_so(tmp_path: Path) -> Non
         status, text = get(process.url + "/")
         assert status == 503 and "Redis is unreachable" in text
         assert "Traceback" not in text
+        # a dashboard page (its script shows the real page once Redis answers: browser test)
+        assert 'data-page="error"' in text and 'src="/static/dashboard.js"' in text
+        assert 'class="live down"' in text
+        status, _ = post(process.url + "/actions/cancel", {"task_id": "x"},
+                         {"Origin": process.url})
+        assert status == 403  # read-only: refused before Redis is asked
         status, text = get(process.url + "/metrics")
         assert status == 200 and "blueque_redis_up 0.0" in text
         assert process.process.poll() is None  # still serving
@@ -275,3 +313,131 @@ def test_huge_values_are_cut_on_the_task_page(client: blueque.Client,
     status, text = get(dashboard.url + f"/task?id={task_id}")
     assert status == 200 and len(text) < 100_000  # refetched every refresh: kept small
     assert f"({300_000 - 65_536} more characters not shown)" in text
+
+
+def test_far_future_and_corrupt_values_keep_every_page_up(
+        client: blueque.Client, redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    """What an operator may find in Redis: a task scheduled past year 9999 (`--delay 600000w`),
+    a hash with garbage in its number fields, a foreign key (a string) under a task's name
+    next in line, a counter that is no integer. Pages show them; none fails."""
+    queue = client.get_queue("odd")
+    queue.schedule("{}", 1e13, task_id="far")  # year 318857: no datetime can hold it
+    queue.enqueue("{}", task_id="foreign")  # next in line: its age is read
+    redis_client.delete(k.Keys().task("foreign"))
+    redis_client.set(k.Keys().task("foreign"), "not a hash")
+    queue.enqueue("{}", task_id="garbage")
+    redis_client.hset(k.Keys().task("garbage"), mapping={
+        "progress": "abc", "created": "nan", "updated": "inf", "attempts": "zz", "eta": "x",
+        "started_at": "1e400", "status": "weird"})
+    minute = int(time.time() // 60 * 60)
+    redis_client.hset(k.Keys().finished_per_minute("odd", str(minute)), "failed", "x")
+    pages = {
+        "/": ['data-queue="odd"'],
+        "/schedule": ['data-task="far"', "10000000000000 (not a date)"],
+        "/queue?name=odd&state=scheduled": ['data-task="far"'],
+        "/queue?name=odd&state=pending": ['data-task="garbage"', 'data-task="foreign"'],
+        "/task?id=far": ["10000000000000 (not a date)"],
+        "/task?id=garbage": ["weird", "zz", "1e400"],
+        "/nodes": ["No listener"],
+    }
+    for page, shown in pages.items():
+        status, text = get(dashboard.url + page)
+        assert status == 200, (page, text[:300])
+        for piece in shown:
+            assert piece in text, (page, piece)
+    status, text = get(dashboard.url + "/task?id=foreign")
+    assert status == 404 and "something other than a hash" in text
+    status, text = get(dashboard.url + "/queue?name=odd&id=foreign")
+    assert status == 200 and "no task with this id" in text
+    status, text = get(dashboard.url + "/metrics")
+    assert status == 200 and "blueque_redis_up 1.0" in text, text[:400]
+    assert 'blueque_tasks{queue="odd",state="pending"} 2.0' in text
+    assert dashboard.process.poll() is None
+
+
+def test_overview_shows_the_oldest_pending_age(client: blueque.Client,
+                                               redis_client: redis.Redis,
+                                               dashboard: DashboardProcess) -> None:
+    waiting = client.get_queue("jobs").enqueue("{}")
+    redis_client.hset(k.Keys().task(waiting), "updated", repr(time.time() - 3 * 3600 - 700))
+    client.get_queue("jobs").enqueue("{}")
+    _, text = get(dashboard.url + "/")
+    row = text[text.index('data-queue="jobs"'):]
+    assert '<td class="num age">3h11m</td>' in row[: row.index("</tr>")] or (
+        '<td class="num age">3h12m</td>' in row[: row.index("</tr>")]), row[:2000]
+
+
+@pytest.mark.slow
+def test_nodes_and_task_pages_with_real_listeners(client: blueque.Client, redis_url: str,
+                                                  dashboard: DashboardProcess,
+                                                  tmp_path: Path) -> None:
+    """Two listeners on two nodes: the nodes page shows each one's host, pid, lease left,
+    busy/total slots and the task it runs with progress and run time; a task whose first
+    attempt failed shows each attempt's output, the newest first."""
+    release = tmp_path / "release"
+    fast = ("--interval", "1", "--poll", "0.1")
+    with daemons(tmp_path) as started:
+        for node, function in (("node-a", "tests.jobs:steps"),
+                               ("node-b", "tests.output_jobs:chatty")):
+            started.append(Daemon(listen_command(
+                redis_url, "work" if node == "node-a" else "talk", function, *fast,
+                "--concurrency", "2", "--node-name", node,
+                "--log-dir", str(tmp_path / node)), tmp_path / f"{node}.log"))
+        running = client.get_queue("work").enqueue(
+            json.dumps({"interval": 0.2, "release": str(release)}))
+        talker = client.get_queue("talk").enqueue("{}", max_attempts=2, retry_backoff=0.01)
+        wait_until(lambda: (client.get_task(running).progress or 0) >= 0.1, what="progress")
+        assert client.get_task(talker).wait(30).status == "complete"
+
+        def card(listener: str) -> str:
+            text = get(dashboard.url + "/nodes")[1]
+            found = text[text.index(f'data-listener="{listener}"'):]
+            return found[: found.index("</article>")]
+
+        for daemon, node in zip(started, ("node-a", "node-b"), strict=True):
+            listener = f"{node}_{daemon.pid}"
+            shown = card(listener)
+            assert f"host <b>{node}</b>" in shown and f"pid <b>{daemon.pid}</b>" in shown
+            assert re.search(r"(work|talk): lease [\d.]+(ms|s) left", shown), shown
+            slots = f'<b class="slots">{1 if node == "node-a" else 0}/2</b>'
+            wait_until(lambda listener=listener, slots=slots: slots in card(listener),
+                       what=f"{slots} on {listener}")
+        text = get(dashboard.url + "/nodes")[1]
+        card = text[text.index(f'data-task="{running}"'):]
+        assert "<progress" in card and "step " in card and re.search(r"<td>[\d.]+m?s</td>", card)
+
+        status, text = get(dashboard.url + f"/task?id={talker}")
+        assert status == 200 and "Output of attempt 2" in text
+        assert "hello from attempt 2" in text and "hello from attempt 1" not in text
+        assert f'href="/task?id={talker}&amp;attempt=1"' in text
+        status, text = get(dashboard.url + f"/task?id={talker}&attempt=1")
+        assert status == 200 and "Output of attempt 1" in text
+        assert "ValueError: first attempt fails" in text and "hello from attempt 2" not in text
+        assert f"blueque logs {talker} --attempt 1" in text
+        assert '<span id="attempts">2</span> of 2' in text
+        for name in ("created", "started_at", "finished_at"):
+            stamp = float(client.get_task(talker).data[name])
+            assert time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp)) in text, name
+        release.touch()
+        client.get_task(running).wait(20)
+
+
+def test_every_asset_ships_in_the_package_and_nothing_comes_from_elsewhere(
+        tmp_path: Path) -> None:
+    """The package built from this tree holds every template and static file (no CDN: many
+    deployments have no internet), and no page or asset names another host."""
+    web = ROOT / "blueque" / "web"
+    assets = sorted(str(p.relative_to(ROOT)) for d in ("templates", "static")
+                    for p in (web / d).rglob("*") if p.is_file())
+    assert len(assets) >= 10
+    for name in assets:
+        text = (ROOT / name).read_text()
+        assert not re.search(r"(?:https?:)?//(?!www\.w3\.org/2000/svg)[a-z0-9.-]+\.[a-z]", text,
+                             re.IGNORECASE), name
+    # what a wheel or an install gets: setuptools' build (package_data copied beside the code)
+    built = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base",
+                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert built.returncode == 0, built.stderr
+    shipped = {str(p.relative_to(tmp_path / "lib")) for p in (tmp_path / "lib").rglob("*")}
+    assert [name for name in assets if name not in shipped] == []

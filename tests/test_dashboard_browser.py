@@ -1,8 +1,9 @@
 """The dashboard in a real browser: Debian's chromium driven by Playwright, against the private
 redis-server, real `blueque listen` daemons and a real `blueque dashboard` process.
 
-Screenshots of every scenario are saved under the test's tmp path (``screenshots/``; the path
-is printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/dashboard.png for the README."""
+Screenshots of every scenario are the run's artifacts: ``build/screenshots/[test]/`` in the
+checkout (``$BLUEQUE_ARTIFACTS/screenshots/[test]/`` when set, for a CI to collect; the path is
+printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/dashboard.png for the README."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.testing import RedisServer
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess
 
@@ -48,9 +50,12 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    directory = tmp_path / "screenshots"
-    directory.mkdir()
+def shots(request: pytest.FixtureRequest) -> Path:
+    """This test's screenshot directory (emptied first: a rerun leaves no stale pictures)."""
+    base = Path(os.environ.get("BLUEQUE_ARTIFACTS") or ROOT / "build")
+    directory = base / "screenshots" / request.node.name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
     print(f"screenshots in {directory}")
     return directory
 
@@ -148,6 +153,12 @@ def test_cancel_through_the_page_needs_the_token(
     assert "valid token is required" in message.inner_text()
     assert client.get_task(task_id).status == "started"
     page.screenshot(path=str(shots / "cancel-refused.png"), full_page=True)
+    page.locator("#token").fill("not-the-token")
+    page.evaluate("document.getElementById('message').textContent = ''")
+    page.locator("#cancel").click()
+    wait_until(lambda: "valid token is required" in message.inner_text(),
+               what="the wrong token refused")
+    assert client.get_task(task_id).status == "started"
     page.locator("#token").fill(TOKEN)
     page.locator("#cancel").click()
     wait_until(lambda: client.get_task(task_id).status == "failed", timeout=20,
@@ -203,3 +214,78 @@ def test_queues_overview_screenshot(
     if os.environ.get("BLUEQUE_README_SCREENSHOT") == "1":
         shutil.copy(target, ROOT / "docs" / "dashboard.png")
     (tmp_path / "r").touch()
+
+
+def test_a_task_deleted_while_shown_says_so_without_a_reload(
+        client: blueque.Client, dashboard: DashboardProcess, page: Any, shots: Path) -> None:
+    queue = client.get_queue("work")
+    task_id = queue.enqueue("{}")
+    run = client.get_listener("work").reserve()
+    assert run is not None and run.id == task_id
+    processor = client.get_processor(run)
+    processor.start(4242)
+    processor.complete("done")
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    assert page.locator("#status").inner_text() == "complete"
+    page.evaluate("window.notReloaded = true")
+    queue.delete_task(client.get_task(task_id))
+    wait_until(lambda: page.locator("h1").inner_text().startswith("No task"),
+               what="the page to say the task is gone")
+    assert page.evaluate("window.notReloaded") is True
+    assert page.locator("#live-status").inner_text() == "live"  # not "Redis unreachable"
+    page.screenshot(path=str(shots / "task-deleted.png"), full_page=True)
+
+
+def test_pages_ride_out_a_redis_outage(page: Any, shots: Path, tmp_path: Path) -> None:
+    """Redis stopped while a task page is open: the page keeps what it showed and says Redis
+    is unreachable; a page opened meanwhile says so too; once Redis is back (restarted from
+    its append-only file) both show live data again, without anyone reloading them."""
+    server = RedisServer(directory=str(tmp_path / "redis"),
+                         extra_args=("--appendonly", "yes", "--appendfsync", "always"))
+    (tmp_path / "redis").mkdir()
+    server.start()
+    process = None
+    try:
+        client = blueque.Client(server.url)
+        with daemons(tmp_path) as started:
+            started.append(Daemon(listen_command(server.url, "work", "tests.jobs:steps", *FAST),
+                                  tmp_path / "listener.log"))
+            task_id = client.get_queue("work").enqueue(
+                json.dumps({"interval": 0.3, "release": str(tmp_path / "release")}))
+            process = DashboardProcess(server.url, tmp_path / "dashboard.log")
+            wait_until(lambda: (client.get_task(task_id).progress or 0) > 0, what="progress")
+            page.goto(f"{process.url}/task?id={task_id}")
+            page.evaluate("window.notReloaded = true")
+            live = page.locator("#live-status")
+            assert live.inner_text() == "live"
+
+            server.kill()
+            wait_until(lambda: live.inner_text() == "Redis unreachable", what="the outage shown")
+            assert page.locator("#task-id").inner_text() == task_id  # what it showed stays
+            page.screenshot(path=str(shots / "outage-open-page.png"), full_page=True)
+            other = page.context.new_page()
+            response = other.goto(f"{process.url}/nodes")
+            assert response.status == 503
+            assert other.locator("h1").inner_text() == "Redis is unreachable"
+            assert other.locator("#live-status").inner_text() == "Redis unreachable"
+            other.evaluate("window.notReloaded = true")
+            other.screenshot(path=str(shots / "outage-new-page.png"), full_page=True)
+
+            server.start()
+            wait_until(lambda: other.locator("h1").inner_text() == "Nodes and listeners",
+                       timeout=30, what="the page opened during the outage to show the nodes")
+            assert other.evaluate("window.notReloaded") is True
+            wait_until(lambda: other.locator(f'tr[data-task="{task_id}"]').count() == 1,
+                       what="the running task on the nodes page")
+            assert other.locator("#live-status").inner_text() == "live"
+            other.screenshot(path=str(shots / "outage-over-new-page.png"), full_page=True)
+            first = progress_value(page)
+            wait_until(lambda: progress_value(page) > first, timeout=30,
+                       what="the open task page to move on")
+            assert live.inner_text() == "live" and page.evaluate("window.notReloaded") is True
+            (tmp_path / "release").touch()
+            assert client.get_task(task_id).wait(30).status == "complete"
+    finally:
+        if process is not None:
+            process.close()
+        server.stop()

@@ -14,7 +14,7 @@ from blueque.cron import CronEntry
 from blueque.errors import BluequeError
 from blueque.metrics import oldest_pending_age
 from blueque.store import RedisStore
-from blueque.tasklog import read_output
+from blueque.tasklog import read_outputs
 
 #: Tasks per page of a queue's task list.
 PAGE_SIZE = 50
@@ -130,7 +130,7 @@ def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: 
     totals = {s: getattr(counts, s) for s in STATES}
     elsewhere = ""
     if search:
-        data = store.task_data(search)
+        data = store.task_data_many([search])[0]  # a key that is no hash reads as no task
         found = bool(data) and data.get("queue") == queue
         rows = [task_row(search, data, at)] if found else []
         elsewhere = "" if found else data.get("queue", "")
@@ -145,8 +145,11 @@ def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: 
 
 
 # --- one task ---------------------------------------------------------------------------------
-def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | None:
-    data = store.task_data(task_id)
+def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = None
+              ) -> dict[str, Any] | None:
+    """The task's hash, and the output of ``attempt`` (default: the newest attempt's) with
+    the attempts whose output the task's log stream holds."""
+    data = store.task_data_many([task_id])[0]  # a key that is no hash reads as no task
     if not data:
         return None
     fields = []
@@ -169,9 +172,13 @@ def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | No
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
     )
-    output = read_output(store, task_id)  # the newest attempt's output tail (5.19)
+    outputs, newest = read_outputs(store, task_id)  # the output tails (5.19)
+    shown = attempt if attempt in outputs else newest
+    output = outputs.get(shown or "")
     row.update(output=output.text if output else None,
-               output_attempt=output.attempt if output else None)
+               output_attempt=output.attempt if output else None,
+               output_ended=output.ended if output else False,
+               output_attempts=list(outputs), newest_output=newest)
     return row
 
 
