@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -273,3 +274,44 @@ def test_listener_counts_a_lost_lease(client: blueque.Client, redis_url: str,
         wait_until(lambda: samples(fetch(url)).get(lost) == 1, what="the lost lease counted")
         assert samples(fetch(url))[("blueque_listener_lease_renewals_late_total", ())] >= 1
         wait_until(lambda: len(store.listener_ids("work")) == 2, what="registered again")
+
+
+def exported_names(text: bytes) -> dict[str, str]:
+    """Metric name as scraped (counters with _total) -> type, from the exposition's families
+    (families whose labelled children are not used yet still say HELP and TYPE)."""
+    names = {}
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name.endswith("_created"):
+            continue  # prometheus_client's companion of each counter (its creation time)
+        names[family.name + ("_total" if family.type == "counter" else "")] = family.type
+    return names
+
+
+def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
+        client: blueque.Client) -> None:
+    """README.md 'Metrics' lists exactly what the two exporters serve, with their types; the
+    names are Prometheus-style (blueque_ prefix, snake case, counters end in _total, times in
+    _seconds) and the README's alert rule uses existing names."""
+    from blueque.metrics import ListenerMetrics
+
+    client.get_queue("q").enqueue("{}")
+    served = exported_names(scrape(queue_registry(client.store)))
+    listener = ListenerMetrics(client.store, "node_1", 2, busy=lambda: 0)
+    served.update(exported_names(scrape(listener.registry)))
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Metrics"): readme.index("### Dashboard")]
+    documented = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) > 3 and cells[1].startswith("`blueque_"):
+            for name in re.findall(r"`(blueque_[a-z_]+)`", cells[1]):
+                documented[name] = cells[2]
+    assert documented == served
+    for name, kind in served.items():
+        assert re.fullmatch(r"blueque_[a-z][a-z_]*[a-z]", name), name
+        assert name.endswith("_total") == (kind == "counter"), name
+        assert "seconds" not in name or name.endswith("_seconds"), name
+    alert = section[section.index("```yaml"):]
+    used = set(re.findall(r"\b(blueque_[a-z_]+)", alert))
+    assert used and used <= set(served), used - set(served)
