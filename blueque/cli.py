@@ -28,6 +28,7 @@ from blueque.display import (
     last_line,
     parse_duration,
     parse_eta,
+    port_number,
     positive_seconds,
     shorten,
     table,
@@ -477,12 +478,13 @@ Command = Callable[[Client, argparse.Namespace], int]
 def _add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8080, help="default 8080")
+    parser.add_argument("--port", type=port_number, default=8080,
+                        help="default 8080 (0: any free port, logged)")
     parser.add_argument("--token-file", metavar="FILE",
                         help="enable actions (cancel, retry, purge) for requests that carry "
                              "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "
                              "without one the dashboard is read-only")
-    parser.add_argument("--refresh", type=float, default=2.0,
+    parser.add_argument("--refresh", type=positive_seconds, default=2.0,
                         help="seconds between live updates of a page (default 2)")
     parser.add_argument("--cron", action="append", default=[], metavar="NAME=CRON:QUEUE[:PARAMS]",
                         help="the scheduler's cron entries, to show their next runs; repeatable")

@@ -41,6 +41,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """An argparse type for TCP ports: 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, not {text!r}")
+    return value
+
+
 def parse_eta(text: str) -> float:
     """A Unix timestamp, or an ISO 8601 date-time (without an offset: this machine's local
     time) -> Unix seconds."""

@@ -36,7 +36,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from blueque import keys as k
-from blueque.errors import BluequeError
+from blueque.errors import BluequeError, ConfigurationError
 from blueque.recovery import RecoveryReport
 from blueque.store import RedisStore, now
 
@@ -226,6 +226,9 @@ class MetricsServer:
     listener is gone."""
 
     def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigurationError(f"--metrics-port must be a port number from 0 to 65535, "
+                                     f"not {port}")
         self.server: Any
         self.thread: threading.Thread
         self.server, self.thread = start_http_server(port, host, registry=registry)

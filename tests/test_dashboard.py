@@ -6,7 +6,9 @@ actions unless a token is configured, given and sent from the dashboard's own or
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +29,7 @@ from starlette.routing import Mount, Route
 
 import blueque
 from blueque import keys as k
+from blueque.listener import Listener
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess, free_port
@@ -355,14 +358,24 @@ def test_far_future_and_corrupt_values_keep_every_page_up(
     assert dashboard.process.poll() is None
 
 
-def test_overview_shows_the_oldest_pending_age(client: blueque.Client,
+def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque.Client,
                                                redis_client: redis.Redis,
                                                dashboard: DashboardProcess) -> None:
+    client.get_queue("jobs").enqueue("{}")
+    done = client.get_listener("jobs").reserve()
+    assert done is not None
+    client.get_processor(done).start(4242)
+    client.get_processor(done).complete("ok")
     waiting = client.get_queue("jobs").enqueue("{}")
     redis_client.hset(k.Keys().task(waiting), "updated", repr(time.time() - 3 * 3600 - 700))
     client.get_queue("jobs").enqueue("{}")
     _, text = get(dashboard.url + "/")
     row = text[text.index('data-queue="jobs"'):]
+    bars = re.findall(r'<rect class="ok"[^>]*height="([\d.]+)"><title>[^<]*: (\d+) complete',
+                      row[: row.index("</tr>")])
+    assert len(bars) == 60  # one a minute, the last hour
+    assert [int(n) for _, n in bars].count(1) == 1 and sum(int(n) for _, n in bars) == 1
+    assert [float(h) > 0 for h, n in bars] == [n == "1" for _, n in bars]
     assert '<td class="num age">3h11m</td>' in row[: row.index("</tr>")] or (
         '<td class="num age">3h12m</td>' in row[: row.index("</tr>")]), row[:2000]
 
@@ -441,3 +454,47 @@ def test_every_asset_ships_in_the_package_and_nothing_comes_from_elsewhere(
     assert built.returncode == 0, built.stderr
     shipped = {str(p.relative_to(tmp_path / "lib")) for p in (tmp_path / "lib").rglob("*")}
     assert [name for name in assets if name not in shipped] == []
+
+
+def test_a_port_it_cannot_have_is_a_usage_error(redis_url: str) -> None:
+    """Exit 2 with the reason; never uvicorn's exit 3 (which `blueque` means as "Redis
+    unreachable") nor a traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, said in ((["--port", str(port)], "Address already in use"),
+                           (["--port", "99999"], "port number from 0 to 65535"),
+                           (["--refresh", "0"], "above 0")):
+            done = subprocess.run(
+                [sys.executable, "-m", "blueque.cli", "dashboard", "--url", redis_url, *args],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                text=True, timeout=30)
+            assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+            assert "Traceback" not in done.stderr
+
+
+def test_nodes_page_shows_a_window_of_a_large_fleet(client: blueque.Client,
+                                                    dashboard: DashboardProcess) -> None:
+    """A listener running more tasks than a page shows lists the first 20 and links the
+    rest; more listeners than a page holds are paged (the page reads only what it shows)."""
+    queue = client.get_queue("fleet")
+    queue.enqueue_many(["{}"] * 25)
+    busy = Listener("fleet", client.store, identity="big-node_4242")
+    for n in range(25):
+        task = busy.reserve()
+        assert task is not None
+        client.get_processor(task).start(50_000 + n)
+    for n in range(54):
+        Listener("fleet", client.store, identity=f"node{n:02d}_{1000 + n}")
+    _, first = get(dashboard.url + "/nodes")
+    assert first.count('class="listener ') == 50
+    assert 'data-listener="big-node_4242"' in first
+    card = first[first.index('data-listener="big-node_4242"'):]
+    card = card[: card.index("</article>")]
+    assert card.count("<tr data-task=") == 20
+    assert 'and 5 more in <a href="/queue?name=fleet&amp;state=started">fleet</a>' in card
+    assert "listeners 1 to 50 of 55" in first and 'href="/nodes?page=2"' in first
+    _, second = get(dashboard.url + "/nodes?page=2")
+    assert second.count('class="listener ') == 5 and "listeners 51 to 55 of 55" in second
+    assert 'data-listener="node53_1053"' in second and "big-node_4242" not in second

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +22,7 @@ import blueque
 from blueque import keys as k
 from blueque.metrics import queue_registry, scrape
 from blueque.store import now
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 KEYS = k.Keys()
 
@@ -315,3 +316,12 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
     alert = section[section.index("```yaml"):]
     used = set(re.findall(r"\b(blueque_[a-z_]+)", alert))
     assert used and used <= set(served), used - set(served)
+
+
+def test_a_metrics_port_out_of_range_is_a_usage_error(redis_url: str) -> None:
+    done = subprocess.run(
+        [*listen_command(redis_url, "work", "tests.jobs:echo", "--metrics-port", "99999")],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=30)
+    assert done.returncode == 2 and "port number from 0 to 65535" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

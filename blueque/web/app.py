@@ -153,8 +153,9 @@ class Dashboard:
         return await self.render(request, "task.html", {"task": data})
 
     async def nodes(self, request: Request) -> Response:
-        rows = await run_in_threadpool(views.nodes_page, self.store, now())
-        return await self.render(request, "nodes.html", {"listeners": rows})
+        page = _int(request.query_params.get("page"), 1)
+        data = await run_in_threadpool(views.nodes_page, self.store, now(), page)
+        return await self.render(request, "nodes.html", data)
 
     async def schedule(self, request: Request) -> Response:
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 
 import uvicorn
 
@@ -29,12 +30,34 @@ def read_token(path: str | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The dashboard's socket, bound here so that a port in use or a host that is not this
+    machine's is a clear usage error (uvicorn would exit 3, which `blueque` means as "Redis
+    unreachable")."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"{host}:{port}: {error.strerror or error}") from error
+    return sock
+
+
 def serve(client: Client, args: argparse.Namespace, cron_entries: list[CronEntry]) -> int:
     token = read_token(args.token_file)
     app = create_app(client=client, token=token, cron_entries=cron_entries,
                      refresh=args.refresh)
-    log.warning("dashboard on http://%s:%d/ (%s)", args.host, args.port,
+    sock = listening_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    log.warning("dashboard on http://%s:%d/ (%s)", shown, port,
                 "actions enabled with the token" if token else "read-only")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                proxy_headers=False, server_header=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", proxy_headers=False,
+                                           server_header=False))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
