@@ -76,3 +76,15 @@ def flood(task: Task) -> str:
     while not os.path.exists(params["release"]):
         time.sleep(0.02)
     return "ok"
+
+
+def pauses(task: Task) -> str:
+    """Prints, stays quiet until its ``go`` file exists, prints again, waits for release."""
+    params = _params(task)
+    print("before the quiet spell", flush=True)
+    while not os.path.exists(params["go"]):
+        time.sleep(0.02)
+    print("after the quiet spell", flush=True)
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    return "ok"
