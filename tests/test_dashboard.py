@@ -371,11 +371,12 @@ def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque
     client.get_queue("jobs").enqueue("{}")
     _, text = get(dashboard.url + "/")
     row = text[text.index('data-queue="jobs"'):]
-    bars = re.findall(r'<rect class="ok"[^>]*height="([\d.]+)"><title>[^<]*: (\d+) complete',
-                      row[: row.index("</tr>")])
-    assert len(bars) == 60  # one a minute, the last hour
-    assert [int(n) for _, n in bars].count(1) == 1 and sum(int(n) for _, n in bars) == 1
-    assert [float(h) > 0 for h, n in bars] == [n == "1" for _, n in bars]
+    # a bar for each minute of the last hour in which something ended: here, one
+    bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, (\d+) retried</title>"
+                      r'<rect class="ok" x="([\d.]+)" width="2.4" y="[\d.]+" height="([\d.]+)"/>'
+                      r"</g>", row[: row.index("</tr>")])
+    assert len(bars) == 1 and bars[0][:3] == ("1", "0", "0"), row[:3000]
+    assert bars[0][3] in ("174", "177") and float(bars[0][4]) == 38  # the last minutes, full
     assert '<td class="num age">3h11m</td>' in row[: row.index("</tr>")] or (
         '<td class="num age">3h12m</td>' in row[: row.index("</tr>")]), row[:2000]
 
@@ -498,3 +499,36 @@ def test_nodes_page_shows_a_window_of_a_large_fleet(client: blueque.Client,
     _, second = get(dashboard.url + "/nodes?page=2")
     assert second.count('class="listener ') == 5 and "listeners 51 to 55 of 55" in second
     assert 'data-listener="node53_1053"' in second and "big-node_4242" not in second
+
+
+def test_overview_pages_many_queues(client: blueque.Client, dashboard: DashboardProcess
+                                    ) -> None:
+    """More queues than a page holds (100): each page reads and draws its own queues only."""
+    for n in range(105):
+        client.get_queue(f"q{n:03d}").enqueue("{}")
+    _, first = get(dashboard.url + "/")
+    assert first.count('class="queue-row"') == 100
+    assert "queues 1 to 100 of 105" in first and 'href="/?page=2"' in first
+    _, second = get(dashboard.url + "/?page=2")
+    assert second.count('class="queue-row"') == 5 and "queues 101 to 105 of 105" in second
+    shown = re.findall(r'class="queue-row" data-queue="(q\d+)"', first + second)
+    assert sorted(shown) == [f"q{n:03d}" for n in range(105)]
+
+
+def test_schedule_page_pages_the_queues_that_have_scheduled_tasks(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    later = time.time() + 3600
+    for n in range(25):
+        queue = client.get_queue(f"s{n:02d}")
+        for m in range(n % 3 + 1):
+            queue.schedule("{}", later + m, task_id=f"s{n:02d}-{m}")
+    client.get_queue("idle").enqueue("{}")
+    _, first = get(dashboard.url + "/schedule")
+    _, second = get(dashboard.url + "/schedule?page=2")
+    assert "queues 1 to 20 of 25 with scheduled tasks" in first
+    assert "queues 21 to 25 of 25 with scheduled tasks" in second
+    both = first + second
+    assert "idle" not in both
+    for n in range(25):
+        assert both.count(f'data-task="s{n:02d}-') == n % 3 + 1, n
+        assert f"{n % 3 + 1} of {n % 3 + 1}</span>" in both

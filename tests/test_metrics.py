@@ -325,3 +325,34 @@ def test_a_metrics_port_out_of_range_is_a_usage_error(redis_url: str) -> None:
         timeout=30)
     assert done.returncode == 2 and "port number from 0 to 65535" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_reads_of_many_queues_agree_with_reads_of_one(any_client: blueque.Client) -> None:
+    """The pipelined reads of the dashboard and the collector give, queue by queue, what the
+    one-queue reads give: counts (reserved included), the next task in line, outcomes."""
+    store = any_client.store
+    run_to_end(any_client, "a", "complete")
+    run_to_end(any_client, "a", "failed")
+    any_client.get_queue("a").enqueue("{}")
+    any_client.get_queue("b").enqueue("{}")
+    reserved = any_client.get_listener("b").reserve()  # reserved, not started
+    assert reserved is not None
+    any_client.get_queue("b").enqueue("{}", task_id="next-in-b")
+    any_client.get_queue("c").schedule("{}", time.time() + 60)
+    queues = ["a", "b", "c", "never-used"]
+    minute = int(now() // 60 * 60)
+    minutes = [minute - 60, minute]
+    assert store.counts_many(queues) == [store.counts(q) for q in queues]
+    assert store.counts("b").reserved == 1 and store.counts("a").failed == 1
+    assert store.oldest_pending_many(queues) == [store.oldest_pending(q) for q in queues]
+    oldest_b = store.oldest_pending("b")
+    assert oldest_b is not None and oldest_b[0] == "next-in-b" and "created" in oldest_b[1]
+    assert store.outcome_counts_many(queues) == [store.outcome_counts(q) for q in queues]
+    assert store.outcome_counts("a") == {"complete": 1, "failed": 1}
+    assert store.outcomes_per_minute_many(queues, minutes) == [
+        store.outcomes_per_minute(q, minutes) for q in queues]
+    assert store.listener_ids_many(queues) == store.listener_ids("a") | store.listener_ids("b")
+    work = store.listeners_at_work(queues)
+    assert [w.registered for w in work] == [store.listener_ids(q) for q in queues]
+    assert [w.leases for w in work] == [store.leases(q) for q in queues]
+    assert [w.started for w in work] == [store.started_entries(q) for q in queues]

@@ -130,8 +130,9 @@ class Dashboard:
         return guarded
 
     async def queues(self, request: Request) -> Response:
-        rows = await run_in_threadpool(views.queues_page, self.store, now())
-        return await self.render(request, "queues.html", {"queues": rows})
+        page = _int(request.query_params.get("page"), 1)
+        data = await run_in_threadpool(views.queues_page, self.store, now(), page)
+        return await self.render(request, "queues.html", data)
 
     async def queue(self, request: Request) -> Response:
         name = request.query_params.get("name", "")
@@ -158,8 +159,9 @@ class Dashboard:
         return await self.render(request, "nodes.html", data)
 
     async def schedule(self, request: Request) -> Response:
+        page = _int(request.query_params.get("page"), 1)
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
-                                       now())
+                                       now(), page)
         return await self.render(request, "schedule.html", data)
 
     async def metrics(self, request: Request) -> Response:

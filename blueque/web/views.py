@@ -12,7 +12,7 @@ from typing import Any
 from blueque import keys as k
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError
-from blueque.metrics import oldest_pending_age
+from blueque.metrics import pending_age
 from blueque.store import RedisStore
 from blueque.tasklog import read_outputs
 
@@ -20,8 +20,12 @@ from blueque.tasklog import read_outputs
 PAGE_SIZE = 50
 #: Scheduled tasks shown per queue on the schedule page.
 SCHEDULED_SHOWN = 20
+#: Queues (those with scheduled tasks) per page of the schedule page.
+SCHEDULE_QUEUES_PER_PAGE = 20
 #: Minutes of the queues page's throughput chart.
 CHART_MINUTES = 60
+#: Queues per page of the queues page (each costs 60 reads for its chart).
+QUEUES_PER_PAGE = 100
 #: States in the order a task moves through them.
 STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED)
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
@@ -69,14 +73,18 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
 
 
 # --- queues -----------------------------------------------------------------------------------
-def queues_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
-    """Every queue: counts per state, oldest pending age, outcomes per minute (last hour)."""
+def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]:
+    """A page of queues (QUEUES_PER_PAGE): counts per state, oldest pending age, outcomes
+    per minute over the last hour; a fixed number of pipelines for the whole page."""
     minute = int(at // 60 * 60)
     minutes = [minute - 60 * n for n in range(CHART_MINUTES - 1, -1, -1)]
+    known = [queue for queue, _ in store.known_queues()]
+    page = Page(max(1, number_), QUEUES_PER_PAGE, len(known))
+    queues = known[page.start : page.stop + 1]
     rows = []
-    for queue, _ in store.known_queues():
-        counts = store.counts(queue)
-        per_minute = store.outcomes_per_minute(queue, minutes)
+    for queue, counts, oldest, per_minute in zip(
+            queues, store.counts_many(queues), store.oldest_pending_many(queues),
+            store.outcomes_per_minute_many(queues, minutes), strict=True):
         bars = [{"minute": m, "complete": c.get("complete", 0),
                  "failed": c.get("failed", 0) + c.get("cancelled", 0),
                  "retry": c.get("retry", 0)} for m, c in zip(minutes, per_minute, strict=True)]
@@ -84,14 +92,13 @@ def queues_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
             "name": queue,
             "counts": {state: getattr(counts, state) for state in STATES},
             "listeners": counts.listeners,
-            "oldest_pending_age": oldest_pending_age(store, queue, at),
+            "oldest_pending_age": pending_age(oldest, at),
             "bars": bars,
             "peak": max([1, *(b["complete"] + b["failed"] + b["retry"] for b in bars)]),
             "last_hour": {name: sum(b[name] for b in bars)
                           for name in ("complete", "failed", "retry")},
-            "last_minute": bars[-2]["complete"] + bars[-2]["failed"] if len(bars) > 1 else 0,
         })
-    return rows
+    return {"queues": rows, "page": page}
 
 
 # --- one queue's tasks ------------------------------------------------------------------------
@@ -202,16 +209,16 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
     server_now = store.server_time()
     listeners: dict[str, dict[str, Any]] = {}
     running: dict[str, list[tuple[str, str, str]]] = {}
-    for queue, _ in store.known_queues():
-        leases = store.leases(queue)
-        for listener in sorted(store.listener_ids(queue) | set(leases)):
+    queues = [queue for queue, _ in store.known_queues()]
+    for queue, work in zip(queues, store.listeners_at_work(queues), strict=True):
+        for listener in sorted(work.registered | set(work.leases)):
             entry = listeners.setdefault(listener, {"id": listener, "leases": []})
-            deadline = leases.get(listener)
+            deadline = work.leases.get(listener)
             entry["leases"].append({
                 "queue": queue,
                 "left": None if deadline is None else deadline / 1000 - server_now,
             })
-        for listener, pid, task_id in store.started_entries(queue):
+        for listener, pid, task_id in work.started:
             running.setdefault(listener, []).append((queue, pid, task_id))
             listeners.setdefault(listener, {"id": listener, "leases": []})
     page = Page(max(1, number_), LISTENERS_PER_PAGE, len(listeners))
@@ -240,19 +247,22 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
 
 
 # --- scheduled tasks and cron entries ---------------------------------------------------------
-def schedule_page(store: RedisStore, entries: Sequence[CronEntry], at: float
-                  ) -> dict[str, Any]:
+def schedule_page(store: RedisStore, entries: Sequence[CronEntry], at: float,
+                  number_: int = 1) -> dict[str, Any]:
+    """The soonest scheduled tasks of the queues that have some (a page of
+    SCHEDULE_QUEUES_PER_PAGE queues), and the cron entries: a few pipelines in all."""
+    known = [queue for queue, _ in store.known_queues()]
+    waiting = [(queue, total) for queue, total
+               in zip(known, store.scheduled_counts(known), strict=True) if total]
+    page = Page(max(1, number_), SCHEDULE_QUEUES_PER_PAGE, len(waiting))
+    shown = waiting[page.start : page.stop + 1]
+    windows = store.scheduled_windows([queue for queue, _ in shown], SCHEDULED_SHOWN)
+    datas = iter(store.task_data_many([task_id for window in windows for task_id, _ in window]))
     queues = []
-    for queue, _ in store.known_queues():
-        window = store.scheduled_window(queue, 0, SCHEDULED_SHOWN - 1)
-        if not window:
-            continue
-        ids = [task_id for task_id, _ in window]
-        rows = []
-        for (task_id, eta), data in zip(window, store.task_data_many(ids), strict=True):
-            rows.append(dict(task_row(task_id, data, at), eta=eta))
-        queues.append({"name": queue, "total": store.counts(queue).scheduled, "rows": rows})
-    return {"queues": queues, "cron": cron_rows(store, entries, at)}
+    for (queue, total), window in zip(shown, windows, strict=True):
+        rows = [dict(task_row(task_id, next(datas), at), eta=eta) for task_id, eta in window]
+        queues.append({"name": queue, "total": total, "rows": rows})
+    return {"queues": queues, "page": page, "cron": cron_rows(store, entries, at)}
 
 
 def cron_rows(store: RedisStore, entries: Sequence[CronEntry], at: float
