@@ -88,3 +88,9 @@ def pauses(task: Task) -> str:
     while not os.path.exists(params["release"]):
         time.sleep(0.02)
     return "ok"
+
+
+def chatty_waits(task: Task) -> str:
+    """Prints a line, then waits for its release file."""
+    print("waiting", flush=True)
+    return waits(task)

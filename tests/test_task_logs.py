@@ -145,7 +145,7 @@ def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ign
 
 def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # type: ignore[no-untyped-def]
         client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
-    start("tests.output_jobs:waits")
+    daemon = start("tests.output_jobs:waits")
     release = tmp_path / "release"
     queue = client.get_queue("work")
     task_id = queue.enqueue(json.dumps({"release": str(release)}))
@@ -154,6 +154,10 @@ def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # typ
     assert pid is not None
     wait_until(lambda: psutil.Process(pid).cmdline()[:1] == [
         f"blueque: work {task_id} attempt 1"], what="the task process's title")
+    listener = client.get_task(task_id).node
+    assert listener is not None and listener.endswith(f"_{daemon.pid}")
+    assert psutil.Process(daemon.pid).cmdline()[:1] == [
+        f"blueque listen work tests.output_jobs:waits ({listener})"]
     release.touch()
     task = client.get_task(task_id).wait(20)
     wait_until(lambda: redis_client.exists(Keys().task_log(task_id)), what="end mark")
@@ -498,3 +502,22 @@ def test_a_quiet_running_attempt_keeps_its_file(  # type: ignore[no-untyped-def]
     client.get_task(task_id).wait(20)
     assert path.exists() or path.with_name(path.name + ".1").exists()
     assert shipped()
+
+
+def test_the_output_stream_expires_with_the_task(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
+    """While the attempt runs, the stream lives --log-keep; once it ends, as long as the task
+    (its result TTL): the tail never outlives its task, nor vanishes before it."""
+    start("tests.output_jobs:chatty_waits", "--log-keep", "1h")
+    release = tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}),
+                                               result_ttl=600)
+    stream = Keys().task_log(task_id)
+    wait_until(lambda: redis_client.exists(stream), what="the first shipment")
+    assert 3000 * 1000 < redis_client.pttl(stream) <= 3600 * 1000
+    release.touch()
+    assert client.get_task(task_id).wait(20).status == "complete"
+    output = read_output(client.store, task_id)
+    assert output is not None and output.ended and "waiting" in output.text
+    assert 500 * 1000 < redis_client.pttl(stream) <= 600 * 1000
+    assert abs(redis_client.pttl(stream) - redis_client.pttl(Keys().task(task_id))) < 5000
