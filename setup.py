@@ -35,6 +35,7 @@ setup(
             "uvicorn>=0.23",
             "jinja2>=3.1",
             "fastapi>=0.100",  # the dashboard mounted in a FastAPI service (test_dashboard)
+            "setuptools>=61",  # test_dashboard builds the package (venvs of 3.12+ lack it)
         ],
         "spark": ["pyspark>=3.5"],
         "web": ["starlette>=0.37", "uvicorn>=0.23", "jinja2>=3.1", "prometheus_client>=0.17"],
