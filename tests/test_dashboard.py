@@ -176,6 +176,14 @@ def test_actions_need_the_token_and_the_dashboards_own_origin(
         status, reply = post(url, {"task_id": task_id}, headers, content_type)
         assert status == 403 and why in str(reply["message"]), (headers, reply)
         assert client.get_task(task_id).status == "pending"
+    # behind a reverse proxy that terminates TLS and passes the Host header on
+    proxied = {"Host": "ops.example", "X-Blueque-Token": TOKEN}
+    for origin in ("https://evil.example", "https://ops.example:8443", "ftp://ops.example"):
+        status, reply = post(url, {"task_id": task_id}, {**proxied, "Origin": origin})
+        assert status == 403 and "another site" in str(reply["message"]), origin
+    status, reply = post(url, {"task_id": "no-such-task"},
+                         {**proxied, "Origin": "https://ops.example"})
+    assert status == 409 and "no-such-task" in str(reply["message"])  # let through
     status, reply = post(url, {"task_id": task_id}, good)
     assert status == 200 and reply["ok"] is True
     task = client.get_task(task_id)

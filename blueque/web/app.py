@@ -182,7 +182,10 @@ class Dashboard:
         if not source:
             return "cross-site check failed: no Origin or Referer"
         origin = urlsplit(source)
-        if (origin.scheme, origin.netloc) != (request.url.scheme, request.url.netloc):
+        # behind a proxy that terminates TLS the page is https and the request it forwards
+        # http; never the other way round
+        schemes = {request.url.scheme} | ({"https"} if request.url.scheme == "http" else set())
+        if origin.scheme not in schemes or origin.netloc != request.url.netloc:
             return "cross-site check failed: the request comes from another site"
         return None
 
