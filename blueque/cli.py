@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from blueque.errors import (
     TaskNotFound,
 )
 from blueque.logs import configure as configure_logs
+from blueque.metrics import MetricsServer, queue_registry
 from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
@@ -84,7 +86,7 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 #: Commands that wait for Redis with backoff instead of exiting 3 when it is not up yet.
-DAEMONS = ("listen", "scheduler", "dashboard")
+DAEMONS = ("listen", "scheduler", "dashboard", "metrics")
 
 
 def connect(args: argparse.Namespace, ping: bool = True) -> Client:
@@ -415,6 +417,28 @@ def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
         raise Failure(f"cannot serve the dashboard: {error}", EXIT_USAGE) from error
 
 
+def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
+    """The dashboard's /metrics alone (no web extra needed): every queue's figures, read from
+    Redis at each scrape."""
+    configure_logs("text", "INFO")
+    try:
+        server = MetricsServer(queue_registry(client.store), args.port, args.host)
+    except OSError as error:
+        raise Failure(f"cannot serve metrics on {args.host}:{args.port}: {error}",
+                      EXIT_USAGE) from error
+    print(f"blueque: metrics of every queue on http://{args.host}:{server.port}/metrics",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(args.url, queue=args.queue, out=sys.stdout, err=sys.stderr)
 
@@ -579,6 +603,13 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_node_name_argument(sub)
     sub.add_argument("--log-format", choices=("text", "json"), default="text")
     sub.add_argument("--log-level", default="INFO")
+    sub = add("metrics", cmd_metrics,
+              "serve every queue's Prometheus metrics (the dashboard's /metrics, without it)")
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0 lets a Prometheus "
+                          "on another host scrape it)")
+    sub.add_argument("--port", type=port_number, default=9309,
+                     help="default 9309 (0: any free port, printed)")
     sub = add("dashboard", cmd_dashboard,
               "serve the web dashboard and /metrics (read-only unless a token is given)")
     _add_dashboard_arguments(sub)

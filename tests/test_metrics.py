@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -356,3 +357,45 @@ def test_reads_of_many_queues_agree_with_reads_of_one(any_client: blueque.Client
     assert [w.registered for w in work] == [store.listener_ids(q) for q in queues]
     assert [w.leases for w in work] == [store.leases(q) for q in queues]
     assert [w.started for w in work] == [store.started_entries(q) for q in queues]
+
+
+@pytest.mark.slow
+def test_blueque_metrics_serves_every_queue_without_the_dashboard(
+        client: blueque.Client, redis_url: str, tmp_path: Path) -> None:
+    """`blueque metrics`: the dashboard's /metrics for deployments without the web UI (a
+    real process, scraped over HTTP, stopped by SIGTERM)."""
+    run_to_end(client, "jobs", "failed")
+    client.get_queue("jobs").enqueue("{}")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "blueque.cli", "metrics", "--url", redis_url, "--port",
+         str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scraped() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            try:
+                return samples(fetch(url))
+            except OSError:
+                return {}
+
+        wait_until(lambda: scraped() or process.poll() is not None, what="metrics served")
+        found = scraped()
+        assert found[("blueque_redis_up", ())] == 1
+        assert found[("blueque_tasks", (("queue", "jobs"), ("state", "pending")))] == 1
+        assert found[("blueque_tasks_finished_total", (("outcome", "failed"),
+                                                       ("queue", "jobs")))] == 1
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/metrics" in err
+    taken = subprocess.run(
+        [sys.executable, "-m", "blueque.cli", "metrics", "--url", redis_url, "--port",
+         "99999"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=30)
+    assert taken.returncode == 2 and "0 to 65535" in taken.stderr
