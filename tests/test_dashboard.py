@@ -97,7 +97,10 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
     queue.enqueue(XSS, task_id="running")
     run(client, "jobs", progress=0.25)
     queue.schedule(XSS, time.time() + 600, task_id="later")
-    pages = ["/", "/queue?name=jobs&state=failed", "/queue?name=jobs&state=started",
+    for attempt in ("1", XSS):  # the output stream's fields are Redis values too
+        client.store.append_output("x<1>", attempt, f"output {XSS}\n", 10, end=True)
+    pages = ["/task?id=x%3C1%3E&attempt=1", "/", "/queue?name=jobs&state=failed",
+             "/queue?name=jobs&state=started",
              "/queue?name=jobs&state=scheduled", "/task?id=x%3C1%3E", "/task?id=running",
              "/nodes", "/schedule"]
     for page in pages:
@@ -107,6 +110,7 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
         assert "<b>hard</b>" not in text, page
     status, text = get(dashboard.url + "/task?id=x%3C1%3E")
     assert str(escape(XSS)) in text  # shown as text, not dropped
+    assert f"Output of attempt {escape(XSS)}" in text and f"output {escape(XSS)}" in text
     assert "Traceback (most recent call last):\nValueError: " + str(escape(XSS)) in text
     status, text = get(dashboard.url + "/task?id=running")
     assert 'value="0.25"' in text and "working &lt;b&gt;hard&lt;/b&gt;" in text

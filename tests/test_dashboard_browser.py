@@ -175,14 +175,20 @@ def test_xss_payload_in_parameters_renders_as_text(
     payload = ('<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
                '"><svg onload="window.pwned = 3">')
     task_id = client.get_queue("evil<q>").enqueue(payload, task_id='id"><b>x</b>')
+    for attempt in ("1", payload):  # its output and the attempt's name: Redis values too
+        client.store.append_output(task_id, attempt, payload + "\n", 1, end=True)
     task_page = f"/task?{urlencode({'id': task_id})}"
-    for path in (task_page, f"/queue?{urlencode({'name': 'evil<q>'})}", "/"):
+    for path in (task_page, task_page + "&attempt=1", f"/queue?{urlencode({'name': 'evil<q>'})}",
+                 "/"):
         page.goto(dashboard.url + path)
         page.wait_for_timeout(700)  # two live refreshes go by: they must not run it either
         assert page.evaluate("typeof window.pwned") == "undefined", path
     page.goto(dashboard.url + task_page)
     assert page.locator("#parameters").inner_text() == payload
     assert page.locator("#task-id").inner_text() == task_id
+    assert page.locator("#output").inner_text() == payload + "\n"
+    assert sorted(page.locator(".attempts a").all_inner_texts()) == [
+        "attempt 1", f"attempt {payload}"]
     page.screenshot(path=str(shots / "xss-as-text.png"), full_page=True)
 
 
