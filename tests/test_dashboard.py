@@ -5,6 +5,7 @@ actions unless a token is configured, given and sent from the dashboard's own or
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import psutil
 import pytest
@@ -544,3 +546,33 @@ def test_schedule_page_pages_the_queues_that_have_scheduled_tasks(
     for n in range(25):
         assert both.count(f'data-task="s{n:02d}-') == n % 3 + 1, n
         assert f"{n % 3 + 1} of {n % 3 + 1}</span>" in both
+
+
+def test_queue_and_task_names_with_url_characters_round_trip(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    """Every link the pages draw leads to the queue or task it names, whatever characters the
+    names hold (/, #, ?, &, %, non-ASCII)."""
+    name, task_id = "a/b#c?d&e%2Fé", "t/1#?&%2F..é"
+    client.get_queue(name).enqueue("{}", task_id=task_id)
+    client.get_queue(name).schedule("{}", time.time() + 600, task_id="later/1")
+    _, text = get(dashboard.url + "/")
+    links = re.findall(r'href="(/queue\?[^"]+)"', text)
+    assert links
+    for link in links:
+        status, page = get(dashboard.url + html.unescape(link))
+        assert status == 200 and f"Queue <span class=\"mono\">{escape(name)}</span>" in page
+    _, queue_page = get(dashboard.url + html.unescape(links[0]))
+    (task_link,) = re.findall(r'href="(/task\?[^"]+)"', queue_page)
+    status, task_page = get(dashboard.url + html.unescape(task_link))
+    assert status == 200
+    assert f'<span class="mono" id="task-id">{escape(task_id)}</span>' in task_page
+    found = re.search(r'<form class="search" method="get" action="([^"]+)">(.*?)</form>',
+                      queue_page, re.S)
+    assert found is not None
+    fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', found.group(2)))
+    query = urlencode({"name": html.unescape(fields["name"]), "id": task_id})
+    _, searched = get(dashboard.url + html.unescape(found.group(1)) + "?" + query)
+    assert searched.count('class="task-row"') == 1
+    _, schedule = get(dashboard.url + "/schedule")
+    (later,) = re.findall(r'href="(/task\?id=later[^"]+)"', schedule)
+    assert get(dashboard.url + html.unescape(later))[0] == 200
