@@ -119,6 +119,38 @@ def test_running_progress_advances_without_reload(
     client.get_task(task_id).wait(20)
 
 
+def test_a_running_tasks_log_tail_grows_without_reload(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path, tmp_path: Path) -> None:
+    listen("work", "tests.output_jobs:ticking")
+    release = tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}))
+    wait_until(lambda: client.get_task(task_id).status == "started", what="started")
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    wait_until(lambda: page.locator("#output").count() == 1, what="the output shown")
+    page.evaluate("window.notReloaded = true")
+    first = page.locator("#output").inner_text().count("tick ")
+    wait_until(lambda: page.locator("#output").inner_text().count("tick ") > first + 10,
+               what="more output without a reload")
+    assert page.evaluate("window.notReloaded") is True
+    assert "still coming" in page.locator("h2", has_text="Output of attempt 1").inner_text()
+    at_end = """(() => { const pre = document.getElementById("output");
+                          return pre.scrollHeight > pre.clientHeight
+                            && pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4; })()"""
+    wait_until(lambda: page.evaluate(at_end), what="the newest lines in view")
+    page.evaluate('document.getElementById("output").scrollTop = 0')  # reading older lines
+    grown = page.locator("#output").inner_text().count("tick ")
+    wait_until(lambda: page.locator("#output").inner_text().count("tick ") > grown + 5,
+               what="more output")
+    assert page.evaluate('document.getElementById("output").scrollTop') == 0  # left there
+    page.evaluate('document.getElementById("output").scrollTop = 1e9')
+    page.screenshot(path=str(shots / "task-output-live.png"), full_page=True)
+    release.touch()
+    assert client.get_task(task_id).wait(20).status == "complete"
+    wait_until(lambda: page.locator("#output").inner_text().endswith("bye\n")
+               or page.locator("#output").inner_text().endswith("bye"), what="its last line")
+
+
 def test_failed_task_shows_its_traceback_and_log_tail(
         client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
         shots: Path) -> None:

@@ -22,6 +22,24 @@
     message.hidden = false;
   }
 
+  // A log tail (pre[data-tail]) shows its newest lines: scrolled to its end, and kept there
+  // across refreshes unless the reader scrolled up to read older lines.
+  function readTails() {
+    const tails = {};
+    for (const pre of document.querySelectorAll("pre[data-tail]")) {
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      tails[pre.id] = atEnd ? null : pre.scrollTop;
+    }
+    return tails;
+  }
+
+  function keepTails(tails) {
+    for (const pre of document.querySelectorAll("pre[data-tail]")) {
+      const kept = tails[pre.id];
+      pre.scrollTop = (kept === undefined || kept === null) ? pre.scrollHeight : kept;
+    }
+  }
+
   function setStatus(text, ok) {
     status.textContent = text;
     status.className = ok ? "live" : "live down";
@@ -55,12 +73,14 @@
           body.dataset.page = fresh.body.dataset.page;
         }
       }
+      const tails = readTails();
       for (const old of document.querySelectorAll("[data-live]")) {
         const replacement = fresh.getElementById(old.id);
         if (replacement) {
           old.replaceWith(document.importNode(replacement, true));
         }
       }
+      keepTails(tails);
       if (response.ok || response.status === 404) {
         setStatus("live", true);
       } else {
@@ -118,6 +138,7 @@
     }
   });
 
+  keepTails({});
   window.setInterval(refresh, refreshMs);
   document.addEventListener("visibilitychange", refresh);
 })();
