@@ -24,6 +24,7 @@ from blueque.cron import CronEntry, check_unique, load_file, parse_spec
 from blueque.display import (
     ProgressBar,
     TaskProgress,
+    format_bytes,
     format_seconds,
     format_time,
     last_line,
@@ -47,6 +48,7 @@ from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
 from blueque.store import now
+from blueque.task import Task
 from blueque.tasklog import follow_output, read_output, wait_for_output
 from blueque.waiting import WaitResult, wait_all
 
@@ -193,16 +195,38 @@ def _float(raw: str | None) -> float | None:
 
 
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
-    data = client.get_task(args.task_id).data
+    task = client.get_task(args.task_id)
+    data = task.data
     if not data:
         raise TaskNotFound(args.task_id)
+    if args.checkpoint:
+        return _show_checkpoint(task, args)
     rows = []
     for name in sorted(data):
         value = data[name]
         stamp = _float(value) if name in TIME_FIELDS else None
         rows.append((name, f"{format_time(stamp)} ({value})" if stamp else value))
-    emit(args, {"id": args.task_id, **data},
-         f"task {args.task_id}\n" + table(("FIELD", "VALUE"), rows))
+    info = task.checkpoint_info  # its size, time and attempt; the state stays in Redis
+    if info is None:
+        saved = "checkpoint: none"
+    else:
+        saved = (f"checkpoint: {format_bytes(info.size)} saved {format_time(info.saved_at)} "
+                 f"({format_seconds(now() - info.saved_at)} ago) by attempt {info.attempt}; "
+                 f"blueque show {args.task_id} --checkpoint prints it")
+    emit(args, {"id": args.task_id, **data, "checkpoint": info and vars(info)},
+         f"task {args.task_id}\n" + table(("FIELD", "VALUE"), rows) + "\n" + saved)
+    return EXIT_OK
+
+
+def _show_checkpoint(task: Task, args: argparse.Namespace) -> int:
+    """The checkpoint's state alone (for a pipe into jq), or with --json its fields too."""
+    state, info = task.checkpoint, task.checkpoint_info
+    if state is None or info is None:
+        raise Failure(f"task {task.id} has no checkpoint", EXIT_FAILURE)
+    if args.json:
+        print(json.dumps({"id": task.id, **vars(info), "state": state}, indent=2))
+    else:
+        sys.stdout.write(state if state.endswith("\n") else state + "\n")
     return EXIT_OK
 
 
@@ -494,6 +518,9 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=default,
                             type=duration if default is None else _argument(_option_value),
                             metavar="DURATION", help=f"{what} (90, 15m, 2h, 7d)")
+    parser.add_argument("--checkpoint-max-bytes", dest="checkpoint_max_bytes", default=default,
+                        type=int if default is None else _attempts_value, metavar="BYTES",
+                        help="largest checkpoint a run may save (default 1048576: 1 MiB)")
 
 
 Command = Callable[[Client, argparse.Namespace], int]
@@ -537,8 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("queue")
     sub.add_argument("--status", choices=k.STATUSES, help="only tasks in this state")
     sub.add_argument("--limit", type=int, default=20, help="at most N per state (default 20)")
-    sub = add("show", cmd_show, "every field of one task")
+    sub = add("show", cmd_show, "every field of one task, and its checkpoint's size and age")
     sub.add_argument("task_id")
+    sub.add_argument("--checkpoint", action="store_true",
+                     help="print the task's checkpoint (its saved state) instead")
     sub = add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis")
     sub.add_argument("task_id")
     sub.add_argument("--attempt", type=int, help="which attempt (default: the newest)")

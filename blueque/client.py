@@ -32,9 +32,11 @@ class Client:
 
     Other keyword arguments go to redis-py unchanged, as in blueque 1.0.1 (``retry=``,
     ``socket_timeout=``...). Blueque's own options have names redis-py does not use:
-    ``cluster``, ``retry_policy`` (a ``blueque.ha.RetryPolicy``), ``durability`` and
+    ``cluster``, ``retry_policy`` (a ``blueque.ha.RetryPolicy``), ``durability``,
     ``retry_deadline`` (seconds each operation keeps retrying through a Redis restart or
-    failover before RedisUnavailable; default 30, 0 = no retry; also a URL option). A ready
+    failover before RedisUnavailable; default 30, 0 = no retry; also a URL option) and
+    ``checkpoint_max_bytes`` (the largest checkpoint a task run with this client may save
+    unless the task's option or its queue's default says otherwise; default 1 MiB). A ready
     redis-py client gets no retry policy unless ``retry_policy`` is given."""
 
     def __init__(
@@ -44,8 +46,16 @@ class Client:
         cluster: bool = False,
         retry_policy: Any = None,
         durability: Any = None,
+        checkpoint_max_bytes: int | None = None,
         **redis_kwargs: Any,
     ) -> None:
+        if checkpoint_max_bytes is not None and (
+                isinstance(checkpoint_max_bytes, bool) or not isinstance(checkpoint_max_bytes, int)
+                or checkpoint_max_bytes < 1):
+            raise ConfigurationError(
+                f"checkpoint_max_bytes must be a whole number of bytes >= 1, not "
+                f"{checkpoint_max_bytes!r}"
+            )
         if url is None or isinstance(url, str):
             self.settings: Settings | None = Settings.from_url(url, **redis_kwargs)
             try:  # a cluster client connects at once, to learn the slot map
@@ -66,6 +76,8 @@ class Client:
             durability = durability or self.settings.durability()
         self.keys = Keys(cluster=cluster or isinstance(self.redis, RedisCluster))
         self.store = RedisStore(self.redis, self.keys, retry=retry_policy, durability=durability)
+        if checkpoint_max_bytes is not None:
+            self.store.checkpoint_max_bytes = checkpoint_max_bytes
 
     def __repr__(self) -> str:
         return f"<blueque.Client {self.store.where}>"

@@ -80,6 +80,15 @@ def format_time(timestamp: float | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def format_bytes(size: int) -> str:
+    """``11 B``, ``4.0 KiB``, ``1.0 MiB``."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
 def format_seconds(seconds: float) -> str:
     """A short human duration: ``850ms``, ``42s``, ``7m05s``, ``3h12m``, ``2d04h``."""
     sign = "-" if seconds < 0 else ""

@@ -59,3 +59,9 @@ class AuthenticationFailed(ConfigurationError):
 
 class UnsupportedServer(ConfigurationError):
     """The server is not a Redis Blueque can use: not Redis at all, or older than 6.2."""
+
+
+class CheckpointTooLarge(BluequeError, ValueError):
+    """A checkpoint larger than its task's limit (``checkpoint_max_bytes``): nothing was
+    written. Store large state elsewhere (a file, an object store) and checkpoint a reference
+    to it."""

@@ -141,6 +141,12 @@ class Keys:
         """Hash: outcome -> tasks of the queue that ended so, ever (a Prometheus counter)."""
         return _key("outcome_counts", self._q(queue))
 
+    def checkpoint(self, task_id: str) -> str:
+        """Hash of a task's last checkpoint {state, saved_at, attempt, size}: a key of its own
+        so that the HGETALLs of task hashes (recovery, dashboard, refresh) never carry it; in
+        the cluster layout the task id's hash tag puts it in the task's slot."""
+        return _key("checkpoint", task_id)
+
     # --- pub/sub channels (not keys; listed in PROTOCOL.md all the same) -----------------
     def channel(self, queue: str) -> str:
         """Channel published on every enqueue, so idle multi-queue listeners wake at once."""
@@ -194,6 +200,7 @@ KEY_BUILDERS = (
     "finished_per_minute",
     "task_log",
     "outcome_counts",
+    "checkpoint",
     "channel",
     "done_channel",
     "control",

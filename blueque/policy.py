@@ -21,6 +21,8 @@ OPTION_TYPES: dict[str, type] = {
     "time_limit": float,
     "kill_grace": float,
     "result_ttl": float,
+    # read by Task.save_checkpoint, not by Policy: the largest checkpoint, in bytes
+    "checkpoint_max_bytes": int,
 }
 
 
@@ -80,7 +82,7 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
             number = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError) as error:
             raise ConfigurationError(f"option {name}={value!r} is not a number") from error
-        if number < 0 or (name == "max_attempts" and number < 1):
+        if number < 0 or (name in ("max_attempts", "checkpoint_max_bytes") and number < 1):
             raise ConfigurationError(f"option {name}={value!r} is out of range")
         encoded[name] = str(OPTION_TYPES[name](number))
     return encoded

@@ -46,6 +46,13 @@ BULK_CHUNK = 1000
 #: How long a blocking pop waits per round trip; listen() loops, so this bounds only how
 #: quickly a blocked listener notices a stop request, never how fast it sees a new task.
 BLOCK_SLICE = 1.0
+#: The largest checkpoint a task may save unless its own option, its queue's default or the
+#: client says otherwise (``checkpoint_max_bytes``): checkpoints are resume points, not data.
+CHECKPOINT_MAX_BYTES = 1024 * 1024
+#: How long a checkpoint is kept after its last save when nothing else ends it first (delete,
+#: purge, result TTL): it bounds the life of one whose task blueque 1.0.1 deleted (its delete
+#: knows no checkpoint key), and is far longer than a task waits between two attempts.
+CHECKPOINT_KEEP = 30 * 86400.0
 
 RedisLike = Any  # redis.Redis or redis.RedisCluster; both expose the same command methods
 
@@ -297,6 +304,16 @@ class RedisStore:
         self._scripts: dict[str, Script] = {}
         self._server_checked = False
         self.health = Health()
+        #: the client-wide checkpoint size limit (Client(..., checkpoint_max_bytes=...))
+        self.checkpoint_max_bytes = CHECKPOINT_MAX_BYTES
+        self._unbounded = self
+
+    @property
+    def unbounded(self) -> RedisStore:
+        """The store this one was made from by ``bounded``, with the client's whole
+        ``retry_deadline``: what a task's own writes use (its checkpoints), as its child's
+        start and outcome do, however the Task object was read."""
+        return self._unbounded
 
     def bounded(self, seconds: float) -> RedisStore:
         """This store (same connection, scripts and Health) retrying each operation for at most
@@ -666,7 +683,8 @@ class RedisStore:
         status: str = self._run(
             "finish",
             [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
-             self.keys.started(queue), target, *self._outcome_keys(queue, now)],
+             self.keys.started(queue), target, *self._outcome_keys(queue, now),
+             self.keys.checkpoint(task_id)],
             [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
              "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
              "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
@@ -681,6 +699,31 @@ class RedisStore:
         """Record a running task's progress (progress.lua, fenced by attempt)."""
         self._run("progress", [self.keys.task(task_id)],
                   [attempt, repr(fraction), message, repr(now)])
+
+    @translate_errors
+    def save_checkpoint(self, task_id: str, attempt: int, listener_id: str, state: str,
+                        now: float) -> int:
+        """Store a running attempt's checkpoint (checkpoint.lua, fenced by attempt and
+        listener); returns its size in bytes. Keys: task hash, blueque_checkpoint_[id].
+        Raises StaleAttempt when the run was superseded or has ended: nothing is written."""
+        return int(self._run(
+            "checkpoint", [self.keys.task(task_id), self.keys.checkpoint(task_id)],
+            [task_id, attempt, listener_id, state, repr(now), int(CHECKPOINT_KEEP * 1000)],
+        ))
+
+    @translate_errors
+    def checkpoint(self, task_id: str) -> dict[str, str]:
+        """HGETALL blueque_checkpoint_[id]: state, saved_at, attempt, size ({} if none)."""
+        return cast(dict[str, str], self.redis.hgetall(self.keys.checkpoint(task_id)))
+
+    @translate_errors
+    def checkpoint_info(self, task_id: str) -> dict[str, str]:
+        """HMGET blueque_checkpoint_[id] saved_at attempt size: what a checkpoint is without
+        its state, which may be a mebibyte ({} if none)."""
+        names = ("saved_at", "attempt", "size")
+        values = self.redis.hmget(self.keys.checkpoint(task_id), list(names))
+        return {name: value for name, value in zip(names, values, strict=True)
+                if value is not None}
 
     @translate_errors
     def recover(
@@ -737,12 +780,13 @@ class RedisStore:
     # --- finished tasks -------------------------------------------------------------------
     @translate_errors
     def delete(self, queue: str, task_id: str, status: str) -> bool:
-        """DEL the task hash and its complete/failed list entry (delete.lua)."""
+        """DEL the task hash, its output stream and checkpoint, and its complete/failed list
+        entry (delete.lua)."""
         return bool(
             self._run(
                 "delete",
                 [self.keys.task(task_id), self.keys.finished(queue, status),
-                 self.keys.task_log(task_id)],
+                 self.keys.task_log(task_id), self.keys.checkpoint(task_id)],
                 [task_id, status, DELETE_WINDOW],
             )
         )
@@ -806,11 +850,14 @@ class RedisStore:
     @translate_errors
     def retry_failed(self, queue: str, task_id: str, now: float) -> None:
         """Failed -> pending again, attempts kept (retry_failed.lua). Keys: task hash, failed
-        list, pending list. Raises TaskNotFound or InvalidTaskState (not failed)."""
+        list, pending list, checkpoint (kept: the re-run resumes from it). Raises
+        TaskNotFound or InvalidTaskState (not failed)."""
         self._run(
             "retry_failed",
-            [self.keys.task(task_id), self.keys.failed(queue), self.keys.pending(queue)],
-            [task_id, repr(now), queue, self.keys.channel(queue), DELETE_WINDOW],
+            [self.keys.task(task_id), self.keys.failed(queue), self.keys.pending(queue),
+             self.keys.checkpoint(task_id)],
+            [task_id, repr(now), queue, self.keys.channel(queue), DELETE_WINDOW,
+             int(CHECKPOINT_KEEP * 1000)],
         )
 
     # --- watching: reads for the dashboard and the metrics (windows, never whole lists) --

@@ -1,14 +1,23 @@
-"""Task: a read-only view of one task hash, with refresh() and wait()."""
+"""Task: a view of one task hash, with refresh() and wait(), and its running attempt's
+checkpoint (save_checkpoint, checkpoint)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from blueque import keys as k
-from blueque.errors import CorruptTask, TaskNotFound, WaitTimeout
-from blueque.store import RedisStore
+from blueque.errors import (
+    CheckpointTooLarge,
+    CorruptTask,
+    InvalidTaskState,
+    TaskNotFound,
+    WaitTimeout,
+    WrongType,
+)
+from blueque.store import RedisStore, now
 
 
 def _parse(task_id: str, field: str, convert: Callable[[str], Any], raw: str | None) -> Any:
@@ -27,24 +36,69 @@ def _as_int(raw: str) -> int:
     return int(float(raw))
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a task's last checkpoint is, without its state: its size in bytes (UTF-8), when
+    it was saved (Unix s, the saver's clock) and by which attempt."""
+
+    size: int
+    saved_at: float
+    attempt: int
+
+    @classmethod
+    def parse(cls, task_id: str, fields: dict[str, str]) -> CheckpointInfo | None:
+        if not fields:
+            return None
+        try:
+            return cls(int(fields["size"]), float(fields["saved_at"]), int(fields["attempt"]))
+        except (KeyError, ValueError) as error:
+            raise CorruptTask(
+                f"the checkpoint of task {task_id!r} is corrupt ({fields!r} without its "
+                f"state); delete {k.Keys().checkpoint(task_id)!r}"
+            ) from error
+
+
+_UNREAD: Any = object()
+
+
 class Task:
     """All fields of ``blueque_task_[id]``; every attribute of a missing task is None.
 
     Typed fields: pid and attempts (int), created, updated, eta, started_at, finished_at,
-    progress (float). A corrupt typed field raises CorruptTask when read."""
+    progress (float). A corrupt typed field raises CorruptTask when read. The task function
+    gets one: ``checkpoint`` (read at first use) and ``save_checkpoint(state)`` let a long job
+    resume where a dead attempt left off (PROTOCOL.md 5.20)."""
 
     def __init__(self, task_id: str, store: RedisStore, data: dict[str, str] | None = None):
         self._id = task_id
         self._store = store
         self._data = store.task_data(task_id) if data is None else data
+        #: (attempt, listener id) of the run this object belongs to: the first reserved or
+        #: started attempt it read. A refresh that finds a newer attempt leaves it as it is,
+        #: so a superseded run stays fenced out even if it re-reads its task.
+        self._run: tuple[int, str] | None = None
+        self._note_run()
+        self._checkpoint: dict[str, str] | None = _UNREAD
+        self._checkpoint_info: CheckpointInfo | None = _UNREAD
+        self._queue_limit: str | None = _UNREAD
 
     def __repr__(self) -> str:
         return f"<Task {self._id} {self.status}>"
 
     def refresh(self) -> Task:
-        """Re-read the task hash (one HGETALL); returns self."""
+        """Re-read the task hash (one HGETALL); returns self. The checkpoint is read again at
+        its next use."""
         self._data = self._store.task_data(self._id)
+        self._note_run()
+        self._checkpoint = self._checkpoint_info = _UNREAD
         return self
+
+    def _note_run(self) -> None:
+        if self._run is not None or self._get("status") not in (k.RESERVED, k.STARTED):
+            return
+        attempts, node = self.attempts, self.node
+        if attempts is not None and node:
+            self._run = (attempts, node)
 
     @property
     def data(self) -> dict[str, str]:
@@ -139,3 +193,84 @@ class Task:
     @property
     def cancelled(self) -> bool:
         return bool(self._get("cancelled"))
+
+    # --- the running attempt's checkpoint (blueque_checkpoint_[id], PROTOCOL.md 5.20) -------
+    @property
+    def checkpoint(self) -> str | None:
+        """The last checkpoint saved for this task (by this attempt or an earlier one), or
+        None: where a re-run resumes from. Read at first use (one HGETALL of its own key), so
+        a task that never uses checkpoints pays nothing for them."""
+        if self._checkpoint is _UNREAD:
+            self._checkpoint = self._store.checkpoint(self._id)
+            self._checkpoint_info = CheckpointInfo.parse(self._id, self._checkpoint)
+        return self._checkpoint.get("state") if self._checkpoint else None
+
+    @property
+    def checkpoint_info(self) -> CheckpointInfo | None:
+        """Size, save time and attempt of the last checkpoint, or None; read without the
+        state itself (HMGET) unless ``checkpoint`` was read already."""
+        if self._checkpoint_info is _UNREAD:
+            self._checkpoint_info = CheckpointInfo.parse(
+                self._id, self._store.checkpoint_info(self._id))
+        return self._checkpoint_info
+
+    def save_checkpoint(self, state: str) -> CheckpointInfo:
+        """Store ``state`` (text, JSON by convention; never a pickle) as this task's
+        checkpoint, replacing the previous one: if this attempt dies, the next one reads it
+        as ``task.checkpoint`` and resumes from there. One round trip (checkpoint.lua).
+
+        Fenced like an outcome: raises StaleAttempt, writing nothing, once this run has been
+        superseded (its task recovered and reserved again) or has ended, so a stale run never
+        overwrites a newer attempt's checkpoint; stop working then. Rides through a Redis
+        restart or failover for the client's ``retry_deadline`` (30 s by default), then
+        raises RedisUnavailable (a BluequeError the task may catch and save later). Raises
+        WrongType for a state that is not a str, and CheckpointTooLarge, writing nothing, for
+        one larger than ``checkpoint_max_bytes`` (the task's option, else its queue's
+        default, else the client's; 1 MiB by default). Keys: blueque_task_[id] (read),
+        blueque_checkpoint_[id]."""
+        if not isinstance(state, str):
+            raise WrongType(
+                f"a checkpoint must be a string (JSON by convention), not "
+                f"{type(state).__name__}: encode it with json.dumps first"
+            )
+        if self._run is None:
+            if self.status in (k.RESERVED, k.STARTED):  # reserved by blueque 1.0.1
+                raise InvalidTaskState(
+                    f"task {self._id} has no attempt number (blueque 1.0.1 reserved it): "
+                    "a checkpoint that cannot be fenced by attempt is not saved"
+                )
+            raise InvalidTaskState(
+                f"task {self._id} is {self.status or 'missing'}: only a reserved or started "
+                "attempt can save a checkpoint (call save_checkpoint from the task function)"
+            )
+        size = len(state.encode("utf-8"))
+        limit = self._checkpoint_limit()
+        if size > limit:
+            raise CheckpointTooLarge(
+                f"the checkpoint of task {self._id} is {size} bytes, more than its limit of "
+                f"{limit} (checkpoint_max_bytes); nothing was saved. Store large state "
+                "elsewhere (a file, an object store) and checkpoint a reference to it"
+            )
+        attempt, listener = self._run
+        saved_at = now()
+        size = self._store.unbounded.save_checkpoint(self._id, attempt, listener, state,
+                                                     saved_at)
+        info = CheckpointInfo(size, saved_at, attempt)
+        self._checkpoint = {"state": state, "saved_at": repr(saved_at),
+                            "attempt": str(attempt), "size": str(size)}
+        self._checkpoint_info = info
+        return info
+
+    def _checkpoint_limit(self) -> int:
+        """checkpoint_max_bytes: the task's own option, else its queue's default (read once
+        per Task), else the client's."""
+        raw = self._get("checkpoint_max_bytes")
+        if not raw and self.queue is not None:
+            if self._queue_limit is _UNREAD:
+                config = self._store.unbounded.queue_config(self.queue)
+                self._queue_limit = config.get("checkpoint_max_bytes")
+            raw = self._queue_limit
+        try:
+            return int(float(raw)) if raw else self._store.checkpoint_max_bytes
+        except (ValueError, OverflowError):  # a corrupt option falls back, as policy.py does
+            return self._store.checkpoint_max_bytes

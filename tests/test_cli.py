@@ -133,7 +133,7 @@ def test_enqueue_then_show_and_tasks(run, redis_url, redis_client) -> None:  # t
     assert task_id in shown.stdout and "pending" in shown.stdout
     created = datetime.fromtimestamp(float(data["created"]), UTC)
     assert created.strftime("%Y-%m-%d %H:%M") in shown.stdout  # times are readable
-    assert cli_json(redis_url, "show", task_id) == {"id": task_id, **data}
+    assert cli_json(redis_url, "show", task_id) == {"id": task_id, **data, "checkpoint": None}
 
     listed = run("tasks", "mail")
     assert listed.returncode == 0

@@ -576,3 +576,17 @@ def test_queue_and_task_names_with_url_characters_round_trip(
     _, schedule = get(dashboard.url + "/schedule")
     (later,) = re.findall(r'href="(/task\?id=later[^"]+)"', schedule)
     assert get(dashboard.url + html.unescape(later))[0] == 200
+
+
+def test_the_task_page_shows_the_checkpoints_size_attempt_and_age(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    task_id = client.get_queue("jobs").enqueue("p")
+    task = client.get_listener("jobs").reserve()
+    assert task is not None and task.id == task_id
+    client.get_processor(task).start(4242)
+    status, text = get(dashboard.url + f"/task?id={task_id}")
+    assert status == 200 and '<span id="checkpoint">none</span>' in text
+    task.save_checkpoint(json.dumps({"secret state": "x" * 3000}))
+    status, text = get(dashboard.url + f"/task?id={task_id}")
+    assert status == 200 and "2.9 KiB by attempt 1, " in text
+    assert "secret state" not in text  # the state itself is not sent to the browser

@@ -19,6 +19,7 @@ import redis
 from interop.harness import Implementation, Running
 
 import blueque
+from blueque.store import CHECKPOINT_KEEP
 from blueque.testing import wait_for
 
 pytestmark = pytest.mark.interop
@@ -554,6 +555,31 @@ def test_original_reads_and_deletes_tasks_ours_finished(
     assert layout(client) == {
         "pending": [], "scheduled": [], "started": set(), "complete": [], "failed": [],
     }
+
+
+def test_a_checkpoint_the_originals_delete_leaves_behind_expires(
+    original: Implementation, client: blueque.Client, redis_url: str
+) -> None:
+    """1.0.1 knows no checkpoint key: it reads and deletes our checkpointed task as any other,
+    and the checkpoint it leaves behind is bounded by the expiry every save sets."""
+    task_id = client.get_queue(QUEUE).enqueue("resumable")
+    listener = client.get_listener(QUEUE)
+    task = listener.listen(timeout=10)
+    assert task is not None and task.id == task_id
+    processor = client.get_processor(task)
+    processor.start(os.getpid())
+    task.save_checkpoint('{"done": 7}')
+    processor.complete("ok")
+    listener.close()
+    assert "checkpoint" not in str(fields(client, task_id))  # the task hash is 1.0.1's own
+    seen = original.run(redis_url, "get-task", task_id)["tasks"][0]["task"]
+    assert (seen["status"], seen["result"]) == ("complete", "ok")
+
+    original.run(redis_url, "delete-task", QUEUE, task_id)
+    assert fields(client, task_id) == {} and layout(client)["complete"] == []
+    left = client.keys.checkpoint(task_id)
+    assert client.redis.hget(left, "state") == '{"done": 7}'
+    assert 0 < client.redis.pttl(left) <= CHECKPOINT_KEEP * 1000
 
 
 # --- bulk and idempotent enqueue, seen and run by the original ------------------------------

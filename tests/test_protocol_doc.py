@@ -159,10 +159,11 @@ def _table_literals(body: str, name: str) -> list[str]:
     return [item.strip() for item in items]
 
 
-def hset_fields(body: str) -> set[str]:
-    fields: set[str] = set()
+def hset_fields_by_key(body: str) -> dict[str, set[str]]:
+    """Fields written by HSET/HINCRBY, per key argument as written (``KEYS[2]``, ``key``)."""
+    fields: dict[str, set[str]] = {}
     for match in _CALL.finditer(body):
-        args = _call_args(body, match.end())[1:]  # drop the key
+        key, *args = _call_args(body, match.end())
         if match.group(1) == "HINCRBY":
             args = args[:1]
         elif len(args) == 1 and args[0].startswith("unpack("):
@@ -170,8 +171,18 @@ def hset_fields(body: str) -> set[str]:
         for name in args[::2]:
             literal = _STRING.match(name)
             if literal:
-                fields.add(literal.group(1))
+                fields.setdefault(key, set()).add(literal.group(1))
     return fields
+
+
+def hset_fields(body: str) -> set[str]:
+    return set().union(*hset_fields_by_key(body).values())
+
+
+def checkpoint_keys(script: Path) -> set[str]:
+    """The KEYS[n] a script's header names as blueque_checkpoint_[id] (its own hash)."""
+    return {f"KEYS[{n}]" for n in re.findall(r"KEYS\[(\d+)\][^\n]*\bblueque_checkpoint_",
+                                             _header(script))}
 
 
 def test_field_parser_sees_fields_built_in_a_table() -> None:
@@ -185,9 +196,9 @@ def test_field_parser_sees_fields_built_in_a_table() -> None:
     assert hset_fields(body) == {"status", "queue", "eta", "a", "b", "n"}
 
 
-def documented_fields() -> set[str]:
+def documented_fields(heading: str = "The task hash") -> set[str]:
     fields = set()
-    for row in _table_after("The task hash"):
+    for row in _table_after(heading):
         match = re.fullmatch(r"`([^`]+)`", row[0])
         assert match, f"first cell of a field table row must be one field in backticks: {row[0]!r}"
         fields.add(match.group(1))
@@ -195,14 +206,24 @@ def documented_fields() -> set[str]:
 
 
 def test_every_field_the_scripts_write_is_in_the_field_table() -> None:
+    """Fields written to a task hash are in section 3's table, those written to a checkpoint
+    hash in the checkpoint's table."""
     written: dict[str, set[str]] = {}
+    checkpoint: dict[str, set[str]] = {}
     for script in SCRIPTS:
-        for name in hset_fields(script.read_text(encoding="utf-8")):
-            written.setdefault(name, set()).add(script.name)
+        ours = checkpoint_keys(script)
+        for key, names in hset_fields_by_key(script.read_text(encoding="utf-8")).items():
+            for name in names:
+                (checkpoint if key in ours else written).setdefault(name, set()).add(
+                    script.name)
     assert {"status", "attempts", "finished_at"} <= set(written)  # the parser works here
+    assert {"state", "attempt"} <= set(checkpoint)
     missing = {name: scripts for name, scripts in written.items()
                if name not in documented_fields()}
     assert not missing, f"fields written by scripts but absent from PROTOCOL.md: {missing}"
+    missing = {name: scripts for name, scripts in checkpoint.items()
+               if name not in documented_fields("The checkpoint hash")}
+    assert not missing, f"checkpoint fields absent from PROTOCOL.md: {missing}"
 
 
 def test_option_fields_are_documented() -> None:

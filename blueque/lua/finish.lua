@@ -5,6 +5,7 @@
 -- KEYS[4] target               complete list, failed list, or scheduled zset (retry)
 -- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
+-- KEYS[7] checkpoint hash      blueque_checkpoint_[id] (follows the result TTL)
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid ("" if it never started)
 -- ARGV[4] outcome: complete | failed | retry, ARGV[5] result or error text, ARGV[6] now
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
@@ -60,6 +61,9 @@ if ARGV[11] ~= '' then
 end
 if ARGV[9] ~= '' and outcome ~= 'scheduled' then
   redis.call('PEXPIRE', KEYS[1], ARGV[9])
+end
+if ARGV[9] ~= '' and outcome ~= 'scheduled' and KEYS[7] then
+  redis.call('PEXPIRE', KEYS[7], ARGV[9])  -- the checkpoint goes with its task
 end
 local counted = ARGV[4]
 if counted == 'failed' and ARGV[11] == 'cancelled' then

@@ -2,8 +2,10 @@
 -- KEYS[1] task hash            blueque_task_[id]
 -- KEYS[2] failed list          blueque_failed_tasks_[queue]
 -- KEYS[3] pending list         blueque_pending_tasks_[queue]
+-- KEYS[4] checkpoint hash      blueque_checkpoint_[id] (kept, so the re-run resumes from it)
 -- ARGV[1] task id, ARGV[2] now (Unix s), ARGV[3] queue, ARGV[4] channel to publish the queue
 -- name on, ARGV[5] window: how far LPOS looks from each end of the failed list before a full LREM
+-- ARGV[6] ms the checkpoint is kept (what a save sets: it replaces the result TTL's expiry)
 -- Returns 1; error "BLUEQUE_MISSING ..." if the hash is gone, "BLUEQUE_STATE ..." unless failed,
 -- except for a repeat of this very call after a lost reply (`retried_at` is ARGV[2]): 1 again.
 -- The run's error moves to `last_error`; the fields of the finished run (result, node, pid,
@@ -35,6 +37,7 @@ redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'et
 redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[2], 'retried_at', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'retried', 1)
 redis.call('PERSIST', KEYS[1])
+redis.call('PEXPIRE', KEYS[4], ARGV[6])  -- no-op without a checkpoint
 redis.call('LPUSH', KEYS[3], ARGV[1])
 redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1

@@ -31,7 +31,7 @@ from starlette.templating import Jinja2Templates
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry
-from blueque.display import format_seconds
+from blueque.display import format_bytes, format_seconds
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
 from blueque.metrics import queue_registry, scrape
 from blueque.store import now
@@ -82,7 +82,7 @@ def _environment() -> Environment:
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True, lstrip_blocks=True,
     )
-    env.filters.update(when=_when, duration=_duration, ago=_ago)
+    env.filters.update(when=_when, duration=_duration, ago=_ago, bytes=format_bytes)
     return env
 
 

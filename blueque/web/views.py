@@ -11,9 +11,10 @@ from typing import Any
 
 from blueque import keys as k
 from blueque.cron import CronEntry
-from blueque.errors import BluequeError
+from blueque.errors import BluequeError, CorruptTask
 from blueque.metrics import pending_age
 from blueque.store import RedisStore
+from blueque.task import CheckpointInfo
 from blueque.tasklog import read_outputs
 
 #: Tasks per page of a queue's task list.
@@ -179,6 +180,10 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
     )
+    try:  # its size, time and attempt (HMGET): the state itself stays in Redis (5.20)
+        row.update(checkpoint=CheckpointInfo.parse(task_id, store.checkpoint_info(task_id)))
+    except CorruptTask:
+        row.update(checkpoint=None)
     outputs, newest = read_outputs(store, task_id)  # the output tails (5.19)
     shown = attempt if attempt in outputs else newest
     output = outputs.get(shown or "")

@@ -97,6 +97,30 @@ def test_forget_queue_and_idempotent_enqueue_in_the_cluster_layout(cluster: Clus
         client.close()
 
 
+def test_checkpoints_live_in_their_tasks_slot(cluster: ClusterTopology) -> None:
+    """checkpoint.lua, finish.lua (result TTL) and delete.lua touch the checkpoint key in one
+    slot with the task hash: on a cluster they run, and do what they do on one server."""
+    client = blueque.Client(cluster.url)
+    try:
+        for name in queues_on_distinct_masters(cluster):
+            queue = client.get_queue(name)
+            task_id = queue.enqueue("{}")
+            key = client.keys.checkpoint(task_id)
+            assert client.redis.keyslot(key) == client.redis.keyslot(client.keys.task(task_id))
+            task = client.get_listener(name).reserve()
+            assert task is not None and task.id == task_id
+            processor = client.get_processor(task)
+            processor.start(os.getpid())
+            task.save_checkpoint(json.dumps({"queue": name}))
+            assert client.get_task(task_id).checkpoint == json.dumps({"queue": name})
+            processor.complete("done", result_ttl_ms=60_000)
+            assert 0 < client.redis.pttl(key) <= 60_000
+            queue.delete_task(client.get_task(task_id))
+            assert client.redis.exists(key) == 0
+    finally:
+        client.close()
+
+
 def test_full_lifecycle_on_three_shards(cluster: ClusterTopology) -> None:
     client = blueque.Client(cluster.url)
     names = queues_on_distinct_masters(cluster)

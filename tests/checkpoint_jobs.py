@@ -1,0 +1,84 @@
+"""Task functions that checkpoint, for the end-to-end tests (tests.checkpoint_jobs:NAME).
+
+Parameters are JSON; each function appends one line per thing it did to the ``marker`` file
+(opened for append per line, so lines of two processes never mix)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from blueque.errors import StaleAttempt
+from blueque.task import Task
+
+
+def _params(task: Task) -> dict[str, Any]:
+    value = json.loads(task.parameters or "{}")
+    assert isinstance(value, dict)
+    return value
+
+
+def _mark(params: dict[str, Any], *words: object) -> None:
+    with open(params["marker"], "a", encoding="utf-8") as handle:
+        handle.write(" ".join(map(str, words)) + "\n")
+
+
+def count(task: Task) -> str:
+    """Counts to ``n`` in steps of ``step`` seconds, saving a checkpoint every ``k`` steps and
+    marking each step done as ``step [attempt] [step] [time]``; a re-run resumes after the
+    last checkpoint."""
+    params = _params(task)
+    n, k, pause = int(params["n"]), int(params["k"]), float(params["step"])
+    saved = task.checkpoint
+    first = json.loads(saved)["done"] if saved else 0
+    _mark(params, "begin", task.attempts, first, repr(time.time()))
+    for step in range(first, n):
+        time.sleep(pause)  # the work of one step
+        _mark(params, "step", task.attempts, step, repr(time.time()))
+        if (step + 1) % k == 0 and step + 1 < n:
+            task.save_checkpoint(json.dumps({"done": step + 1}))
+    return json.dumps({"steps": n, "resumed_from": first, "attempt": task.attempts})
+
+
+def save_until_released(task: Task) -> str:
+    """Saves ``{"attempt": a, "i": i}`` every 0.05 s until the ``release`` file appears,
+    marking ``saved a i`` or, when the save is refused, ``stale a i`` (and trying again: the
+    test wants to see every refusal; a real task would stop at the first)."""
+    params = _params(task)
+    attempt, i = task.attempts, 0
+    while not os.path.exists(params["release"]):
+        i += 1
+        try:
+            task.save_checkpoint(json.dumps({"attempt": attempt, "i": i}))
+            _mark(params, "saved", attempt, i)
+        except StaleAttempt as error:
+            _mark(params, "stale", attempt, i, str(error).replace("\n", " "))
+        time.sleep(0.05)
+    return f"done by attempt {attempt}"
+
+
+def save_when_told(task: Task) -> str:
+    """Saves a first checkpoint (which also reads the queue's size limit), marks ``waiting``,
+    waits for the ``phase`` file to say ``save``, marks ``saving``, saves again (however long
+    Redis takes to come back) and marks ``saved [seconds it took]``, then waits for
+    ``release``."""
+    params = _params(task)
+    task.save_checkpoint(json.dumps({"saved": "before the outage"}))
+    _mark(params, "waiting")
+    phase = Path(params["phase"])
+    while not phase.exists() or phase.read_text() != "save":
+        time.sleep(0.01)
+    _mark(params, "saving")
+    began = time.monotonic()
+    try:
+        task.save_checkpoint(json.dumps({"saved": "during the outage"}))
+    except Exception as error:
+        _mark(params, "failed", type(error).__name__, error)
+        raise
+    _mark(params, "saved", round(time.monotonic() - began, 2))
+    while not os.path.exists(params["release"]):
+        time.sleep(0.01)
+    return "done"
