@@ -30,6 +30,9 @@ setup(
             "mypy>=1.10",
             "types-psutil",
             "httpx>=0.24",
+            # blueque.aio's tests: anyio's pytest plugin; examples/fastapi_service.py
+            "anyio>=4",
+            "fastapi>=0.110",
             "playwright>=1.40",
             "starlette>=0.37",
             "uvicorn>=0.23",

@@ -37,6 +37,8 @@ from benchmarks import venvs
 from blueque.testing import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+#: Coroutines enqueueing at once on one blueque.aio client (scenario 9, issue 12).
+AIO_CONCURRENCY = 100
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,14 @@ def build_rows(p: Profile) -> list[Row]:
     for name in ("LPUSH", "HSET", "LMOVE", "RPOPLPUSH", "EVALSHA small", "EVALSHA submit.lua"):
         rows.append(Row(f"ceiling.{name}", "8 redis-benchmark ceiling", name, "redis-server",
                         "req/s"))
+    aio = f"9 asyncio enqueue, {AIO_CONCURRENCY} at once"
+    rows += [
+        Row("aio_enqueue.blueque", aio, f"{AIO_CONCURRENCY} coroutines", "blueque.aio",
+            "tasks/s"),
+        Row("aio_enqueue_sync.blueque", aio, "sync, one at a time", "blueque", "tasks/s"),
+        Row("aio_enqueue_cpu.blueque", aio, "client CPU, at once", "blueque.aio", "us"),
+        Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us"),
+    ]
     return rows
 
 
@@ -193,6 +203,12 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
         Job("bulk", "raw", "2", script("blueque", "raw_redis.py", "bulk", "--n", p.bulk_n),
             {"bulk.raw": "rate"}),
     ]
+    jobs.append(Job("aio enqueue", "blueque", "9",
+                    script("blueque", bq, "aio_enqueue", "--n", p.enqueue_n,
+                           "--concurrency", AIO_CONCURRENCY),
+                    {"aio_enqueue.blueque": "rate", "aio_enqueue_sync.blueque": "sync_rate",
+                     "aio_enqueue_cpu.blueque": "client_cpu_us",
+                     "aio_enqueue_sync_cpu.blueque": "sync_client_cpu_us"}))
     for system, name, n, spacing in (("blueque", bq, p.pickup_n, 0.2),
                                      ("original", orig, p.pickup_n_original, 1.02),
                                      ("rq", rq, p.pickup_n, 0.2)):
@@ -422,6 +438,8 @@ TARGETS = [
     Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.7),
     Target("Redis CPU per drained task (c=1): blueque / original",
            ratio("drain_redis_cpu_c1.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
+    Target(f"asyncio: {AIO_CONCURRENCY} concurrent enqueues / sync one at a time",
+           ratio("aio_enqueue.blueque", "aio_enqueue_sync.blueque"), 3.0),
     Target("enqueue one at a time: blueque / redis-py loop",
            ratio("enqueue.blueque", "enqueue.raw"), 0.8),
     Target("memory per finished task: blueque / original",
@@ -481,7 +499,7 @@ def render(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]],
             line = "  ".join(c.ljust(w) for c, w in zip(cells[:4], widths, strict=False))
             line += "  " + e["note"]
         lines.append(line.rstrip())
-    lines += ["", "Targets (issues 4 and 11), from the medians above:"]
+    lines += ["", "Targets (issues 4, 11 and 12), from the medians above:"]
     for t in targets:
         if t["value"] is None:
             lines.append(f"  {t['text']:58s}  n/a")
@@ -509,7 +527,8 @@ def markdown(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]
             cells = ["n/a", e["note"]]
         lines.append(f"| {scenario} | {e['label']} | {e['system']} | {cells[0]} | {cells[1]} "
                      f"| {e['unit']} |")
-    lines += ["", "| target (issues 4, 11) | measured | goal | |", "| --- | ---: | ---: | --- |"]
+    lines += ["", "| target (issues 4, 11, 12) | measured | goal | |",
+              "| --- | ---: | ---: | --- |"]
     for t in targets:
         if t["value"] is None:
             lines.append(f"| {t['text']} | n/a | | |")

@@ -18,7 +18,8 @@ from blueque.store import RedisStore, now, translate
 from blueque.task import Task
 
 
-def _decodes(client: Any) -> bool:
+def decodes_text(client: Any) -> bool:
+    """Whether a redis-py client (sync or asyncio) was made with decode_responses=True."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None:
         return bool(pool.connection_kwargs.get("decode_responses"))
@@ -63,7 +64,7 @@ class Client:
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
                 raise translate(error, self.settings.url.rpartition("@")[2]) from error
         else:
-            if not _decodes(url):
+            if not decodes_text(url):
                 raise ConfigurationError(
                     "pass a redis client made with decode_responses=True: Blueque's fields "
                     "are text"
@@ -118,6 +119,14 @@ class Client:
             raise TaskNotFound(task_id)
         verdict, _ = self.store.cancel(task.queue, task_id, now(), f"cancelled: {reason}")
         return verdict
+
+    def retry_task(self, task_id: str) -> None:
+        """Put a failed task back in its queue's pending list, its attempts kept
+        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        task = self.get_task(task_id)
+        if task.queue is None:
+            raise TaskNotFound(task_id)
+        self.store.retry_failed(task.queue, task_id, now())
 
     def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""

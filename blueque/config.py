@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
+import redis.asyncio
 
 try:  # redis-py >= 7 describes itself to the server (CLIENT SETINFO) through a DriverInfo
     from redis.driver_info import DriverInfo
@@ -176,10 +177,20 @@ class Settings:
         redis.Redis, or redis.RedisCluster for a cluster URL."""
         if self.ha is not None:
             return self.ha.connect(**self.redis_kwargs)
+        return self._from_url(redis.Redis)
+
+    def aconnect(self) -> Any:
+        """``connect`` for blueque.aio: redis.asyncio.Redis, or its RedisCluster. It opens
+        no connection yet (the first command does)."""
+        if self.ha is not None:
+            return self.ha.aconnect(**self.redis_kwargs)
+        return self._from_url(redis.asyncio.Redis)
+
+    def _from_url(self, client_class: Any) -> Any:
         kwargs = {**_driver_info(self.redis_kwargs), **self.redis_kwargs,
                   "decode_responses": True}
         try:
-            return redis.Redis.from_url(self.url, **kwargs)
+            return client_class.from_url(self.url, **kwargs)
         except ValueError as error:
             raise ConfigurationError(
                 f"cannot use Redis URL {_describe(self.url)!r}: {error}"

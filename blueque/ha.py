@@ -27,25 +27,31 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.asyncio.sentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import Sentinel
 
 from blueque.errors import ConfigurationError
+from blueque.retry import TRANSIENT_REPLIES, RetryPolicy, is_transient
+
+#: The retry policy and the transient-error test live in blueque.retry (shared with the
+#: asyncio client); they are still importable from here, where they started.
+__all__ = ["TRANSIENT_REPLIES", "Durability", "HASettings", "NotReplicated", "RetryPolicy",
+           "connect", "is_ha_url", "is_transient"]
 
 log = logging.getLogger("blueque.ha")
-
-T = TypeVar("T")
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -169,13 +175,58 @@ class Durability:
         pipe = client.pipeline(transaction=False)
         script(keys=list(keys), args=list(args), client=pipe)
         pipe.wait(self.replicas, self.timeout_ms)
-        result, acknowledged = pipe.execute()
+        return self._acknowledged(*pipe.execute())
+
+    async def arun(self, client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]
+                   ) -> Any:
+        """``run`` for a redis.asyncio client (blueque.aio): the script then WAIT, in one
+        pipeline on one connection. A Redis Cluster has no per-node client in redis.asyncio:
+        the slot's master gets a connection of its own for the call, closed after it."""
+        if not isinstance(client, redis.asyncio.cluster.RedisCluster):
+            return await self._arun_on(client, script, keys, args)
+        node = client.get_node_from_key(keys[0], replica=False)
+        assert node is not None  # SlotNotCoveredError otherwise
+        direct = redis.asyncio.Redis(host=node.host, port=int(node.port),
+                                     **_node_kwargs(client.get_connection_kwargs()))
+        try:
+            return await self._arun_on(direct, script, keys, args)
+        except NotReplicated:
+            raise
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ResponseError, redis.exceptions.RedisClusterException) as error:
+            if is_transient(error):  # a moved slot or a failover: learn the new map
+                with contextlib.suppress(redis.exceptions.RedisError,
+                                         redis.exceptions.RedisClusterException):
+                    await client.nodes_manager.initialize()
+            raise
+        finally:
+            await direct.aclose()
+
+    async def _arun_on(self, client: Any, script: Any, keys: Sequence[str],
+                       args: Sequence[Any]) -> Any:
+        pipe = client.pipeline(transaction=False)
+        await script(keys=list(keys), args=list(args), client=pipe)
+        pipe.wait(self.replicas, self.timeout_ms)
+        return self._acknowledged(*await pipe.execute())
+
+    def _acknowledged(self, result: Any, acknowledged: Any) -> Any:
+        """The script's result, once WAIT says enough replicas have the write."""
         if int(acknowledged) < self.replicas:
             raise NotReplicated(
                 f"only {acknowledged} of {self.replicas} replicas acknowledged the write "
                 f"within {self.timeout_ms} ms; it is on the master only"
             )
         return result
+
+
+def _node_kwargs(cluster_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A cluster client's connection settings that a plain client of one node takes."""
+    wanted = ("username", "password", "socket_timeout", "socket_connect_timeout",
+              "decode_responses", "ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
+              "ssl_cert_reqs", "ssl_check_hostname")
+    kwargs = {name: cluster_kwargs[name] for name in wanted if name in cluster_kwargs}
+    kwargs["decode_responses"] = True
+    return kwargs
 
 
 class NotReplicated(redis.exceptions.ConnectionError):
@@ -280,17 +331,25 @@ class HASettings:
 
     def connect(self, **redis_kwargs: Any) -> redis.Redis | RedisCluster:
         """A client of the current master (Sentinel) or of the whole cluster."""
+        client: redis.Redis | RedisCluster = self._connect(_SYNC, redis_kwargs)
+        return client
+
+    def aconnect(self, **redis_kwargs: Any) -> Any:
+        """``connect`` with redis.asyncio's classes (blueque.aio): a redis.asyncio.Redis of
+        the current master, or a redis.asyncio.cluster.RedisCluster."""
+        return self._connect(_ASYNC, redis_kwargs)
+
+    def _connect(self, flavour: _Flavour, redis_kwargs: Mapping[str, Any]) -> Any:
         kwargs = self._connection_kwargs(redis_kwargs)
         if self.cluster:
-            node: Any = ClusterNode
-            nodes = [node(host, port) for host, port in self.hosts]
-            return RedisCluster(startup_nodes=nodes, **kwargs)
+            nodes = [flavour.node(host, port) for host, port in self.hosts]
+            return flavour.cluster(startup_nodes=nodes, **kwargs)
         # redis-py would otherwise retry each connect and each command on its own, with
         # backoff, silently and without a deadline (nested, that is up to ~40 s): leave
         # retrying to RetryPolicy, which logs and keeps to retry_deadline
-        kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        kwargs.setdefault("retry", flavour.retry(NoBackoff(), 0))
         sentinel_kwargs: dict[str, Any] = {
-            "retry": Retry(NoBackoff(), 0),
+            "retry": flavour.retry(NoBackoff(), 0),
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.socket_connect_timeout,
             "username": self.sentinel_username,
@@ -300,11 +359,24 @@ class HASettings:
         if self.ssl:
             sentinel_kwargs["ssl"] = True
             sentinel_kwargs.update(self.ssl_options)
-        sentinel_class: Any = Sentinel
-        sentinel = sentinel_class(list(self.hosts), sentinel_kwargs=sentinel_kwargs)
+        sentinel = flavour.sentinel(list(self.hosts), sentinel_kwargs=sentinel_kwargs)
         assert self.master_name is not None
-        client: redis.Redis = sentinel.master_for(self.master_name, db=self.db, **kwargs)
-        return client
+        return sentinel.master_for(self.master_name, db=self.db, **kwargs)
+
+
+@dataclass(frozen=True)
+class _Flavour:
+    """redis-py's classes for one kind of I/O: the sync ones or redis.asyncio's."""
+
+    node: Any
+    cluster: Any
+    sentinel: Any
+    retry: Any
+
+
+_SYNC = _Flavour(ClusterNode, RedisCluster, Sentinel, Retry)
+_ASYNC = _Flavour(redis.asyncio.cluster.ClusterNode, redis.asyncio.cluster.RedisCluster,
+                  redis.asyncio.sentinel.Sentinel, redis.asyncio.retry.Retry)
 
 
 def connect(url: str, **kwargs: Any) -> redis.Redis | RedisCluster:
@@ -317,85 +389,3 @@ def connect(url: str, **kwargs: Any) -> redis.Redis | RedisCluster:
         rest = {n: v for n, v in kwargs.items() if n not in names}
         return HASettings.from_url(url, **options).connect(**rest)
     return redis.Redis.from_url(url, **{**kwargs, "decode_responses": True})
-
-
-# --- retrying ---------------------------------------------------------------------------------
-#: Reply prefixes that mean "this node cannot serve you right now", not "your command is wrong".
-#: BUSY (another client's script runs too long) is one too: the command was not run, and the
-#: server answers again once that script ends or is killed.
-TRANSIENT_REPLIES = ("READONLY", "MASTERDOWN", "UNBLOCKED", "NOREPLICAS", "LOADING", "TRYAGAIN",
-                     "CLUSTERDOWN", "MOVED", "ASK", "BUSY")
-
-_PERMANENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
-_TRANSIENT = (
-    redis.exceptions.ConnectionError,  # includes MasterNotFoundError, BusyLoadingError
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError, "TTL exhausted"
-    redis.exceptions.TryAgainError,
-    redis.exceptions.AskError,  # and MovedError
-    redis.exceptions.SlotNotCoveredError,
-)
-
-
-def is_transient(error: BaseException) -> bool:
-    """True if ``error`` is what a failover, a restart or a resharding looks like."""
-    if isinstance(error, _PERMANENT):
-        return False
-    if isinstance(error, MasterNotFoundError) and "AuthenticationError" in str(error):
-        return False  # the sentinels refused our credentials: waiting will not help
-    if isinstance(error, _TRANSIENT):
-        return True
-    if isinstance(error, redis.exceptions.ResponseError):
-        # a pipeline prefixes the reply with "Command # 1 (...) of pipeline caused error: "
-        reply = str(error).rpartition("caused error: ")[2]
-        return reply.split(" ", 1)[0] in TRANSIENT_REPLIES
-    return False
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Repeat an operation that failed transiently until it succeeds or ``deadline_s`` passes.
-
-    Every Blueque protocol operation is idempotent when repeated after a lost reply (see
-    PROTOCOL.md), so the store wraps each one in ``call``. The waits grow from
-    ``initial_backoff_s`` to ``max_backoff_s`` with jitter, so that a crowd of listeners does
-    not stampede the new master. The first failure of an operation is logged as a warning,
-    the following ones at debug level (a 30-s restart would otherwise log 60 lines per call),
-    and a success after failures says how long it took."""
-
-    deadline_s: float = 30.0
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 0.5
-    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
-    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
-
-    def bounded(self, seconds: float) -> RetryPolicy:
-        """The same policy with a deadline of at most ``seconds`` (a daemon's loop, which
-        must keep enforcing time limits and hearing signals, retries in its own steps)."""
-        return replace(self, deadline_s=min(self.deadline_s, seconds))
-
-    def call(self, operation: Callable[[], T]) -> T:
-        started = self.clock()
-        deadline = started + self.deadline_s
-        backoff = self.initial_backoff_s
-        failures = 0
-        while True:
-            try:
-                result = operation()
-            except Exception as error:
-                failures += 1
-                left = deadline - self.clock()
-                if not is_transient(error) or left <= 0:
-                    raise
-                wait = min(backoff * random.uniform(0.5, 1.0), left)
-                log.log(logging.WARNING if failures == 1 else logging.DEBUG,
-                        "Redis operation failed (%s: %s); retry %d in %.2f s (retrying for up "
-                        "to %g s)", type(error).__name__, error, failures, wait, self.deadline_s)
-                self.sleep(wait)
-                backoff = min(backoff * 2, self.max_backoff_s)
-            else:
-                if failures:
-                    log.info("Redis answered again after %d failed tr%s (%.1f s)", failures,
-                             "y" if failures == 1 else "ies", self.clock() - started)
-                return result

@@ -7,9 +7,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from blueque import keys as k
+from blueque import protocol
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
-from blueque.store import QueueCounts, RedisStore, now
+from blueque.protocol import QueueCounts
+from blueque.store import RedisStore, now
 from blueque.task import Task
 
 
@@ -28,14 +30,6 @@ def _text(value: object, what: str) -> str:
     )
 
 
-def _finished_time(data: dict[str, str]) -> float:
-    """When a task finished; a corrupt timestamp counts as long ago, so purge gets past it."""
-    try:
-        return float(data.get("finished_at") or data.get("updated") or "0")
-    except ValueError:
-        return 0.0
-
-
 def check_queue_name(name: object) -> str:
     """The one queue-name rule (keys.QUEUE_NAME_RULE), checked wherever a queue is made:
     enqueue, configure, listen. ConfigurationError says what is wrong."""
@@ -43,6 +37,72 @@ def check_queue_name(name: object) -> str:
     if problem:
         raise ConfigurationError(problem)
     return str(name)
+
+
+def task_id_for(keys: k.Keys, queue: str, task_id: str | None) -> str:
+    """A new id for the queue, or the caller's id (checked; hash-tagged in the cluster
+    layout)."""
+    if task_id is None:
+        return keys.new_task_id(queue)
+    if not isinstance(task_id, str) or not task_id or " " in task_id:
+        raise ConfigurationError(
+            f"a task id must be a non-empty string without spaces, not {task_id!r}"
+        )
+    return keys.task_id_for(queue, task_id)
+
+
+def bulk_ids(keys: k.Keys, queue: str, count: int, task_ids: Sequence[str] | None
+             ) -> list[str]:
+    """The ids of an enqueue_many of ``count`` tasks: new ones, or the caller's (one per
+    task, no duplicates)."""
+    if task_ids is None:
+        return [keys.new_task_id(queue) for _ in range(count)]
+    if len(task_ids) != count:
+        raise ConfigurationError(
+            f"{count} parameters but {len(task_ids)} task ids: give one id per task"
+        )
+    ids = [task_id_for(keys, queue, i) for i in task_ids]
+    if len(set(ids)) != len(ids):
+        raise ConfigurationError("task_ids contains duplicates; each task needs its own id")
+    return ids
+
+
+def submission(keys: k.Keys, queue: str, parameters: object, task_id: str | None,
+               options: dict[str, object]) -> tuple[str, str, dict[str, str]]:
+    """What enqueue and schedule pass to protocol.submit, checked: (id, parameters as
+    text, option fields). ConfigurationError or WrongType say what is wrong."""
+    check_queue_name(queue)
+    return task_id_for(keys, queue, task_id), _text(parameters, "parameters"), \
+        encode_options(options)
+
+
+def bulk_submission(keys: k.Keys, queue: str, parameters: Sequence[object],
+                    task_ids: Sequence[str] | None) -> list[tuple[str, str]]:
+    """What enqueue_many passes to protocol.submit_many, checked: (id, parameters as text)
+    per task."""
+    check_queue_name(queue)
+    texts = [_text(p, "parameters") for p in parameters]
+    return list(zip(bulk_ids(keys, queue, len(texts), task_ids), texts, strict=True))
+
+
+def check_deletable(queue: str, task_id: str, task_queue: str | None, status: str | None
+                    ) -> str:
+    """The status of a task delete_task may delete (complete or failed, in this queue)."""
+    if task_queue != queue:
+        raise InvalidTaskState(f"Task {task_id} is not in queue {queue}")
+    if status not in k.FINISHED_STATUSES:
+        raise InvalidTaskState(
+            f"Cannot delete task with status {status}: only complete or failed tasks "
+            "can be deleted (cancel it first)"
+        )
+    return status
+
+
+def purge_cutoff(status: str, older_than: float) -> float:
+    """The finish time (Unix s) before which purge deletes tasks of ``status``."""
+    if status not in k.FINISHED_STATUSES:
+        raise InvalidTaskState(f"only complete or failed tasks can be purged, not {status!r}")
+    return time.time() - older_than
 
 
 class TaskId(str):
@@ -99,16 +159,6 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self._name}>"
 
-    def _task_id(self, task_id: str | None) -> str:
-        keys = self._store.keys
-        if task_id is None:
-            return keys.new_task_id(self._name)
-        if not isinstance(task_id, str) or not task_id or " " in task_id:
-            raise ConfigurationError(
-                f"a task id must be a non-empty string without spaces, not {task_id!r}"
-            )
-        return keys.task_id_for(self._name, task_id)
-
     def enqueue(self, parameters: object, task_id: str | None = None, **options: object
                 ) -> TaskId:
         """Create a pending task and return its id (a ``TaskId``: a str whose ``created`` is
@@ -116,12 +166,9 @@ class Queue:
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
         time_limit, kill_grace, result_ttl."""
-        check_queue_name(self._name)
-        task_id = self._task_id(task_id)
-        created = self._store.submit(
-            self._name, task_id, _text(parameters, "parameters"), now(),
-            fields=encode_options(options),
-        )
+        task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
+                                           options)
+        created = self._store.submit(self._name, task_id, text, now(), fields=fields)
         return TaskId(task_id, created)
 
     def enqueue_many(
@@ -129,20 +176,9 @@ class Queue:
     ) -> BulkEnqueue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing."""
-        check_queue_name(self._name)
-        texts = [_text(p, "parameters") for p in parameters]
-        if task_ids is None:
-            ids = [self._task_id(None) for _ in texts]
-        else:
-            if len(task_ids) != len(texts):
-                raise ConfigurationError(
-                    f"{len(texts)} parameters but {len(task_ids)} task ids: give one id per task"
-                )
-            ids = [self._task_id(i) for i in task_ids]
-            if len(set(ids)) != len(ids):
-                raise ConfigurationError("task_ids contains duplicates; each task needs its own id")
-        flags = self._store.submit_many(self._name, list(zip(ids, texts, strict=True)), now())
-        return BulkEnqueue(ids, flags)
+        tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        flags = self._store.submit_many(self._name, tasks, now())
+        return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
         self, parameters: object, eta: float, task_id: str | None = None, **options: object
@@ -152,35 +188,20 @@ class Queue:
         current = now()
         if eta < current:
             return self.enqueue(parameters, task_id, **options)
-        check_queue_name(self._name)
-        task_id = self._task_id(task_id)
-        created = self._store.submit(
-            self._name, task_id, _text(parameters, "parameters"), current, eta=float(eta),
-            fields=encode_options(options),
-        )
+        task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
+                                           options)
+        created = self._store.submit(self._name, task_id, text, current, eta=float(eta),
+                                     fields=fields)
         return TaskId(task_id, created)
 
     def enqueue_due_tasks(self) -> list[str]:
         """Move every scheduled task whose eta has passed to pending; returns their ids."""
-        moved: list[str] = []
-        current = now()
-        while True:
-            batch = self._store.enqueue_due(self._name, current)
-            moved += batch
-            # a batch of stale entries (only removed, not moved) may hide due tasks behind it
-            if len(batch) < 1000 and not self._store.due_count(self._name, current):
-                return moved
+        return self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name, now()))
 
     def delete_task(self, task: Task) -> None:
         """Delete a complete or failed task (its hash and its finished-list entry)."""
-        if task.queue != self._name:
-            raise InvalidTaskState(f"Task {task.id} is not in queue {self._name}")
-        if task.status not in k.FINISHED_STATUSES:
-            raise InvalidTaskState(
-                f"Cannot delete task with status {task.status}: only complete or failed tasks "
-                "can be deleted (cancel it first)"
-            )
-        self._store.delete(self._name, task.id, task.status)
+        status = check_deletable(self._name, task.id, task.queue, task.status)
+        self._store.delete(self._name, task.id, status)
 
     def stats(self) -> QueueStats:
         """Counts per state and listeners, from O(1) commands: fine every second."""
@@ -204,20 +225,6 @@ class Queue:
         """Delete finished tasks of ``status`` that finished more than ``older_than`` seconds
         ago, oldest first; each deletion finds its entry at the list's old end, so the cost
         is O(deleted), not O(list length)."""
-        if status not in k.FINISHED_STATUSES:
-            raise InvalidTaskState(f"only complete or failed tasks can be purged, not {status!r}")
-        cutoff = time.time() - older_than
-        deleted = 0
-        while True:
-            ids = self._store.oldest_finished(self._name, status, batch)
-            if not ids:
-                return deleted
-            for task_id, data in zip(ids, self._store.task_data_many(ids), strict=True):
-                if data.get("status") not in (None, status):
-                    # a stale entry: the task lives in another list now; only the entry goes
-                    self._store.drop_finished_entry(self._name, status, task_id)
-                    continue
-                if data and _finished_time(data) > cutoff:
-                    return deleted
-                self._store.delete(self._name, task_id, status)
-                deleted += 1
+        cutoff = purge_cutoff(status, older_than)
+        return self._store.run(protocol.purge(self._store.keys, self._name, status, cutoff,
+                                              batch))

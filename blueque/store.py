@@ -15,12 +15,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
 
 from blueque import keys as k
+from blueque import protocol
 from blueque.errors import (
     AuthenticationFailed,
     BluequeError,
@@ -31,33 +32,30 @@ from blueque.errors import (
     TaskNotFound,
     UnsupportedServer,
 )
-from blueque.ha import is_transient
+from blueque.protocol import BULK_CHUNK, CHECKPOINT_KEEP, DELETE_WINDOW, QueueCounts
+from blueque.retry import NoRetry, is_transient
 
 log = logging.getLogger("blueque.store")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: The oldest server Blueque runs on: LMOVE and BLMOVE (the reserve step) came with Redis 6.2.
 MIN_REDIS_VERSION = (6, 2)
-#: How far delete.lua looks from each end of a finished list before a full LREM.
-DELETE_WINDOW = 512
-#: Tasks per submit_many call: keeps each script call short so Redis stays responsive.
-BULK_CHUNK = 1000
+# where they were first defined; the protocol module (shared with blueque.aio) owns them now
+__all__ = ["BULK_CHUNK", "DELETE_WINDOW", "NoRetry", "QueueCounts", "RedisStore"]
 #: How long a blocking pop waits per round trip; listen() loops, so this bounds only how
 #: quickly a blocked listener notices a stop request, never how fast it sees a new task.
 BLOCK_SLICE = 1.0
 #: The largest checkpoint a task may save unless its own option, its queue's default or the
 #: client says otherwise (``checkpoint_max_bytes``): checkpoints are resume points, not data.
 CHECKPOINT_MAX_BYTES = 1024 * 1024
-#: How long a checkpoint is kept after its last save when nothing else ends it first (delete,
-#: purge, result TTL): it bounds the life of one whose task blueque 1.0.1 deleted (its delete
-#: knows no checkpoint key), and is far longer than a task waits between two attempts.
-CHECKPOINT_KEEP = 30 * 86400.0
 
 RedisLike = Any  # redis.Redis or redis.RedisCluster; both expose the same command methods
 
 
-def _load(name: str) -> str:
+def load_script(name: str) -> str:
+    """The source of ``blueque/lua/<name>.lua`` (registered once per store)."""
     return importlib.resources.files("blueque").joinpath(f"lua/{name}.lua").read_text("utf-8")
 
 
@@ -157,17 +155,6 @@ def _too_old(where: str, detail: str) -> UnsupportedServer:
         f"Redis at {where} is too old for Blueque ({detail}): Blueque needs Redis {wanted} or "
         "later (it reserves tasks with LMOVE/BLMOVE); upgrade the server"
     )
-
-
-class NoRetry:
-    """Run once (a ready redis-py client, or ``retry_deadline=0``); URLs bring
-    blueque.ha.RetryPolicy, which rides through restarts and failovers."""
-
-    def call(self, operation: Callable[[], T]) -> T:
-        return operation()
-
-    def bounded(self, seconds: float) -> NoRetry:
-        return self
 
 
 def _tolerating_wrong_types(pipe: Any) -> list[Any]:
@@ -280,17 +267,6 @@ class Reservation:
         return int(self.detail) if self.runnable else 0
 
 
-@dataclass(frozen=True)
-class QueueCounts:
-    pending: int
-    scheduled: int
-    reserved: int
-    started: int
-    complete: int
-    failed: int
-    listeners: int
-
-
 class RedisStore:
     """Named protocol operations over one Redis connection and one key layout."""
 
@@ -325,23 +301,61 @@ class RedisStore:
 
     @property
     def where(self) -> str:
-        pool = getattr(self.redis, "connection_pool", None)
-        service = getattr(pool, "service_name", None)
-        if service:  # Sentinel: name the master, not a host
-            return f"Sentinel master {service!r}"
-        if hasattr(self.redis, "get_nodes"):  # RedisCluster
-            nodes = sorted(f"{n.host}:{n.port}" for n in self.redis.get_nodes())
-            return "cluster " + ",".join(nodes[:3]) + (",..." if len(nodes) > 3 else "")
-        kwargs = getattr(pool, "connection_kwargs", {})
-        if "path" in kwargs:
-            return f"unix://{kwargs['path']}"
-        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        return describe(self.redis)
 
     def _script(self, name: str) -> Script:
         script = self._scripts.get(name)
         if script is None:
-            script = self._scripts[name] = self.redis.register_script(_load(name))
+            script = self._scripts[name] = self.redis.register_script(load_script(name))
         return script
+
+    # --- running the protocol module's operations (blueque.aio.store has the async twin) ---
+    def _execute(self, operation: protocol.Operation[T]) -> T:
+        """Run an operation's steps in order, sending each step's reply back into it."""
+        try:
+            step = next(operation)
+            while True:
+                step = operation.send(self._step(step))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            operation.close()
+
+    def _step(self, step: protocol.Step) -> Any:
+        if isinstance(step, protocol.Script):
+            return self._run(step.name, step.keys, step.args, durable=step.durable)
+        if isinstance(step, protocol.Command):
+            return getattr(self.redis, step.name)(*step.args, **step.kwargs)
+        pipe = self.redis.pipeline(transaction=step.transaction)
+        for item in step.commands:
+            getattr(pipe, item.name)(*item.args, **item.kwargs)
+        return pipe.execute(raise_on_error=step.raise_on_error)
+
+    def perform(self, operation: Callable[Concatenate[k.Keys, P], protocol.Operation[T]],
+                *args: P.args, **kwargs: P.kwargs) -> T:
+        """``operation(self.keys, *args, **kwargs)`` of blueque.protocol, retried as a whole
+        and its errors translated, like every method here."""
+        result: T = self._perform(lambda: operation(self.keys, *args, **kwargs))
+        return result
+
+    @translate_errors
+    def _perform(self, make: Callable[[], protocol.Operation[T]]) -> T:
+        return self._execute(make())  # a fresh generator for every try
+
+    def run(self, procedure: protocol.Procedure[T]) -> T:
+        """A procedure of blueque.protocol (purge, enqueue_due_tasks): each operation it
+        yields runs under the retry policy on its own."""
+        reply: Any = None
+        try:
+            while True:
+                factory = procedure.send(reply)
+                reply = self._perform(factory)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            procedure.close()
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              durable: bool = False) -> Any:
@@ -350,22 +364,13 @@ class RedisStore:
         return self._script(name)(keys=list(keys), args=list(args))
 
     def _queues_key(self, queue: str) -> tuple[str, str]:
-        """The key a script may update blueque_queues through, and whether it should.
-
-        In the cluster layout blueque_queues lives in another slot, so scripts get a same-slot
-        placeholder and the caller updates blueque_queues itself, outside the script."""
-        if self.keys.cluster:
-            return self.keys.pending(queue), "0"
-        return self.keys.queues(), "1"
+        return protocol.queues_key(self.keys, queue)
 
     def _outcome_keys(self, queue: str, now: float) -> list[str]:
-        """The per-minute and all-time outcome counters an ending increments (PROTOCOL.md 5.6)."""
-        minute = str(int(now // 60 * 60))
-        return [self.keys.finished_per_minute(queue, minute), self.keys.outcome_counts(queue)]
+        return protocol.outcome_keys(self.keys, queue, now)
 
     def _touch_queue(self, queue: str, increment: int = 0) -> None:
-        if self.keys.cluster:
-            self.redis.zincrby(self.keys.queues(), increment, queue)
+        self._execute(protocol.touch_queue(self.keys, queue, increment))
 
     # --- creating tasks -------------------------------------------------------------------
     @translate_errors
@@ -378,83 +383,37 @@ class RedisStore:
         eta: float | None = None,
         fields: dict[str, str] | None = None,
     ) -> bool:
-        """Create a pending (or, with an eta, scheduled) task; False if the id already exists.
-
-        Keys: task hash, pending list or scheduled zset, blueque_queues. Script: submit.lua."""
-        queues_key, use_queues = self._queues_key(queue)
-        target = self.keys.pending(queue) if eta is None else self.keys.scheduled(queue)
-        keys = [self.keys.task(task_id), target]
-        if use_queues == "1":
-            keys.append(queues_key)
-        extra = [item for pair in (fields or {}).items() for item in pair]
-        args = [task_id, queue, parameters, repr(now), "" if eta is None else repr(eta),
-                self.keys.channel(queue), *extra]
-        created = bool(self._run("submit", keys, args, durable=True))
-        self._touch_queue(queue)
-        return created
+        """Create a pending (or, with an eta, scheduled) task: protocol.submit."""
+        return self._execute(protocol.submit(self.keys, queue, task_id, parameters, now, eta,
+                                             fields))
 
     @translate_errors
     def submit_many(
         self, queue: str, tasks: Sequence[tuple[str, str]], now: float
     ) -> list[bool]:
-        """Create many pending tasks, BULK_CHUNK per script call; a created flag per task.
-
-        Keys: pending list, blueque_queues, every task hash. Script: submit_many.lua."""
-        queues_key, use_queues = self._queues_key(queue)
-        pending = self.keys.pending(queue)
-        channel = self.keys.channel(queue)
-        stamp = repr(now)
-        flags: list[bool] = []
-        for start in range(0, len(tasks), BULK_CHUNK):
-            chunk = tasks[start : start + BULK_CHUNK]
-            keys = [pending, queues_key, *(self.keys.task(task_id) for task_id, _ in chunk)]
-            args: list[str] = [queue, stamp, use_queues, channel]
-            for task_id, parameters in chunk:
-                args += (task_id, parameters)
-            result = self._run("submit_many", keys, args, durable=True)
-            flags.extend(flag == "1" for flag in result)
-        self._touch_queue(queue)
-        return flags
+        """Create many pending tasks; a created flag per task: protocol.submit_many."""
+        return self._execute(protocol.submit_many(self.keys, queue, tasks, now))
 
     @translate_errors
     def enqueue_due(self, queue: str, now: float, limit: int = 1000) -> list[str]:
-        """Move scheduled tasks whose eta has passed to pending (at most ``limit`` per call).
-
-        Keys: scheduled zset, pending list, each due task hash. Script: enqueue_due.lua."""
-        scheduled = self.keys.scheduled(queue)
-        due: list[str] = self.redis.zrangebyscore(scheduled, 0, now, start=0, num=limit)
-        if not due:
-            return []
-        keys = [scheduled, self.keys.pending(queue), *(self.keys.task(i) for i in due)]
-        moved: list[str] = self._run(
-            "enqueue_due", keys, [repr(now), self.keys.channel(queue), queue, *due]
-        )
-        return moved
+        """Move scheduled tasks whose eta has passed to pending: protocol.enqueue_due."""
+        return self._execute(protocol.enqueue_due(self.keys, queue, now, limit))
 
     @translate_errors
     def due_count(self, queue: str, now: float) -> int:
-        """ZCOUNT of the scheduled entries whose eta has passed (enqueue_due loops on it)."""
-        return int(self.redis.zcount(self.keys.scheduled(queue), 0, now))
+        """ZCOUNT of the scheduled entries whose eta has passed: protocol.due_count."""
+        return self._execute(protocol.due_count(self.keys, queue, now))
 
     # --- reading --------------------------------------------------------------------------
     @translate_errors
     def task_data(self, task_id: str) -> dict[str, str]:
         """HGETALL of one task hash ({} if missing)."""
-        data: dict[str, str] = self.redis.hgetall(self.keys.task(task_id))
-        return data
+        return self._execute(protocol.task_data(self.keys, task_id))
 
     @translate_errors
     def task_data_many(self, task_ids: Sequence[str]) -> list[dict[str, str]]:
-        """HGETALL of many task hashes in one pipeline; a key that is not a hash reads as {}
-        (no task), so one foreign key cannot block a purge or a recovery sweep."""
-        pipe = self.redis.pipeline(transaction=False)
-        for task_id in task_ids:
-            pipe.hgetall(self.keys.task(task_id))
-        replies = pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
-                raise reply
-        return [{} if isinstance(reply, Exception) else reply for reply in replies]
+        """HGETALL of many task hashes in one pipeline ({} for a missing or foreign key)."""
+        return self._execute(protocol.task_data_many(self.keys, task_ids))
 
     @translate_errors
     def task_fields(self, task_id: str, fields: Sequence[str]) -> dict[str, str]:
@@ -472,40 +431,20 @@ class RedisStore:
             pipe.hget(self.keys.task(task_id), "status")
         return cast(list["str | None"], pipe.execute())
 
+    @translate_errors
     def counts(self, queue: str) -> QueueCounts:
         """Counts per state from O(1) commands (plus one LLEN per listener)."""
-        return self.counts_many([queue])[0]
+        return self._execute(protocol.counts(self.keys, queue))
 
     @translate_errors
     def task_ids(self, queue: str, status: str, start: int = 0, stop: int = -1) -> list[str]:
         """Ids of a queue's tasks in one state, from the list, set or zset that holds them."""
-        if status == k.PENDING:
-            ids: list[str] = self.redis.lrange(self.keys.pending(queue), start, stop)
-            return ids
-        if status == k.SCHEDULED:
-            return cast(list[str], self.redis.zrange(self.keys.scheduled(queue), start, stop))
-        if status in k.FINISHED_STATUSES:
-            finished = self.keys.finished(queue, status)
-            return cast(list[str], self.redis.lrange(finished, start, stop))
-        if status == k.STARTED:
-            members = sorted(self.redis.smembers(self.keys.started(queue)))
-            ids = [member.rsplit(" ", 1)[-1] for member in members]
-            return ids[start : None if stop == -1 else stop + 1]  # LRANGE's inclusive stop
-        if status == k.RESERVED:
-            started = set(self.task_ids(queue, k.STARTED))
-            ids = []
-            for listener in sorted(self.redis.smembers(self.keys.listeners(queue))):
-                ids += self.redis.lrange(self.keys.reserved(queue, listener), 0, -1)
-            return [i for i in ids if i not in started]
-        raise InvalidTaskState(f"unknown status {status!r}; expected one of {k.STATUSES}")
+        return self._execute(protocol.task_ids(self.keys, queue, status, start, stop))
 
     @translate_errors
     def known_queues(self) -> list[tuple[str, float]]:
         """blueque_queues: every queue with its listener count."""
-        return cast(
-            list[tuple[str, float]],
-            self.redis.zrange(self.keys.queues(), 0, -1, withscores=True),
-        )
+        return self._execute(protocol.known_queues(self.keys))
 
     @translate_errors
     def listener_ids(self, queue: str) -> set[str]:
@@ -767,57 +706,34 @@ class RedisStore:
     @translate_errors
     def cancel(self, queue: str, task_id: str, now: float, error: str) -> tuple[str, str]:
         """cancel.lua; for a running task also PUBLISH its id on its listener's channel."""
-        verdict, detail = self._run(
-            "cancel",
-            [self.keys.task(task_id), self.keys.pending(queue), self.keys.scheduled(queue),
-             self.keys.failed(queue), *self._outcome_keys(queue, now)],
-            [task_id, repr(now), error, k.FINISHED_MINUTE_TTL],
-        )
-        if verdict == "requested" and detail:
-            self.redis.publish(self.keys.control(detail), task_id)
-        return str(verdict), str(detail)
+        return self._execute(protocol.cancel(self.keys, queue, task_id, now, error))
 
     # --- finished tasks -------------------------------------------------------------------
     @translate_errors
     def delete(self, queue: str, task_id: str, status: str) -> bool:
         """DEL the task hash, its output stream and checkpoint, and its complete/failed list
         entry (delete.lua)."""
-        return bool(
-            self._run(
-                "delete",
-                [self.keys.task(task_id), self.keys.finished(queue, status),
-                 self.keys.task_log(task_id), self.keys.checkpoint(task_id)],
-                [task_id, status, DELETE_WINDOW],
-            )
-        )
+        return self._execute(protocol.delete(self.keys, queue, task_id, status))
 
     @translate_errors
     def drop_finished_entry(self, queue: str, status: str, task_id: str) -> None:
-        """LREM one entry from the old (right) end of a finished list, leaving the hash alone:
-        for an entry whose task has since moved to another status."""
-        self.redis.lrem(self.keys.finished(queue, status), -1, task_id)
+        """LREM one entry from the old end of a finished list, leaving the hash alone."""
+        self._execute(protocol.drop_finished_entry(self.keys, queue, status, task_id))
 
     @translate_errors
     def oldest_finished(self, queue: str, status: str, count: int) -> list[str]:
         """The ``count`` oldest ids of a finished list, oldest first (from its right end)."""
-        ids = cast(list[str], self.redis.lrange(self.keys.finished(queue, status), -count, -1))
-        return ids[::-1]
+        return self._execute(protocol.oldest_finished(self.keys, queue, status, count))
 
     # --- queue configuration --------------------------------------------------------------
     @translate_errors
     def queue_config(self, queue: str) -> dict[str, str]:
-        return cast(dict[str, str], self.redis.hgetall(self.keys.queue_config(queue)))
+        return self._execute(protocol.queue_config(self.keys, queue))
 
     @translate_errors
     def set_queue_config(self, queue: str, values: dict[str, str], remove: Sequence[str] = ()
                          ) -> None:
-        pipe = self.redis.pipeline(transaction=not self.keys.cluster)
-        if values:
-            pipe.hset(self.keys.queue_config(queue), mapping=values)
-        if remove:
-            pipe.hdel(self.keys.queue_config(queue), *remove)
-        pipe.zincrby(self.keys.queues(), 0, queue)
-        pipe.execute()
+        self._execute(protocol.set_queue_config(self.keys, queue, values, remove))
 
     @translate_errors
     def forget_queue(self, queue: str) -> bool:
@@ -849,44 +765,16 @@ class RedisStore:
 
     @translate_errors
     def retry_failed(self, queue: str, task_id: str, now: float) -> None:
-        """Failed -> pending again, attempts kept (retry_failed.lua). Keys: task hash, failed
-        list, pending list, checkpoint (kept: the re-run resumes from it). Raises
-        TaskNotFound or InvalidTaskState (not failed)."""
-        self._run(
-            "retry_failed",
-            [self.keys.task(task_id), self.keys.failed(queue), self.keys.pending(queue),
-             self.keys.checkpoint(task_id)],
-            [task_id, repr(now), queue, self.keys.channel(queue), DELETE_WINDOW,
-             int(CHECKPOINT_KEEP * 1000)],
-        )
+        """Failed -> pending again, attempts kept, checkpoint kept for the re-run
+        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        self._execute(protocol.retry_failed(self.keys, queue, task_id, now))
 
     # --- watching: reads for the dashboard and the metrics (windows, never whole lists) --
     # Each read of many queues is a fixed number of pipelines, whatever the number of queues.
     @translate_errors
     def counts_many(self, queues: Sequence[str]) -> list[QueueCounts]:
         """counts() of many queues in two pipelines."""
-        pipe = self.redis.pipeline(transaction=False)
-        for queue in queues:
-            pipe.smembers(self.keys.listeners(queue))
-        listener_sets = [sorted(members) for members in pipe.execute()]
-        pipe = self.redis.pipeline(transaction=False)
-        for queue, listeners in zip(queues, listener_sets, strict=True):
-            pipe.llen(self.keys.pending(queue))
-            pipe.zcard(self.keys.scheduled(queue))
-            pipe.scard(self.keys.started(queue))
-            pipe.llen(self.keys.complete(queue))
-            pipe.llen(self.keys.failed(queue))
-            for listener in listeners:
-                pipe.llen(self.keys.reserved(queue, listener))
-        replies = iter(pipe.execute())
-        counts = []
-        for listeners in listener_sets:
-            pending, scheduled, started, complete, failed = (next(replies) for _ in range(5))
-            reserved = sum(next(replies) for _ in listeners)
-            counts.append(QueueCounts(
-                pending=pending, scheduled=scheduled, reserved=max(0, reserved - started),
-                started=started, complete=complete, failed=failed, listeners=len(listeners)))
-        return counts
+        return self._execute(protocol.counts_many(self.keys, queues))
 
     @translate_errors
     def outcomes_per_minute_many(self, queues: Sequence[str], minutes: Sequence[int]
@@ -1052,12 +940,33 @@ class RedisStore:
             info = self.redis.info("server")
         except redis.exceptions.RedisError as error:
             raise translate(error, self.where) from error
-        if isinstance(info, dict) and isinstance(info.get("redis_version"), str):
-            version = info["redis_version"]
-            numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
-            if numbers < MIN_REDIS_VERSION:
-                raise _too_old(self.where, f"it runs Redis {version}")
+        check_version(info, self.where)
         self._server_checked = True
+
+
+def describe(client: Any) -> str:
+    """Where a redis-py client (sync or asyncio) talks to, for error messages: host:port,
+    unix://path, a Sentinel master's name or a cluster's first nodes."""
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service:  # Sentinel: name the master, not a host
+        return f"Sentinel master {service!r}"
+    if hasattr(client, "get_nodes"):  # RedisCluster
+        nodes = sorted(f"{n.host}:{n.port}" for n in client.get_nodes())
+        return "cluster " + ",".join(nodes[:3]) + (",..." if len(nodes) > 3 else "")
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def check_version(info: object, where: str) -> None:
+    """Refuse a server older than MIN_REDIS_VERSION, from its INFO server reply."""
+    if isinstance(info, dict) and isinstance(info.get("redis_version"), str):
+        version = info["redis_version"]
+        numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+        if numbers < MIN_REDIS_VERSION:
+            raise _too_old(where, f"it runs Redis {version}")
 
 
 def now() -> float:

@@ -61,44 +61,24 @@ class CheckpointInfo:
 _UNREAD: Any = object()
 
 
-class Task:
-    """All fields of ``blueque_task_[id]``; every attribute of a missing task is None.
+#: How often a wait re-reads the hash whatever the done channel says (1.0.1 writers do not
+#: publish): the longest a wait listens before it reads again.
+WAIT_REREAD = 1.0
+
+
+class TaskView:
+    """All fields of ``blueque_task_[id]`` as last read; every attribute of a missing task is
+    None. What blueque.Task and blueque.aio.Task share: they differ only in how they read.
 
     Typed fields: pid and attempts (int), created, updated, eta, started_at, finished_at,
-    progress (float). A corrupt typed field raises CorruptTask when read. The task function
-    gets one: ``checkpoint`` (read at first use) and ``save_checkpoint(state)`` let a long job
-    resume where a dead attempt left off (PROTOCOL.md 5.20)."""
+    progress (float). A corrupt typed field raises CorruptTask when read."""
 
-    def __init__(self, task_id: str, store: RedisStore, data: dict[str, str] | None = None):
+    def __init__(self, task_id: str, data: dict[str, str]) -> None:
         self._id = task_id
-        self._store = store
-        self._data = store.task_data(task_id) if data is None else data
-        #: (attempt, listener id) of the run this object belongs to: the first reserved or
-        #: started attempt it read. A refresh that finds a newer attempt leaves it as it is,
-        #: so a superseded run stays fenced out even if it re-reads its task.
-        self._run: tuple[int, str] | None = None
-        self._note_run()
-        self._checkpoint: dict[str, str] | None = _UNREAD
-        self._checkpoint_info: CheckpointInfo | None = _UNREAD
-        self._queue_limit: str | None = _UNREAD
+        self._data = data
 
     def __repr__(self) -> str:
         return f"<Task {self._id} {self.status}>"
-
-    def refresh(self) -> Task:
-        """Re-read the task hash (one HGETALL); returns self. The checkpoint is read again at
-        its next use."""
-        self._data = self._store.task_data(self._id)
-        self._note_run()
-        self._checkpoint = self._checkpoint_info = _UNREAD
-        return self
-
-    def _note_run(self) -> None:
-        if self._run is not None or self._get("status") not in (k.RESERVED, k.STARTED):
-            return
-        attempts, node = self.attempts, self.node
-        if attempts is not None and node:
-            self._run = (attempts, node)
 
     @property
     def data(self) -> dict[str, str]:
@@ -113,38 +93,25 @@ class Task:
     def finished(self) -> bool:
         return self.status in k.FINISHED_STATUSES
 
-    def wait(self, timeout: float | None = None) -> Task:
-        """Block until the task is complete or failed; raise WaitTimeout (a TimeoutError)
-        after ``timeout``. A Redis restart or failover shorter than the client's
-        ``retry_deadline`` goes unnoticed; a longer one raises RedisUnavailable.
-
-        Listens on blueque_done_[queue] (published by every finish), and re-reads the hash at
-        least once a second, for finishes by writers that do not publish (blueque 1.0.1)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if self.refresh().finished:
-            return self
+    def waited_queue(self) -> str:
+        """The queue whose done channel a wait listens on, after the first read of an
+        unfinished task: TaskNotFound for a missing task, CorruptTask without a queue."""
         if not self.exists:
             raise TaskNotFound(self._id)
-        queue = self.queue
-        if queue is None:
+        if self.queue is None:
             raise CorruptTask(f"task {self._id!r} has no queue field; cannot wait for it")
-        # a Subscription rides out a lost connection: the refresh, under the store's retry
-        # policy, decides whether Redis came back in time (else RedisUnavailable)
-        subscription = self._store.subscribe([self._store.keys.done_channel(queue)])
-        try:
-            subscription.get_message(timeout=0)  # subscribe before the first re-read
-            while not self.refresh().finished:
-                if not self.exists:  # deleted (or expired) while we waited
-                    raise TaskNotFound(self._id)
-                remaining = 1.0 if deadline is None else deadline - time.monotonic()
-                if remaining <= 0:
-                    raise WaitTimeout(
-                        f"task {self._id} is still {self.status} after {timeout} s"
-                    )
-                subscription.get_message(timeout=min(1.0, remaining))
-        finally:
-            subscription.close()
-        return self
+        return str(self.queue)
+
+    def listen_for(self, timeout: float | None, deadline: float | None) -> float:
+        """After a re-read of an unfinished task: how long a wait may listen on the done
+        channel before reading again; TaskNotFound if the task was deleted (or expired)
+        meanwhile, WaitTimeout once ``deadline`` (time.monotonic) has passed."""
+        if not self.exists:  # deleted (or expired) while we waited
+            raise TaskNotFound(self._id)
+        remaining = WAIT_REREAD if deadline is None else deadline - time.monotonic()
+        if remaining <= 0:
+            raise WaitTimeout(f"task {self._id} is still {self.status} after {timeout} s")
+        return min(WAIT_REREAD, remaining)
 
     def _get(self, field: str) -> str | None:
         return self._data.get(field)
@@ -193,6 +160,62 @@ class Task:
     @property
     def cancelled(self) -> bool:
         return bool(self._get("cancelled"))
+
+
+class Task(TaskView):
+    """A task hash read through the sync client: ``refresh()`` re-reads it, ``wait()``
+    blocks until it ends. See TaskView for the attributes. The task function gets one:
+    ``checkpoint`` (read at first use) and ``save_checkpoint(state)`` let a long job resume
+    where a dead attempt left off (PROTOCOL.md 5.20)."""
+
+    def __init__(self, task_id: str, store: RedisStore, data: dict[str, str] | None = None):
+        super().__init__(task_id, store.task_data(task_id) if data is None else data)
+        self._store = store
+        #: (attempt, listener id) of the run this object belongs to: the first reserved or
+        #: started attempt it read. A refresh that finds a newer attempt leaves it as it is,
+        #: so a superseded run stays fenced out even if it re-reads its task.
+        self._run: tuple[int, str] | None = None
+        self._note_run()
+        self._checkpoint: dict[str, str] | None = _UNREAD
+        self._checkpoint_info: CheckpointInfo | None = _UNREAD
+        self._queue_limit: str | None = _UNREAD
+
+    def refresh(self) -> Task:
+        """Re-read the task hash (one HGETALL); returns self. The checkpoint is read again at
+        its next use."""
+        self._data = self._store.task_data(self._id)
+        self._note_run()
+        self._checkpoint = self._checkpoint_info = _UNREAD
+        return self
+
+    def _note_run(self) -> None:
+        if self._run is not None or self._get("status") not in (k.RESERVED, k.STARTED):
+            return
+        attempts, node = self.attempts, self.node
+        if attempts is not None and node:
+            self._run = (attempts, node)
+
+    def wait(self, timeout: float | None = None) -> Task:
+        """Block until the task is complete or failed; raise WaitTimeout (a TimeoutError)
+        after ``timeout``. A Redis restart or failover shorter than the client's
+        ``retry_deadline`` goes unnoticed; a longer one raises RedisUnavailable.
+
+        Listens on blueque_done_[queue] (published by every finish), and re-reads the hash at
+        least once a second, for finishes by writers that do not publish (blueque 1.0.1)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.refresh().finished:
+            return self
+        queue = self.waited_queue()
+        # a Subscription rides out a lost connection: the refresh, under the store's retry
+        # policy, decides whether Redis came back in time (else RedisUnavailable)
+        subscription = self._store.subscribe([self._store.keys.done_channel(queue)])
+        try:
+            subscription.get_message(timeout=0)  # subscribe before the first re-read
+            while not self.refresh().finished:
+                subscription.get_message(timeout=self.listen_for(timeout, deadline))
+        finally:
+            subscription.close()
+        return self
 
     # --- the running attempt's checkpoint (blueque_checkpoint_[id], PROTOCOL.md 5.20) -------
     @property

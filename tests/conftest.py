@@ -8,7 +8,9 @@ import pytest
 import redis
 
 import blueque
+import blueque.aio
 from blueque.testing import RedisServer
+from tests.aio_facade import AioClient, LoopThread
 
 
 @pytest.fixture(scope="session")
@@ -38,11 +40,26 @@ def client(redis_client: redis.Redis) -> blueque.Client:
     return blueque.Client(redis_client)
 
 
-@pytest.fixture(params=["redis", "fakeredis"])
-def any_client(request: pytest.FixtureRequest) -> Iterator[blueque.Client]:
-    """The contract tests' client: on the private redis-server, and again on fakeredis (its
-    Lua support needs ``lupa``; without it that variant is skipped, never weakened)."""
-    if request.param == "redis":
+@pytest.fixture(scope="session")
+def aio_loop() -> Iterator[LoopThread]:
+    """One event loop, in a thread, for the blocking facade over blueque.aio."""
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def aio_client(client: blueque.Client, redis_url: str, aio_loop: LoopThread
+               ) -> Iterator[AioClient]:
+    """blueque.aio.Client on the emptied private database, behind blueque.Client's surface
+    (tests/aio_facade.py); ``client`` answers for the listener side and the Redis state."""
+    facade = AioClient(blueque.aio.Client(redis_url), aio_loop, sync=client)
+    yield facade
+    facade.close()
+
+
+def _sync_client(request: pytest.FixtureRequest, kind: str) -> Iterator[blueque.Client]:
+    if kind == "redis":
         yield request.getfixturevalue("client")
         return
     fakeredis = pytest.importorskip("fakeredis")
@@ -50,3 +67,21 @@ def any_client(request: pytest.FixtureRequest) -> Iterator[blueque.Client]:
     fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
     yield blueque.Client(fake)
     fake.close()
+
+
+@pytest.fixture(params=["redis", "fakeredis"])
+def any_client(request: pytest.FixtureRequest) -> Iterator[blueque.Client]:
+    """The contract tests' client: on the private redis-server, and again on fakeredis (its
+    Lua support needs ``lupa``; without it that variant is skipped, never weakened)."""
+    yield from _sync_client(request, request.param)
+
+
+@pytest.fixture(params=["redis", "fakeredis", "aio"])
+def contract_client(request: pytest.FixtureRequest) -> Iterator[blueque.Client]:
+    """The client of the contract tests of operations both clients offer (enqueue, cancel,
+    tasks, delete, purge, stats...): ``any_client``'s two, and blueque.aio on the private
+    redis-server through tests/aio_facade.py."""
+    if request.param == "aio":
+        yield request.getfixturevalue("aio_client")
+        return
+    yield from _sync_client(request, request.param)

@@ -24,34 +24,34 @@ def _assert_cancelled(client: blueque.Client, task_id: str) -> None:
     assert task.cancelled and task.finished
 
 
-def test_cancel_a_pending_task(any_client: blueque.Client) -> None:
-    task_id = any_client.get_queue("q").enqueue("p")
-    assert any_client.cancel_task(task_id, "not needed") == "cancelled"
-    _assert_cancelled(any_client, task_id)
-    assert any_client.redis.hget(K.task(task_id), "error") == "cancelled: not needed"
-    assert any_client.redis.llen(K.pending("q")) == 0
-    assert any_client.get_listener("q").reserve() is None
+def test_cancel_a_pending_task(contract_client: blueque.Client) -> None:
+    task_id = contract_client.get_queue("q").enqueue("p")
+    assert contract_client.cancel_task(task_id, "not needed") == "cancelled"
+    _assert_cancelled(contract_client, task_id)
+    assert contract_client.redis.hget(K.task(task_id), "error") == "cancelled: not needed"
+    assert contract_client.redis.llen(K.pending("q")) == 0
+    assert contract_client.get_listener("q").reserve() is None
 
 
-def test_cancel_a_scheduled_task(any_client: blueque.Client) -> None:
-    queue = any_client.get_queue("q")
+def test_cancel_a_scheduled_task(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue("q")
     task_id = queue.schedule("p", time.time() + 3600)
-    assert any_client.cancel_task(task_id) == "cancelled"
-    _assert_cancelled(any_client, task_id)
-    assert any_client.redis.zcard(K.scheduled("q")) == 0
+    assert contract_client.cancel_task(task_id) == "cancelled"
+    _assert_cancelled(contract_client, task_id)
+    assert contract_client.redis.zcard(K.scheduled("q")) == 0
 
 
-def test_cancel_a_reserved_task_stops_it_from_starting(any_client: blueque.Client) -> None:
-    any_client.get_queue("q").enqueue("p")
-    listener = any_client.get_listener("q")
+def test_cancel_a_reserved_task_stops_it_from_starting(contract_client: blueque.Client) -> None:
+    contract_client.get_queue("q").enqueue("p")
+    listener = contract_client.get_listener("q")
     task = listener.reserve()
     assert task is not None
-    assert any_client.cancel_task(task.id) == "cancelled"
-    _assert_cancelled(any_client, task.id)
+    assert contract_client.cancel_task(task.id) == "cancelled"
+    _assert_cancelled(contract_client, task.id)
     with pytest.raises(InvalidTaskState, match="cannot start"):
-        any_client.get_processor(task).start(1)
-    assert any_client.redis.llen(K.reserved("q", listener.id)) == 0
-    assert any_client.redis.scard(K.started("q")) == 0
+        contract_client.get_processor(task).start(1)
+    assert contract_client.redis.llen(K.reserved("q", listener.id)) == 0
+    assert contract_client.redis.scard(K.started("q")) == 0
 
 
 def test_cancel_a_started_task_asks_its_listener(client: blueque.Client) -> None:
@@ -83,30 +83,30 @@ def test_cancel_a_started_task_asks_its_listener(client: blueque.Client) -> None
     assert r.llen(K.failed("q")) == 0
 
 
-def test_cancel_records_the_request_without_a_subscriber(any_client: blueque.Client) -> None:
-    any_client.get_queue("q").enqueue("p")
-    task = any_client.get_listener("q").reserve()
+def test_cancel_records_the_request_without_a_subscriber(contract_client: blueque.Client) -> None:
+    contract_client.get_queue("q").enqueue("p")
+    task = contract_client.get_listener("q").reserve()
     assert task is not None
-    any_client.get_processor(task).start(1)
-    assert any_client.cancel_task(task.id) == "requested"
-    assert any_client.get_task(task.id).data["cancel_requested"]
+    contract_client.get_processor(task).start(1)
+    assert contract_client.cancel_task(task.id) == "requested"
+    assert contract_client.get_task(task.id).data["cancel_requested"]
 
 
 @pytest.mark.parametrize("finish", ["complete", "fail"])
-def test_cancel_a_finished_task_is_refused(any_client: blueque.Client, finish: str) -> None:
-    any_client.get_queue("q").enqueue("p")
-    task = any_client.get_listener("q").reserve()
+def test_cancel_a_finished_task_is_refused(contract_client: blueque.Client, finish: str) -> None:
+    contract_client.get_queue("q").enqueue("p")
+    task = contract_client.get_listener("q").reserve()
     assert task is not None
-    processor = any_client.get_processor(task)
+    processor = contract_client.get_processor(task)
     processor.start(1)
     getattr(processor, finish)("x")
-    status = any_client.get_task(task.id).status
+    status = contract_client.get_task(task.id).status
     with pytest.raises(InvalidTaskState, match="cannot be cancelled"):
-        any_client.cancel_task(task.id)
-    assert any_client.get_task(task.id).status == status
-    assert not any_client.get_task(task.id).cancelled
+        contract_client.cancel_task(task.id)
+    assert contract_client.get_task(task.id).status == status
+    assert not contract_client.get_task(task.id).cancelled
 
 
-def test_cancel_a_missing_task(any_client: blueque.Client) -> None:
+def test_cancel_a_missing_task(contract_client: blueque.Client) -> None:
     with pytest.raises(TaskNotFound, match="does not exist"):
-        any_client.cancel_task("no-such-task")
+        contract_client.cancel_task("no-such-task")

@@ -30,10 +30,10 @@ def make_due(client: blueque.Client, queue: str, count: int, prefix: str = "due"
     return ids
 
 
-def test_enqueue_writes_exactly_the_fields_1_0_1_writes(any_client: blueque.Client) -> None:
-    r = any_client.redis
+def test_enqueue_writes_exactly_the_fields_1_0_1_writes(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
     before = time.time()
-    task_id = any_client.get_queue("q").enqueue('{"n": 1}')
+    task_id = contract_client.get_queue("q").enqueue('{"n": 1}')
     data = r.hgetall(K.task(task_id))
     assert set(data) == ORIGINAL_FIELDS  # nothing more: memory stays at 1.0.1's level
     assert data["status"] == "pending"
@@ -46,28 +46,28 @@ def test_enqueue_writes_exactly_the_fields_1_0_1_writes(any_client: blueque.Clie
     assert r.type(K.scheduled("q")) == "none"
 
 
-def test_enqueue_options_add_only_their_fields(any_client: blueque.Client) -> None:
-    task_id = any_client.get_queue("q").enqueue("p", max_attempts=3, time_limit=60)
-    data = any_client.redis.hgetall(K.task(task_id))
+def test_enqueue_options_add_only_their_fields(contract_client: blueque.Client) -> None:
+    task_id = contract_client.get_queue("q").enqueue("p", max_attempts=3, time_limit=60)
+    data = contract_client.redis.hgetall(K.task(task_id))
     assert set(data) == ORIGINAL_FIELDS | {"max_attempts", "time_limit"}
     assert (data["max_attempts"], data["time_limit"]) == ("3", "60.0")
 
 
 def test_enqueue_rejects_unknown_options_and_non_text_parameters(
-    any_client: blueque.Client,
+    contract_client: blueque.Client,
 ) -> None:
-    queue = any_client.get_queue("q")
+    queue = contract_client.get_queue("q")
     with pytest.raises(ConfigurationError, match="unknown task option"):
         queue.enqueue("p", priority=1)
     with pytest.raises(TypeError, match=r"json\.dumps"):
         queue.enqueue({"not": "a string"})
-    assert any_client.redis.llen(K.pending("q")) == 0
+    assert contract_client.redis.llen(K.pending("q")) == 0
 
 
-def test_pending_tasks_are_taken_first_in_first_out(any_client: blueque.Client) -> None:
-    queue = any_client.get_queue("q")
+def test_pending_tasks_are_taken_first_in_first_out(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue("q")
     ids = [queue.enqueue(str(i)) for i in range(3)]
-    listener = any_client.get_listener("q")
+    listener = contract_client.get_listener("q")
     taken = []
     for _ in ids:
         task = listener.reserve()
@@ -77,9 +77,11 @@ def test_pending_tasks_are_taken_first_in_first_out(any_client: blueque.Client) 
     assert listener.reserve() is None
 
 
-def test_enqueue_with_the_same_task_id_twice_creates_one_task(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    queue = any_client.get_queue("q")
+def test_enqueue_with_the_same_task_id_twice_creates_one_task(
+    contract_client: blueque.Client,
+) -> None:
+    r = contract_client.redis
+    queue = contract_client.get_queue("q")
     assert queue.enqueue("first", task_id="job-1") == "job-1"
     created = r.hget(K.task("job-1"), "created")
     assert queue.enqueue("second", task_id="job-1") == "job-1"
@@ -88,9 +90,9 @@ def test_enqueue_with_the_same_task_id_twice_creates_one_task(any_client: bluequ
     assert r.hget(K.task("job-1"), "created") == created
 
 
-def test_enqueue_many_counts_created_and_existing(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    queue = any_client.get_queue("q")
+def test_enqueue_many_counts_created_and_existing(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
+    queue = contract_client.get_queue("q")
     first = queue.enqueue_many(["a", "b", "c"], task_ids=["t1", "t2", "t3"])
     assert (first.created, first.existing) == (3, 0)
     again = queue.enqueue_many(["x", "y", "z", "w"], task_ids=["t3", "t4", "t1", "t5"])
@@ -104,29 +106,29 @@ def test_enqueue_many_counts_created_and_existing(any_client: blueque.Client) ->
         assert r.hget(K.task(task_id), "status") == "pending"
 
 
-def test_enqueue_many_spans_several_script_calls(any_client: blueque.Client) -> None:
+def test_enqueue_many_spans_several_script_calls(contract_client: blueque.Client) -> None:
     count = BULK_CHUNK * 2 + 17
-    result = any_client.get_queue("q").enqueue_many([str(i) for i in range(count)])
+    result = contract_client.get_queue("q").enqueue_many([str(i) for i in range(count)])
     assert (result.created, result.existing, len(result)) == (count, 0, count)
     assert len(set(result.task_ids)) == count
-    pending = any_client.redis.lrange(K.pending("q"), 0, -1)
+    pending = contract_client.redis.lrange(K.pending("q"), 0, -1)
     assert pending[::-1] == result.task_ids
-    assert any_client.redis.hget(K.task(result.task_ids[-1]), "parameters") == str(count - 1)
+    assert contract_client.redis.hget(K.task(result.task_ids[-1]), "parameters") == str(count - 1)
 
 
-def test_enqueue_many_refuses_duplicate_or_mismatched_ids(any_client: blueque.Client) -> None:
-    queue = any_client.get_queue("q")
+def test_enqueue_many_refuses_duplicate_or_mismatched_ids(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue("q")
     with pytest.raises(ConfigurationError, match="duplicates"):
         queue.enqueue_many(["a", "b"], task_ids=["same", "same"])
     with pytest.raises(ConfigurationError, match="one id per task"):
         queue.enqueue_many(["a", "b"], task_ids=["only-one"])
-    assert any_client.redis.llen(K.pending("q")) == 0
+    assert contract_client.redis.llen(K.pending("q")) == 0
 
 
-def test_schedule_stores_a_scheduled_task_with_its_eta(any_client: blueque.Client) -> None:
-    r = any_client.redis
+def test_schedule_stores_a_scheduled_task_with_its_eta(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
     eta = time.time() + 3600
-    task_id = any_client.get_queue("q").schedule("later", eta)
+    task_id = contract_client.get_queue("q").schedule("later", eta)
     data = r.hgetall(K.task(task_id))
     assert set(data) == ORIGINAL_FIELDS | {"eta"}
     assert data["status"] == "scheduled"
@@ -134,22 +136,22 @@ def test_schedule_stores_a_scheduled_task_with_its_eta(any_client: blueque.Clien
     assert r.zrange(K.scheduled("q"), 0, -1, withscores=True) == [(task_id, eta)]
     assert r.llen(K.pending("q")) == 0
     assert r.zscore(K.queues(), "q") == 0.0
-    assert any_client.get_task(task_id).eta == eta
+    assert contract_client.get_task(task_id).eta == eta
 
 
-def test_schedule_with_an_eta_in_the_past_enqueues_at_once(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    task_id = any_client.get_queue("q").schedule("now", time.time() - 5)
+def test_schedule_with_an_eta_in_the_past_enqueues_at_once(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
+    task_id = contract_client.get_queue("q").schedule("now", time.time() - 5)
     assert r.hget(K.task(task_id), "status") == "pending"
     assert r.hget(K.task(task_id), "eta") is None
     assert r.lrange(K.pending("q"), 0, -1) == [task_id]
     assert r.zcard(K.scheduled("q")) == 0
 
 
-def test_enqueue_due_moves_only_due_tasks(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    queue = any_client.get_queue("q")
-    due = make_due(any_client, "q", 3)
+def test_enqueue_due_moves_only_due_tasks(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
+    queue = contract_client.get_queue("q")
+    due = make_due(contract_client, "q", 3)
     later = queue.schedule("later", time.time() + 3600)
     assert sorted(queue.enqueue_due_tasks()) == sorted(due)
     assert r.zrange(K.scheduled("q"), 0, -1) == [later]
@@ -160,18 +162,18 @@ def test_enqueue_due_moves_only_due_tasks(any_client: blueque.Client) -> None:
     assert queue.enqueue_due_tasks() == []
 
 
-def test_enqueue_due_moves_more_than_one_batch(any_client: blueque.Client) -> None:
-    due = make_due(any_client, "q", 1500)
-    moved = any_client.get_queue("q").enqueue_due_tasks()
+def test_enqueue_due_moves_more_than_one_batch(contract_client: blueque.Client) -> None:
+    due = make_due(contract_client, "q", 1500)
+    moved = contract_client.get_queue("q").enqueue_due_tasks()
     assert sorted(moved) == sorted(due)
-    assert any_client.redis.llen(K.pending("q")) == 1500
+    assert contract_client.redis.llen(K.pending("q")) == 1500
 
 
-def test_a_due_task_whose_hash_vanished_is_recorded_failed(any_client: blueque.Client) -> None:
-    r = any_client.redis
+def test_a_due_task_whose_hash_vanished_is_recorded_failed(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
     r.zadd(K.scheduled("q"), {"ghost": time.time() - 1})
-    assert any_client.get_queue("q").enqueue_due_tasks() == ["ghost"]
-    listener = any_client.get_listener("q")
+    assert contract_client.get_queue("q").enqueue_due_tasks() == ["ghost"]
+    listener = contract_client.get_listener("q")
     assert listener.reserve() is None  # not runnable ...
     assert r.hget(K.task("ghost"), "status") == "failed"  # ... and recorded
     assert r.lrange(K.failed("q"), 0, -1) == ["ghost"]
@@ -273,18 +275,18 @@ def test_enqueue_due_races_safely_with_the_watch_multi_version(
 
 
 def test_enqueue_due_moves_due_tasks_behind_a_full_batch_of_stale_entries(
-    any_client: blueque.Client,
+    contract_client: blueque.Client,
 ) -> None:
     """Zset entries whose task is no longer scheduled are only removed; they must not stop
     enqueue_due_tasks before the due tasks behind them."""
-    r = any_client.redis
-    stale = make_due(any_client, "q", 1000, prefix="stale")
+    r = contract_client.redis
+    stale = make_due(contract_client, "q", 1000, prefix="stale")
     pipe = r.pipeline(transaction=False)
     for task_id in stale:  # e.g. moved to pending by a writer that left the zset entry
         pipe.hset(K.task(task_id), "status", "pending")
     pipe.execute()
-    due = any_client.store.submit("q", "due-late", "{}", time.time() - 5, eta=time.time() - 5)
+    due = contract_client.store.submit("q", "due-late", "{}", time.time() - 5, eta=time.time() - 5)
     assert due
-    assert any_client.get_queue("q").enqueue_due_tasks() == ["due-late"]
+    assert contract_client.get_queue("q").enqueue_due_tasks() == ["due-late"]
     assert r.zcard(K.scheduled("q")) == 0
     assert r.hget(K.task("due-late"), "status") == "pending"

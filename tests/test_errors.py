@@ -6,6 +6,7 @@ import pytest
 import redis
 
 import blueque
+import blueque.aio
 from blueque.errors import (
     BluequeError,
     ConfigurationError,
@@ -15,6 +16,20 @@ from blueque.errors import (
 )
 from blueque.store import translate
 from blueque.testing import RedisServer, free_port
+from tests.aio_facade import AioClient, LoopThread
+
+
+@pytest.fixture(params=["sync", "aio"])
+def connect(request: pytest.FixtureRequest, aio_loop: LoopThread) -> object:
+    """Makes a client of a URL: blueque.Client, or blueque.aio.Client behind its surface
+    (tests/aio_facade.py); both must raise the same Blueque errors."""
+
+    def make(url: str, **kwargs: object) -> blueque.Client:
+        if request.param == "sync":
+            return blueque.Client(url, **kwargs)
+        return AioClient(blueque.aio.Client(url, **kwargs), aio_loop)  # type: ignore[return-value]
+
+    return make
 
 
 @pytest.mark.parametrize(
@@ -29,36 +44,37 @@ from blueque.testing import RedisServer, free_port
         ("unix://", "no socket path"),
     ],
 )
-def test_bad_urls_raise_configuration_error(url: str, message: str) -> None:
+def test_bad_urls_raise_configuration_error(connect, url: str, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigurationError, match=message) as raised:
-        blueque.Client(url)
+        connect(url)
     assert isinstance(raised.value, BluequeError) and isinstance(raised.value, ValueError)
 
 
-def test_a_password_in_a_bad_url_is_not_echoed() -> None:
+def test_a_password_in_a_bad_url_is_not_echoed(connect) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigurationError) as raised:
-        blueque.Client("redis://user:s3cret@localhost:99999/0")
+        connect("redis://user:s3cret@localhost:99999/0")
     assert "s3cret" not in str(raised.value)
 
 
-def test_unreachable_redis_names_the_address() -> None:
+def test_unreachable_redis_names_the_address(connect) -> None:  # type: ignore[no-untyped-def]
     port = free_port()  # nothing listens there
     # retried for 0.3 s (the default is 30 s), then RedisUnavailable
-    client = blueque.Client(f"redis://127.0.0.1:{port}/0?retry_deadline=0.3",
-                            socket_connect_timeout=1)
+    client = connect(f"redis://127.0.0.1:{port}/0?retry_deadline=0.3",
+                     socket_connect_timeout=1)
     try:
         with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}.*redis-server"):
             client.ping()
         with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}") as raised:
             client.get_queue("q").enqueue("p")
         assert isinstance(raised.value, ConnectionError)
+        assert not isinstance(raised.value, redis.exceptions.RedisError)
     finally:
         client.close()
 
 
-def test_redis_going_away_raises_redis_unavailable() -> None:
+def test_redis_going_away_raises_redis_unavailable(connect) -> None:  # type: ignore[no-untyped-def]
     with RedisServer() as server:
-        client = blueque.Client(server.url, socket_connect_timeout=1, retry_deadline=0.3)
+        client = connect(server.url, socket_connect_timeout=1, retry_deadline=0.3)
         try:
             client.get_queue("q").enqueue("p")
             server.kill()
@@ -103,9 +119,9 @@ def test_bad_queue_names_and_task_ids_are_refused(client: blueque.Client) -> Non
         client.get_queue("q").enqueue("p", task_id="has space")
 
 
-def test_an_unreachable_unix_socket_names_its_path(tmp_path: object) -> None:
+def test_an_unreachable_unix_socket_names_its_path(connect, tmp_path: object) -> None:  # type: ignore[no-untyped-def]
     path = f"{tmp_path}/no-redis.sock"
-    client = blueque.Client(f"unix://{path}")
+    client = connect(f"unix://{path}")
     try:
         with pytest.raises(RedisUnavailable, match=f"unix://{path}"):
             client.ping()
@@ -113,10 +129,10 @@ def test_an_unreachable_unix_socket_names_its_path(tmp_path: object) -> None:
         client.close()
 
 
-def test_a_unix_socket_url_works(tmp_path: object) -> None:
+def test_a_unix_socket_url_works(connect, tmp_path: object) -> None:  # type: ignore[no-untyped-def]
     socket_path = f"{tmp_path}/redis.sock"
     with RedisServer(extra_args=("--unixsocket", socket_path)) as server:
-        client = blueque.Client(f"unix://{socket_path}?db=3")
+        client = connect(f"unix://{socket_path}?db=3")
         try:
             task_id = client.get_queue("q").enqueue("p")
             direct = redis.Redis(port=server.port, db=3, decode_responses=True)
@@ -126,7 +142,7 @@ def test_a_unix_socket_url_works(tmp_path: object) -> None:
             client.close()
 
 
-def test_password_and_acl_user_in_the_url() -> None:
+def test_password_and_acl_user_in_the_url(connect) -> None:  # type: ignore[no-untyped-def]
     with RedisServer() as server:
         # set after start: RedisServer's readiness probe is an unauthenticated PING
         admin = redis.Redis(port=server.port)
@@ -135,17 +151,18 @@ def test_password_and_acl_user_in_the_url() -> None:
         admin.config_set("requirepass", "s3cret")
         admin.close()
         for credentials in (":s3cret", "alice:alicepw"):
-            client = blueque.Client(f"redis://{credentials}@127.0.0.1:{server.port}/0")
+            client = connect(f"redis://{credentials}@127.0.0.1:{server.port}/0")
             try:
                 task_id = client.get_queue("q").enqueue("p")
                 assert client.get_task(task_id).status == "pending"
             finally:
                 client.close()
-        wrong = blueque.Client(f"redis://alice:wrong@127.0.0.1:{server.port}/0")
+        wrong = connect(f"redis://alice:wrong@127.0.0.1:{server.port}/0")
         try:
             with pytest.raises(blueque.AuthenticationFailed, match=str(server.port)) as raised:
                 wrong.get_queue("q").enqueue("p")
             assert "wrong" not in str(raised.value)
+            assert not isinstance(raised.value, redis.exceptions.RedisError)
         finally:
             wrong.close()
 
@@ -168,10 +185,22 @@ def test_transient_server_states_are_unavailability_not_refusals(
     assert type(refusal) is BluequeError
 
 
-def test_an_unreachable_cluster_is_redis_unavailable() -> None:
-    """redis-py's cluster client connects at once and gives up with RedisClusterException,
-    which is no RedisError: it must not reach the caller as it is."""
+def test_an_unreachable_cluster_is_redis_unavailable(connect) -> None:  # type: ignore[no-untyped-def]
+    """redis-py's cluster client connects at once (redis.asyncio's at the first command) and
+    gives up with RedisClusterException, which is no RedisError: it must not reach the caller
+    as it is."""
     port = free_port()
+    url = f"redis+cluster://:secret@127.0.0.1:{port}?retry_deadline=0.3"
     with pytest.raises(RedisUnavailable, match=f"127.0.0.1:{port}") as raised:
-        blueque.Client(f"redis+cluster://:secret@127.0.0.1:{port}")
+        client = connect(url)
+        try:
+            client.ping()
+        finally:
+            client.close()
     assert "secret" not in str(raised.value)
+
+
+def test_an_asyncio_client_without_decode_responses_is_refused(redis_url: str) -> None:
+    raw = redis.asyncio.Redis.from_url(redis_url)
+    with pytest.raises(ConfigurationError, match="decode_responses=True"):
+        blueque.aio.Client(raw)

@@ -201,43 +201,45 @@ def finished_task(client: blueque.Client, status: str) -> blueque.Task:
 
 @pytest.mark.parametrize("status", ["complete", "failed"])
 def test_delete_removes_the_hash_and_the_list_entry(
-    any_client: blueque.Client, status: str
+    contract_client: blueque.Client, status: str
 ) -> None:
-    r = any_client.redis
-    task = finished_task(any_client, status)
-    other = finished_task(any_client, status)
-    any_client.get_queue("q").delete_task(task)
+    r = contract_client.redis
+    task = finished_task(contract_client, status)
+    other = finished_task(contract_client, status)
+    contract_client.get_queue("q").delete_task(task)
     assert r.exists(K.task(task.id)) == 0
     assert r.lrange(K.finished("q", status), 0, -1) == [other.id]
-    assert any_client.get_task(task.id).status is None
+    assert contract_client.get_task(task.id).status is None
 
 
-def test_delete_refuses_an_unfinished_task_with_a_value_error(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    task_id = any_client.get_queue("q").enqueue("p")
+def test_delete_refuses_an_unfinished_task_with_a_value_error(
+    contract_client: blueque.Client,
+) -> None:
+    r = contract_client.redis
+    task_id = contract_client.get_queue("q").enqueue("p")
     with pytest.raises(InvalidTaskState, match="Cannot delete task with status pending"
                        ) as raised:
-        any_client.get_queue("q").delete_task(any_client.get_task(task_id))
+        contract_client.get_queue("q").delete_task(contract_client.get_task(task_id))
     assert isinstance(raised.value, ValueError)  # as 1.0.1 raised
     assert r.hget(K.task(task_id), "status") == "pending"
     assert r.lrange(K.pending("q"), 0, -1) == [task_id]
 
 
-def test_delete_refuses_a_task_of_another_queue(any_client: blueque.Client) -> None:
-    task = finished_task(any_client, "complete")
+def test_delete_refuses_a_task_of_another_queue(contract_client: blueque.Client) -> None:
+    task = finished_task(contract_client, "complete")
     with pytest.raises(InvalidTaskState, match="not in queue other"):
-        any_client.get_queue("other").delete_task(task)
-    assert any_client.redis.exists(K.task(task.id)) == 1
+        contract_client.get_queue("other").delete_task(task)
+    assert contract_client.redis.exists(K.task(task.id)) == 1
 
 
 def test_delete_refuses_when_the_status_changed_since_it_was_read(
-    any_client: blueque.Client,
+    contract_client: blueque.Client,
 ) -> None:
-    task = finished_task(any_client, "failed")
-    any_client.redis.hset(K.task(task.id), "status", "pending")  # e.g. retried meanwhile
+    task = finished_task(contract_client, "failed")
+    contract_client.redis.hset(K.task(task.id), "status", "pending")  # e.g. retried meanwhile
     with pytest.raises(InvalidTaskState, match="only finished tasks can be deleted"):
-        any_client.get_queue("q").delete_task(task)
-    assert any_client.redis.exists(K.task(task.id)) == 1
+        contract_client.get_queue("q").delete_task(task)
+    assert contract_client.redis.exists(K.task(task.id)) == 1
 
 
 def _fill_finished(r: redis.Redis, count: int) -> list[str]:
@@ -273,19 +275,19 @@ def test_delete_oldest_newest_and_middle_of_100k_finished_tasks(
     assert r.lindex(K.complete("q"), 0) == ids[-2]
 
 
-def test_delete_cleans_a_dangling_entry_of_an_expired_task(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    task = finished_task(any_client, "complete")
+def test_delete_cleans_a_dangling_entry_of_an_expired_task(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
+    task = finished_task(contract_client, "complete")
     r.delete(K.task(task.id))  # as a result TTL would
-    assert any_client.store.delete("q", task.id, "complete") is False
+    assert contract_client.store.delete("q", task.id, "complete") is False
     assert r.llen(K.complete("q")) == 0
 
 
-def test_purge_deletes_old_finished_tasks_oldest_first(any_client: blueque.Client) -> None:
-    r = any_client.redis
-    tasks = [finished_task(any_client, "complete") for _ in range(5)]
-    failed = finished_task(any_client, "failed")
-    queue = any_client.get_queue("q")
+def test_purge_deletes_old_finished_tasks_oldest_first(contract_client: blueque.Client) -> None:
+    r = contract_client.redis
+    tasks = [finished_task(contract_client, "complete") for _ in range(5)]
+    failed = finished_task(contract_client, "failed")
+    queue = contract_client.get_queue("q")
     assert queue.purge("complete", older_than=3600) == 0
     for task in tasks[:2]:  # the two oldest finished a day ago
         r.hset(K.task(task.id), "finished_at", repr(time.time() - 86_400))
@@ -312,49 +314,49 @@ def test_result_ttl_expires_the_finished_hash(any_client: blueque.Client) -> Non
 
 
 # --- stats --------------------------------------------------------------------------------
-def test_stats_counts_every_state(any_client: blueque.Client) -> None:
-    queue = any_client.get_queue("q")
-    finished_task(any_client, "complete")
-    finished_task(any_client, "failed")
-    finished_task(any_client, "failed")
-    started, _ = reserved_task(any_client)
-    any_client.get_processor(started).start(1)
-    reserved_task(any_client)
+def test_stats_counts_every_state(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue("q")
+    finished_task(contract_client, "complete")
+    finished_task(contract_client, "failed")
+    finished_task(contract_client, "failed")
+    started, _ = reserved_task(contract_client)
+    contract_client.get_processor(started).start(1)
+    reserved_task(contract_client)
     queue.enqueue_many(["a", "b", "c"])
     queue.schedule("later", time.time() + 3600)
     stats = queue.stats()
     assert (stats.pending, stats.scheduled, stats.reserved, stats.started) == (3, 1, 1, 1)
     assert (stats.complete, stats.failed, stats.listeners) == (1, 2, 1)
     assert stats.name == "q"
-    assert any_client.get_queue("empty").stats().pending == 0
+    assert contract_client.get_queue("empty").stats().pending == 0
 
 
 def test_a_foreign_key_recorded_as_failed_does_not_block_purge_or_delete(
-    any_client: blueque.Client,
+    contract_client: blueque.Client,
 ) -> None:
     """stamp.lua lists an id whose key is not a hash as failed (leaving the key alone);
     purging and deleting must get past it, not fail on WRONGTYPE forever."""
-    r = any_client.redis
+    r = contract_client.redis
     r.set(K.task("foreign"), "not a task")
     r.lpush(K.pending("q"), "foreign")
-    assert any_client.get_listener("q").reserve() is None
-    real = finished_task(any_client, "failed")
+    assert contract_client.get_listener("q").reserve() is None
+    real = finished_task(contract_client, "failed")
     assert r.lrange(K.failed("q"), 0, -1) == [real.id, "foreign"]
-    assert any_client.get_queue("q").purge("failed", older_than=0) == 2
+    assert contract_client.get_queue("q").purge("failed", older_than=0) == 2
     assert r.llen(K.failed("q")) == 0
     assert r.get(K.task("foreign")) == "not a task"  # still left alone
     assert r.exists(K.task(real.id)) == 0
 
 
-def test_task_ids_lists_each_state(any_client: blueque.Client) -> None:
-    queue = any_client.get_queue("q")
-    complete = finished_task(any_client, "complete")
-    failed = finished_task(any_client, "failed")
-    started, _ = reserved_task(any_client)
-    any_client.get_processor(started).start(1)
-    started_too, _ = reserved_task(any_client)
-    any_client.get_processor(started_too).start(2)
-    reserved, _ = reserved_task(any_client)
+def test_task_ids_lists_each_state(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue("q")
+    complete = finished_task(contract_client, "complete")
+    failed = finished_task(contract_client, "failed")
+    started, _ = reserved_task(contract_client)
+    contract_client.get_processor(started).start(1)
+    started_too, _ = reserved_task(contract_client)
+    contract_client.get_processor(started_too).start(2)
+    reserved, _ = reserved_task(contract_client)
     pending = queue.enqueue_many(["a", "b"]).task_ids
     scheduled = queue.schedule("later", time.time() + 3600)
     assert sorted(queue.task_ids("pending")) == sorted(pending)
@@ -387,19 +389,19 @@ def test_a_task_reserved_the_1_0_1_way_is_processed_unfenced(any_client: blueque
     assert r.lrange(K.complete("q"), 0, -1) == [task_id]
 
 
-def test_purge_gets_past_corrupt_and_stale_entries(any_client: blueque.Client) -> None:
+def test_purge_gets_past_corrupt_and_stale_entries(contract_client: blueque.Client) -> None:
     """A corrupt timestamp or an entry whose task now lives in another list (e.g. a task
     cancelled while reserved, then completed anyway by a 1.0.1 processor, which checks
     nothing) must not stop every later purge."""
-    r = any_client.redis
-    corrupt = finished_task(any_client, "failed")
+    r = contract_client.redis
+    corrupt = finished_task(contract_client, "failed")
     r.hset(K.task(corrupt.id), mapping={"finished_at": "yesterday", "updated": "?"})
-    moved_on = finished_task(any_client, "failed")
+    moved_on = finished_task(contract_client, "failed")
     r.hset(K.task(moved_on.id), "status", "complete")
     r.lpush(K.complete("q"), moved_on.id)
-    newest = finished_task(any_client, "failed")
+    newest = finished_task(contract_client, "failed")
     assert r.lrange(K.failed("q"), 0, -1) == [newest.id, moved_on.id, corrupt.id]
-    assert any_client.get_queue("q").purge("failed", older_than=0) == 2
+    assert contract_client.get_queue("q").purge("failed", older_than=0) == 2
     assert r.llen(K.failed("q")) == 0
     assert r.hget(K.task(moved_on.id), "status") == "complete"  # not deleted: not failed
     assert r.lrange(K.complete("q"), 0, -1) == [moved_on.id]

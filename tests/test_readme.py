@@ -64,6 +64,42 @@ def test_using_it_runs_as_written(redis_url: str, redis_client: redis.Redis, tmp
         "max_attempts": "3", "result_ttl": "604800.0"}
 
 
+def asyncio_blocks() -> list[str]:
+    """The ```python blocks of the "asyncio" section, in order."""
+    text = README.read_text("utf-8")
+    section = text.split("\n## asyncio\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+
+
+@pytest.mark.slow
+def test_the_asyncio_example_runs_as_written(redis_url: str, redis_client: redis.Redis,
+                                             tmp_path: Path, started: list[Daemon]) -> None:
+    program = asyncio_blocks()[0]
+    assert program.count('"redis://localhost:6379/0"') == 1
+    program = program.replace('"redis://localhost:6379/0"', repr(redis_url))
+    project = tmp_path / "project"
+    (project / "mypackage").mkdir(parents=True)
+    (project / "mypackage" / "__init__.py").write_text("")
+    (project / "mypackage" / "jobs.py").write_text(using_it_blocks()[1])
+    listener = Daemon([sys.executable, str(ROOT / "bin" / "blueque"), "listen", "documents",
+                       "mypackage.jobs:ocr_page", "--concurrency", "2", "--url", redis_url,
+                       "--interval", "0.5", "--poll", "0.1"], tmp_path / "listen.log",
+                      cwd=project)
+    started.append(listener)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=environment(), cwd=project, timeout=120)
+    assert listener.stop() == 0
+    assert done.returncode == 0, done.stderr + listener.log()
+    lines = done.stdout.splitlines()
+    assert lines[0] == 'complete {"words": 1234}'
+    updates = lines[1:-1]
+    assert updates[-1] == "complete 0.9"  # the last progress the task reported, then its end
+    assert all(line.split()[0] in ("pending", "reserved", "started", "complete")
+               for line in updates)
+    assert lines[-1] == "10"
+    assert redis_client.llen("blueque_complete_tasks_documents") == 10
+
+
 def test_python_requirement_matches_what_the_code_uses() -> None:
     """3.11: tomllib for cron files, fromisoformat with a "Z" for --eta; mypy and ruff
     target it too."""

@@ -16,11 +16,11 @@ from blueque.testing import wait_for
 K = Keys()
 
 
-def test_task_attributes_are_typed(any_client: blueque.Client) -> None:
+def test_task_attributes_are_typed(contract_client: blueque.Client) -> None:
     before = time.time()
     eta = time.time() + 60
-    task_id = any_client.get_queue("q").schedule('{"x": 1}', eta)
-    task = any_client.get_task(task_id)
+    task_id = contract_client.get_queue("q").schedule('{"x": 1}', eta)
+    task = contract_client.get_task(task_id)
     assert (task.id, task.status, task.queue, task.parameters) == (
         task_id, "scheduled", "q", '{"x": 1}')
     assert isinstance(task.created, float) and before <= task.created <= time.time()
@@ -30,19 +30,19 @@ def test_task_attributes_are_typed(any_client: blueque.Client) -> None:
     assert task.exists and not task.finished and not task.cancelled
 
 
-def test_running_task_attributes_are_typed(any_client: blueque.Client) -> None:
-    any_client.get_queue("q").enqueue("p")
-    task = any_client.get_listener("q").reserve()
+def test_running_task_attributes_are_typed(contract_client: blueque.Client) -> None:
+    contract_client.get_queue("q").enqueue("p")
+    task = contract_client.get_listener("q").reserve()
     assert task is not None
-    any_client.get_processor(task).start(31337)
+    contract_client.get_processor(task).start(31337)
     task.refresh()
     assert (task.status, task.pid, task.attempts) == ("started", 31337, 1)
     assert isinstance(task.pid, int) and isinstance(task.attempts, int)
     assert isinstance(task.started_at, float)
 
 
-def test_a_missing_task_has_every_attribute_none(any_client: blueque.Client) -> None:
-    task = any_client.get_task("never-enqueued")
+def test_a_missing_task_has_every_attribute_none(contract_client: blueque.Client) -> None:
+    task = contract_client.get_task("never-enqueued")
     assert task.id == "never-enqueued"
     for name in ("status", "queue", "parameters", "result", "error", "node", "pid",
                  "created", "updated", "eta", "attempts", "started_at", "finished_at",
@@ -51,16 +51,16 @@ def test_a_missing_task_has_every_attribute_none(any_client: blueque.Client) -> 
     assert not task.exists and task.data == {}
 
 
-def test_a_corrupt_typed_field_names_the_key_to_fix(any_client: blueque.Client) -> None:
-    any_client.redis.hset(K.task("bad"), mapping={"status": "pending", "pid": "not-a-pid"})
+def test_a_corrupt_typed_field_names_the_key_to_fix(contract_client: blueque.Client) -> None:
+    contract_client.redis.hset(K.task("bad"), mapping={"status": "pending", "pid": "not-a-pid"})
     with pytest.raises(CorruptTask, match="blueque_task_bad"):
-        _ = any_client.get_task("bad").pid
+        _ = contract_client.get_task("bad").pid
 
 
-def test_refresh_rereads_the_hash(any_client: blueque.Client) -> None:
-    task_id = any_client.get_queue("q").enqueue("p")
-    task = any_client.get_task(task_id)
-    any_client.get_listener("q").reserve()
+def test_refresh_rereads_the_hash(contract_client: blueque.Client) -> None:
+    task_id = contract_client.get_queue("q").enqueue("p")
+    task = contract_client.get_task(task_id)
+    contract_client.get_listener("q").reserve()
     assert task.status == "pending"
     assert task.refresh() is task and task.status == "reserved"
 
@@ -88,20 +88,20 @@ def test_wait_returns_when_another_thread_finishes_the_task(
     assert waited[0].status == "complete" and waited[0].result == "finished elsewhere"
 
 
-def test_wait_on_a_finished_task_returns_at_once(any_client: blueque.Client) -> None:
-    any_client.get_queue("q").enqueue("p")
-    task = any_client.get_listener("q").reserve()
+def test_wait_on_a_finished_task_returns_at_once(contract_client: blueque.Client) -> None:
+    contract_client.get_queue("q").enqueue("p")
+    task = contract_client.get_listener("q").reserve()
     assert task is not None
-    any_client.get_processor(task).fail("no")
-    assert any_client.get_task(task.id).wait(timeout=0).status == "failed"
+    contract_client.get_processor(task).fail("no")
+    assert contract_client.get_task(task.id).wait(timeout=0).status == "failed"
 
 
-def test_wait_raises_timeout_error(any_client: blueque.Client) -> None:
-    task_id = any_client.get_queue("q").enqueue("p")
+def test_wait_raises_timeout_error(contract_client: blueque.Client) -> None:
+    task_id = contract_client.get_queue("q").enqueue("p")
     with pytest.raises(TimeoutError, match="still pending"):
-        any_client.get_task(task_id).wait(timeout=0.05)
+        contract_client.get_task(task_id).wait(timeout=0.05)
 
 
-def test_wait_on_a_missing_task_raises_task_not_found(any_client: blueque.Client) -> None:
+def test_wait_on_a_missing_task_raises_task_not_found(contract_client: blueque.Client) -> None:
     with pytest.raises(TaskNotFound):
-        any_client.get_task("never-enqueued").wait(timeout=1)
+        contract_client.get_task("never-enqueued").wait(timeout=1)

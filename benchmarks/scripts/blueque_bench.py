@@ -1,7 +1,8 @@
 """Measurements of Blueque itself; runs in the interpreter Blueque is installed in.
 
 Usage: python blueque_bench.py COMMAND --url URL [--n N] [--batch B] [--present P --op OP]
-Commands: enqueue, bulk, memory, scale, pickup, drain, recovery. Prints one JSON object.
+Commands: enqueue, aio_enqueue, bulk, memory, scale, pickup, drain, recovery. Prints one JSON
+object.
 The daemon scenarios start ``blueque listen`` (python -m blueque.cli) with the task functions of
 benchmarks/scripts/bench_tasks.py.
 """
@@ -9,6 +10,7 @@ benchmarks/scripts/bench_tasks.py.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -19,6 +21,7 @@ import time
 import benchcommon as bc
 
 import blueque
+import blueque.aio
 
 QUEUE = "bench"
 
@@ -34,6 +37,42 @@ def enqueue(url: str, n: int) -> dict[str, float]:
             queue.enqueue(bc.PARAMETERS)
 
     return bc.timed(client.redis, n, body)
+
+
+def aio_enqueue(url: str, n: int, concurrency: int) -> dict[str, float]:
+    """``n`` enqueues by ``concurrency`` coroutines sharing one blueque.aio client (its pool
+    opens a connection per coroutine in flight), then ``n`` by the sync client one at a time,
+    in this same process: tasks/s and client CPU per task of each."""
+    sync_client = blueque.Client(url)
+    sync_queue = sync_client.get_queue(QUEUE)
+    for _ in range(20):
+        sync_queue.enqueue(bc.PARAMETERS)
+
+    def sync_body() -> None:
+        for _ in range(n):
+            sync_queue.enqueue(bc.PARAMETERS)
+
+    sync = bc.timed(sync_client.redis, n, sync_body)
+    loop = asyncio.new_event_loop()
+    client = blueque.aio.Client(url)
+    queue = client.get_queue(QUEUE)
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            await queue.enqueue(bc.PARAMETERS)
+
+    async def run(total: int) -> None:
+        share, extra = divmod(total, concurrency)
+        await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
+
+    try:
+        loop.run_until_complete(run(concurrency))  # the pool's connections, the scripts
+        result = bc.timed(sync_client.redis, n, lambda: loop.run_until_complete(run(n)))
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()
+        sync_client.close()
+    return {**result, "sync_rate": sync["rate"], "sync_client_cpu_us": sync["client_cpu_us"]}
 
 
 def bulk(url: str, n: int, batch: int) -> dict[str, float]:
@@ -213,6 +252,8 @@ def main() -> int:
         result = recovery(args.url, args.lease)
     elif args.command == "enqueue":
         result = enqueue(args.url, args.n)
+    elif args.command == "aio_enqueue":
+        result = aio_enqueue(args.url, args.n, args.concurrency)
     elif args.command == "bulk":
         result = bulk(args.url, args.n, args.batch)
     elif args.command == "memory":

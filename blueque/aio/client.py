@@ -1,0 +1,285 @@
+"""blueque.aio's Client, Queue and Task: blueque.Client's shape, awaited.
+
+Every call runs an operation of blueque.protocol through an AsyncRedisStore, so the keys,
+scripts and arguments are the sync client's, and a task enqueued here is run by any
+listener (and by blueque 1.0.1's, as far as 1.0.1 understands the task).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import AsyncGenerator, Sequence
+from types import TracebackType
+from typing import Any
+
+import redis
+import redis.asyncio.cluster
+
+from blueque import protocol
+from blueque.aio.store import AsyncRedisStore
+from blueque.client import decodes_text
+from blueque.config import Settings
+from blueque.errors import ConfigurationError, TaskNotFound
+from blueque.keys import Keys
+from blueque.policy import encode_options
+from blueque.queue import (
+    BulkEnqueue,
+    QueueStats,
+    TaskId,
+    bulk_submission,
+    check_deletable,
+    check_queue_name,
+    purge_cutoff,
+    submission,
+)
+from blueque.store import now, translate
+from blueque.task import WAIT_REREAD, TaskView
+
+
+class Client:
+    """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0) or
+    ``Client(redis_client)`` (a ready ``redis.asyncio`` client made with
+    decode_responses=True), the asyncio twin of ``blueque.Client``.
+
+    The same URLs (redis, rediss, unix, redis+sentinel, redis+cluster), the same options
+    (``cluster``, ``retry_policy``, ``durability``, ``retry_deadline`` and redis-py's own)
+    and the same errors. ``async with Client(url) as client`` closes its connections at the
+    end; a ready client passed in stays open (it is the caller's)."""
+
+    def __init__(
+        self,
+        url: str | Any | None = None,
+        *,
+        cluster: bool = False,
+        retry_policy: Any = None,
+        durability: Any = None,
+        **redis_kwargs: Any,
+    ) -> None:
+        self.settings: Settings | None = None
+        if url is None or isinstance(url, str):
+            self.settings = Settings.from_url(url, **redis_kwargs)
+            try:
+                self.redis = self.settings.aconnect()
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
+                raise translate(error, self.settings.url.rpartition("@")[2]) from error
+            cluster = cluster or self.settings.cluster
+            retry_policy = retry_policy or self.settings.retry_policy()
+            durability = durability or self.settings.durability()
+        elif not decodes_text(url):
+            raise ConfigurationError(
+                "pass a redis.asyncio client made with decode_responses=True: Blueque's "
+                "fields are text"
+            )
+        else:
+            self.redis = url
+        self.keys = Keys(cluster=cluster or isinstance(self.redis,
+                                                       redis.asyncio.cluster.RedisCluster))
+        self.store = AsyncRedisStore(self.redis, self.keys, retry=retry_policy,
+                                     durability=durability)
+
+    def __repr__(self) -> str:
+        return f"<blueque.aio.Client {self.store.where}>"
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections this client opened (its pool; a Sentinel URL's sentinel
+        connections too). A ready client passed to the constructor is left open."""
+        if self.settings is None:
+            return
+        pool = getattr(self.redis, "connection_pool", None)
+        manager = getattr(pool, "sentinel_manager", None)
+        await self.redis.aclose()
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
+
+    def bounded(self, seconds: float) -> Client:
+        """This client (same connections) with each operation retried for at most
+        ``seconds`` (a web request should not hang for the whole ``retry_deadline``)."""
+        view = copy.copy(self)
+        view.store = self.store.bounded(seconds)
+        return view
+
+    async def ping(self) -> None:
+        """Raise RedisUnavailable (or AuthenticationFailed...) if Redis cannot be used."""
+        await self.store.ping()
+
+    def get_queue(self, name: str) -> Queue:
+        return Queue(name, self.store)
+
+    async def get_task(self, task_id: str) -> Task:
+        """The task's hash, read now (a missing task has every attribute None)."""
+        return Task(task_id, self.store, await self.store.perform(protocol.task_data, task_id))
+
+    async def cancel_task(self, task_id: str, reason: str = "cancelled") -> str:
+        """Cancel a task: "cancelled" (it will never run; recorded as failed with a
+        ``cancelled`` field) or "requested" (running: its listener stops it and records it).
+        Raises TaskNotFound or InvalidTaskState (already finished)."""
+        queue = (await self.get_task(task_id)).queue
+        if queue is None:
+            raise TaskNotFound(task_id)
+        verdict, _ = await self.store.perform(protocol.cancel, queue, task_id, now(),
+                                              f"cancelled: {reason}")
+        return verdict
+
+    async def retry_task(self, task_id: str) -> None:
+        """Put a failed task back in its queue's pending list, its attempts kept
+        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        queue = (await self.get_task(task_id)).queue
+        if queue is None:
+            raise TaskNotFound(task_id)
+        await self.store.perform(protocol.retry_failed, queue, task_id, now())
+
+    async def queue_names(self) -> list[str]:
+        """Every queue in blueque_queues."""
+        return [name for name, _ in await self.store.perform(protocol.known_queues)]
+
+
+class Queue:
+    """blueque.Queue's operations, awaited; see there for what each one writes."""
+
+    def __init__(self, name: str, store: AsyncRedisStore) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"a queue name must be a non-empty string, not {name!r}")
+        self._name = name
+        self._store = store
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<blueque.aio.Queue {self._name}>"
+
+    async def enqueue(self, parameters: object, task_id: str | None = None, **options: object
+                      ) -> TaskId:
+        """Create a pending task; a ``TaskId`` whose ``created`` is False if it existed.
+        ``options``: max_attempts, retry_backoff, retry_backoff_max, time_limit,
+        kill_grace, result_ttl."""
+        task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
+                                           options)
+        created = await self._store.perform(protocol.submit, self._name, task_id, text, now(),
+                                            fields=fields)
+        return TaskId(task_id, created)
+
+    async def enqueue_many(self, parameters: Sequence[object],
+                           task_ids: Sequence[str] | None = None) -> BulkEnqueue:
+        """Create many pending tasks, 1,000 per script call; ids that exist are left alone."""
+        tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        flags = await self._store.perform(protocol.submit_many, self._name, tasks, now())
+        return BulkEnqueue([task_id for task_id, _ in tasks], flags)
+
+    async def schedule(self, parameters: object, eta: float, task_id: str | None = None,
+                       **options: object) -> TaskId:
+        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once."""
+        current = now()
+        if eta < current:
+            return await self.enqueue(parameters, task_id, **options)
+        task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
+                                           options)
+        created = await self._store.perform(protocol.submit, self._name, task_id, text,
+                                            current, eta=float(eta), fields=fields)
+        return TaskId(task_id, created)
+
+    async def enqueue_due_tasks(self) -> list[str]:
+        """Move every scheduled task whose eta has passed to pending; returns their ids."""
+        return await self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name,
+                                                                now()))
+
+    async def delete_task(self, task: TaskView) -> None:
+        """Delete a complete or failed task (its hash and its finished-list entry)."""
+        status = check_deletable(self._name, task.id, task.queue, task.status)
+        await self._store.perform(protocol.delete, self._name, task.id, status)
+
+    async def stats(self) -> QueueStats:
+        """Counts per state and listeners, from O(1) commands."""
+        counts = await self._store.perform(protocol.counts, self._name)
+        return QueueStats(**vars(counts), name=self._name)
+
+    async def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
+        return await self._store.perform(protocol.task_ids, self._name, status, start, stop)
+
+    async def configure(self, **options: object) -> None:
+        """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a
+        value of None removes that default."""
+        check_queue_name(self._name)
+        removed = [name for name, value in options.items() if value is None]
+        await self._store.perform(protocol.set_queue_config, self._name,
+                                  encode_options(options), removed)
+
+    async def config(self) -> dict[str, str]:
+        return await self._store.perform(protocol.queue_config, self._name)
+
+    async def purge(self, status: str, older_than: float, batch: int = 500) -> int:
+        """Delete finished tasks of ``status`` that finished more than ``older_than``
+        seconds ago, oldest first; returns how many."""
+        cutoff = purge_cutoff(status, older_than)
+        return await self._store.run(protocol.purge(self._store.keys, self._name, status,
+                                                    cutoff, batch))
+
+
+class Task(TaskView):
+    """A task hash read through the asyncio client; the attributes are blueque.Task's."""
+
+    def __init__(self, task_id: str, store: AsyncRedisStore, data: dict[str, str]) -> None:
+        super().__init__(task_id, data)
+        self._store = store
+
+    async def refresh(self) -> Task:
+        """Re-read the task hash (one HGETALL); returns self."""
+        self._data = await self._store.perform(protocol.task_data, self._id)
+        return self
+
+    async def wait(self, timeout: float | None = None) -> Task:
+        """Wait until the task is complete or failed, without blocking the event loop;
+        WaitTimeout (a TimeoutError) after ``timeout``, TaskNotFound if it does not exist
+        or is deleted meanwhile. Listens on blueque_done_[queue], and re-reads the hash at
+        least once a second for writers that do not publish (blueque 1.0.1). Cancelling
+        the waiting coroutine closes its subscription."""
+        async with contextlib.aclosing(self._reads(timeout, WAIT_REREAD)) as reads:
+            async for _ in reads:
+                pass
+        return self
+
+    async def updates(self, every: float = WAIT_REREAD) -> AsyncGenerator[Task, None]:
+        """Yield this task now and after each change of its status or progress (re-read at
+        least every ``every`` seconds, at once when a finish is published), until it is
+        complete or failed. TaskNotFound if it does not exist or is deleted meanwhile.
+        Close it (``contextlib.aclosing``) when stopping early."""
+        seen: tuple[Any, ...] | None = None
+        async with contextlib.aclosing(self._reads(None, every)) as reads:
+            async for _ in reads:
+                state = (self.status, self._get("progress"), self.progress_message)
+                if state != seen:
+                    seen = state
+                    yield self
+
+    async def _reads(self, timeout: float | None, every: float
+                     ) -> AsyncGenerator[None, None]:
+        """Re-read the task, yielding after each read, until it is finished: between reads,
+        listen on its done channel for up to ``every`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        await self.refresh()
+        if self.finished:
+            yield None
+            return
+        subscription = self._store.subscribe([self._store.keys.done_channel(
+            self.waited_queue())])
+        try:
+            await subscription.get_message(timeout=0)  # subscribed before the re-read
+            while True:
+                await self.refresh()
+                yield None
+                if self.finished:
+                    return
+                listen = min(every, self.listen_for(timeout, deadline))
+                await subscription.get_message(timeout=listen)
+        finally:
+            await subscription.close()

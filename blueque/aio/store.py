@@ -1,0 +1,259 @@
+"""AsyncRedisStore: the asyncio runner of blueque.protocol's operations, on redis.asyncio.
+
+The twin of blueque.store.RedisStore for the client-side operations: the same operation
+descriptions (keys, scripts, arguments, reply decoding), the same retry policy (awaited) and
+the same translation of redis-py errors into the BluequeError tree.
+
+Pipelining: script calls and single commands that coroutines make while a round trip is in
+flight are sent together, in one pipeline on one connection (``Pipeliner``): a hundred
+concurrent enqueues cost a few round trips, not a hundred connections.
+
+Cancellation: each step is one command, one pipeline or one script call, and Redis runs a
+script whole or not at all. A coroutine cancelled while it awaits a pipelined step stops
+waiting; the pipeline, sent by a task of its own, still reads every reply, so its connection
+stays clean. A coroutine cancelled while it awaits a reply on a connection of its own (a
+pipeline step, a subscription) leaves that connection to redis-py, which disconnects it (a
+reply may be pending on it) and gives it back to the pool. So a cancelled call leaks no
+connection and leaves no task half-written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import redis
+import redis.asyncio.cluster
+
+from blueque import keys as k
+from blueque import protocol
+from blueque.retry import NoRetry, is_transient
+from blueque.store import Health, check_version, describe, load_script, translate
+
+log = logging.getLogger("blueque.aio")
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
+class AsyncRedisStore:
+    """blueque.protocol's operations over one redis.asyncio client and one key layout."""
+
+    def __init__(self, client: Any, keys: k.Keys | None = None, retry: Any = None,
+                 durability: Any = None) -> None:
+        self.redis = client
+        self.keys = keys or k.Keys()
+        self.retry = retry or NoRetry()
+        #: blueque.ha.Durability: enqueues wait for replicas (WAIT), as in the sync store
+        self.durability = durability
+        self._scripts: dict[str, Any] = {}
+        self._server_checked = False
+        self.health = Health()
+        # a cluster routes each command to its slot's node; WAIT must follow its own script
+        plain = not isinstance(client, redis.asyncio.cluster.RedisCluster)
+        self._pipeliner = Pipeliner(client) if plain and durability is None else None
+
+    def bounded(self, seconds: float) -> AsyncRedisStore:
+        """This store (same connections, scripts and Health) retrying each operation for at
+        most ``seconds``."""
+        view = copy.copy(self)
+        view.retry = self.retry.bounded(seconds)
+        return view
+
+    @property
+    def where(self) -> str:
+        return describe(self.redis)
+
+    async def perform(self, operation: Callable[Concatenate[k.Keys, P], protocol.Operation[T]],
+                      *args: P.args, **kwargs: P.kwargs) -> T:
+        """``operation(self.keys, *args, **kwargs)`` of blueque.protocol, retried as a whole
+        under the retry policy; redis-py errors come out as Blueque errors."""
+        return await self._perform(lambda: operation(self.keys, *args, **kwargs))
+
+    async def run(self, procedure: protocol.Procedure[T]) -> T:
+        """A procedure of blueque.protocol (purge, enqueue_due_tasks): each operation it
+        yields runs under the retry policy on its own."""
+        reply: Any = None
+        try:
+            while True:
+                factory = procedure.send(reply)
+                reply = await self._perform(factory)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            procedure.close()
+
+    async def _perform(self, make: Callable[[], protocol.Operation[T]]) -> T:
+        async def attempt() -> T:
+            try:
+                return await self._execute(make())  # a fresh generator for every try
+            except Exception as error:
+                if is_transient(error):
+                    self.health.disrupted()
+                raise
+
+        try:
+            result: T = await self.retry.acall(attempt)
+            return result
+        except _REDIS_ERRORS as error:
+            raise translate(error, self.where) from error
+
+    async def _execute(self, operation: protocol.Operation[T]) -> T:
+        try:
+            step = next(operation)
+            while True:
+                step = operation.send(await self._step(step))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            operation.close()
+
+    async def _step(self, step: protocol.Step) -> Any:
+        if isinstance(step, protocol.Script):
+            script = self._script(step.name)
+            if step.durable and self.durability is not None:
+                return await self.durability.arun(self.redis, script, step.keys, step.args)
+            if self._pipeliner is not None:
+                try:
+                    return await self._pipeliner.call(protocol.command(
+                        "evalsha", script.sha, len(step.keys), *step.keys, *step.args))
+                except redis.exceptions.NoScriptError:
+                    pass  # a restarted or flushed server: the script call loads it again
+            return await script(keys=list(step.keys), args=list(step.args))
+        if isinstance(step, protocol.Command):
+            if self._pipeliner is not None:
+                return await self._pipeliner.call(step)
+            return await getattr(self.redis, step.name)(*step.args, **step.kwargs)
+        pipe = self.redis.pipeline(transaction=step.transaction)
+        for item in step.commands:
+            getattr(pipe, item.name)(*item.args, **item.kwargs)
+        return await pipe.execute(raise_on_error=step.raise_on_error)
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.redis.register_script(load_script(name))
+        return script
+
+    def subscribe(self, channels: Sequence[str]) -> AsyncSubscription:
+        """An AsyncSubscription to ``channels`` that subscribes again after an outage."""
+        return AsyncSubscription(self, channels)
+
+    async def ping(self) -> None:
+        """PING, then check the server once: RedisUnavailable, AuthenticationFailed,
+        ConfigurationError or UnsupportedServer say what is wrong."""
+        try:
+            await self.redis.ping()
+            if not self._server_checked:
+                check_version(await self.redis.info("server"), self.where)
+                self._server_checked = True
+        except _REDIS_ERRORS as error:
+            raise translate(error, self.where) from error
+
+
+class Pipeliner:
+    """Sends the commands coroutines ask for while a round trip is in flight together, in
+    one pipeline (not a transaction: each command, a script call included, is atomic on
+    its own), and hands each caller its own reply or error. At most one pipeline is in
+    flight per client; a caller that is cancelled stops waiting, and its command is sent
+    anyway if its pipeline had already left (as a reply lost to a crash)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._waiting: list[tuple[protocol.Command, asyncio.Future[Any]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def call(self, command: protocol.Command) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((command, future))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send())
+        return await future
+
+    async def _send(self) -> None:
+        while self._waiting:
+            batch = [(c, f) for c, f in self._waiting if not f.done()]  # drop the cancelled
+            self._waiting = []
+            if not batch:
+                continue
+            pipe = self._client.pipeline(transaction=False)
+            for command, _ in batch:
+                getattr(pipe, command.name)(*command.args, **command.kwargs)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except Exception as error:  # the connection failed: every caller hears it
+                replies = [error] * len(batch)
+            except BaseException:  # this task cancelled (the loop closing): so are they
+                for _, future in batch + self._waiting:
+                    future.cancel()
+                raise
+            for (_, future), reply in zip(batch, replies, strict=True):
+                if future.done():
+                    continue
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+
+
+class AsyncSubscription:
+    """A pub/sub subscription that survives Redis going away, as blueque.store.Subscription:
+    ``get_message`` returns None (after waiting up to ``timeout``) while the connection is
+    down and subscribes again when it is back; messages published meanwhile are lost, so
+    callers re-read what they wait for through the store. The first call returns only once
+    Redis confirmed every subscription, so nothing published after it is missed."""
+
+    def __init__(self, store: AsyncRedisStore, channels: Sequence[str]) -> None:
+        self._store = store
+        self._channels = list(channels)
+        self._pubsub: Any = None
+        self._early: list[dict[str, Any]] = []
+
+    async def get_message(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            if self._pubsub is None:
+                await self._subscribe()
+            if self._early:
+                return self._early.pop(0)
+            while True:
+                message: dict[str, Any] | None = await self._pubsub.get_message(
+                    timeout=timeout)
+                if message is None or message.get("type") in ("message", "pmessage"):
+                    return message
+        except _REDIS_ERRORS as error:
+            if not is_transient(error):
+                raise translate(error, self._store.where) from error
+            self._store.health.disrupted()
+            log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+            await self.close()
+            await asyncio.sleep(max(0.0, min(timeout, 1.0)))
+            return None
+
+    async def _subscribe(self) -> None:
+        pubsub = self._pubsub = self._store.redis.pubsub()
+        await pubsub.subscribe(*self._channels)
+        confirmed = 0
+        while confirmed < len(self._channels):
+            message = await pubsub.get_message(timeout=1.0)
+            if message is None:
+                return  # slow to confirm: the caller's re-reads cover the gap
+            if message.get("type") == "subscribe":
+                confirmed += 1
+            elif message.get("type") in ("message", "pmessage"):
+                self._early.append(message)
+
+    async def close(self) -> None:
+        """Unsubscribe and give the connection back (also after a cancellation)."""
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                await pubsub.aclose()
+            except _REDIS_ERRORS as error:
+                log.debug("closing a lost subscription: %s", error)

@@ -1,0 +1,164 @@
+"""Riding out Redis restarts and failovers: which errors are transient, the backoff between
+tries, and the retry policy every store (sync and asyncio) wraps around each operation.
+
+One schedule, two ways to wait: ``RetryPolicy.call`` sleeps with ``time.sleep`` between
+tries, ``RetryPolicy.acall`` awaits ``asyncio.sleep``; both ask the same ``_Tries`` whether
+to try again and for how long to wait. This module formats no key and sends no command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import redis
+from redis.sentinel import MasterNotFoundError
+
+log = logging.getLogger("blueque.ha")
+
+T = TypeVar("T")
+
+#: Reply prefixes that mean "this node cannot serve you right now", not "your command is wrong".
+#: BUSY (another client's script runs too long) is one too: the command was not run, and the
+#: server answers again once that script ends or is killed.
+TRANSIENT_REPLIES = ("READONLY", "MASTERDOWN", "UNBLOCKED", "NOREPLICAS", "LOADING", "TRYAGAIN",
+                     "CLUSTERDOWN", "MOVED", "ASK", "BUSY")
+
+_PERMANENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+_TRANSIENT = (
+    redis.exceptions.ConnectionError,  # includes MasterNotFoundError, BusyLoadingError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterError,  # ClusterDownError, MasterDownError, "TTL exhausted"
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # and MovedError
+    redis.exceptions.SlotNotCoveredError,
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """True if ``error`` is what a failover, a restart or a resharding looks like."""
+    if isinstance(error, _PERMANENT):
+        return False
+    if isinstance(error, MasterNotFoundError) and "AuthenticationError" in str(error):
+        return False  # the sentinels refused our credentials: waiting will not help
+    if isinstance(error, _TRANSIENT):
+        return True
+    if isinstance(error, redis.exceptions.ResponseError):
+        # a pipeline prefixes the reply with "Command # 1 (...) of pipeline caused error: "
+        reply = str(error).rpartition("caused error: ")[2]
+        return reply.split(" ", 1)[0] in TRANSIENT_REPLIES
+    return False
+
+
+def backoff_delays(initial: float, maximum: float, jitter: bool = True) -> Iterator[float]:
+    """The waits between tries: ``initial``, doubling up to ``maximum``, each scaled by a
+    random factor in [0.5, 1] with ``jitter`` (a crowd of clients does not retry in step)."""
+    delay = initial
+    while True:
+        yield delay * random.uniform(0.5, 1.0) if jitter else delay
+        delay = min(delay * 2, maximum)
+
+
+class _Tries:
+    """The bookkeeping of one operation under a RetryPolicy: how many tries failed, whether
+    the next may go ahead and after how long, and the log lines that say so."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.started = policy.clock()
+        self.deadline = self.started + policy.deadline_s
+        self.delays = backoff_delays(policy.initial_backoff_s, policy.max_backoff_s)
+        self.failures = 0
+
+    def failed(self, error: Exception) -> float | None:
+        """Seconds to wait before the next try, or None: give up (re-raise ``error``)."""
+        self.failures += 1
+        left = self.deadline - self.policy.clock()
+        if not is_transient(error) or left <= 0:
+            return None
+        wait = min(next(self.delays), left)
+        log.log(logging.WARNING if self.failures == 1 else logging.DEBUG,
+                "Redis operation failed (%s: %s); retry %d in %.2f s (retrying for up "
+                "to %g s)", type(error).__name__, error, self.failures, wait,
+                self.policy.deadline_s)
+        return wait
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.info("Redis answered again after %d failed tr%s (%.1f s)", self.failures,
+                     "y" if self.failures == 1 else "ies", self.policy.clock() - self.started)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Repeat an operation that failed transiently until it succeeds or ``deadline_s`` passes.
+
+    Every Blueque protocol operation is idempotent when repeated after a lost reply (see
+    PROTOCOL.md), so the stores wrap each one in ``call`` (``acall`` in blueque.aio). The
+    waits grow from ``initial_backoff_s`` to ``max_backoff_s`` with jitter, so that a crowd
+    of listeners does not stampede the new master. The first failure of an operation is
+    logged as a warning, the following ones at debug level (a 30-s restart would otherwise
+    log 60 lines per call), and a success after failures says how long it took."""
+
+    deadline_s: float = 30.0
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 0.5
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    async_sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False,
+                                                            compare=False)
+
+    def bounded(self, seconds: float) -> RetryPolicy:
+        """The same policy with a deadline of at most ``seconds`` (a daemon's loop, which
+        must keep enforcing time limits and hearing signals, retries in its own steps)."""
+        return replace(self, deadline_s=min(self.deadline_s, seconds))
+
+    def call(self, operation: Callable[[], T]) -> T:
+        tries = _Tries(self)
+        while True:
+            try:
+                result = operation()
+            except Exception as error:
+                wait = tries.failed(error)
+                if wait is None:
+                    raise
+                self.sleep(wait)
+            else:
+                tries.succeeded()
+                return result
+
+    async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """``call`` for a coroutine function: the same tries and waits, awaited (a cancelled
+        caller stops at once, in the operation or in the wait)."""
+        tries = _Tries(self)
+        while True:
+            try:
+                result = await operation()
+            except Exception as error:
+                wait = tries.failed(error)
+                if wait is None:
+                    raise
+                await self.async_sleep(wait)
+            else:
+                tries.succeeded()
+                return result
+
+
+class NoRetry:
+    """Run once (a ready redis-py client, or ``retry_deadline=0``); URLs bring a
+    RetryPolicy, which rides through restarts and failovers."""
+
+    def call(self, operation: Callable[[], T]) -> T:
+        return operation()
+
+    async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
+        return await operation()
+
+    def bounded(self, seconds: float) -> NoRetry:
+        return self
