@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,12 +45,13 @@ from blueque.errors import (
     TaskNotFound,
 )
 from blueque.logs import configure as configure_logs
+from blueque.metrics import MetricsServer, queue_registry
 from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
 from blueque.store import now
 from blueque.task import Task
-from blueque.tasklog import follow_output, read_output
+from blueque.tasklog import follow_output, read_output, wait_for_output
 from blueque.waiting import WaitResult, wait_all
 
 EXIT_OK = 0
@@ -88,7 +90,7 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 #: Commands that wait for Redis with backoff instead of exiting 3 when it is not up yet.
-DAEMONS = ("listen", "scheduler", "dashboard")
+DAEMONS = ("listen", "scheduler", "dashboard", "metrics")
 
 
 def connect(args: argparse.Namespace, ping: bool = True) -> Client:
@@ -232,9 +234,16 @@ def _show_checkpoint(task: Task, args: argparse.Namespace) -> int:
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id)
+
+    def finished() -> bool:
+        return task.refresh().status in k.FINISHED_STATUSES or not task.data
+
     output = read_output(client.store, args.task_id, args.attempt)
+    if output is None and args.follow and not finished():
+        # pending, scheduled or just reserved: follow from its first line
+        output = wait_for_output(client.store, args.task_id, args.attempt, finished)
     if output is None:
-        if not task.data:
+        if not task.refresh().data:
             raise TaskNotFound(args.task_id)
         which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
         raise Failure(f"no output of {which} of task {args.task_id} in Redis (listeners keep "
@@ -242,12 +251,13 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     sys.stdout.write(output.text)
     sys.stdout.flush()
     if args.follow:
-        def finished() -> bool:
-            return task.refresh().status in k.FINISHED_STATUSES or not task.data
-
         for text in follow_output(client.store, args.task_id, output, finished):
             sys.stdout.write(text)
             sys.stdout.flush()
+        if output.superseded_by is not None:
+            print(f"blueque: attempt {output.attempt} ended without its end mark (its "
+                  f"process died unwatched); attempt {output.superseded_by} has begun: "
+                  f"blueque logs {args.task_id} --follow", file=sys.stderr)
     return EXIT_OK
 
 
@@ -436,6 +446,28 @@ def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
         raise Failure(f"cannot serve the dashboard: {error}", EXIT_USAGE) from error
 
 
+def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
+    """The dashboard's /metrics alone (no web extra needed): every queue's figures, read from
+    Redis at each scrape."""
+    configure_logs("text", "INFO")
+    try:
+        server = MetricsServer(queue_registry(client.store), args.port, args.host)
+    except OSError as error:
+        raise Failure(f"cannot serve metrics on {args.host}:{args.port}: {error}",
+                      EXIT_USAGE) from error
+    print(f"blueque: metrics of every queue on http://{args.host}:{server.port}/metrics",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(args.url, queue=args.queue, out=sys.stdout, err=sys.stderr)
 
@@ -502,12 +534,13 @@ Command = Callable[[Client, argparse.Namespace], int]
 def _add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=port_number, default=8080, help="default 8080")
+    parser.add_argument("--port", type=port_number, default=8080,
+                        help="default 8080 (0: any free port, logged)")
     parser.add_argument("--token-file", metavar="FILE",
                         help="enable actions (cancel, retry, purge) for requests that carry "
                              "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "
                              "without one the dashboard is read-only")
-    parser.add_argument("--refresh", type=float, default=2.0,
+    parser.add_argument("--refresh", type=positive_seconds, default=2.0,
                         help="seconds between live updates of a page (default 2)")
     parser.add_argument("--cron", action="append", default=[], metavar="NAME=CRON:QUEUE[:PARAMS]",
                         help="the scheduler's cron entries, to show their next runs; repeatable")
@@ -546,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--attempt", type=positive_int,
                      help="which attempt (default: the newest)")
     sub.add_argument("--follow", "-f", action="store_true",
-                     help="print what a running attempt writes until it ends")
+                     help="print what the attempt writes until it ends (waits for a task "
+                          "that has not started yet)")
 
     sub = add("enqueue", cmd_enqueue, "submit a task (prints its id)")
     sub.add_argument("queue")
@@ -584,7 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
     sub.add_argument("--timeout", type=duration, help="give up after this long")
     sub.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
-                     help="auto: a bar when waiting on several tasks on a terminal")
+                     help="auto (default): on a terminal, one task's own progress bar "
+                          "(fraction and message) or, for several, how many finished")
 
     sub = add("listen", cmd_listen, "run the listener daemon: fork one child per task")
     daemon.add_listen_arguments(sub)
@@ -605,6 +640,13 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_node_name_argument(sub)
     sub.add_argument("--log-format", choices=("text", "json"), default="text")
     sub.add_argument("--log-level", type=log_level, default="INFO")
+    sub = add("metrics", cmd_metrics,
+              "serve every queue's Prometheus metrics (the dashboard's /metrics, without it)")
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0 lets a Prometheus "
+                          "on another host scrape it)")
+    sub.add_argument("--port", type=port_number, default=9309,
+                     help="default 9309 (0: any free port, printed)")
     sub = add("dashboard", cmd_dashboard,
               "serve the web dashboard and /metrics (read-only unless a token is given)")
     _add_dashboard_arguments(sub)

@@ -53,7 +53,7 @@ def positive_int(text: str) -> int:
 
 
 def port_number(text: str) -> int:
-    """An argparse type for a TCP port to listen on: 0 (any free port) to 65535."""
+    """An argparse type for TCP ports to listen on: 0 (any free port) to 65535."""
     try:
         value = int(text)
     except ValueError:
@@ -96,7 +96,10 @@ def format_time(timestamp: float | None) -> str:
     """UTC, to the second: ``2026-11-22 18:30:05Z``."""
     if timestamp is None:
         return "-"
-    moment = datetime.fromtimestamp(timestamp, UTC)
+    try:
+        moment = datetime.fromtimestamp(timestamp, UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999 (--delay 600000w), nan
+        return f"{timestamp:.0f} (not a date)"
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
