@@ -30,13 +30,15 @@ setup(
             "mypy>=1.10",
             "types-psutil",
             "httpx>=0.24",
-            # blueque.aio's tests: anyio's pytest plugin; examples/fastapi_service.py
+            # blueque.aio's tests: anyio's pytest plugin; examples/fastapi_service.py; the
+            # dashboard mounted in a FastAPI service (test_dashboard)
             "anyio>=4",
             "fastapi>=0.110",
             "playwright>=1.40",
             "starlette>=0.37",
             "uvicorn>=0.23",
             "jinja2>=3.1",
+            "setuptools>=61",  # test_dashboard builds the package (venvs of 3.12+ lack it)
         ],
         "spark": ["pyspark>=3.5"],
         "web": ["starlette>=0.37", "uvicorn>=0.23", "jinja2>=3.1", "prometheus_client>=0.17"],

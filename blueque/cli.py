@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,8 +28,11 @@ from blueque.display import (
     format_seconds,
     format_time,
     last_line,
+    log_level,
     parse_duration,
     parse_eta,
+    port_number,
+    positive_int,
     positive_seconds,
     shorten,
     table,
@@ -41,13 +45,14 @@ from blueque.errors import (
     TaskNotFound,
 )
 from blueque.logs import configure as configure_logs
+from blueque.metrics import MetricsServer, queue_registry
 from blueque.node import hostname
 from blueque.policy import OPTION_TYPES
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
 from blueque.store import now
 from blueque.task import Task
-from blueque.tasklog import follow_output, read_output
+from blueque.tasklog import follow_output, read_output, wait_for_output
 from blueque.waiting import WaitResult, wait_all
 
 EXIT_OK = 0
@@ -60,7 +65,7 @@ EXIT_CODES = f"""exit codes:
   {EXIT_OK}  success
   {EXIT_FAILURE}  failure: an operation was refused, a task failed, a wait timed out
   {EXIT_USAGE}  usage: bad arguments, bad Redis URL or credentials, Redis older than 6.2,
-     a task function that cannot be imported, bad cron entry
+     a task function that cannot be imported, bad cron entry, a port in use
   {EXIT_UNREACHABLE}  Redis unreachable
   {EXIT_NOT_FOUND}  task or queue not found"""
 
@@ -86,7 +91,7 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 #: Commands that wait for Redis with backoff instead of exiting 3 when it is not up yet.
-DAEMONS = ("listen", "scheduler", "dashboard")
+DAEMONS = ("listen", "scheduler", "dashboard", "metrics")
 
 
 def connect(args: argparse.Namespace, ping: bool = True) -> Client:
@@ -243,9 +248,16 @@ def _show_checkpoint(task: Task, args: argparse.Namespace) -> int:
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id)
+
+    def finished() -> bool:
+        return task.refresh().status in k.FINISHED_STATUSES or not task.data
+
     output = read_output(client.store, args.task_id, args.attempt)
+    if output is None and args.follow and not finished():
+        # pending, scheduled or just reserved: follow from its first line
+        output = wait_for_output(client.store, args.task_id, args.attempt, finished)
     if output is None:
-        if not task.data:
+        if not task.refresh().data:
             raise TaskNotFound(args.task_id)
         which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
         raise Failure(f"no output of {which} of task {args.task_id} in Redis (listeners keep "
@@ -253,12 +265,13 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     sys.stdout.write(output.text)
     sys.stdout.flush()
     if args.follow:
-        def finished() -> bool:
-            return task.refresh().status in k.FINISHED_STATUSES or not task.data
-
         for text in follow_output(client.store, args.task_id, output, finished):
             sys.stdout.write(text)
             sys.stdout.flush()
+        if output.superseded_by is not None:
+            print(f"blueque: attempt {output.attempt} ended without its end mark (its "
+                  f"process died unwatched); attempt {output.superseded_by} has begun: "
+                  f"blueque logs {args.task_id} --follow", file=sys.stderr)
     return EXIT_OK
 
 
@@ -329,6 +342,9 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
         client.store.retry_failed(queue, args.task_id, now())
         emit(args, {"retried": [args.task_id]}, f"task {args.task_id} is pending again")
         return EXIT_OK
+    if args.failed not in client.queue_names():  # a typo must not read as "0 retried"
+        raise Failure(f"queue {args.failed!r} is not known (not in blueque_queues)",
+                      EXIT_NOT_FOUND)
     ids = client.get_queue(args.failed).task_ids(k.FAILED)[::-1]  # oldest first
     retried = []
     for task_id in ids[: args.limit]:
@@ -465,6 +481,28 @@ def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
         raise Failure(f"cannot serve the dashboard: {error}", EXIT_USAGE) from error
 
 
+def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
+    """The dashboard's /metrics alone (no web extra needed): every queue's figures, read from
+    Redis at each scrape."""
+    configure_logs("text", "INFO")
+    try:
+        server = MetricsServer(queue_registry(client.store), args.port, args.host)
+    except OSError as error:
+        raise Failure(f"cannot serve metrics on {args.host}:{args.port}: {error}",
+                      EXIT_USAGE) from error
+    print(f"blueque: metrics of every queue on http://{args.host}:{server.port}/metrics",
+          file=sys.stderr, flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(args.url, queue=args.queue, out=sys.stdout, err=sys.stderr)
 
@@ -535,12 +573,13 @@ Command = Callable[[Client, argparse.Namespace], int]
 def _add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8080, help="default 8080")
+    parser.add_argument("--port", type=port_number, default=8080,
+                        help="default 8080 (0: any free port, logged)")
     parser.add_argument("--token-file", metavar="FILE",
                         help="enable actions (cancel, retry, purge) for requests that carry "
                              "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "
                              "without one the dashboard is read-only")
-    parser.add_argument("--refresh", type=float, default=2.0,
+    parser.add_argument("--refresh", type=positive_seconds, default=2.0,
                         help="seconds between live updates of a page (default 2)")
     parser.add_argument("--cron", action="append", default=[], metavar="NAME=CRON:QUEUE[:PARAMS]",
                         help="the scheduler's cron entries, to show their next runs; repeatable")
@@ -568,16 +607,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("tasks", cmd_tasks, "list the tasks of a queue")
     sub.add_argument("queue")
     sub.add_argument("--status", choices=k.STATUSES, help="only tasks in this state")
-    sub.add_argument("--limit", type=int, default=20, help="at most N per state (default 20)")
+    sub.add_argument("--limit", type=positive_int, default=20,
+                     help="at most N per state (default 20)")
     sub = add("show", cmd_show, "every field of one task, and its checkpoint's size and age")
     sub.add_argument("task_id")
     sub.add_argument("--checkpoint", action="store_true",
                      help="print the task's checkpoint (its saved state) instead")
     sub = add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis")
     sub.add_argument("task_id")
-    sub.add_argument("--attempt", type=int, help="which attempt (default: the newest)")
+    sub.add_argument("--attempt", type=positive_int,
+                     help="which attempt (default: the newest)")
     sub.add_argument("--follow", "-f", action="store_true",
-                     help="print what a running attempt writes until it ends")
+                     help="print what the attempt writes until it ends (waits for a task "
+                          "that has not started yet)")
 
     sub = add("enqueue", cmd_enqueue, "submit a task (prints its id)")
     sub.add_argument("queue")
@@ -610,7 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
     sub.add_argument("task_id", nargs="?")
     sub.add_argument("--failed", metavar="QUEUE", help="every failed task of QUEUE")
-    sub.add_argument("--limit", type=int, default=None, help="with --failed: oldest N only")
+    sub.add_argument("--limit", type=positive_int, default=None,
+                     help="with --failed: oldest N only")
     sub = add("purge", cmd_purge, "delete finished tasks older than a duration")
     sub.add_argument("queue")
     sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION")
@@ -626,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
     sub.add_argument("--timeout", type=duration, help="give up after this long")
     sub.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
-                     help="auto: a bar when waiting on several tasks on a terminal")
+                     help="auto (default): on a terminal, one task's own progress bar "
+                          "(fraction and message) or, for several, how many finished")
 
     sub = add("listen", cmd_listen, "run the listener daemon: fork one child per task")
     daemon.add_listen_arguments(sub)
@@ -646,7 +690,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--once", action="store_true", help="run one step and exit")
     daemon.add_node_name_argument(sub)
     sub.add_argument("--log-format", choices=("text", "json"), default="text")
-    sub.add_argument("--log-level", default="INFO")
+    sub.add_argument("--log-level", type=log_level, default="INFO")
+    sub = add("metrics", cmd_metrics,
+              "serve every queue's Prometheus metrics (the dashboard's /metrics, without it)")
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0 lets a Prometheus "
+                          "on another host scrape it)")
+    sub.add_argument("--port", type=port_number, default=9309,
+                     help="default 9309 (0: any free port, printed)")
     sub = add("dashboard", cmd_dashboard,
               "serve the web dashboard and /metrics (read-only unless a token is given)")
     _add_dashboard_arguments(sub)

@@ -38,7 +38,16 @@ from blueque.child import (
     run_reporting_child,
 )
 from blueque.client import Client
-from blueque.display import format_seconds, last_line, parse_duration, positive_seconds, shorten
+from blueque.display import (
+    format_seconds,
+    last_line,
+    log_level,
+    parse_duration,
+    port_number,
+    positive_int,
+    positive_seconds,
+    shorten,
+)
 from blueque.endings import Ending, Stopped, decide
 from blueque.errors import (
     BluequeError,
@@ -192,11 +201,11 @@ class ListenerDaemon:
         node_name: str | None = None,
     ) -> None:
         if not queues:
-            raise BluequeError("a listener needs at least one queue")
+            raise ConfigurationError("a listener needs at least one queue")
         if concurrency < 1:
-            raise BluequeError(f"concurrency must be at least 1, not {concurrency}")
+            raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
         if on_stop not in ON_STOP:
-            raise BluequeError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
+            raise ConfigurationError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
         if not interval > 0 or not poll > 0:
             raise ConfigurationError(
                 f"interval and poll must be more than 0 seconds, not {interval!r} and {poll!r}"
@@ -227,6 +236,9 @@ class ListenerDaemon:
         self.children: dict[int, Running] = {}
         # live runs of dead listeners of this node that we adopted: they occupy our slots
         self.adopted: dict[str, tuple[int, float | None]] = {}
+        # fenced runs of dead listeners of this node that our sweep is stopping: pid ->
+        # create time; they occupy our slots too until their processes are gone
+        self.fenced: dict[int, float | None] = {}
         self._ended_pids: list[str] = []  # to drop from blueque_node_[node]
         self.unrecorded: list[tuple[Running, str]] = []
         self.stopping = False
@@ -378,6 +390,15 @@ class ListenerDaemon:
 
     def run(self) -> int:
         self.load_function()
+        if self.on_stop == "keep" and os.getpid() == 1:
+            # the init of a PID namespace (a container's main process): when it exits, the
+            # kernel kills every process in the namespace, so no run can wait for adoption
+            log.warning("listener %s runs as pid 1 of its PID namespace: its task processes "
+                        "end when it exits, so --on-stop=keep cannot leave them to the next "
+                        "listener; it will stop them as --on-stop=terminate does (recorded, "
+                        "retried by their policy). Run it under an init that outlives it "
+                        "to keep them", self.id)
+            self.on_stop = "terminate"
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
@@ -405,7 +426,11 @@ class ListenerDaemon:
                 if not running.term_sent:
                     running.term_sent = self.clock()
                     self._signal_group(running, signal.SIGTERM)
-        return not self.children and not self.unrecorded
+            self.recovery.stop_adopted(self.adopted)
+        # adopted runs occupy our slots too: leaving them would end the renewal of their
+        # lease, and another node would run their tasks again beside them; a sweep empties
+        # self.adopted once their processes are gone and records them
+        return not self.children and not self.unrecorded and not self.adopted
 
     def _finish(self) -> None:
         self._subscriber = None
@@ -497,13 +522,21 @@ class ListenerDaemon:
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(report.adopted_runs))
         self.adopted = dict(report.adopted_runs)
+        self.fenced = dict(report.fenced_runs)
         if self.metrics:
             self.metrics.swept(report)
 
+    def busy(self) -> int:
+        """Slots in use: our children, the runs we adopted, the fenced runs we are stopping."""
+        return len(self.children) + len(self.adopted) + len(self.fenced)
+
     def _free_slots(self) -> int:
-        # an adopted run frees its slot when its process ends (no need to wait for a sweep)
+        # an adopted or fenced run frees its slot when its process ends (no need to wait
+        # for a sweep)
         self.adopted = {t: run for t, run in self.adopted.items() if process_alive(*run)}
-        return self.concurrency - len(self.children) - len(self.adopted)
+        self.fenced = {pid: created for pid, created in self.fenced.items()
+                       if process_alive(pid, created)}
+        return self.concurrency - self.busy()
 
     def _fill_slots(self) -> None:
         while self._free_slots() > 0 and not self.stopping:
@@ -971,7 +1004,7 @@ class ListenerDaemon:
         # and recover_local needs pid_created to tell this process from a reused pid
         self.store.write_listener_info(
             self.id, {**self._info, "renewed": repr(now()),
-                      "busy": str(len(self.children) + len(self.adopted))},
+                      "busy": str(self.busy())},
             int(self.interval * 3) + 1)
         running = list(self.children.values())
         self._record_runs(running)  # refreshes the record's expiry too
@@ -1097,11 +1130,12 @@ def parse_queues(text: str) -> dict[str, int]:
         try:
             weights[name] = int(weight) if weight else 1
         except ValueError as error:
-            raise BluequeError(f"bad queue weight in {item!r}: use QUEUE[:WEIGHT]") from error
+            raise ConfigurationError(f"bad queue weight in {item!r}: use QUEUE[:WEIGHT]"
+                                     ) from error
         if weights[name] < 1:
-            raise BluequeError(f"queue weight must be at least 1 in {item!r}")
+            raise ConfigurationError(f"queue weight must be at least 1 in {item!r}")
     if not weights:
-        raise BluequeError("no queue given: use QUEUE[:WEIGHT][,QUEUE[:WEIGHT]...]")
+        raise ConfigurationError("no queue given: use QUEUE[:WEIGHT][,QUEUE[:WEIGHT]...]")
     return weights
 
 
@@ -1111,7 +1145,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("function", metavar="package.module:function",
                         help="called with the Task in a forked child; its return value is the "
                              "result (a string, or JSON for other values)")
-    parser.add_argument("--concurrency", type=int, default=1,
+    parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="tasks run at once (one child each); no task is reserved "
                              "without a free slot (default 1)")
     parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
@@ -1142,8 +1176,8 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                              "save and stop before they are terminated and put back (90s)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+    parser.add_argument("--log-level", type=log_level, default="INFO")
+    parser.add_argument("--metrics-port", type=port_number, metavar="PORT",
                         help="serve this listener's Prometheus metrics on http://HOST:PORT/"
                              "metrics (0: any free port, logged)")
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
@@ -1215,13 +1249,13 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
     server: MetricsServer | None = None
     if args.metrics_port is not None:
         daemon.metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
-                                         busy=lambda: len(daemon.children) + len(daemon.adopted))
+                                         busy=daemon.busy)
         try:
             server = serve_listener_metrics(daemon.metrics, args.metrics_port,
                                             args.metrics_host)
         except OSError as error:
-            raise BluequeError(f"cannot serve metrics on {args.metrics_host}:"
-                               f"{args.metrics_port}: {error}") from error
+            raise ConfigurationError(f"cannot serve metrics on {args.metrics_host}:"
+                                     f"{args.metrics_port}: {error}") from error
     try:
         return daemon.run()
     finally:

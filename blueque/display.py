@@ -41,6 +41,40 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts (``--concurrency``, ``--limit``): a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type for TCP ports to listen on: 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, not {text!r}")
+    return value
+
+
+#: The levels ``--log-level`` accepts (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """An argparse type for ``--log-level``: one of LOG_LEVELS, in any case."""
+    if text.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(LOG_LEVELS)} (any case), not {text!r}")
+    return text.upper()
+
+
 def parse_eta(text: str) -> float:
     """A Unix timestamp, or an ISO 8601 date-time (without an offset: this machine's local
     time) -> Unix seconds."""
@@ -62,7 +96,10 @@ def format_time(timestamp: float | None) -> str:
     """UTC, to the second: ``2026-11-22 18:30:05Z``."""
     if timestamp is None:
         return "-"
-    moment = datetime.fromtimestamp(timestamp, UTC)
+    try:
+        moment = datetime.fromtimestamp(timestamp, UTC)
+    except (OverflowError, OSError, ValueError):  # past year 9999 (--delay 600000w), nan
+        return f"{timestamp:.0f} (not a date)"
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 

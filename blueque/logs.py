@@ -36,3 +36,6 @@ def configure(log_format: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # a library's warning (at the task module's import, say) is a log record too, so that
+    # JSON logs stay one object per line
+    logging.captureWarnings(log_format == "json")

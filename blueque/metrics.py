@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from blueque import keys as k
-from blueque.errors import BluequeError
+from blueque.errors import BluequeError, ConfigurationError
 from blueque.recovery import RecoveryReport
 from blueque.store import RedisStore, now
 
@@ -47,17 +48,19 @@ RUN_TIME_BUCKETS = (1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 
                     float("inf"))
 
 
-def oldest_pending_age(store: RedisStore, queue: str, at: float) -> float:
-    """Seconds the next task in line has waited (since it last became pending); 0 if none."""
-    oldest = store.oldest_pending(queue)
+def pending_age(oldest: tuple[str, dict[str, str]] | None, at: float) -> float:
+    """Seconds the next task in line has waited (since it last became pending: ``updated``,
+    else ``created``), from a store.oldest_pending() reply; 0 if none."""
     if oldest is None:
         return 0.0
     times = oldest[1]
     for field in ("updated", "created"):
         try:
-            return max(0.0, at - float(times[field]))
+            age = at - float(times[field])
         except (KeyError, ValueError):
             continue
+        if math.isfinite(age):
+            return max(0.0, age)
     return 0.0
 
 
@@ -78,8 +81,8 @@ SCRAPE_RETRY = 1.0
 
 
 class QueueCollector(Collector):
-    """Cluster-wide figures, read from Redis at each scrape (O(1) commands per queue plus one
-    pipeline of listener hashes)."""
+    """Cluster-wide figures, read from Redis at each scrape: a few pipelines of O(1) commands
+    per queue, and one of listener hashes."""
 
     def __init__(self, store: RedisStore) -> None:
         # a scrape waits at most a moment for a Redis that went away (then blueque_redis_up
@@ -122,16 +125,17 @@ class QueueCollector(Collector):
             labels=["listener", "host"])
         at = now()
         ids: set[str] = set()
-        for queue, _ in self.store.known_queues():
-            counts = self.store.counts(queue)
+        queues = [queue for queue, _ in self.store.known_queues()]
+        for queue, counts, oldest, done in zip(
+                queues, self.store.counts_many(queues), self.store.oldest_pending_many(queues),
+                self.store.outcome_counts_many(queues), strict=True):
             for state in k.STATUSES:
                 tasks.add_metric([queue, state], getattr(counts, state))
             listeners.add_metric([queue], counts.listeners)
-            age.add_metric([queue], oldest_pending_age(self.store, queue, at))
-            done = self.store.outcome_counts(queue)
+            age.add_metric([queue], pending_age(oldest, at))
             for outcome in k.OUTCOMES:
                 finished.add_metric([queue, outcome], done.get(outcome, 0))
-            ids |= self.store.listener_ids(queue)
+        ids = self.store.listener_ids_many(queues)
         ordered = sorted(ids)
         for listener, info in zip(ordered, self.store.listener_infos(ordered), strict=True):
             if not info:
@@ -226,6 +230,9 @@ class MetricsServer:
     listener is gone."""
 
     def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigurationError(f"--metrics-port must be a port number from 0 to 65535, "
+                                     f"not {port}")
         self.server: Any
         self.thread: threading.Thread
         self.server, self.thread = start_http_server(port, host, registry=registry)

@@ -201,18 +201,33 @@ class QueueCounts:
 
 def counts(keys: k.Keys, queue: str) -> Operation[QueueCounts]:
     """Counts per state from O(1) commands (plus one LLEN per listener)."""
-    listeners = sorted((yield command("smembers", keys.listeners(queue))))
-    pending, scheduled, started, complete, failed, *reserved = yield Pipeline((
-        command("llen", keys.pending(queue)),
-        command("zcard", keys.scheduled(queue)),
-        command("scard", keys.started(queue)),
-        command("llen", keys.complete(queue)),
-        command("llen", keys.failed(queue)),
-        *(command("llen", keys.reserved(queue, listener)) for listener in listeners),
-    ))
-    return QueueCounts(pending=pending, scheduled=scheduled,
-                       reserved=max(0, sum(reserved) - started), started=started,
-                       complete=complete, failed=failed, listeners=len(listeners))
+    return (yield from counts_many(keys, [queue]))[0]
+
+
+def counts_many(keys: k.Keys, queues: Sequence[str]) -> Operation[list[QueueCounts]]:
+    """counts() of many queues in two round trips, whatever their number (the dashboard's
+    and the metrics' pages): the listener sets, then every queue's LLENs, ZCARD and SCARD."""
+    if not queues:
+        return []
+    listener_sets = [sorted(members) for members in (yield Pipeline(tuple(
+        command("smembers", keys.listeners(queue)) for queue in queues)))]
+    replies = iter((yield Pipeline(tuple(
+        step for queue, listeners in zip(queues, listener_sets, strict=True) for step in (
+            command("llen", keys.pending(queue)),
+            command("zcard", keys.scheduled(queue)),
+            command("scard", keys.started(queue)),
+            command("llen", keys.complete(queue)),
+            command("llen", keys.failed(queue)),
+            *(command("llen", keys.reserved(queue, listener)) for listener in listeners),
+        )))))
+    found = []
+    for listeners in listener_sets:
+        pending, scheduled, started, complete, failed = (next(replies) for _ in range(5))
+        reserved = sum(next(replies) for _ in listeners)
+        found.append(QueueCounts(pending=pending, scheduled=scheduled,
+                                 reserved=max(0, reserved - started), started=started,
+                                 complete=complete, failed=failed, listeners=len(listeners)))
+    return found
 
 
 def task_ids(keys: k.Keys, queue: str, status: str, start: int = 0, stop: int = -1

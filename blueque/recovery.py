@@ -45,6 +45,9 @@ class RecoveryReport:
     adopted_runs: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     #: fenced runs of dead listeners whose process group was signalled
     stopped_runs: int = 0
+    #: those of them still alive: pid -> create time; until they are gone they occupy a slot
+    #: of the sweeping listener (a job may take its whole kill_grace to stop)
+    fenced_runs: dict[int, float | None] = field(default_factory=dict)
 
     def add(self, counts: list[int]) -> None:
         self.requeued += counts[0]
@@ -88,16 +91,20 @@ class LeaseWatch:
         """At the start of a sweep: notice a restart, an outage or a stall."""
         run_id, self._server_start = self.store.server_run()
         current = self.clock()
-        interrupted = (
-            self.store.health.disruptions != self._disruptions
-            or (self._run_id is not None and run_id != self._run_id)
-            or (self._last_sweep is not None and current - self._last_sweep > self.lease_s)
-        )
+        if self.store.health.disruptions != self._disruptions:
+            interrupted = "Redis was unavailable"
+        elif self._run_id is not None and run_id != self._run_id:
+            interrupted = "Redis restarted or failed over"
+        elif self._last_sweep is not None and current - self._last_sweep > self.lease_s:
+            interrupted = (f"this sweeper was paused or stalled for "
+                           f"{current - self._last_sweep:.1f} s")
+        else:
+            interrupted = ""
         self._run_id, self._disruptions = run_id, self.store.health.disruptions
         if interrupted:
             if self._back_since is None or self._live:
-                log.warning("Redis was away or restarted: no listener is taken for dead by its "
-                            "lease until it had time to renew")
+                log.warning("%s: no listener is taken for dead by its lease until it had time "
+                            "to renew", interrupted)
             self._back_since = current
             self._live.clear()
 
@@ -202,6 +209,8 @@ class Recovery:
             reason = "cancelled"
         elif policy.time_limit and started_at and current - started_at > policy.time_limit:
             reason = "time limit"
+        elif task_id in self._stopping:
+            reason = self._stopping[task_id][1]  # "shutdown": stop_adopted began it
         else:
             return
         first, _ = self._stopping.setdefault(task_id, (time.monotonic(), reason))
@@ -211,8 +220,22 @@ class Recovery:
                     signal.Signals(signum).name, pid)
         self._kill(pid, signum)
 
+    def stop_adopted(self, runs: dict[str, tuple[int, float | None]]) -> None:
+        """A listener stopping with --on-stop=terminate stops the runs it adopted as it stops
+        its own children: SIGTERM to their groups now, SIGKILL once kill_grace has passed
+        (later sweeps), and a sweep records each once its process is gone."""
+        for task_id, (pid, created) in runs.items():
+            if task_id not in self._stopping and self._alive(pid, created):
+                self._stopping[task_id] = (time.monotonic(), "shutdown")
+                log.warning("task %s: adopted run (pid %d) stopped with its adopter, sending "
+                            "SIGTERM to its group", task_id, pid)
+                self._kill(pid, signal.SIGTERM)
+
     @staticmethod
     def _why(why: str, stopped: str, data: dict[str, str], config: dict[str, str]) -> str:
+        if stopped == "shutdown":
+            return ("terminated because the listener that adopted it shut down "
+                    f"(--on-stop=terminate; {why})")
         if stopped != "time limit":
             return why
         limit = Policy.resolve(data, config).time_limit
@@ -301,7 +324,8 @@ class Recovery:
         local = local_process(holder, info, self.node, self.host) if info else None
         return local is None or not self._alive(*local)
 
-    def stop_fenced_runs(self, report: RecoveryReport) -> None:
+    def stop_fenced_runs(self, report: RecoveryReport,
+                         runs: dict[str, str] | None = None) -> None:
         """Runs forked on this node (blueque_node_[node]) whose listener is dead and whose
         task was taken back meanwhile (requeued, retried, cancelled, finished, or stamped
         again): fenced, they can record nothing and only duplicate the task's next attempt.
@@ -310,7 +334,7 @@ class Recovery:
         listener is judged by the process the entry names (pid and create time), so a later
         listener with the same id (a pid reused) does not pass for it."""
         ended: list[str] = []
-        for field_, raw in self.store.node_runs(self.node).items():
+        for field_, raw in (self.store.node_runs(self.node) if runs is None else runs).items():
             try:
                 run = json.loads(raw)
                 pid, task_id, listener = int(field_), str(run["task"]), str(run["listener"])
@@ -346,6 +370,7 @@ class Recovery:
                         signal.Signals(signum).name)
             self._kill(pid, signum)
             report.stopped_runs += 1
+            report.fenced_runs[pid] = created
         self.store.forget_runs(self.node, ended)
 
     def _run_owner(self, run: dict[str, object], listener: str
@@ -362,11 +387,30 @@ class Recovery:
         before their lease can expire), then expired leases on ``queues``; then stop the
         fenced runs of dead listeners of this node."""
         report = RecoveryReport()
-        excluded = list(exclude)
+        excluded, swept = list(exclude), list(queues)
         self.watch.begin()
-        for queue in queues:
+        for queue in swept:
             self.recover_local(queue, report, excluded, adopter)
             self.recover_expired(queue, report, self.watch.expired(queue))
-        self.stop_fenced_runs(report)
+        runs = self.store.node_runs(self.node)
+        # runs forked on this node for queues the sweeper does not serve (a listener
+        # restarted with fewer queues): adopt them too, or their lease lapses and a node
+        # serving that queue runs them again beside the live process
+        for queue in sorted(_run_queues(runs) - set(swept)):
+            self.recover_local(queue, report, excluded, adopter)
+        self.stop_fenced_runs(report, runs)
         self.watch.end()
         return report
+
+
+def _run_queues(runs: dict[str, str]) -> set[str]:
+    """The queues named in a node's run records (unreadable entries are skipped)."""
+    queues = set()
+    for raw in runs.values():
+        try:
+            queue = json.loads(raw).get("queue")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(queue, str) and queue:
+            queues.add(queue)
+    return queues

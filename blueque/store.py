@@ -110,6 +110,13 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
             "over; retry later, or raise the URL's retry_deadline"
         )
     if isinstance(error, redis.exceptions.RedisClusterException):
+        if "cluster mode is not enabled" in str(error).lower():
+            # a node answered, but it is a plain Redis: waiting will not make it a cluster
+            return ConfigurationError(
+                f"the server in the Cluster URL {where} is not a Redis Cluster node (cluster "
+                "mode is off): use redis://host:port/db for a plain Redis server, or the "
+                "cluster's nodes in a redis+cluster:// URL"
+            )
         # redis-py's cluster client gives up with this when no node answers
         return RedisUnavailable(f"Redis Cluster {where} cannot be reached ({error})")
     if isinstance(error, redis.exceptions.InvalidResponse):
@@ -155,6 +162,49 @@ def _too_old(where: str, detail: str) -> UnsupportedServer:
         f"Redis at {where} is too old for Blueque ({detail}): Blueque needs Redis {wanted} or "
         "later (it reserves tasks with LMOVE/BLMOVE); upgrade the server"
     )
+
+
+def _tolerating_wrong_types(pipe: Any) -> list[Any]:
+    """A pipeline's replies, where a key of another type (a WRONGTYPE reply) is an Exception
+    in its place; any other error is raised."""
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
+    return replies
+
+
+@dataclass(frozen=True)
+class ListenersAtWork:
+    """One queue's listeners as the nodes page reads them (store.listeners_at_work)."""
+
+    registered: set[str]
+    leases: dict[str, float]
+    started: list[tuple[str, str, str]]
+
+
+def _started_entries(members: Iterable[str]) -> list[tuple[str, str, str]]:
+    """Started-set members ("[listener id] [pid] [task id]") as tuples, sorted."""
+    entries = []
+    for member in sorted(members):
+        parts = member.rsplit(" ", 2)
+        if len(parts) == 3:
+            entries.append((parts[0], parts[1], parts[2]))
+    return entries
+
+
+def _counts(reply: object) -> dict[str, int]:
+    """An outcome-counter hash as numbers; a value that is no integer, or a key that is no
+    hash (a WRONGTYPE reply), counts as nothing rather than failing the page or scrape."""
+    if not isinstance(reply, dict):
+        return {}
+    counts = {}
+    for name, count in reply.items():
+        try:
+            counts[str(name)] = int(count)
+        except ValueError:
+            continue
+    return counts
 
 
 class Health:
@@ -445,6 +495,14 @@ class RedisStore:
     @translate_errors
     def listener_ids(self, queue: str) -> set[str]:
         return cast(set[str], self.redis.smembers(self.keys.listeners(queue)))
+
+    @translate_errors
+    def listener_ids_many(self, queues: Sequence[str]) -> set[str]:
+        """The listeners of any of these queues (a pipeline of SMEMBERS)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.smembers(self.keys.listeners(queue))
+        return set().union(*pipe.execute())
 
     # --- listeners ------------------------------------------------------------------------
     @translate_errors
@@ -817,45 +875,89 @@ class RedisStore:
         self._execute(protocol.retry_failed(self.keys, queue, task_id, now))
 
     # --- watching: reads for the dashboard and the metrics (windows, never whole lists) --
+    # Each read of many queues is a fixed number of pipelines, whatever the number of queues.
     @translate_errors
+    def counts_many(self, queues: Sequence[str]) -> list[QueueCounts]:
+        """counts() of many queues in two pipelines."""
+        return self._execute(protocol.counts_many(self.keys, queues))
+
+    @translate_errors
+    def outcomes_per_minute_many(self, queues: Sequence[str], minutes: Sequence[int]
+                                 ) -> list[list[dict[str, int]]]:
+        """blueque_finished_per_minute_[queue]_[minute] for each queue and minute (its first
+        second), in one pipeline: per queue, per minute, outcome -> count ({} for a minute in
+        which nothing ended)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            for minute in minutes:
+                pipe.hgetall(self.keys.finished_per_minute(queue, str(minute)))
+        counts = [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
+        return [counts[n * len(minutes):(n + 1) * len(minutes)] for n in range(len(queues))]
+
     def outcomes_per_minute(self, queue: str, minutes: Sequence[int]
                             ) -> list[dict[str, int]]:
-        """blueque_finished_per_minute_[queue]_[minute] for each minute (its first second),
-        in one pipeline: outcome -> count ({} for a minute in which nothing ended)."""
+        return self.outcomes_per_minute_many([queue], minutes)[0]
+
+    @translate_errors
+    def outcome_counts_many(self, queues: Sequence[str]) -> list[dict[str, int]]:
+        """blueque_outcome_counts_[queue] of each queue, in one pipeline: outcome -> tasks
+        that ever ended so."""
         pipe = self.redis.pipeline(transaction=False)
-        for minute in minutes:
-            pipe.hgetall(self.keys.finished_per_minute(queue, str(minute)))
-        return [{name: int(count) for name, count in reply.items()}
-                for reply in pipe.execute()]
+        for queue in queues:
+            pipe.hgetall(self.keys.outcome_counts(queue))
+        return [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
 
-    @translate_errors
     def outcome_counts(self, queue: str) -> dict[str, int]:
-        """blueque_outcome_counts_[queue]: outcome -> tasks that ever ended so."""
-        reply = self.redis.hgetall(self.keys.outcome_counts(queue))
-        return {name: int(count) for name, count in reply.items()}
+        return self.outcome_counts_many([queue])[0]
 
     @translate_errors
+    def oldest_pending_many(self, queues: Sequence[str]
+                            ) -> list[tuple[str, dict[str, str]] | None]:
+        """Per queue, the task next in line (the right end of the pending list) with its
+        ``created`` and ``updated`` (none for a key that is no hash), or None when nothing is
+        pending: a pipeline of LINDEX -1, then one of HMGET."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.lindex(self.keys.pending(queue), -1)
+        heads = cast(list["str | None"], pipe.execute())
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in heads:
+            if task_id is not None:
+                pipe.hmget(self.keys.task(task_id), "created", "updated")
+        replies = iter(_tolerating_wrong_types(pipe))
+        found: list[tuple[str, dict[str, str]] | None] = []
+        for task_id in heads:
+            if task_id is None:
+                found.append(None)
+                continue
+            reply = next(replies)
+            values = reply if isinstance(reply, list) else [None, None]
+            found.append((task_id, {name: value for name, value in zip(
+                ("created", "updated"), values, strict=True) if value is not None}))
+        return found
+
     def oldest_pending(self, queue: str) -> tuple[str, dict[str, str]] | None:
-        """The task next in line (the right end of the pending list) with its ``created`` and
-        ``updated``: LINDEX -1, then HMGET. None when nothing is pending."""
-        task_id = cast("str | None", self.redis.lindex(self.keys.pending(queue), -1))
-        if task_id is None:
-            return None
-        created, updated = self.redis.hmget(self.keys.task(task_id), "created", "updated")
-        times = {name: value for name, value in (("created", created), ("updated", updated))
-                 if value is not None}
-        return task_id, times
+        """The task next in line with its ``created`` and ``updated`` (LINDEX -1, HMGET)."""
+        return self.oldest_pending_many([queue])[0]
 
     @translate_errors
     def started_entries(self, queue: str) -> list[tuple[str, str, str]]:
         """blueque_started_tasks_[queue] as (listener id, pid, task id), sorted."""
-        members = sorted(self.redis.smembers(self.keys.started(queue)))
-        entries = []
-        for member in members:
-            parts = member.rsplit(" ", 2)
-            if len(parts) == 3:
-                entries.append((parts[0], parts[1], parts[2]))
-        return entries
+        return _started_entries(self.redis.smembers(self.keys.started(queue)))
+
+    @translate_errors
+    def listeners_at_work(self, queues: Sequence[str]) -> list[ListenersAtWork]:
+        """Per queue, its registered listeners, its leases (listener id -> deadline, server
+        ms) and its started entries (as started_entries), in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.smembers(self.keys.listeners(queue))
+            pipe.zrange(self.keys.leases(queue), 0, -1, withscores=True)
+            pipe.smembers(self.keys.started(queue))
+        replies = pipe.execute()
+        return [ListenersAtWork(set(replies[n]), dict(replies[n + 1]),
+                                _started_entries(replies[n + 2]))
+                for n in range(0, len(replies), 3)]
 
     @translate_errors
     def listener_infos(self, listener_ids: Sequence[str]) -> list[dict[str, str]]:
@@ -866,11 +968,21 @@ class RedisStore:
         return cast(list[dict[str, str]], pipe.execute())
 
     @translate_errors
-    def scheduled_window(self, queue: str, start: int, stop: int) -> list[tuple[str, float]]:
-        """ZRANGE blueque_scheduled_tasks_[queue] start stop WITHSCORES: (id, eta), soonest
-        first."""
-        return cast(list[tuple[str, float]],
-                    self.redis.zrange(self.keys.scheduled(queue), start, stop, withscores=True))
+    def scheduled_counts(self, queues: Sequence[str]) -> list[int]:
+        """ZCARD blueque_scheduled_tasks_[queue] of each queue, in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcard(self.keys.scheduled(queue))
+        return cast(list[int], pipe.execute())
+
+    @translate_errors
+    def scheduled_windows(self, queues: Sequence[str], count: int
+                          ) -> list[list[tuple[str, float]]]:
+        """The ``count`` soonest scheduled tasks (id, eta) of each queue, in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zrange(self.keys.scheduled(queue), 0, count - 1, withscores=True)
+        return cast(list[list[tuple[str, float]]], pipe.execute())
 
     # --- task output (blueque_task_log_[id], a stream) ---------------------------------------
     @translate_errors

@@ -223,39 +223,79 @@ class Output:
     text: str
     last_id: str  # the newest entry read, for following on
     ended: bool  # the attempt's end mark was read
+    #: set by follow_output when a later attempt began before this one's end mark came
+    superseded_by: str | None = None
+
+
+def read_outputs(store: RedisStore, task_id: str) -> tuple[dict[str, Output], str | None]:
+    """Every attempt's output the task's stream holds (one XRANGE), by attempt number, and
+    the newest attempt: the one of the stream's last entry (None when the stream is empty)."""
+    entries = store.output_after(task_id)
+    if not entries:
+        return {}, None
+    parts: dict[str, list[str]] = {}
+    ended: set[str] = set()
+    for _, fields in entries:
+        attempt = fields.get("attempt", "0")
+        parts.setdefault(attempt, []).append(fields.get("data", ""))
+        if fields.get("end") == "1":
+            ended.add(attempt)
+    last_id = entries[-1][0]
+    outputs = {attempt: Output(attempt, "".join(texts), last_id, attempt in ended)
+               for attempt, texts in sorted(parts.items(), key=lambda item: _number(item[0]))}
+    return outputs, entries[-1][1].get("attempt", "0")
 
 
 def read_output(store: RedisStore, task_id: str, attempt: int | None = None) -> Output | None:
     """The output of ``attempt`` (default: the newest attempt in the stream), or None when
     the stream holds nothing of it."""
-    entries = store.output_after(task_id)
-    if not entries:
-        return None
-    wanted = str(attempt) if attempt is not None else entries[-1][1].get("attempt", "0")
-    mine = [(entry, fields) for entry, fields in entries if fields.get("attempt") == wanted]
-    if not mine:
-        return None
-    return Output(wanted, "".join(f.get("data", "") for _, f in mine), entries[-1][0],
-                  any(f.get("end") == "1" for _, f in mine))
+    outputs, newest = read_outputs(store, task_id)
+    return outputs.get(str(attempt) if attempt is not None else newest or "")
+
+
+def wait_for_output(store: RedisStore, task_id: str, attempt: int | None,
+                    finished: Callable[[], bool], poll: float = 0.2) -> Output | None:
+    """For ``--follow`` on a task whose attempt has not written yet (pending, scheduled, just
+    started): wait until it does, or until the task is finished (or gone) with nothing."""
+    while True:
+        output = read_output(store, task_id, attempt)
+        if output is not None:
+            return output
+        if finished():
+            return read_output(store, task_id, attempt)  # what came just before the end
+        time.sleep(poll)
 
 
 def follow_output(store: RedisStore, task_id: str, output: Output,
                   finished: Callable[[], bool], poll: float = 0.2, quiet: float = 2.0
                   ) -> Iterator[str]:
     """What the attempt writes after ``output``, as it comes, until its end mark; or, for a
-    run that died without one, until the task is finished and nothing came for ``quiet``
-    seconds. Reads Redis only, so it works from any machine."""
+    run that died without one, until a later attempt begins (``output.superseded_by``) or
+    the task is finished and nothing came for ``quiet`` seconds. Reads Redis only, so it
+    works from any machine."""
     heard = time.monotonic()
     while not output.ended:
         entries = store.output_after(task_id, output.last_id)
         for entry, fields in entries:
             output.last_id = entry
-            if fields.get("attempt") != output.attempt:
+            attempt = fields.get("attempt", "0")
+            if attempt != output.attempt:
+                if _number(attempt) > _number(output.attempt):
+                    output.superseded_by = attempt  # this run is over: it will say no more
                 continue
             heard = time.monotonic()
             if fields.get("data"):
                 yield fields["data"]
             output.ended = output.ended or fields.get("end") == "1"
-        if output.ended or (time.monotonic() - heard > quiet and finished()):
+        if output.ended or output.superseded_by is not None:
+            return
+        if time.monotonic() - heard > quiet and finished():
             return
         time.sleep(poll)
+
+
+def _number(attempt: str) -> int:
+    try:
+        return int(attempt)
+    except ValueError:
+        return -1

@@ -18,6 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: In the environment of every daemon a test starts, and so of every task process it forks:
 #: how leftovers are found even once orphaned (a test that failed halfway, a fenced run).
 OWNER = "BLUEQUE_TEST_OWNER"
+#: Listeners and task processes set their titles (setproctitle), which by default overwrites
+#: the memory /proc/[pid]/environ reads: OWNER would vanish from every daemon and task process,
+#: and every "nothing left behind" check would find nothing. setproctitle leaves the
+#: environment alone when this is set (titles are then cut at the command line's length).
+KEEP_ENVIRON = {"SPT_NOENV": "1"}
 
 
 def listen_command(url: str, queues: str, function: str, *options: str) -> list[str]:
@@ -35,7 +40,7 @@ class Daemon:
         # task output files (blueque listen --log-dir's default) go beside the log, not to ~
         env = {**os.environ, "PYTHONPATH": str(ROOT),
                "XDG_STATE_HOME": str(log_path.parent / "state"), OWNER: str(os.getpid()),
-               **(env or {})}
+               **KEEP_ENVIRON, **(env or {})}
         self.process = subprocess.Popen(
             list(command), cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -132,8 +132,11 @@ def some_error(task: Task) -> str:
 
 
 def hold(task: Task) -> str:
-    """Marks "start [task id] [attempt] [pid]", waits for the release file, marks "end"."""
+    """Marks "start [task id] [attempt] [pid]", waits for the release file, marks "end".
+    With ``"ignore_term": true`` it ignores SIGTERM (a job that takes long to stop)."""
     params = _params(task)
+    if params.get("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _mark(params, f"start {task.id} {task.attempts}")
     while not os.path.exists(params["release"]):
         time.sleep(0.02)

@@ -62,3 +62,36 @@ def waits(task: Task) -> str:
     while not os.path.exists(params["release"]):
         time.sleep(0.02)
     return "ok"
+
+
+def flood(task: Task) -> str:
+    """Prints ``bytes`` of numbered lines, then waits for its release file."""
+    params = _params(task)
+    written = line = 0
+    while written < int(params["bytes"]):
+        text = f"line {line:08d} " + "x" * 80 + "\n"
+        sys.stdout.write(text)
+        written += len(text)
+        line += 1
+    print("FLOOD DONE", flush=True)
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    return "ok"
+
+
+def pauses(task: Task) -> str:
+    """Prints, stays quiet until its ``go`` file exists, prints again, waits for release."""
+    params = _params(task)
+    print("before the quiet spell", flush=True)
+    while not os.path.exists(params["go"]):
+        time.sleep(0.02)
+    print("after the quiet spell", flush=True)
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    return "ok"
+
+
+def chatty_waits(task: Task) -> str:
+    """Prints a line, then waits for its release file."""
+    print("waiting", flush=True)
+    return waits(task)

@@ -4,8 +4,9 @@ a whole node, SIGKILL and SIGTERM of task processes, and Redis SIGKILLed and res
 append-only file, once for longer than a lease.
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
-one task overlapped while one of them went on to finish its work, and no process is left
-behind. The figures are printed for the closing notes of the issues that rely on it."""
+one task overlapped while one of them went on to finish its work, no node ever ran more task
+processes than its --concurrency, and no process is left behind. The figures are printed for
+the closing notes of the issues that rely on it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +35,7 @@ TAG = "BLUEQUE_CHAOS_TAG"
 INTERVAL = 2.0  # lease 4 s, renewed every second
 LEASE = 2 * INTERVAL
 TASKS_BEFORE, TASKS_DURING = 160, 60
+CONCURRENCY = 2
 CHAOS_SECONDS = 50.0
 
 
@@ -66,7 +69,7 @@ class Node:
         self.logs.append(log)
         command = listen_command(
             self.url, "chaos", "tests.chaos_jobs:work", "--node-name", self.name,
-            "--concurrency", "2", "--interval", str(INTERVAL), "--poll", "0.2",
+            "--concurrency", str(CONCURRENCY), "--interval", str(INTERVAL), "--poll", "0.2",
         )
         self.daemon = Daemon(command, log, env={TAG: self.tag, "CHAOS_NODE": self.name})
 
@@ -78,6 +81,32 @@ class Node:
 
     def task_processes(self) -> list[psutil.Process]:
         return [p for p in tagged(self.tag, self.name) if p.pid != self.listener_pid()]
+
+
+class SlotWatch(threading.Thread):
+    """Samples how many task processes each node runs: adopted runs and fenced runs being
+    stopped included, never more than its listener's --concurrency (issue 9, section 3)."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        super().__init__(daemon=True)
+        self.nodes = nodes
+        self.most: Counter[str] = Counter()
+        self.over: list[tuple[str, list[int]]] = []
+        self.samples = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            for node in self.nodes:
+                pids = [p.pid for p in node.task_processes()]
+                self.most[node.name] = max(self.most[node.name], len(pids))
+                if len(pids) > CONCURRENCY:
+                    self.over.append((node.name, pids))
+            self.samples += 1
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(10)
 
 
 @dataclass
@@ -226,6 +255,8 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
 
     ids = enqueue(TASKS_BEFORE)
     began = time.monotonic()
+    slots = SlotWatch(nodes)
+    slots.start()
     try:
         for node in nodes:
             node.start()
@@ -245,6 +276,8 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
 
         wait_until(drained, timeout=240, what=f"{len(ids)} tasks ended")
         drained_at = time.monotonic() - began
+        slots.stop()
+        assert slots.samples > 0 and not slots.over, f"more runs than slots: {slots.over[:5]}"
         statuses = Counter(client.get_task(task_id).status for task_id in ids)
         assert statuses == {"complete": len(ids)}, statuses
         assert {client.get_task(task_id).result for task_id in ids} == {"ok"}
@@ -256,6 +289,7 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
         # adopted child) may outlive the listeners
         wait_until(lambda: not tagged(tag), timeout=15, what="no process left behind")
     finally:
+        slots.stop()
         for node in nodes:
             if node.daemon is not None:
                 node.daemon.close()
@@ -266,5 +300,6 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
     print("chaos figures:", json.dumps({
         "seed": seed, "tasks": len(ids), "complete": statuses["complete"], **figures,
         "events": dict(chaos.events), "listener_starts": sum(n.starts for n in nodes),
+        "most_runs_on_a_node": max(slots.most.values()), "slot_samples": slots.samples,
         "chaos_s": round(chaos_took, 1), "drained_s": round(drained_at, 1),
     }))

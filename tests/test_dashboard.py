@@ -5,13 +5,20 @@ actions unless a token is configured, given and sent from the dashboard's own or
 
 from __future__ import annotations
 
+import html
 import json
+import os
+import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import psutil
 import pytest
@@ -24,8 +31,10 @@ from starlette.routing import Mount, Route
 
 import blueque
 from blueque import keys as k
+from blueque.listener import Listener
 from blueque.web import create_app
-from tests.dashboard import DashboardProcess, free_port
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.dashboard import ROOT, DashboardProcess, free_port
 
 TOKEN = "t0ken-for-tests"
 XSS = '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
@@ -90,7 +99,10 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
     queue.enqueue(XSS, task_id="running")
     run(client, "jobs", progress=0.25)
     queue.schedule(XSS, time.time() + 600, task_id="later")
-    pages = ["/", "/queue?name=jobs&state=failed", "/queue?name=jobs&state=started",
+    for attempt in ("1", XSS):  # the output stream's fields are Redis values too
+        client.store.append_output("x<1>", attempt, f"output {XSS}\n", 10, end=True)
+    pages = ["/task?id=x%3C1%3E&attempt=1", "/", "/queue?name=jobs&state=failed",
+             "/queue?name=jobs&state=started",
              "/queue?name=jobs&state=scheduled", "/task?id=x%3C1%3E", "/task?id=running",
              "/nodes", "/schedule"]
     for page in pages:
@@ -100,6 +112,7 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
         assert "<b>hard</b>" not in text, page
     status, text = get(dashboard.url + "/task?id=x%3C1%3E")
     assert str(escape(XSS)) in text  # shown as text, not dropped
+    assert f"Output of attempt {escape(XSS)}" in text and f"output {escape(XSS)}" in text
     assert "Traceback (most recent call last):\nValueError: " + str(escape(XSS)) in text
     status, text = get(dashboard.url + "/task?id=running")
     assert 'value="0.25"' in text and "working &lt;b&gt;hard&lt;/b&gt;" in text
@@ -169,6 +182,14 @@ def test_actions_need_the_token_and_the_dashboards_own_origin(
         status, reply = post(url, {"task_id": task_id}, headers, content_type)
         assert status == 403 and why in str(reply["message"]), (headers, reply)
         assert client.get_task(task_id).status == "pending"
+    # behind a reverse proxy that terminates TLS and passes the Host header on
+    proxied = {"Host": "ops.example", "X-Blueque-Token": TOKEN}
+    for origin in ("https://evil.example", "https://ops.example:8443", "ftp://ops.example"):
+        status, reply = post(url, {"task_id": task_id}, {**proxied, "Origin": origin})
+        assert status == 403 and "another site" in str(reply["message"]), origin
+    status, reply = post(url, {"task_id": "no-such-task"},
+                         {**proxied, "Origin": "https://ops.example"})
+    assert status == 409 and "no-such-task" in str(reply["message"])  # let through
     status, reply = post(url, {"task_id": task_id}, good)
     assert status == 200 and reply["ok"] is True
     task = client.get_task(task_id)
@@ -227,14 +248,31 @@ def test_schedule_page_shows_cron_next_runs(client: blueque.Client, redis_client
     assert 'data-cron="orphan"' in text and "not given to the dashboard" in text
 
 
-def test_mounted_in_another_starlette_app(client: blueque.Client, tmp_path: Path) -> None:
-    client.get_queue("jobs").enqueue("{}", task_id="one")
-    service = Starlette(routes=[
+def host_service(kind: str, dashboard_app: object) -> object:
+    """A service of the given kind with its own route at / and the dashboard at /ops/blueque."""
+    if kind == "fastapi":
+        from fastapi import FastAPI
+
+        service = FastAPI()
+        service.add_api_route("/", lambda: PlainTextResponse("the host service"))
+        service.mount("/ops/blueque", dashboard_app)  # type: ignore[arg-type]
+        return service
+    return Starlette(routes=[
         Route("/", lambda request: PlainTextResponse("the host service")),
-        Mount("/ops/blueque", app=create_app(client=client)),
+        Mount("/ops/blueque", app=dashboard_app),  # type: ignore[arg-type]
     ])
+
+
+@pytest.mark.parametrize("kind", ["starlette", "fastapi"])
+def test_mounted_in_another_service(kind: str, client: blueque.Client) -> None:
+    """Mounted under a path of a Starlette or FastAPI service: links, assets and actions (with
+    the token, from the service's own origin) all work under the mount point."""
+    queue = client.get_queue("jobs")
+    queue.enqueue("{}", task_id="one")
+    queue.enqueue("{}", task_id="two")
+    service = host_service(kind, create_app(client=client, token=TOKEN))
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(service, host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(service, host="127.0.0.1", port=port,  # type: ignore[arg-type]
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -247,9 +285,20 @@ def test_mounted_in_another_starlette_app(client: blueque.Client, tmp_path: Path
         status, text = get(base + "/ops/blueque/queue?name=jobs")
         assert status == 200 and 'href="/ops/blueque/task?id=one"' in text
         assert 'src="/ops/blueque/static/dashboard.js"' in text
-        status, script = get(base + "/ops/blueque/static/dashboard.js")
-        assert status == 200 and "DOMParser" in script
+        assert 'data-action-url="/ops/blueque/actions/NAME"' in text
+        for asset in ("dashboard.js", "dashboard.css", "favicon.svg"):
+            status, _ = get(base + "/ops/blueque/static/" + asset)
+            assert status == 200, asset
         assert get(base + "/") == (200, "the host service")
+        url = base + "/ops/blueque/actions/cancel"
+        status, reply = post(url, {"task_id": "one"}, {"Origin": base})
+        assert status == 403 and client.get_task("one").status == "pending"
+        status, reply = post(url, {"task_id": "one"}, {"Origin": "http://evil.example",
+                                                        "X-Blueque-Token": TOKEN})
+        assert status == 403 and client.get_task("one").status == "pending"
+        status, reply = post(url, {"task_id": "one"}, {"Origin": base, "X-Blueque-Token": TOKEN})
+        assert status == 200 and reply["ok"] is True, reply
+        assert client.get_task("one").cancelled and client.get_task("two").status == "pending"
     finally:
         server.should_exit = True
         thread.join(10)
@@ -262,6 +311,12 @@ def test_redis_down_gives_a_clear_page_and_metrics_say_so(tmp_path: Path) -> Non
         status, text = get(process.url + "/")
         assert status == 503 and "Redis is unreachable" in text
         assert "Traceback" not in text
+        # a dashboard page (its script shows the real page once Redis answers: browser test)
+        assert 'data-page="error"' in text and 'src="/static/dashboard.js"' in text
+        assert 'class="live down"' in text
+        status, _ = post(process.url + "/actions/cancel", {"task_id": "x"},
+                         {"Origin": process.url})
+        assert status == 403  # read-only: refused before Redis is asked
         status, text = get(process.url + "/metrics")
         assert status == 200 and "blueque_redis_up 0.0" in text
         assert process.process.poll() is None  # still serving
@@ -275,6 +330,252 @@ def test_huge_values_are_cut_on_the_task_page(client: blueque.Client,
     status, text = get(dashboard.url + f"/task?id={task_id}")
     assert status == 200 and len(text) < 100_000  # refetched every refresh: kept small
     assert f"({300_000 - 65_536} more characters not shown)" in text
+
+
+def test_far_future_and_corrupt_values_keep_every_page_up(
+        client: blueque.Client, redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    """What an operator may find in Redis: a task scheduled past year 9999 (`--delay 600000w`),
+    a hash with garbage in its number fields, a foreign key (a string) under a task's name
+    next in line, a counter that is no integer. Pages show them; none fails."""
+    queue = client.get_queue("odd")
+    queue.schedule("{}", 1e13, task_id="far")  # year 318857: no datetime can hold it
+    queue.enqueue("{}", task_id="foreign")  # next in line: its age is read
+    redis_client.delete(k.Keys().task("foreign"))
+    redis_client.set(k.Keys().task("foreign"), "not a hash")
+    queue.enqueue("{}", task_id="garbage")
+    redis_client.hset(k.Keys().task("garbage"), mapping={
+        "progress": "abc", "created": "nan", "updated": "inf", "attempts": "zz", "eta": "x",
+        "started_at": "1e400", "status": "weird"})
+    minute = int(time.time() // 60 * 60)
+    redis_client.hset(k.Keys().finished_per_minute("odd", str(minute)), "failed", "x")
+    pages = {
+        "/": ['data-queue="odd"'],
+        "/schedule": ['data-task="far"', "10000000000000 (not a date)"],
+        "/queue?name=odd&state=scheduled": ['data-task="far"'],
+        "/queue?name=odd&state=pending": ['data-task="garbage"', 'data-task="foreign"'],
+        "/task?id=far": ["10000000000000 (not a date)"],
+        "/task?id=garbage": ["weird", "zz", "1e400"],
+        "/nodes": ["No listener"],
+    }
+    for page, shown in pages.items():
+        status, text = get(dashboard.url + page)
+        assert status == 200, (page, text[:300])
+        for piece in shown:
+            assert piece in text, (page, piece)
+    status, text = get(dashboard.url + "/task?id=foreign")
+    assert status == 404 and "something other than a hash" in text
+    status, text = get(dashboard.url + "/queue?name=odd&id=foreign")
+    assert status == 200 and "no task with this id" in text
+    status, text = get(dashboard.url + "/metrics")
+    assert status == 200 and "blueque_redis_up 1.0" in text, text[:400]
+    assert 'blueque_tasks{queue="odd",state="pending"} 2.0' in text
+    assert dashboard.process.poll() is None
+
+
+def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque.Client,
+                                               redis_client: redis.Redis,
+                                               dashboard: DashboardProcess) -> None:
+    client.get_queue("jobs").enqueue("{}")
+    done = client.get_listener("jobs").reserve()
+    assert done is not None
+    client.get_processor(done).start(4242)
+    client.get_processor(done).complete("ok")
+    waiting = client.get_queue("jobs").enqueue("{}")
+    redis_client.hset(k.Keys().task(waiting), "updated", repr(time.time() - 3 * 3600 - 700))
+    client.get_queue("jobs").enqueue("{}")
+    _, text = get(dashboard.url + "/")
+    row = text[text.index('data-queue="jobs"'):]
+    # a bar for each minute of the last hour in which something ended: here, one
+    bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, (\d+) retried</title>"
+                      r'<rect class="ok" x="([\d.]+)" width="2.4" y="[\d.]+" height="([\d.]+)"/>'
+                      r"</g>", row[: row.index("</tr>")])
+    assert len(bars) == 1 and bars[0][:3] == ("1", "0", "0"), row[:3000]
+    assert bars[0][3] in ("174", "177") and float(bars[0][4]) == 38  # the last minutes, full
+    assert '<td class="num age">3h11m</td>' in row[: row.index("</tr>")] or (
+        '<td class="num age">3h12m</td>' in row[: row.index("</tr>")]), row[:2000]
+
+
+@pytest.mark.slow
+def test_nodes_and_task_pages_with_real_listeners(client: blueque.Client, redis_url: str,
+                                                  dashboard: DashboardProcess,
+                                                  tmp_path: Path) -> None:
+    """Two listeners on two nodes: the nodes page shows each one's host, pid, lease left,
+    busy/total slots and the task it runs with progress and run time; a task whose first
+    attempt failed shows each attempt's output, the newest first."""
+    release = tmp_path / "release"
+    fast = ("--interval", "1", "--poll", "0.1")
+    with daemons(tmp_path) as started:
+        for node, function in (("node-a", "tests.jobs:steps"),
+                               ("node-b", "tests.output_jobs:chatty")):
+            started.append(Daemon(listen_command(
+                redis_url, "work" if node == "node-a" else "talk", function, *fast,
+                "--concurrency", "2", "--node-name", node,
+                "--log-dir", str(tmp_path / node)), tmp_path / f"{node}.log"))
+        running = client.get_queue("work").enqueue(
+            json.dumps({"interval": 0.2, "release": str(release)}))
+        talker = client.get_queue("talk").enqueue("{}", max_attempts=2, retry_backoff=0.01)
+        wait_until(lambda: (client.get_task(running).progress or 0) >= 0.1, what="progress")
+        assert client.get_task(talker).wait(30).status == "complete"
+
+        def card(listener: str) -> str:
+            text = get(dashboard.url + "/nodes")[1]
+            found = text[text.index(f'data-listener="{listener}"'):]
+            return found[: found.index("</article>")]
+
+        for daemon, node in zip(started, ("node-a", "node-b"), strict=True):
+            listener = f"{node}_{daemon.pid}"
+            shown = card(listener)
+            assert f"host <b>{node}</b>" in shown and f"pid <b>{daemon.pid}</b>" in shown
+            assert re.search(r"(work|talk): lease [\d.]+(ms|s) left", shown), shown
+            slots = f'<b class="slots">{1 if node == "node-a" else 0}/2</b>'
+            wait_until(lambda listener=listener, slots=slots: slots in card(listener),
+                       what=f"{slots} on {listener}")
+        text = get(dashboard.url + "/nodes")[1]
+        card = text[text.index(f'data-task="{running}"'):]
+        assert "<progress" in card and "step " in card and re.search(r"<td>[\d.]+m?s</td>", card)
+
+        status, text = get(dashboard.url + f"/task?id={talker}")
+        assert status == 200 and "Output of attempt 2" in text
+        assert "hello from attempt 2" in text and "hello from attempt 1" not in text
+        assert f'href="/task?id={talker}&amp;attempt=1"' in text
+        status, text = get(dashboard.url + f"/task?id={talker}&attempt=1")
+        assert status == 200 and "Output of attempt 1" in text
+        assert "ValueError: first attempt fails" in text and "hello from attempt 2" not in text
+        assert f"blueque logs {talker} --attempt 1" in text
+        assert '<span id="attempts">2</span> of 2' in text
+        for name in ("created", "started_at", "finished_at"):
+            stamp = float(client.get_task(talker).data[name])
+            assert time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp)) in text, name
+        release.touch()
+        client.get_task(running).wait(20)
+
+
+def test_every_asset_ships_in_the_package_and_nothing_comes_from_elsewhere(
+        tmp_path: Path) -> None:
+    """The package built from this tree holds every template and static file (no CDN: many
+    deployments have no internet), and no page or asset names another host."""
+    web = ROOT / "blueque" / "web"
+    assets = sorted(str(p.relative_to(ROOT)) for d in ("templates", "static")
+                    for p in (web / d).rglob("*") if p.is_file())
+    assert len(assets) >= 10
+    for name in assets:
+        text = (ROOT / name).read_text()
+        assert not re.search(r"(?:https?:)?//(?!www\.w3\.org/2000/svg)[a-z0-9.-]+\.[a-z]", text,
+                             re.IGNORECASE), name
+    # what a wheel or an install gets: setuptools' build (package_data copied beside the code)
+    built = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base",
+                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert built.returncode == 0, built.stderr
+    shipped = {str(p.relative_to(tmp_path / "lib")) for p in (tmp_path / "lib").rglob("*")}
+    assert [name for name in assets if name not in shipped] == []
+
+
+def test_a_port_it_cannot_have_is_a_usage_error(redis_url: str) -> None:
+    """Exit 2 with the reason; never uvicorn's exit 3 (which `blueque` means as "Redis
+    unreachable") nor a traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args, said in ((["--port", str(port)], "Address already in use"),
+                           (["--port", "99999"], "port number from 0 to 65535"),
+                           (["--refresh", "0"], "above 0")):
+            done = subprocess.run(
+                [sys.executable, "-m", "blueque.cli", "dashboard", "--url", redis_url, *args],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                text=True, timeout=30)
+            assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+            assert "Traceback" not in done.stderr
+
+
+def test_nodes_page_shows_a_window_of_a_large_fleet(client: blueque.Client,
+                                                    dashboard: DashboardProcess) -> None:
+    """A listener running more tasks than a page shows lists the first 20 and links the
+    rest; more listeners than a page holds are paged (the page reads only what it shows)."""
+    queue = client.get_queue("fleet")
+    queue.enqueue_many(["{}"] * 25)
+    busy = Listener("fleet", client.store, identity="big-node_4242")
+    for n in range(25):
+        task = busy.reserve()
+        assert task is not None
+        client.get_processor(task).start(50_000 + n)
+    for n in range(54):
+        Listener("fleet", client.store, identity=f"node{n:02d}_{1000 + n}")
+    _, first = get(dashboard.url + "/nodes")
+    assert first.count('class="listener ') == 50
+    assert 'data-listener="big-node_4242"' in first
+    card = first[first.index('data-listener="big-node_4242"'):]
+    card = card[: card.index("</article>")]
+    assert card.count("<tr data-task=") == 20
+    assert 'and 5 more in <a href="/queue?name=fleet&amp;state=started">fleet</a>' in card
+    assert "listeners 1 to 50 of 55" in first and 'href="/nodes?page=2"' in first
+    _, second = get(dashboard.url + "/nodes?page=2")
+    assert second.count('class="listener ') == 5 and "listeners 51 to 55 of 55" in second
+    assert 'data-listener="node53_1053"' in second and "big-node_4242" not in second
+
+
+def test_overview_pages_many_queues(client: blueque.Client, dashboard: DashboardProcess
+                                    ) -> None:
+    """More queues than a page holds (100): each page reads and draws its own queues only."""
+    for n in range(105):
+        client.get_queue(f"q{n:03d}").enqueue("{}")
+    _, first = get(dashboard.url + "/")
+    assert first.count('class="queue-row"') == 100
+    assert "queues 1 to 100 of 105" in first and 'href="/?page=2"' in first
+    _, second = get(dashboard.url + "/?page=2")
+    assert second.count('class="queue-row"') == 5 and "queues 101 to 105 of 105" in second
+    shown = re.findall(r'class="queue-row" data-queue="(q\d+)"', first + second)
+    assert sorted(shown) == [f"q{n:03d}" for n in range(105)]
+
+
+def test_schedule_page_pages_the_queues_that_have_scheduled_tasks(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    later = time.time() + 3600
+    for n in range(25):
+        queue = client.get_queue(f"s{n:02d}")
+        for m in range(n % 3 + 1):
+            queue.schedule("{}", later + m, task_id=f"s{n:02d}-{m}")
+    client.get_queue("idle").enqueue("{}")
+    _, first = get(dashboard.url + "/schedule")
+    _, second = get(dashboard.url + "/schedule?page=2")
+    assert "queues 1 to 20 of 25 with scheduled tasks" in first
+    assert "queues 21 to 25 of 25 with scheduled tasks" in second
+    both = first + second
+    assert "idle" not in both
+    for n in range(25):
+        assert both.count(f'data-task="s{n:02d}-') == n % 3 + 1, n
+        assert f"{n % 3 + 1} of {n % 3 + 1}</span>" in both
+
+
+def test_queue_and_task_names_with_url_characters_round_trip(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    """Every link the pages draw leads to the queue or task it names, whatever characters the
+    names hold (/, #, ?, &, %, non-ASCII)."""
+    name, task_id = "a/b#c?d&e%2Fé", "t/1#?&%2F..é"
+    client.get_queue(name).enqueue("{}", task_id=task_id)
+    client.get_queue(name).schedule("{}", time.time() + 600, task_id="later/1")
+    _, text = get(dashboard.url + "/")
+    links = re.findall(r'href="(/queue\?[^"]+)"', text)
+    assert links
+    for link in links:
+        status, page = get(dashboard.url + html.unescape(link))
+        assert status == 200 and f"Queue <span class=\"mono\">{escape(name)}</span>" in page
+    _, queue_page = get(dashboard.url + html.unescape(links[0]))
+    (task_link,) = re.findall(r'href="(/task\?[^"]+)"', queue_page)
+    status, task_page = get(dashboard.url + html.unescape(task_link))
+    assert status == 200
+    assert f'<span class="mono" id="task-id">{escape(task_id)}</span>' in task_page
+    found = re.search(r'<form class="search" method="get" action="([^"]+)">(.*?)</form>',
+                      queue_page, re.S)
+    assert found is not None
+    fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', found.group(2)))
+    query = urlencode({"name": html.unescape(fields["name"]), "id": task_id})
+    _, searched = get(dashboard.url + html.unescape(found.group(1)) + "?" + query)
+    assert searched.count('class="task-row"') == 1
+    _, schedule = get(dashboard.url + "/schedule")
+    (later,) = re.findall(r'href="(/task\?id=later[^"]+)"', schedule)
+    assert get(dashboard.url + html.unescape(later))[0] == 200
 
 
 def test_the_task_page_shows_the_checkpoints_size_attempt_and_age(

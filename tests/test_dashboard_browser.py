@@ -1,8 +1,9 @@
 """The dashboard in a real browser: Debian's chromium driven by Playwright, against the private
 redis-server, real `blueque listen` daemons and a real `blueque dashboard` process.
 
-Screenshots of every scenario are saved under the test's tmp path (``screenshots/``; the path
-is printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/dashboard.png for the README."""
+Screenshots of every scenario are the run's artifacts: ``build/screenshots/[test]/`` in the
+checkout (``$BLUEQUE_ARTIFACTS/screenshots/[test]/`` when set, for a CI to collect; the path is
+printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/dashboard.png for the README."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.testing import RedisServer
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess
 
@@ -48,9 +50,12 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    directory = tmp_path / "screenshots"
-    directory.mkdir()
+def shots(request: pytest.FixtureRequest) -> Path:
+    """This test's screenshot directory (emptied first: a rerun leaves no stale pictures)."""
+    base = Path(os.environ.get("BLUEQUE_ARTIFACTS") or ROOT / "build")
+    directory = base / "screenshots" / request.node.name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
     print(f"screenshots in {directory}")
     return directory
 
@@ -114,6 +119,38 @@ def test_running_progress_advances_without_reload(
     client.get_task(task_id).wait(20)
 
 
+def test_a_running_tasks_log_tail_grows_without_reload(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path, tmp_path: Path) -> None:
+    listen("work", "tests.output_jobs:ticking")
+    release = tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}))
+    wait_until(lambda: client.get_task(task_id).status == "started", what="started")
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    wait_until(lambda: page.locator("#output").count() == 1, what="the output shown")
+    page.evaluate("window.notReloaded = true")
+    first = page.locator("#output").inner_text().count("tick ")
+    wait_until(lambda: page.locator("#output").inner_text().count("tick ") > first + 10,
+               what="more output without a reload")
+    assert page.evaluate("window.notReloaded") is True
+    assert "still coming" in page.locator("h2", has_text="Output of attempt 1").inner_text()
+    at_end = """(() => { const pre = document.getElementById("output");
+                          return pre.scrollHeight > pre.clientHeight
+                            && pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4; })()"""
+    wait_until(lambda: page.evaluate(at_end), what="the newest lines in view")
+    page.evaluate('document.getElementById("output").scrollTop = 0')  # reading older lines
+    grown = page.locator("#output").inner_text().count("tick ")
+    wait_until(lambda: page.locator("#output").inner_text().count("tick ") > grown + 5,
+               what="more output")
+    assert page.evaluate('document.getElementById("output").scrollTop') == 0  # left there
+    page.evaluate('document.getElementById("output").scrollTop = 1e9')
+    page.screenshot(path=str(shots / "task-output-live.png"), full_page=True)
+    release.touch()
+    assert client.get_task(task_id).wait(20).status == "complete"
+    wait_until(lambda: page.locator("#output").inner_text().endswith("bye\n")
+               or page.locator("#output").inner_text().endswith("bye"), what="its last line")
+
+
 def test_failed_task_shows_its_traceback_and_log_tail(
         client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
         shots: Path) -> None:
@@ -148,6 +185,12 @@ def test_cancel_through_the_page_needs_the_token(
     assert "valid token is required" in message.inner_text()
     assert client.get_task(task_id).status == "started"
     page.screenshot(path=str(shots / "cancel-refused.png"), full_page=True)
+    page.locator("#token").fill("not-the-token")
+    page.evaluate("document.getElementById('message').textContent = ''")
+    page.locator("#cancel").click()
+    wait_until(lambda: "valid token is required" in message.inner_text(),
+               what="the wrong token refused")
+    assert client.get_task(task_id).status == "started"
     page.locator("#token").fill(TOKEN)
     page.locator("#cancel").click()
     wait_until(lambda: client.get_task(task_id).status == "failed", timeout=20,
@@ -164,14 +207,20 @@ def test_xss_payload_in_parameters_renders_as_text(
     payload = ('<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
                '"><svg onload="window.pwned = 3">')
     task_id = client.get_queue("evil<q>").enqueue(payload, task_id='id"><b>x</b>')
+    for attempt in ("1", payload):  # its output and the attempt's name: Redis values too
+        client.store.append_output(task_id, attempt, payload + "\n", 1, end=True)
     task_page = f"/task?{urlencode({'id': task_id})}"
-    for path in (task_page, f"/queue?{urlencode({'name': 'evil<q>'})}", "/"):
+    for path in (task_page, task_page + "&attempt=1", f"/queue?{urlencode({'name': 'evil<q>'})}",
+                 "/"):
         page.goto(dashboard.url + path)
         page.wait_for_timeout(700)  # two live refreshes go by: they must not run it either
         assert page.evaluate("typeof window.pwned") == "undefined", path
     page.goto(dashboard.url + task_page)
     assert page.locator("#parameters").inner_text() == payload
     assert page.locator("#task-id").inner_text() == task_id
+    assert page.locator("#output").inner_text() == payload + "\n"
+    assert sorted(page.locator(".attempts a").all_inner_texts()) == [
+        "attempt 1", f"attempt {payload}"]
     page.screenshot(path=str(shots / "xss-as-text.png"), full_page=True)
 
 
@@ -203,3 +252,78 @@ def test_queues_overview_screenshot(
     if os.environ.get("BLUEQUE_README_SCREENSHOT") == "1":
         shutil.copy(target, ROOT / "docs" / "dashboard.png")
     (tmp_path / "r").touch()
+
+
+def test_a_task_deleted_while_shown_says_so_without_a_reload(
+        client: blueque.Client, dashboard: DashboardProcess, page: Any, shots: Path) -> None:
+    queue = client.get_queue("work")
+    task_id = queue.enqueue("{}")
+    run = client.get_listener("work").reserve()
+    assert run is not None and run.id == task_id
+    processor = client.get_processor(run)
+    processor.start(4242)
+    processor.complete("done")
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    assert page.locator("#status").inner_text() == "complete"
+    page.evaluate("window.notReloaded = true")
+    queue.delete_task(client.get_task(task_id))
+    wait_until(lambda: page.locator("h1").inner_text().startswith("No task"),
+               what="the page to say the task is gone")
+    assert page.evaluate("window.notReloaded") is True
+    assert page.locator("#live-status").inner_text() == "live"  # not "Redis unreachable"
+    page.screenshot(path=str(shots / "task-deleted.png"), full_page=True)
+
+
+def test_pages_ride_out_a_redis_outage(page: Any, shots: Path, tmp_path: Path) -> None:
+    """Redis stopped while a task page is open: the page keeps what it showed and says Redis
+    is unreachable; a page opened meanwhile says so too; once Redis is back (restarted from
+    its append-only file) both show live data again, without anyone reloading them."""
+    server = RedisServer(directory=str(tmp_path / "redis"),
+                         extra_args=("--appendonly", "yes", "--appendfsync", "always"))
+    (tmp_path / "redis").mkdir()
+    server.start()
+    process = None
+    try:
+        client = blueque.Client(server.url)
+        with daemons(tmp_path) as started:
+            started.append(Daemon(listen_command(server.url, "work", "tests.jobs:steps", *FAST),
+                                  tmp_path / "listener.log"))
+            task_id = client.get_queue("work").enqueue(
+                json.dumps({"interval": 0.3, "release": str(tmp_path / "release")}))
+            process = DashboardProcess(server.url, tmp_path / "dashboard.log")
+            wait_until(lambda: (client.get_task(task_id).progress or 0) > 0, what="progress")
+            page.goto(f"{process.url}/task?id={task_id}")
+            page.evaluate("window.notReloaded = true")
+            live = page.locator("#live-status")
+            assert live.inner_text() == "live"
+
+            server.kill()
+            wait_until(lambda: live.inner_text() == "Redis unreachable", what="the outage shown")
+            assert page.locator("#task-id").inner_text() == task_id  # what it showed stays
+            page.screenshot(path=str(shots / "outage-open-page.png"), full_page=True)
+            other = page.context.new_page()
+            response = other.goto(f"{process.url}/nodes")
+            assert response.status == 503
+            assert other.locator("h1").inner_text() == "Redis is unreachable"
+            assert other.locator("#live-status").inner_text() == "Redis unreachable"
+            other.evaluate("window.notReloaded = true")
+            other.screenshot(path=str(shots / "outage-new-page.png"), full_page=True)
+
+            server.start()
+            wait_until(lambda: other.locator("h1").inner_text() == "Nodes and listeners",
+                       timeout=30, what="the page opened during the outage to show the nodes")
+            assert other.evaluate("window.notReloaded") is True
+            wait_until(lambda: other.locator(f'tr[data-task="{task_id}"]').count() == 1,
+                       what="the running task on the nodes page")
+            assert other.locator("#live-status").inner_text() == "live"
+            other.screenshot(path=str(shots / "outage-over-new-page.png"), full_page=True)
+            first = progress_value(page)
+            wait_until(lambda: progress_value(page) > first, timeout=30,
+                       what="the open task page to move on")
+            assert live.inner_text() == "live" and page.evaluate("window.notReloaded") is True
+            (tmp_path / "release").touch()
+            assert client.get_task(task_id).wait(30).status == "complete"
+    finally:
+        if process is not None:
+            process.close()
+        server.stop()

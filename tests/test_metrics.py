@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,7 +23,7 @@ import blueque
 from blueque import keys as k
 from blueque.metrics import queue_registry, scrape
 from blueque.store import now
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 KEYS = k.Keys()
 
@@ -273,3 +276,126 @@ def test_listener_counts_a_lost_lease(client: blueque.Client, redis_url: str,
         wait_until(lambda: samples(fetch(url)).get(lost) == 1, what="the lost lease counted")
         assert samples(fetch(url))[("blueque_listener_lease_renewals_late_total", ())] >= 1
         wait_until(lambda: len(store.listener_ids("work")) == 2, what="registered again")
+
+
+def exported_names(text: bytes) -> dict[str, str]:
+    """Metric name as scraped (counters with _total) -> type, from the exposition's families
+    (families whose labelled children are not used yet still say HELP and TYPE)."""
+    names = {}
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name.endswith("_created"):
+            continue  # prometheus_client's companion of each counter (its creation time)
+        names[family.name + ("_total" if family.type == "counter" else "")] = family.type
+    return names
+
+
+def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
+        client: blueque.Client) -> None:
+    """README.md 'Metrics' lists exactly what the two exporters serve, with their types; the
+    names are Prometheus-style (blueque_ prefix, snake case, counters end in _total, times in
+    _seconds) and the README's alert rule uses existing names."""
+    from blueque.metrics import ListenerMetrics
+
+    client.get_queue("q").enqueue("{}")
+    served = exported_names(scrape(queue_registry(client.store)))
+    listener = ListenerMetrics(client.store, "node_1", 2, busy=lambda: 0)
+    served.update(exported_names(scrape(listener.registry)))
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Metrics"): readme.index("### Dashboard")]
+    documented = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) > 3 and cells[1].startswith("`blueque_"):
+            for name in re.findall(r"`(blueque_[a-z_]+)`", cells[1]):
+                documented[name] = cells[2]
+    assert documented == served
+    for name, kind in served.items():
+        assert re.fullmatch(r"blueque_[a-z][a-z_]*[a-z]", name), name
+        assert name.endswith("_total") == (kind == "counter"), name
+        assert "seconds" not in name or name.endswith("_seconds"), name
+    alert = section[section.index("```yaml"):]
+    used = set(re.findall(r"\b(blueque_[a-z_]+)", alert))
+    assert used and used <= set(served), used - set(served)
+
+
+def test_a_metrics_port_out_of_range_is_a_usage_error(redis_url: str) -> None:
+    done = subprocess.run(
+        [*listen_command(redis_url, "work", "tests.jobs:echo", "--metrics-port", "99999")],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=30)
+    assert done.returncode == 2 and "port number from 0 to 65535" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_reads_of_many_queues_agree_with_reads_of_one(any_client: blueque.Client) -> None:
+    """The pipelined reads of the dashboard and the collector give, queue by queue, what the
+    one-queue reads give: counts (reserved included), the next task in line, outcomes."""
+    store = any_client.store
+    run_to_end(any_client, "a", "complete")
+    run_to_end(any_client, "a", "failed")
+    any_client.get_queue("a").enqueue("{}")
+    any_client.get_queue("b").enqueue("{}")
+    reserved = any_client.get_listener("b").reserve()  # reserved, not started
+    assert reserved is not None
+    any_client.get_queue("b").enqueue("{}", task_id="next-in-b")
+    any_client.get_queue("c").schedule("{}", time.time() + 60)
+    queues = ["a", "b", "c", "never-used"]
+    minute = int(now() // 60 * 60)
+    minutes = [minute - 60, minute]
+    assert store.counts_many(queues) == [store.counts(q) for q in queues]
+    assert store.counts("b").reserved == 1 and store.counts("a").failed == 1
+    assert store.oldest_pending_many(queues) == [store.oldest_pending(q) for q in queues]
+    oldest_b = store.oldest_pending("b")
+    assert oldest_b is not None and oldest_b[0] == "next-in-b" and "created" in oldest_b[1]
+    assert store.outcome_counts_many(queues) == [store.outcome_counts(q) for q in queues]
+    assert store.outcome_counts("a") == {"complete": 1, "failed": 1}
+    assert store.outcomes_per_minute_many(queues, minutes) == [
+        store.outcomes_per_minute(q, minutes) for q in queues]
+    assert store.listener_ids_many(queues) == store.listener_ids("a") | store.listener_ids("b")
+    work = store.listeners_at_work(queues)
+    assert [w.registered for w in work] == [store.listener_ids(q) for q in queues]
+    assert [w.leases for w in work] == [store.leases(q) for q in queues]
+    assert [w.started for w in work] == [store.started_entries(q) for q in queues]
+
+
+@pytest.mark.slow
+def test_blueque_metrics_serves_every_queue_without_the_dashboard(
+        client: blueque.Client, redis_url: str, tmp_path: Path) -> None:
+    """`blueque metrics`: the dashboard's /metrics for deployments without the web UI (a
+    real process, scraped over HTTP, stopped by SIGTERM)."""
+    run_to_end(client, "jobs", "failed")
+    client.get_queue("jobs").enqueue("{}")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "blueque.cli", "metrics", "--url", redis_url, "--port",
+         str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def scraped() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            try:
+                return samples(fetch(url))
+            except OSError:
+                return {}
+
+        wait_until(lambda: scraped() or process.poll() is not None, what="metrics served")
+        found = scraped()
+        assert found[("blueque_redis_up", ())] == 1
+        assert found[("blueque_tasks", (("queue", "jobs"), ("state", "pending")))] == 1
+        assert found[("blueque_tasks_finished_total", (("outcome", "failed"),
+                                                       ("queue", "jobs")))] == 1
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/metrics" in err
+    taken = subprocess.run(
+        [sys.executable, "-m", "blueque.cli", "metrics", "--url", redis_url, "--port",
+         "99999"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=30)
+    assert taken.returncode == 2 and "0 to 65535" in taken.stderr

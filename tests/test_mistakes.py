@@ -114,6 +114,8 @@ def bad_urls(password_server: RedisServer, plain_server: RedisServer,
         "not a Redis": (f"redis://127.0.0.1:{http.port}/0", "does not speak the Redis protocol"),
         "Sentinel URL at a plain Redis": (f"redis+sentinel://127.0.0.1:{port}/mymaster",
                                           "not a Redis Sentinel"),
+        "Cluster URL at a plain Redis": (f"redis+cluster://127.0.0.1:{port}",
+                                         "not a Redis Cluster node"),
         "empty": ("", "empty Redis URL"),
         "wrong password": (f"redis://:wrong@127.0.0.1:{password_server.port}/0",
                            "authentication failed"),
@@ -128,7 +130,8 @@ def never_the_machines_redis() -> dict[str, str]:
 
 
 MISTAKES = ["database out of range", "unknown option", "not a Redis",
-            "Sentinel URL at a plain Redis", "empty", "wrong password", "no password"]
+            "Sentinel URL at a plain Redis", "Cluster URL at a plain Redis", "empty",
+            "wrong password", "no password"]
 
 
 @pytest.mark.parametrize("mistake", MISTAKES)
@@ -162,6 +165,64 @@ def test_daemon_given_a_bad_url_exits_with_it(password_server: RedisServer,
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert "Traceback" not in done.stderr, done.stderr
     assert "blueque: error: " in done.stderr and words in done.stderr, done.stderr
+
+
+def usage_error(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    """argparse's refusal: exit 2, the usage and one `blueque [command]: error:` line."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("usage: blueque"), done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("blueque") and ": error: " in last, last
+    for word in words:
+        assert word in last, last
+
+
+LISTEN = ["listen", "work", "tests.jobs:echo"]
+
+
+@pytest.mark.parametrize(("arguments", "words"), [
+    ([*LISTEN, "--concurrency", "0"], ["--concurrency", "at least 1"]),
+    ([*LISTEN, "--concurrency", "-2"], ["--concurrency", "at least 1"]),
+    ([*LISTEN, "--metrics-port", "99999"], ["--metrics-port", "0 to 65535"]),
+    ([*LISTEN, "--log-level", "VERBOSE"], ["--log-level", "DEBUG, INFO"]),
+    (["scheduler", "--log-level", "nope"], ["--log-level", "DEBUG, INFO"]),
+    (["dashboard", "--port", "99999"], ["--port", "0 to 65535"]),
+    (["tasks", "work", "--limit", "0"], ["--limit", "at least 1"]),
+    (["retry", "--failed", "work", "--limit", "-1"], ["--limit", "at least 1"]),
+    (["logs", "some-task", "--attempt", "0"], ["--attempt", "at least 1"]),
+])
+def test_out_of_range_options_are_usage_errors(redis_url: str, redis_client: redis.Redis,
+                                               arguments: list[str], words: list[str]) -> None:
+    """Caught by the parser, before anything runs: never a traceback (a port of 99999, an
+    unknown log level) nor a silent surprise (a negative --limit slicing from the end)."""
+    usage_error(cli(redis_url, *arguments), *words)
+    assert redis_client.dbsize() == 0  # nothing registered, enqueued or retried
+
+
+@pytest.mark.parametrize(("queues", "words"), [
+    ("work:0", "weight must be at least 1"), ("work:x", "bad queue weight"),
+    (",", "no queue given"),
+])
+def test_bad_queue_weights_are_usage_errors(redis_url: str, redis_client: redis.Redis,
+                                            queues: str, words: str) -> None:
+    refused(cli(redis_url, "listen", queues, "tests.jobs:echo", *FAST), 2, words)
+    assert redis_client.dbsize() == 0
+
+
+def test_busy_ports_are_usage_errors(redis_server: RedisServer, redis_url: str) -> None:
+    """Not uvicorn's own exit 3, which `blueque --help` says means "Redis unreachable"."""
+    busy = str(redis_server.port)
+    refused(cli(redis_url, "dashboard", "--port", busy), 2, "cannot serve the dashboard",
+            "Address already in use")
+    refused(cli(redis_url, "listen", "work", "tests.jobs:echo", *FAST, "--metrics-port", busy),
+            2, "cannot serve metrics", "Address already in use")
+
+
+def test_retrying_the_failed_tasks_of_an_unknown_queue_says_so(redis_url: str,
+                                                               client: blueque.Client) -> None:
+    client.get_queue("work").enqueue("x")
+    refused(cli(redis_url, "retry", "--failed", "wrok"), 4, "queue 'wrok' is not known")
 
 
 def test_demo_refuses_an_empty_url() -> None:

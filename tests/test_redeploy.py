@@ -5,8 +5,10 @@ stopped by the next listener or scheduler on their node. Real daemons, real task
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -153,6 +155,36 @@ def test_next_daemon_on_the_node_stops_a_run_whose_task_was_taken_back(  # type:
         ["end", task_id, "2"]]  # the fenced run never got to its end
 
 
+def test_a_fenced_run_being_stopped_still_occupies_a_slot(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """The node's next listener stops a fenced run of its dead predecessor; until that
+    process is gone (a job may take its whole kill_grace to stop) it holds a slot, or a
+    --concurrency 1 node would run two jobs at once after a slow redeploy."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    queue = client.get_queue("work")
+    stubborn = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release),
+                                         "ignore_term": True}),
+                             max_attempts=2, retry_backoff=0.01, kill_grace=3)
+    node_a = ("--node-name", "node-a.example", "--concurrency", "1")
+    first = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: starts(marker)[stubborn] == 1, what="attempt 1 running on node A")
+    orphan = client.get_task(stubborn).pid
+    assert orphan is not None
+    first.kill()
+    spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                         "--node-name", "node-b.example", "--concurrency", "1"))
+    wait_until(lambda: starts(marker)[stubborn] == 2, what="attempt 2 running on node B")
+    following = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release)}))
+    spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    while running(orphan):  # being stopped: SIGTERM ignored, SIGKILL after kill_grace
+        assert starts(marker)[following] == 0, "a second job started on a 1-slot node"
+        time.sleep(0.01)  # the next sample
+    wait_until(lambda: starts(marker)[following] == 1, what="the next task once the slot freed")
+    release.touch()
+    for task_id in (stubborn, following):
+        assert client.get_task(task_id).wait(20).status == "complete"
+
+
 RUNNER = """
 import sys
 import blueque
@@ -211,3 +243,89 @@ def test_a_listener_taking_a_dead_listeners_id_stops_its_fenced_run(  # type: ig
     assert [line.split()[:3] for line in lines(marker) if line.startswith("end")] == [
         ["end", task_id, "2"]]
     assert second.alive()
+
+
+def adopt_one(client: blueque.Client, redis_url: str, spawn, tmp_path: Path,  # type: ignore[no-untyped-def]
+              on_stop: str) -> tuple[str, int, Daemon, Path]:
+    """A task started by a listener stopped with --on-stop=keep, adopted by a successor
+    started with ``on_stop``: (task id, its pid, the successor, the release file)."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    task_id = client.get_queue("work").enqueue(json.dumps(
+        {"marker": str(marker), "release": str(release)}), max_attempts=2, retry_backoff=0.01)
+    first = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST))
+    wait_until(lambda: starts(marker)[task_id] == 1, what="the task running")
+    dead, pid = client.get_task(task_id).node, client.get_task(task_id).pid
+    assert dead is not None and pid is not None
+    assert first.stop() == 0  # keep: the task runs on
+    successor = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                                     "--on-stop", on_stop))
+    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
+        f"_{successor.pid}"), what="the successor adopting the run")
+    return task_id, pid, successor, release
+
+
+def test_drain_waits_for_the_runs_it_adopted(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """--on-stop=drain waits for every run on its slots, adopted ones too: leaving them
+    would stop renewing their lease, and another node would run them again beside the
+    live run (a node being decommissioned with `systemctl stop`)."""
+    task_id, pid, draining, release = adopt_one(client, redis_url, spawn, tmp_path, "drain")
+    draining_id = next(i for i in client.store.listener_ids("work")
+                       if i.endswith(f"_{draining.pid}"))
+    draining.signal(signal.SIGTERM)
+    wait_until(lambda: "stopping (on-stop=drain)" in draining.log(), what="asked to stop")
+    renewed = client.store.listener_info(draining_id).get("renewed")
+    for _ in range(2):  # two lease renewals while it drains: it is still there, waiting
+        wait_until(lambda r=renewed: client.store.listener_info(draining_id).get(
+            "renewed", r) != r, what="a renewal while draining")
+        renewed = client.store.listener_info(draining_id)["renewed"]
+    assert draining.alive() and running(pid)
+    assert client.get_task(task_id).status == "started"
+    release.touch()
+    assert draining.process.wait(20) == 0
+    task = client.get_task(task_id)
+    assert (task.status, task.attempts, task.pid) == ("complete", 1, pid)
+    assert draining_id not in client.store.listener_ids("work")  # it left cleanly
+
+
+def test_terminate_stops_the_runs_it_adopted_too(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """--on-stop=terminate stops every run on its slots, adopted ones too, and records them
+    by their retry policy before it exits, instead of leaving them running unwatched."""
+    task_id, pid, stopping, _ = adopt_one(client, redis_url, spawn, tmp_path, "terminate")
+    assert stopping.stop() == 0
+    assert not running(pid)
+    task = client.get_task(task_id)
+    # retried by its policy (the listener may have moved the retry to pending as it left)
+    assert task.status in ("scheduled", "pending") and task.attempts == 1, task.data
+    assert "shut down" in (task.error or ""), task.error
+
+
+def test_a_listener_restarted_with_fewer_queues_still_adopts_the_runs_of_the_others(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+    """A redeploy that drops a queue from the listener's list: the run its predecessor left
+    on that queue is still on the node, so the new listener adopts it (and counts it) rather
+    than let its lease lapse and another node serving that queue run it again."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    task_id = client.get_queue("other").enqueue(json.dumps(
+        {"marker": str(marker), "release": str(release)}), max_attempts=2, retry_backoff=0.01)
+    node_a = ("--node-name", "node-a.example")
+    first = spawn(listen_command(redis_url, "work,other", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: starts(marker)[task_id] == 1, what="the task running on node A")
+    pid, dead = client.get_task(task_id).pid, client.get_task(task_id).node
+    assert pid is not None and dead is not None
+    assert first.stop() == 0  # keep
+    successor = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
+    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
+        f"_{successor.pid}"), what="node A's new listener adopting the run on 'other'")
+    spawn(listen_command(redis_url, "other", "tests.jobs:hold", *FAST,
+                         "--node-name", "node-b.example"))
+    # node B sweeps 'other' every 0.5 s: two lease lengths of sweeps find nothing to recover
+    leases = client.keys.leases("other")
+    leased = client.redis.zscore(leases, dead) or 0
+    wait_until(lambda: (client.redis.zscore(leases, dead) or 0) > leased + 2000,
+               what="the adopted run's lease carried on for two more lease lengths")
+    assert starts(marker)[task_id] == 1 and running(pid)
+    release.touch()
+    task = client.get_task(task_id).wait(20)
+    assert (task.status, task.attempts, task.pid) == ("complete", 1, pid)

@@ -184,7 +184,12 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
         client = blueque.Client(primary.url)
         queue = client.get_queue("work")
         daemon = listener(started, tmp_path, primary.url, function="tests.jobs:echo")
+        scheduler = Daemon([sys.executable, "-m", "blueque.cli", "scheduler", "--url",
+                            primary.url, "--interval", "0.2", "--cron", "beat=* * * * * *:beats"],
+                           tmp_path / "scheduler.log")
+        started.append(scheduler)
         assert client.get_task(queue.enqueue('{"value": 1}')).wait(30).status == "complete"
+        wait_until(lambda: admin.hget(KEYS.cron(), "beat"), what="the scheduler firing")
         wait_until(lambda: other_admin.info("replication")["master_link_status"] == "up",
                    what="replica in sync")
         # the failover: the replica is promoted, the old master follows it (keeping the data)
@@ -192,6 +197,8 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
         admin.replicaof("127.0.0.1", other.port)
         wait_until(lambda: "cannot serve Blueque right now (ReadOnlyError" in daemon.log(),
                    what="listener meets READONLY")
+        wait_until(lambda: "cannot serve Blueque right now (ReadOnlyError" in scheduler.log(),
+                   what="scheduler meets READONLY")
         short = blueque.Client(primary.url + "?retry_deadline=0.5")
         with pytest.raises(RedisUnavailable, match="read only replica"):
             short.get_queue("work").enqueue("{}")
@@ -199,11 +206,15 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
         _, err = done.communicate(timeout=30)
         assert done.returncode == 3 and "read only replica" in err, err
         assert daemon.alive(), daemon.log()
+        assert scheduler.alive(), scheduler.log()
         admin.replicaof("NO", "ONE")  # back to a master
         task = client.get_task(queue.enqueue('{"value": 2}')).wait(30)
         assert task.status == "complete" and task.result == "2"
-        assert daemon.alive()
-        assert "Traceback" not in daemon.log()
+        beat = int(admin.hget(KEYS.cron(), "beat") or 0)
+        wait_until(lambda: int(admin.hget(KEYS.cron(), "beat") or 0) > beat,
+                   what="the scheduler firing again")
+        assert daemon.alive() and scheduler.alive()
+        assert "Traceback" not in daemon.log() + scheduler.log()
 
 
 def test_a_restart_longer_than_a_lease_kills_no_listener(  # type: ignore[no-untyped-def]
@@ -414,3 +425,93 @@ def test_a_listener_cut_off_alone_is_recovered_after_its_lease(  # type: ignore[
             assert cut_off.alive() and survivor.alive()
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0",
+                                 "unix:///run/no-redis.sock?db=2"])
+def test_every_plain_url_form_gets_the_retry_policy(url: str) -> None:
+    """Issue 9: plain URLs ride out a restart as the Sentinel and Cluster forms do."""
+    from blueque.ha import RetryPolicy
+
+    client = blueque.Client(url)
+    assert isinstance(client.store.retry, RetryPolicy)
+    assert client.store.retry.deadline_s == 30.0
+    shorter = blueque.Client(url + ("&" if "?" in url else "?") + "retry_deadline=2.5")
+    assert isinstance(shorter.store.retry, RetryPolicy) and shorter.store.retry.deadline_s == 2.5
+    assert not isinstance(blueque.Client(url, retry_deadline=0).store.retry, RetryPolicy)
+
+
+def test_a_unix_socket_client_rides_through_a_restart(tmp_path: Path) -> None:
+    """The same policy on a unix:// URL, end to end: an enqueue made while the server is
+    down lands once it is back; with a short deadline the call raises RedisUnavailable."""
+    socket_path = tmp_path / "redis.sock"
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(extra_args=("--unixsocket", str(socket_path), "--appendonly", "yes",
+                                     "--appendfsync", "always"),
+                         directory=str(tmp_path / "redis"))
+    server.start()
+    try:
+        client = blueque.Client(f"unix://{socket_path}?db=1")
+        queue = client.get_queue("work")
+        before = queue.enqueue("before")
+        server.kill()
+        with pytest.raises(RedisUnavailable):
+            blueque.Client(f"unix://{socket_path}?db=1&retry_deadline=0.3").get_queue(
+                "work").enqueue("never")
+        enqueued: dict[str, str] = {}
+        during = threading.Thread(target=lambda: enqueued.update(id=queue.enqueue("during")))
+        during.start()  # retried until the server is back
+        time.sleep(1.0)  # the outage: the server stays down for a second more
+        server.start()
+        during.join(30)
+        assert [client.get_task(t).parameters for t in (before, enqueued["id"])] == [
+            "before", "during"]
+        direct = redis.Redis(port=server.port, db=1, decode_responses=True)
+        assert direct.lrange(KEYS.pending("work"), 0, -1) == [enqueued["id"], before]
+    finally:
+        server.stop()
+
+
+def test_every_public_call_raises_only_blueque_errors_when_redis_is_gone() -> None:
+    """Issue 9: past retry_deadline each call of the public API raises RedisUnavailable
+    (a BluequeError), whatever redis-py raised underneath: commands, scripts, pipelines,
+    pub/sub (wait, listen) and a new client's first command."""
+    from blueque.waiting import wait_all
+
+    with RedisServer() as server:
+        url = server.url + "?retry_deadline=0.2"
+        client = blueque.Client(url)
+        queue = client.get_queue("q")
+        task_id = queue.enqueue("x")
+        finished_id = queue.enqueue("done")
+        listener = client.get_listener("q")
+        task, finished = listener.reserve(), listener.reserve()
+        assert task is not None and finished is not None and finished.id == finished_id
+        processor = client.get_processor(task)
+        client.get_processor(finished).start(os.getpid())
+        client.get_processor(finished).complete("r")
+        finished.refresh()
+        server.kill()
+        calls = {
+            "enqueue": lambda: queue.enqueue("y"), "enqueue_many": lambda: queue.enqueue_many(
+                ["a"]), "schedule": lambda: queue.schedule("a", eta=2e9),
+            "stats": queue.stats, "configure": lambda: queue.configure(max_attempts=2),
+            "config": queue.config, "purge": lambda: queue.purge("complete", 1),
+            "enqueue_due_tasks": queue.enqueue_due_tasks,
+            "task_ids": lambda: queue.task_ids("pending"),
+            "delete_task": lambda: queue.delete_task(finished),
+            "get_task": lambda: client.get_task(task_id).status, "refresh": task.refresh,
+            "wait": lambda: client.get_task(task_id).wait(1), "wait_all": lambda: wait_all(
+                client, [task_id], 1), "cancel_task": lambda: client.cancel_task(task_id),
+            "queue_names": client.queue_names, "ping": client.ping,
+            "listen": lambda: client.get_listener("q").listen(timeout=1),
+            "reserve": listener.reserve, "claim_orphan": listener.claim_orphan,
+            "close": listener.close, "start": lambda: processor.start(os.getpid()),
+            "complete": lambda: processor.complete("r"), "fail": lambda: processor.fail("e"),
+            "progress": lambda: processor.progress(0.5, "m"),
+            "new client": lambda: blueque.Client(url).get_queue("q").stats(),
+        }
+        for name, call in calls.items():
+            with pytest.raises(RedisUnavailable):
+                call()
+                pytest.fail(f"{name} returned with Redis gone")

@@ -22,6 +22,7 @@ import redis
 import blueque
 from blueque.keys import Keys
 from blueque.testing import wait_for
+from tests.daemons import KEEP_ENVIRON
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +135,9 @@ def _processes_with(marker: str) -> list[psutil.Process]:
 
 def test_demo_runs_to_the_end_and_leaves_no_process_behind(tmp_path: Path) -> None:
     marker = f"demo-{os.getpid()}-{time.time()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BLUEQUE_TEST_MARKER": marker}
+    # KEEP_ENVIRON: the listener's and its task processes' titles would erase the marker
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BLUEQUE_TEST_MARKER": marker,
+           **KEEP_ENVIRON}
     env.pop("BLUEQUE_URL", None)
     process = subprocess.Popen([sys.executable, "-m", "blueque.cli", "demo"], cwd=tmp_path,
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

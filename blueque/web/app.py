@@ -23,7 +23,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -59,7 +59,10 @@ SECURITY_HEADERS = {
 def _when(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # past year 9999: a task scheduled for never
+        return f"{timestamp:.0f} (not a date)"
 
 
 def _ago(timestamp: float | None, at: float) -> str:
@@ -108,9 +111,28 @@ class Dashboard:
         response.headers.update(SECURITY_HEADERS)
         return response
 
+    def guard(self, route: Callable[[Request], Awaitable[Response]]
+              ) -> Callable[[Request], Awaitable[Response]]:
+        """Redis errors become a page that says so (503 while Redis is unreachable), never a
+        stack trace; the page script shows the real page by itself once Redis answers."""
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await route(request)
+            except RedisUnavailable as error:  # the store's retries log it already
+                title, detail, status = "Redis is unreachable", str(error), 503
+            except BluequeError as error:
+                title, detail, status = "Blueque refused", str(error), 500
+                log.warning("dashboard %s: %s", request.url.path, error)
+            return await self.render(request, "error.html", {
+                "title": title, "detail": detail, "unreachable": status == 503}, status)
+
+        return guarded
+
     async def queues(self, request: Request) -> Response:
-        rows = await run_in_threadpool(views.queues_page, self.store, now())
-        return await self.render(request, "queues.html", {"queues": rows})
+        page = _int(request.query_params.get("page"), 1)
+        data = await run_in_threadpool(views.queues_page, self.store, now(), page)
+        return await self.render(request, "queues.html", data)
 
     async def queue(self, request: Request) -> Response:
         name = request.query_params.get("name", "")
@@ -125,18 +147,21 @@ class Dashboard:
 
     async def task(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "")
-        data = await run_in_threadpool(views.task_page, self.store, task_id, now())
+        attempt = request.query_params.get("attempt") or None
+        data = await run_in_threadpool(views.task_page, self.store, task_id, now(), attempt)
         if data is None:
             return await self.render(request, "missing.html", {"task_id": task_id}, 404)
         return await self.render(request, "task.html", {"task": data})
 
     async def nodes(self, request: Request) -> Response:
-        rows = await run_in_threadpool(views.nodes_page, self.store, now())
-        return await self.render(request, "nodes.html", {"listeners": rows})
+        page = _int(request.query_params.get("page"), 1)
+        data = await run_in_threadpool(views.nodes_page, self.store, now(), page)
+        return await self.render(request, "nodes.html", data)
 
     async def schedule(self, request: Request) -> Response:
+        page = _int(request.query_params.get("page"), 1)
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
-                                       now())
+                                       now(), page)
         return await self.render(request, "schedule.html", data)
 
     async def metrics(self, request: Request) -> Response:
@@ -157,7 +182,10 @@ class Dashboard:
         if not source:
             return "cross-site check failed: no Origin or Referer"
         origin = urlsplit(source)
-        if (origin.scheme, origin.netloc) != (request.url.scheme, request.url.netloc):
+        # behind a proxy that terminates TLS the page is https and the request it forwards
+        # http; never the other way round
+        schemes = {request.url.scheme} | ({"https"} if request.url.scheme == "http" else set())
+        if origin.scheme not in schemes or origin.netloc != request.url.netloc:
             return "cross-site check failed: the request comes from another site"
         return None
 
@@ -172,15 +200,25 @@ class Dashboard:
         except json.JSONDecodeError:
             body = None
         if not isinstance(body, dict):
-            return JSONResponse({"ok": False, "message": "send a JSON object"}, 400)
+            return JSONResponse({"ok": False, "message": "send a JSON object"}, 400,
+                                headers=SECURITY_HEADERS)
         name = request.path_params["name"]
         handler = ACTIONS.get(name)
         if handler is None:
-            return JSONResponse({"ok": False, "message": f"no action {name!r}"}, 404)
+            return JSONResponse({"ok": False, "message": f"no action {name!r}"}, 404,
+                                headers=SECURITY_HEADERS)
         try:
             message = await run_in_threadpool(handler, self, body)
         except (TaskNotFound, InvalidTaskState, ValueError) as error:
-            return JSONResponse({"ok": False, "message": str(error)}, 409)
+            return JSONResponse({"ok": False, "message": str(error)}, 409,
+                                headers=SECURITY_HEADERS)
+        except RedisUnavailable as error:
+            return JSONResponse({"ok": False, "message": str(error)}, 503,
+                                headers=SECURITY_HEADERS)
+        except BluequeError as error:
+            log.warning("dashboard action %s: %s", name, error)
+            return JSONResponse({"ok": False, "message": str(error)}, 500,
+                                headers=SECURITY_HEADERS)
         log.info("dashboard action %s: %s", name, message)
         return JSONResponse({"ok": True, "message": message}, headers=SECURITY_HEADERS)
 
@@ -259,32 +297,6 @@ def _int(raw: str | None, default: int) -> int:
         return default
 
 
-def _guard(
-    route: Callable[[Request], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    """Redis errors become a page that says so (503), never a stack trace."""
-
-    async def guarded(request: Request) -> Response:
-        try:
-            return await route(request)
-        except RedisUnavailable as error:
-            return HTMLResponse(_plain_error("Redis is unreachable", str(error)), 503,
-                                headers=SECURITY_HEADERS)
-        except BluequeError as error:
-            return HTMLResponse(_plain_error("Blueque refused", str(error)), 500,
-                                headers=SECURITY_HEADERS)
-
-    return guarded
-
-
-def _plain_error(title: str, detail: str) -> str:
-    env = _environment()
-    template = env.from_string(
-        "<!doctype html><title>{{ title }}</title><h1>{{ title }}</h1><p>{{ detail }}</p>"
-        "<p>This page retries by itself when reloaded.</p>")
-    return template.render(title=title, detail=detail)
-
-
 def create_app(url: str | None = None, token: str | None = None, *, client: Client | None = None,
                cron_entries: Sequence[CronEntry] = (), refresh: float = DEFAULT_REFRESH,
                debug: bool = False) -> Starlette:
@@ -296,13 +308,13 @@ def create_app(url: str | None = None, token: str | None = None, *, client: Clie
         client = Client(url) if url else Client()
     dashboard = Dashboard(client, token, cron_entries, refresh)
     routes = [
-        Route("/", _guard(dashboard.queues), name="queues"),
-        Route("/queue", _guard(dashboard.queue), name="queue"),
-        Route("/task", _guard(dashboard.task), name="task"),
-        Route("/nodes", _guard(dashboard.nodes), name="nodes"),
-        Route("/schedule", _guard(dashboard.schedule), name="schedule"),
+        Route("/", dashboard.guard(dashboard.queues), name="queues"),
+        Route("/queue", dashboard.guard(dashboard.queue), name="queue"),
+        Route("/task", dashboard.guard(dashboard.task), name="task"),
+        Route("/nodes", dashboard.guard(dashboard.nodes), name="nodes"),
+        Route("/schedule", dashboard.guard(dashboard.schedule), name="schedule"),
         Route("/metrics", dashboard.metrics, name="metrics"),
-        Route("/actions/{name}", _guard(dashboard.action), methods=["POST"], name="action"),
+        Route("/actions/{name}", dashboard.action, methods=["POST"], name="action"),
         Mount("/static", StaticFiles(packages=[("blueque.web", "static")]), name="static"),
     ]
     app = Starlette(debug=debug, routes=routes)

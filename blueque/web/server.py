@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 
 import uvicorn
 
@@ -33,8 +34,27 @@ def serve(client: Client, args: argparse.Namespace, cron_entries: list[CronEntry
     token = read_token(args.token_file)
     app = create_app(client=client, token=token, cron_entries=cron_entries,
                      refresh=args.refresh)
-    log.warning("dashboard on http://%s:%d/ (%s)", args.host, args.port,
+    sock = listening_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    log.warning("dashboard on http://%s:%d/ (%s)", shown, port,
                 "actions enabled with the token" if token else "read-only")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                proxy_headers=False, server_header=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", proxy_headers=False,
+                                           server_header=False))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host``:``port`` (IPv4 or IPv6, as the host resolves),
+    bound here so that a port in use or a host that is not this machine's is a clear usage
+    error (uvicorn would exit 3, which `blueque` means as "Redis unreachable")."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as error:
+        raise OSError(f"{host}:{port}: {error.strerror or error}") from error

@@ -12,17 +12,21 @@ from typing import Any
 from blueque import keys as k
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
-from blueque.metrics import oldest_pending_age
+from blueque.metrics import pending_age
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo
-from blueque.tasklog import read_output
+from blueque.tasklog import read_outputs
 
 #: Tasks per page of a queue's task list.
 PAGE_SIZE = 50
 #: Scheduled tasks shown per queue on the schedule page.
 SCHEDULED_SHOWN = 20
+#: Queues (those with scheduled tasks) per page of the schedule page.
+SCHEDULE_QUEUES_PER_PAGE = 20
 #: Minutes of the queues page's throughput chart.
 CHART_MINUTES = 60
+#: Queues per page of the queues page (each costs 60 reads for its chart).
+QUEUES_PER_PAGE = 100
 #: States in the order a task moves through them.
 STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED)
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
@@ -70,14 +74,18 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
 
 
 # --- queues -----------------------------------------------------------------------------------
-def queues_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
-    """Every queue: counts per state, oldest pending age, outcomes per minute (last hour)."""
+def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]:
+    """A page of queues (QUEUES_PER_PAGE): counts per state, oldest pending age, outcomes
+    per minute over the last hour; a fixed number of pipelines for the whole page."""
     minute = int(at // 60 * 60)
     minutes = [minute - 60 * n for n in range(CHART_MINUTES - 1, -1, -1)]
+    known = [queue for queue, _ in store.known_queues()]
+    page = Page(max(1, number_), QUEUES_PER_PAGE, len(known))
+    queues = known[page.start : page.stop + 1]
     rows = []
-    for queue, _ in store.known_queues():
-        counts = store.counts(queue)
-        per_minute = store.outcomes_per_minute(queue, minutes)
+    for queue, counts, oldest, per_minute in zip(
+            queues, store.counts_many(queues), store.oldest_pending_many(queues),
+            store.outcomes_per_minute_many(queues, minutes), strict=True):
         bars = [{"minute": m, "complete": c.get("complete", 0),
                  "failed": c.get("failed", 0) + c.get("cancelled", 0),
                  "retry": c.get("retry", 0)} for m, c in zip(minutes, per_minute, strict=True)]
@@ -85,14 +93,13 @@ def queues_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
             "name": queue,
             "counts": {state: getattr(counts, state) for state in STATES},
             "listeners": counts.listeners,
-            "oldest_pending_age": oldest_pending_age(store, queue, at),
+            "oldest_pending_age": pending_age(oldest, at),
             "bars": bars,
             "peak": max([1, *(b["complete"] + b["failed"] + b["retry"] for b in bars)]),
             "last_hour": {name: sum(b[name] for b in bars)
                           for name in ("complete", "failed", "retry")},
-            "last_minute": bars[-2]["complete"] + bars[-2]["failed"] if len(bars) > 1 else 0,
         })
-    return rows
+    return {"queues": rows, "page": page}
 
 
 # --- one queue's tasks ------------------------------------------------------------------------
@@ -131,7 +138,7 @@ def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: 
     totals = {s: getattr(counts, s) for s in STATES}
     elsewhere = ""
     if search:
-        data = store.task_data(search)
+        data = store.task_data_many([search])[0]  # a key that is no hash reads as no task
         found = bool(data) and data.get("queue") == queue
         rows = [task_row(search, data, at)] if found else []
         elsewhere = "" if found else data.get("queue", "")
@@ -146,8 +153,11 @@ def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: 
 
 
 # --- one task ---------------------------------------------------------------------------------
-def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | None:
-    data = store.task_data(task_id)
+def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = None
+              ) -> dict[str, Any] | None:
+    """The task's hash, and the output of ``attempt`` (default: the newest attempt's) with
+    the attempts whose output the task's log stream holds."""
+    data = store.task_data_many([task_id])[0]  # a key that is no hash reads as no task
     if not data:
         return None
     fields = []
@@ -174,9 +184,13 @@ def task_page(store: RedisStore, task_id: str, at: float) -> dict[str, Any] | No
         row.update(checkpoint=CheckpointInfo.parse(task_id, store.checkpoint_info(task_id)))
     except CorruptTask:
         row.update(checkpoint=None)
-    output = read_output(store, task_id)  # the newest attempt's output tail (5.19)
+    outputs, newest = read_outputs(store, task_id)  # the output tails (5.19)
+    shown = attempt if attempt in outputs else newest
+    output = outputs.get(shown or "")
     row.update(output=output.text if output else None,
-               output_attempt=output.attempt if output else None)
+               output_attempt=output.attempt if output else None,
+               output_ended=output.ended if output else False,
+               output_attempts=list(outputs), newest_output=newest)
     return row
 
 
@@ -187,25 +201,34 @@ def _shown(text: str | None) -> str | None:
 
 
 # --- nodes and listeners ----------------------------------------------------------------------
-def nodes_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
-    """Every listener of every queue: host, pid, leases left, slots, and the tasks it runs."""
+#: Listeners per page of the nodes page.
+LISTENERS_PER_PAGE = 50
+#: Running tasks shown per listener (the queue's started tab lists them all, paged).
+TASKS_PER_LISTENER = 20
+
+
+def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]:
+    """The listeners of every queue, a page at a time: host, pid, leases left, slots, and the
+    first tasks each runs. Hashes are read for the shown listeners and tasks only, so a fleet
+    running 10,000 tasks costs the page no more than a few."""
     server_now = store.server_time()
     listeners: dict[str, dict[str, Any]] = {}
     running: dict[str, list[tuple[str, str, str]]] = {}
-    for queue, _ in store.known_queues():
-        leases = store.leases(queue)
-        for listener in sorted(store.listener_ids(queue) | set(leases)):
-            entry = listeners.setdefault(listener, {"id": listener, "leases": [], "tasks": []})
-            deadline = leases.get(listener)
+    queues = [queue for queue, _ in store.known_queues()]
+    for queue, work in zip(queues, store.listeners_at_work(queues), strict=True):
+        for listener in sorted(work.registered | set(work.leases)):
+            entry = listeners.setdefault(listener, {"id": listener, "leases": []})
+            deadline = work.leases.get(listener)
             entry["leases"].append({
                 "queue": queue,
                 "left": None if deadline is None else deadline / 1000 - server_now,
             })
-        for listener, pid, task_id in store.started_entries(queue):
+        for listener, pid, task_id in work.started:
             running.setdefault(listener, []).append((queue, pid, task_id))
-            listeners.setdefault(listener, {"id": listener, "leases": [], "tasks": []})
-    ordered = sorted(listeners)
-    for listener, info in zip(ordered, store.listener_infos(ordered), strict=True):
+            listeners.setdefault(listener, {"id": listener, "leases": []})
+    page = Page(max(1, number_), LISTENERS_PER_PAGE, len(listeners))
+    shown = sorted(listeners)[page.start : page.stop + 1]
+    for listener, info in zip(shown, store.listener_infos(shown), strict=True):
         entry = listeners[listener]
         entry["info"] = info
         entry["host"] = info.get("host") or listener.rpartition("_")[0]
@@ -214,29 +237,37 @@ def nodes_page(store: RedisStore, at: float) -> list[dict[str, Any]]:
         entry["slots"] = info.get("concurrency")
         entry["renewed"] = number(info.get("renewed") or info.get("started"))
         tasks = running.get(listener, [])
+        entry["running"] = len(tasks)
+        entry["more"] = {}  # queue -> tasks not shown
+        for queue, _, _ in tasks[TASKS_PER_LISTENER:]:
+            entry["more"][queue] = entry["more"].get(queue, 0) + 1
+        tasks = tasks[:TASKS_PER_LISTENER]
         datas = store.task_data_many([task_id for _, _, task_id in tasks])
         entry["tasks"] = [dict(task_row(task_id, data, at), queue=queue, pid=pid)
                           for (queue, pid, task_id), data in zip(tasks, datas, strict=True)]
         expired = [lease["left"] for lease in entry["leases"]
                    if lease["left"] is not None and lease["left"] < 0]
         entry["state"] = "expired" if expired else ("gone" if not info else "alive")
-    return [listeners[listener] for listener in ordered]
+    return {"listeners": [listeners[listener] for listener in shown], "page": page}
 
 
 # --- scheduled tasks and cron entries ---------------------------------------------------------
-def schedule_page(store: RedisStore, entries: Sequence[CronEntry], at: float
-                  ) -> dict[str, Any]:
+def schedule_page(store: RedisStore, entries: Sequence[CronEntry], at: float,
+                  number_: int = 1) -> dict[str, Any]:
+    """The soonest scheduled tasks of the queues that have some (a page of
+    SCHEDULE_QUEUES_PER_PAGE queues), and the cron entries: a few pipelines in all."""
+    known = [queue for queue, _ in store.known_queues()]
+    waiting = [(queue, total) for queue, total
+               in zip(known, store.scheduled_counts(known), strict=True) if total]
+    page = Page(max(1, number_), SCHEDULE_QUEUES_PER_PAGE, len(waiting))
+    shown = waiting[page.start : page.stop + 1]
+    windows = store.scheduled_windows([queue for queue, _ in shown], SCHEDULED_SHOWN)
+    datas = iter(store.task_data_many([task_id for window in windows for task_id, _ in window]))
     queues = []
-    for queue, _ in store.known_queues():
-        window = store.scheduled_window(queue, 0, SCHEDULED_SHOWN - 1)
-        if not window:
-            continue
-        ids = [task_id for task_id, _ in window]
-        rows = []
-        for (task_id, eta), data in zip(window, store.task_data_many(ids), strict=True):
-            rows.append(dict(task_row(task_id, data, at), eta=eta))
-        queues.append({"name": queue, "total": store.counts(queue).scheduled, "rows": rows})
-    return {"queues": queues, "cron": cron_rows(store, entries, at)}
+    for (queue, total), window in zip(shown, windows, strict=True):
+        rows = [dict(task_row(task_id, next(datas), at), eta=eta) for task_id, eta in window]
+        queues.append({"name": queue, "total": total, "rows": rows})
+    return {"queues": queues, "page": page, "cron": cron_rows(store, entries, at)}
 
 
 def cron_rows(store: RedisStore, entries: Sequence[CronEntry], at: float

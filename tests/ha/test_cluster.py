@@ -149,6 +149,39 @@ def test_full_lifecycle_on_three_shards(cluster: ClusterTopology) -> None:
     client.close()
 
 
+def test_dashboard_and_metrics_read_queues_on_three_shards(cluster: ClusterTopology) -> None:
+    """The dashboard's and the collector's pipelines of many queues span the shards."""
+    from blueque.metrics import queue_registry, scrape
+    from blueque.store import now
+    from blueque.web import views
+
+    client = blueque.Client(cluster.url)
+    names = queues_on_distinct_masters(cluster)
+    for n, name in enumerate(names):
+        queue = client.get_queue(name)
+        queue.enqueue_many(["{}"] * (n + 2))
+        task = client.get_listener(name).reserve()
+        assert task is not None
+        processor = client.get_processor(task)
+        processor.start(4242)
+        processor.complete("done")
+    rows = {row["name"]: row for row in views.queues_page(client.store, now())["queues"]}
+    for n, name in enumerate(names):
+        counts = client.store.counts(name)
+        assert rows[name]["counts"]["pending"] == counts.pending == n + 1
+        assert rows[name]["counts"]["complete"] == 1 and rows[name]["last_hour"]["complete"] == 1
+        assert rows[name]["oldest_pending_age"] >= 0
+    nodes = views.nodes_page(client.store, now())
+    assert {lease["queue"] for entry in nodes["listeners"] for lease in entry["leases"]} <= set(
+        names)
+    text = scrape(queue_registry(client.store)).decode()
+    assert "blueque_redis_up 1.0" in text
+    for n, name in enumerate(names):
+        assert f'blueque_tasks{{queue="{name}",state="pending"}} {n + 1}.0' in text
+        assert f'blueque_tasks_finished_total{{outcome="complete",queue="{name}"}} 1.0' in text
+    client.close()
+
+
 def test_scheduled_tasks_on_three_shards(cluster: ClusterTopology) -> None:
     client = blueque.Client(cluster.url)
     names = queues_on_distinct_masters(cluster)

@@ -1,9 +1,11 @@
 // Blueque dashboard: live refresh and actions, in plain JavaScript.
 //
 // Live refresh: every few seconds the page fetches its own URL and swaps each element marked
-// data-live for the element with the same id in the fresh copy. That copy is HTML rendered by
-// the server with every Redis value escaped; DOMParser never runs its scripts, and no string of
-// data is ever assigned to innerHTML. Messages are set with textContent.
+// data-live for the element with the same id in the fresh copy; when the fresh copy is another
+// kind of page (the task is gone, or Redis answers again after an error page) its whole <main>
+// is taken. That copy is HTML rendered by the server with every Redis value escaped; DOMParser
+// never runs its scripts, and no string of data is ever assigned to innerHTML. Messages are set
+// with textContent.
 "use strict";
 
 (function () {
@@ -20,6 +22,29 @@
     message.hidden = false;
   }
 
+  // A log tail (pre[data-tail]) shows its newest lines: scrolled to its end, and kept there
+  // across refreshes unless the reader scrolled up to read older lines.
+  function readTails() {
+    const tails = {};
+    for (const pre of document.querySelectorAll("pre[data-tail]")) {
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      tails[pre.id] = atEnd ? null : pre.scrollTop;
+    }
+    return tails;
+  }
+
+  function keepTails(tails) {
+    for (const pre of document.querySelectorAll("pre[data-tail]")) {
+      const kept = tails[pre.id];
+      pre.scrollTop = (kept === undefined || kept === null) ? pre.scrollHeight : kept;
+    }
+  }
+
+  function setStatus(text, ok) {
+    status.textContent = text;
+    status.className = ok ? "live" : "live down";
+  }
+
   async function refresh() {
     if (inFlight || document.hidden) {
       return;
@@ -31,19 +56,38 @@
         credentials: "same-origin",
         cache: "no-store",
       });
+      if (response.status === 503) {
+        // Redis is away: keep what the page shows (it says so) until it answers again
+        setStatus("Redis unreachable", false);
+        return;
+      }
       const text = await response.text();
       const fresh = new DOMParser().parseFromString(text, "text/html");
+      if (fresh.body.dataset.page !== body.dataset.page) {
+        // another kind of page: the task was deleted (404), or Redis is back after an error
+        // page. Take the fresh page's whole content (server-rendered, escaped; never run).
+        const main = fresh.querySelector("main");
+        if (main) {
+          document.querySelector("main").replaceWith(document.importNode(main, true));
+          document.title = fresh.title;
+          body.dataset.page = fresh.body.dataset.page;
+        }
+      }
+      const tails = readTails();
       for (const old of document.querySelectorAll("[data-live]")) {
         const replacement = fresh.getElementById(old.id);
         if (replacement) {
           old.replaceWith(document.importNode(replacement, true));
         }
       }
-      status.textContent = response.ok ? "live" : "Redis unreachable";
-      status.className = response.ok ? "live" : "live down";
+      keepTails(tails);
+      if (response.ok || response.status === 404) {
+        setStatus("live", true);
+      } else {
+        setStatus("dashboard error (HTTP " + response.status + ")", false);
+      }
     } catch (error) {
-      status.textContent = "dashboard unreachable";
-      status.className = "live down";
+      setStatus("dashboard unreachable", false);
     } finally {
       inFlight = false;
     }
@@ -94,6 +138,7 @@
     }
   });
 
+  keepTails({});
   window.setInterval(refresh, refreshMs);
   document.addEventListener("visibilitychange", refresh);
 })();
