@@ -58,6 +58,7 @@ from blueque.errors import (
 )
 from blueque.listener import Listener, listener_id
 from blueque.logs import configure as configure_logs
+from blueque.logs import printed_as_logs
 from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.policy import Policy
@@ -516,8 +517,10 @@ class ListenerDaemon:
     def _sweep(self) -> None:
         """Recovery, as adopter: the live runs of dead listeners we adopt take our slots."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
-        if self.task_logs is not None:
-            self.task_logs.clean()
+        if self.task_logs is not None:  # a quiet running attempt's file is not an old one
+            settings = self.task_logs
+            settings.clean(running=[settings.path(r.queue, r.task_id, r.attempt)
+                                    for r in self.children.values() if r.attempt is not None])
         if set(report.adopted_runs) != set(self.adopted):
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(report.adopted_runs))
@@ -1238,7 +1241,8 @@ def run_listen(args: argparse.Namespace, client: Client) -> int:
     daemon.preempt_grace = args.preempt_grace
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
-        daemon.load_function()
+        with printed_as_logs("blueque.task_module"):
+            daemon.load_function()
     except CallbackError as error:
         raise ConfigurationError(
             f"{error}. The listener imports it before taking any task: check the spelling "

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,12 +56,16 @@ class TaskLogSettings:
             safe = safe.replace(".", "%2E")
         return self.directory / (queue.replace("/", "%2F") or "_") / f"{safe}.{attempt or 0}.log"
 
-    def clean(self, current: float | None = None) -> int:
-        """Remove files older than ``keep``; returns how many. Never raises."""
+    def clean(self, current: float | None = None, running: Iterable[Path] = ()) -> int:
+        """Remove files older than ``keep``, except those of ``running`` attempts (and their
+        ``.1``); returns how many. Never raises."""
         cutoff = (time.time() if current is None else current) - self.keep
+        spared = {str(path) for path in running} | {f"{path}.1" for path in running}
         removed = 0
         with contextlib.suppress(OSError):
             for path in self.directory.glob("*/*.log*"):
+                if str(path) in spared:
+                    continue
                 with contextlib.suppress(OSError):
                     if path.stat().st_mtime < cutoff:
                         path.unlink()
@@ -110,20 +114,27 @@ class Shipper:
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.interval):
             self.ship()
+            with contextlib.suppress(OSError):  # a quiet attempt's file is not an old one
+                os.utime(self.path)
 
     def ship(self, end: bool = False) -> None:
         """Send what the file gained; with ``end``, also the attempt's end mark — unless the
         attempt wrote nothing and nothing was shipped: then the stream is left alone."""
         with self._lock:
             try:
-                data = self._read_new()
+                begin, data = self._read_new()
                 for start in range(0, len(data), CHUNK_BYTES):
-                    self._send(data[start:start + CHUNK_BYTES])
-                self._cap_file()  # after shipping: what moves to .1 is in the stream already
+                    chunk = data[start:start + CHUNK_BYTES]
+                    self._send(chunk, begin + start + len(chunk))
+                    self.offset = begin + start + len(chunk)  # shipped: only now it counts
                 if end and (self.offset or self._kept):
-                    self._send(b"", end=True)
-            except BluequeError as error:
+                    self._send(b"", self.offset, end=True)
+            except BluequeError as error:  # the same bytes are read again next time
                 log.debug("task %s: output not shipped yet: %s", self.task_id, error)
+            finally:
+                # after shipping (what moves to .1 is in the stream already), and while Redis
+                # is away too: the file stays bounded whatever Redis does
+                self._cap_file()
 
     def close(self, ship: bool = True) -> None:
         """Stop the shipping thread; with ``ship``, send the rest and the end mark."""
@@ -138,7 +149,9 @@ class Shipper:
         with self._lock:
             return {"offset": self.offset, "kept": [list(item) for item in self._kept]}
 
-    def _read_new(self) -> bytes:
+    def _read_new(self) -> tuple[int, bytes]:
+        """Where the unshipped part of the file begins, and what it holds (at most the tail
+        Redis keeps)."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
@@ -146,15 +159,13 @@ class Shipper:
                     self.offset = 0
                 start = max(self.offset, size - TAIL_BYTES)  # Redis keeps no more anyway
                 handle.seek(start)
-                data = handle.read(size - start)
+                return start, handle.read(size - start)
         except FileNotFoundError:
-            return b""
-        self.offset = start + len(data)
-        return data
+            return self.offset, b""
 
-    def _send(self, data: bytes, end: bool = False) -> None:
+    def _send(self, data: bytes, offset: int, end: bool = False) -> None:
         entry = self.store.append_output(
-            self.task_id, self.attempt, data.decode("utf-8", "replace"), self.offset,
+            self.task_id, self.attempt, data.decode("utf-8", "replace"), offset,
             end=end, ttl_ms=self.ttl_ms if end and self.ttl_ms else int(self.settings.keep * 1000),
         )
         # shipped: only now does this chunk count (a failed send is read again next time)

@@ -428,11 +428,6 @@ class RedisAway:
         return self.store.append_output(*args, **kwargs)  # type: ignore[attr-defined,no-any-return]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Shipper.ship() advances its file offset before the send succeeds: what a task prints "
-    "while Redis is away never reaches the stream, though PROTOCOL.md 5.19 says the same "
-    "bytes are sent at the next shipment; tasklog.py's writing side, left to the issue 11 "
-    "rewrite (see the audit report)"))
 def test_output_written_while_redis_is_away_is_shipped_when_it_is_back(
         client: blueque.Client, tmp_path: Path) -> None:
     settings = TaskLogSettings(tmp_path / "logs", keep=3600)
@@ -452,9 +447,6 @@ def test_output_written_while_redis_is_away_is_shipped_when_it_is_back(
     assert output.text == "printed while Redis was away\nprinted after\n"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Shipper.ship() caps the file only after a successful send: while Redis is away an "
-    "attempt's file grows without bound (tasklog.py's writing side, see the audit report)"))
 def test_the_file_cap_holds_while_redis_is_away(client: blueque.Client,
                                                 tmp_path: Path) -> None:
     settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)
@@ -468,10 +460,6 @@ def test_the_file_cap_holds_while_redis_is_away(client: blueque.Client,
     assert path.stat().st_size <= settings.max_bytes
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "what the task module prints when the listener imports it (blueque/daemon.py's "
-    "run_listen, before the first fork) goes to the listener's stdout unprefixed; warnings "
-    "at import are log records since this audit (logs.captureWarnings); see the report"))
 def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[no-untyped-def]
         client: blueque.Client, start) -> None:
     daemon = start("tests.noisy_jobs:work", "--log-format", "json")
@@ -482,12 +470,6 @@ def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[
     assert any("a library warning at import" in str(e["message"]) for e in events)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "TaskLogSettings.clean() (run by the listener's sweeps) removes every file older than "
-    "--log-keep by its mtime, the file of a running attempt that has been quiet that long "
-    "too; what the attempt prints afterwards goes to the removed file and never reaches "
-    "Redis. Fix (tasklog.py's writing side, daemon.py): skip the files of runs in "
-    "blueque_node_[node] / the listener's children; see the audit report"))
 def test_a_quiet_running_attempt_keeps_its_file(  # type: ignore[no-untyped-def]
         client: blueque.Client, start, logs_dir: Path, tmp_path: Path) -> None:
     start("tests.output_jobs:pauses", "--log-keep", "1")
