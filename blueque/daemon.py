@@ -1011,6 +1011,8 @@ class ListenerDaemon:
             int(self.interval * 3) + 1)
         running = list(self.children.values())
         self._record_runs(running)  # refreshes the record's expiry too
+        # a child whose outcome we took in is only exiting: it is not superseded by its own end
+        running = [r for r in running if r.report is None and r.state == "running"]
         if running:
             datas = self.store.task_data_many([r.task_id for r in running])
             for child, data in zip(running, datas, strict=True):
