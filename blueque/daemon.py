@@ -690,6 +690,8 @@ class ListenerDaemon:
                           running.task_id, attempt, policy.result_ttl_ms(),
                           output if isinstance(output, dict) else {})
             running.output_shipped = True
+        if running.progress is not None and running.state == "running":
+            self._write_progress_of(running)  # its last report shows beside its outcome
         ran = report.get("outcome")
         trace = str(report.get("traceback") or "") or None
         ending = decide(policy, running.fields, ran if ran in ("complete", "preempted") else
@@ -732,16 +734,20 @@ class ListenerDaemon:
         """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
         current = self.clock()
         for running in list(self.children.values()):
-            if (running.progress is None or running.report is not None
-                    or running.attempt is None or current < running.progress_due):
-                continue
-            fraction, message = running.progress
-            try:
-                self.store.progress(running.task_id, running.attempt, fraction, message, now())
-            except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
-                log.warning("progress of task %s not recorded: %s", running.task_id, error)
-            running.progress = None
-            running.progress_due = current + PROGRESS_SPACING
+            if (running.progress is not None and running.report is None
+                    and running.attempt is not None and current >= running.progress_due):
+                self._write_progress_of(running)
+
+    def _write_progress_of(self, running: Running) -> None:
+        if running.progress is None or running.attempt is None:
+            return
+        fraction, message = running.progress
+        try:
+            self.store.progress(running.task_id, running.attempt, fraction, message, now())
+        except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
+            log.warning("progress of task %s not recorded: %s", running.task_id, error)
+        running.progress = None
+        running.progress_due = self.clock() + PROGRESS_SPACING
 
     def _reap(self) -> None:
         while self.children:
