@@ -10,7 +10,6 @@ its whole process group), reseeds random, and always leaves through ``os._exit``
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
@@ -18,32 +17,36 @@ import random
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from blueque import failpoints
+from blueque import failpoints, progress
 from blueque import keys as k
 from blueque.endings import Ran, decide
 from blueque.errors import (
     BluequeError,
     CallbackError,
-    ConfigurationError,
     Preempted,
     RedisUnavailable,
 )
 from blueque.policy import Policy
+from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
 from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
+from blueque.progress import ParentProgress, ProgressReporter, report_progress
 from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 from blueque.task import Task
 from blueque.tasklog import Shipper, TaskLogSettings, capture
 
 log = logging.getLogger("blueque.child")
+
+#: What a task function imports from here (the rest is the task process's own machinery).
+__all__ = ["Preempted", "TaskFunction", "on_preempt", "preempt_deadline", "preempted",
+           "report_progress", "run_child", "run_reporting_child"]
 
 TaskFunction = Callable[[Task], Any]
 
@@ -54,262 +57,6 @@ EXIT_REPORT_FAILED = 4  # ran, but its outcome could not be recorded (see the lo
 #: How long a finished child keeps retrying to record its outcome while Redis is away.
 REPORT_PATIENCE = 3600.0
 
-#: Longest pause between two tries to send a progress report Redis did not take.
-PROGRESS_RETRY_MAX = 5.0
-
-
-class ProgressReporter:
-    """Sends a running task's progress; never raises into the task function.
-
-    Progress is best effort: while Redis is away the latest value is kept (older ones are
-    superseded) and a background thread sends it once Redis is back, with a backoff; a
-    report made meanwhile replaces it and returns at once. A report Redis refuses (the run
-    was superseded: StaleAttempt) is dropped and logged. Reports go through a store without
-    retries, so that a task never waits for Redis in ``report_progress``."""
-
-    def __init__(self, processor: Processor) -> None:
-        self._processor = processor
-        self._lock = threading.Lock()  # guards _pending, _retry_at, _closed
-        self._sending = threading.Lock()  # one sender at a time
-        self._pending: tuple[float, str] | None = None
-        self._retry_at = 0.0
-        self._delay = 0.1
-        self._kept = False  # a send failed: the value waits for Redis
-        self._closed = False
-        self._wakeup = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def report(self, fraction: float, message: str) -> None:
-        if not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
-        with self._lock:
-            if self._closed:
-                return
-            self._pending = (fraction, message)
-        self._send()
-
-    def _send(self) -> None:
-        """Send the latest value unless another send is under way (it picks the latest up)
-        or a failed send's backoff has not passed (the background thread sends it then)."""
-        if not self._sending.acquire(blocking=False):
-            return
-        try:
-            while True:
-                with self._lock:
-                    value = self._pending
-                    if value is None or time.monotonic() < self._retry_at:
-                        return
-                try:
-                    self._processor.progress(*value)
-                except RedisUnavailable as error:
-                    self._postpone(error)
-                    return
-                except BluequeError as error:  # superseded (StaleAttempt), or not started
-                    log.warning("progress of task %s not recorded: %s",
-                                self._processor.task.id, error)
-                with self._lock:
-                    if self._kept:
-                        log.info("task %s: kept progress recorded", self._processor.task.id)
-                    self._delay, self._kept = 0.1, False
-                    if self._pending is value:
-                        self._pending = None
-                        return
-        finally:
-            self._sending.release()
-
-    def _postpone(self, error: BluequeError) -> None:
-        with self._lock:
-            if not self._kept:
-                log.warning("task %s: progress kept until Redis is back: %s",
-                            self._processor.task.id, error)
-            self._kept = True
-            self._retry_at = time.monotonic() + self._delay
-            self._delay = min(PROGRESS_RETRY_MAX, self._delay * 2)
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._retry, name="blueque-progress",
-                                                daemon=True)
-                self._thread.start()
-        self._wakeup.set()
-
-    def _retry(self) -> None:
-        """Background: send the kept value each time its backoff has passed, until sent."""
-        while True:
-            with self._lock:
-                if self._closed or self._pending is None:
-                    self._thread = None
-                    return
-                wait = self._retry_at - time.monotonic()
-                if wait <= 0:
-                    self._retry_at = 0.0
-            if wait > 0:
-                self._wakeup.wait(wait)
-                self._wakeup.clear()
-            else:
-                self._send()
-                self._wakeup.wait(0.01)  # a concurrent report may be sending: let it finish
-                self._wakeup.clear()
-
-    def close(self) -> None:
-        """The task function returned: one last try for a kept value, then drop it (the
-        outcome, recorded next, is what counts)."""
-        with self._lock:
-            self._retry_at = 0.0
-        self._send()
-        with self._lock:
-            self._closed = True
-            if self._pending is not None:
-                log.info("task %s: last progress report dropped (Redis unavailable)",
-                         self._processor.task.id)
-            self._pending = None
-        self._wakeup.set()
-
-
-class ParentProgress:
-    """Progress of a listener daemon's child, sent to its listener (PROTOCOL.md 6.2).
-
-    A thread sends the latest value, so ``report`` never waits for the listener; values that
-    come faster than they can be sent are superseded. Once the listener is gone, a
-    ProgressReporter writes to Redis instead (best effort, as ever)."""
-
-    def __init__(self, link: ParentLink, direct: Callable[[], ProgressReporter]) -> None:
-        self._link = link
-        self._make_direct = direct
-        self._direct: ProgressReporter | None = None
-        self._lock = threading.Lock()  # guards _pending, _direct, _closed, _thread
-        self._pending: tuple[float, str] | None = None
-        self._closed = False
-        self._wakeup = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def report(self, fraction: float, message: str) -> None:
-        if not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
-        with self._lock:
-            if self._closed:
-                return
-            direct = self._direct
-            if direct is None:
-                self._pending = (fraction, message)
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._send, name="blueque-progress",
-                                                    daemon=True)
-                    self._thread.start()
-        if direct is not None:
-            direct.report(fraction, message)
-        else:
-            self._wakeup.set()
-
-    def _send(self) -> None:
-        while True:
-            self._wakeup.wait()
-            self._wakeup.clear()
-            with self._lock:
-                value, self._pending, closed = self._pending, None, self._closed
-            if value is not None and not self._link.send(
-                    {"progress": value[0], "message": value[1]}):
-                self._orphaned(value)
-                return
-            if closed:
-                return
-
-    def _orphaned(self, value: tuple[float, str]) -> None:
-        """The listener is gone: from now on progress goes to Redis directly."""
-        direct = self._make_direct()
-        with self._lock:
-            self._direct = direct
-            latest, self._pending = self._pending or value, None
-        direct.report(*latest)
-
-    def close(self) -> None:
-        """The task function returned: what is under way is sent before its outcome."""
-        with self._lock:
-            self._closed = True
-            thread, direct = self._thread, self._direct
-        self._wakeup.set()
-        if thread is not None:
-            thread.join()
-        if direct is not None:
-            direct.close()
-
-
-_current: ProgressReporter | ParentProgress | None = None
-
-
-class Preemption:
-    """The notice that this task's node goes away (PROTOCOL.md 6.3), as a task process gets
-    it: SIGUSR1 from its listener, whose frame before it gives the deadline. The handler runs
-    in the task's main thread, between two bytecodes: it notes the notice and runs the
-    callbacks registered with ``on_preempt`` (an exception in one is logged, never raised
-    into the task)."""
-
-    def __init__(self) -> None:
-        self.deadline: float | None = None
-        self.noticed = False
-        self.callbacks: list[Callable[[], object]] = []
-        self.link: ParentLink | None = None
-
-    def install(self, link: ParentLink | None) -> None:
-        self.link = link
-        signal.signal(signal.SIGUSR1, self._notice)
-
-    def _notice(self, signum: int, frame: object) -> None:
-        if self.link is not None:
-            for message in self.link.pending():
-                if "preempt" in message:
-                    with contextlib.suppress(TypeError, ValueError):
-                        self.deadline = float(message["preempt"])
-        if self.noticed:
-            return
-        self.noticed = True
-        log.warning("this task's node goes away%s: it should save what it has and stop "
-                    "(raise blueque.Preempted)", "" if self.deadline is None else
-                    f" in {max(0.0, self.deadline - time.time()):.0f} s")
-        for callback in list(self.callbacks):
-            self.call(callback)
-
-    @staticmethod
-    def call(callback: Callable[[], object]) -> None:
-        try:
-            callback()
-        except Exception:
-            log.exception("an on_preempt callback raised; the task goes on")
-
-
-_preemption = Preemption()
-
-
-def preempted() -> bool:
-    """True once this task's node has announced that it goes away (``blueque preempt`` or
-    SIGUSR1 to the listener): save a checkpoint and stop by raising ``blueque.Preempted``;
-    the task then runs again elsewhere without spending an attempt."""
-    return _preemption.noticed
-
-
-def preempt_deadline() -> float | None:
-    """When the node goes away (Unix s) once preempted, if its listener said; None else.
-    After it, the task's process group is terminated."""
-    return _preemption.deadline
-
-
-def on_preempt(callback: Callable[[], object]) -> None:
-    """Call ``callback()`` (in the task's main thread) when the node announces that it goes
-    away; at once if it already has. Typically it saves a checkpoint and sets a flag the task
-    loop checks, or raises blueque.Preempted to stop the task where it is."""
-    _preemption.callbacks.append(callback)
-    if _preemption.noticed:
-        _preemption.call(callback)
-
-
-def report_progress(fraction: float, message: str = "") -> None:
-    """Called from inside a task function: record how far the task has got (0.0 to 1.0).
-
-    Best effort, and it never fails the task: while Redis is unavailable the latest value is
-    kept and sent when Redis is back (or dropped when the task ends first); a report of a
-    run that was superseded is dropped. Raises only for a fraction outside 0..1
-    (ConfigurationError) and outside a running task (BluequeError)."""
-    if _current is None:
-        raise BluequeError("report_progress() is only available inside a running task")
-    _current.report(fraction, message)
 
 
 def import_function(spec: str) -> TaskFunction:
@@ -386,12 +133,12 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
 def _run_orphan(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
                 task_logs: TaskLogSettings | None) -> int:
     """Run a started task and record its outcome in Redis (no listener records it)."""
-    global _current
-    _preemption.install(None)  # an adopter's notice comes without a deadline
-    _current = ProgressReporter(Processor(task, store.bounded(0.0)))
+    notice.install(None)  # an adopter's notice comes without a deadline
+    reporter = ProgressReporter(Processor(task, store.bounded(0.0)))
+    progress.install(reporter)
     shipper = _ship_output(store, task, policy, task_logs)
     outcome = execute(function, task)
-    _current.close()
+    reporter.close()
     if shipper is not None:
         _end_output(shipper, outcome.traceback)
     return _record_itself(Processor(task, store), policy, outcome)
@@ -551,21 +298,21 @@ def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assi
 
 def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
                    function: TaskFunction, task_logs: TaskLogSettings | None) -> int:
-    global _current
     word = link.receive(forever=True)
     if word is None:  # the listener died before telling: did its stamp start us?
         return _run_unannounced(store, assignment, function, task_logs)
     if "go" not in word:
         return EXIT_NOT_STARTED  # refused (cancelled meanwhile, a duplicate...): nothing ran
-    _preemption.install(link)
+    notice.install(link)
     task = Task(assignment.task_id, store, dict(word["go"]))
     policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
     set_title(f"blueque: {assignment.queue} {task.id} attempt {task.attempts}")
     task_logs = _capture(task_logs, task)
-    _current = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
+    reporter = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
+    progress.install(reporter)
     shipper = _ship_output(store, task, policy, task_logs)
     outcome = execute(function, task)
-    _current.close()
+    reporter.close()
     output: dict[str, Any] = {}
     if shipper is not None:
         _end_output(shipper, outcome.traceback, ship=False)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import psutil
 import setproctitle
@@ -67,3 +70,74 @@ def signal_group(pid: int, signum: int) -> None:
 def set_title(title: str) -> None:
     """The process title ps and top show, so that a node's task processes tell apart."""
     setproctitle.setproctitle(title)
+
+
+class Stopping:
+    """Process groups being stopped, one rule for all (PROTOCOL.md 6): SIGTERM to the group,
+    then SIGKILL once its grace has passed. ``step`` is called at each look (a listener's
+    step, a sweep); ``repeat`` sends SIGTERM again at each look until then (a sweeper's runs
+    are not its children: it cannot tell that a signal arrived). Keyed by whatever names the
+    run: a pid, a task id."""
+
+    def __init__(self, kill: Callable[[int, int], None] = signal_group,
+                 clock: Callable[[], float] = time.monotonic, repeat: bool = False) -> None:
+        self._kill, self._clock, self._repeat = kill, clock, repeat
+        self._runs: dict[Hashable, _Stop] = {}
+
+    def begin(self, key: Hashable, pid: int, grace: float, reason: str = "") -> bool:
+        """Start stopping ``pid``'s group (SIGTERM now); False if it is being stopped."""
+        if key in self._runs:
+            return False
+        self._runs[key] = _Stop(pid, grace, reason, self._clock())
+        self._kill(pid, signal.SIGTERM)
+        return True
+
+    def step(self, key: Hashable, pid: int, grace: float, reason: str = "") -> int:
+        """Begin if need be, then escalate: the signal sent now (0 for none)."""
+        if self.begin(key, pid, grace, reason):
+            return signal.SIGTERM
+        stop = self._runs[key]
+        if self._clock() - stop.since > stop.grace:
+            if not stop.killed or self._repeat:
+                stop.killed = True
+                self._kill(stop.pid, signal.SIGKILL)
+                return signal.SIGKILL
+            return 0
+        if self._repeat:
+            self._kill(stop.pid, signal.SIGTERM)
+            return signal.SIGTERM
+        return 0
+
+    def escalate(self) -> None:
+        """SIGKILL every group whose grace has passed (once each, unless ``repeat``)."""
+        for key, stop in list(self._runs.items()):
+            self.step(key, stop.pid, stop.grace, stop.reason)
+
+    def deadlines(self) -> list[float]:
+        """When the next SIGKILLs are due (for a loop's wait)."""
+        return [s.since + s.grace for s in self._runs.values() if not s.killed]
+
+    def reason(self, key: Hashable) -> str | None:
+        stop = self._runs.get(key)
+        return None if stop is None else stop.reason
+
+    def forget(self, key: Hashable) -> bool:
+        """The process is gone: SIGKILL its group once more (grandchildren left in it) and
+        forget it; False if it was not being stopped."""
+        stop = self._runs.pop(key, None)
+        if stop is None:
+            return False
+        self._kill(stop.pid, signal.SIGKILL)
+        return True
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._runs
+
+
+@dataclass
+class _Stop:
+    pid: int
+    grace: float
+    reason: str
+    since: float
+    killed: bool = False

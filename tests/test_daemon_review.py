@@ -209,18 +209,18 @@ def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_cl
     daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="nat.example_1",
                             interval=0.5)
     try:
-        daemon._start_subscriber()
+        daemon.start_subscriber()
         wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
         proxy.freeze()
         wait_until(lambda: dict(redis_client.pubsub_numsub(KEYS.channel("work")))[
             KEYS.channel("work")] == 2, timeout=10, what="subscribed again on a new connection")
         while True:  # empty the wake pipe, then show a publish reaches it again
             try:
-                os.read(daemon._wake_r, 512)
+                os.read(daemon.wakeup._wake_r, 512)
             except BlockingIOError:
                 break
         redis_client.publish(KEYS.channel("work"), "work")
-        wait_until(lambda: select.select([daemon._wake_r], [], [], 0)[0], what="woken")
+        wait_until(lambda: select.select([daemon.wakeup._wake_r], [], [], 0)[0], what="woken")
     finally:
         daemon._finish()
         proxy.close()
@@ -564,7 +564,7 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
 
         monkeypatch.setattr(daemon.store, "task_data", read_then_recovered)
         daemon.unrecorded.append((running, "process exited with code 4"))
-        daemon._record_unrecorded()
+        daemon.supervisor.record_unrecorded()
         assert report.requeued == 1 and daemon.unrecorded == []
     finally:
         daemon._finish()
@@ -598,7 +598,7 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
 
     daemon.load_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
     try:
-        daemon._fork("work", task_id)
+        daemon.supervisor.fork("work", task_id, daemon.load_function())
         (pid,) = daemon.children
         holder.join()
 
@@ -624,11 +624,11 @@ def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  #
     """The subscriber thread outlives the loop by up to a second; a message in that second
     must not be written into whatever file reuses the wake pipe's descriptor numbers."""
     daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="closer.example_1")
-    daemon._start_subscriber()
-    thread = daemon._subscriber
+    daemon.start_subscriber()
+    thread = daemon.wakeup.subscriber
     assert thread is not None
     wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
-    wake_w = daemon._wake_w
+    wake_w = daemon.wakeup._wake_w
     daemon._finish()
     reused_r, reused_w = os.pipe()  # the lowest free numbers: those just closed
     os.set_blocking(reused_r, False)
@@ -681,7 +681,7 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
         daemon.unrecorded.append((running, "process exited with code 9"))
         daemon._heal()
         assert redis_client.lrange(KEYS.reserved("work", "healer.example_1"), 0, -1) == [task_id]
-        daemon._record_unrecorded()
+        daemon.supervisor.record_unrecorded()
     finally:
         daemon._finish()
     task = client.get_task(task_id)

@@ -1,0 +1,171 @@
+"""A listener's presence in Redis (PROTOCOL.md 6 "Registration", 6.1 "Identity check"): its
+id, which no other live listener may hold; its info hash; its lease on each queue, renewed
+every half interval; and its reserved lists, healed of ids no child of its runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from blueque import keys as k
+from blueque.errors import ConfigurationError
+from blueque.metrics import ListenerMetrics
+from blueque.process import create_time, process_alive
+from blueque.recovery import Recovery, RecoveryReport
+from blueque.store import RedisStore, now
+
+log = logging.getLogger("blueque.daemon")
+
+
+def _float(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class Membership:
+    store: RedisStore
+    id: str
+    node: str  # node identity (6.1)
+    node_name: str
+    weights: dict[str, int]
+    interval: float
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.lease_ms = int(self.interval * 2000)
+        self.info: dict[str, str] = {}  # what register wrote, written whole at each renewal
+        self.registered = False
+
+    @property
+    def created(self) -> float | None:
+        """This listener process's create time, as registered."""
+        return _float(self.info.get("pid_created"))
+
+    def claim(self, recovery: Recovery, stopping: Callable[[], bool]) -> bool:
+        """Make sure no live listener holds our id (two processes sharing one would share a
+        reserved list, a lease and a control channel). Raises ConfigurationError if one does;
+        returns False if we were asked to stop while waiting.
+
+        Same node identity: the holder's pid and create time tell at once. Otherwise (another
+        node, e.g. two containers with one host name and one pid; or a dead holder on this
+        node, after a pid reuse) its lease tells: we wait for one renewal interval and until
+        its leases on our queues have lapsed; a renewal meanwhile means it lives. A dead
+        holder's tasks are then recovered (mode lease) before we take the id."""
+        info = self.store.listener_info(self.id)
+        held = self._held_leases()
+        if not info and not held:
+            return True
+        pid = int(info["pid"]) if info.get("pid", "").isdigit() else None
+        if info.get("node") == self.node and pid is not None:
+            created = _float(info.get("pid_created"))
+            if pid == os.getpid():
+                if created is not None and process_alive(pid, created):
+                    return True  # an earlier run() of this very process (ForkingRunner)
+            elif process_alive(pid, created):
+                raise ConfigurationError(
+                    f"listener id {self.id} is in use by the live listener pid {pid} on this "
+                    f"node: two listeners cannot share an id; give each its own --identity, "
+                    f"or stop the other one first")
+        where = info.get("node", "an unknown node")
+        log.warning("listener id %s was held by a listener on %s that cannot be checked by pid "
+                    "from here; waiting for its lease to lapse", self.id, where)
+        if not self._outwait(info, held, where, stopping):
+            return False
+        report = RecoveryReport()
+        for queue in held:
+            recovery.recover_expired(queue, report)
+        self.store.delete_listener_info(self.id)
+        return True
+
+    def _outwait(self, info: dict[str, str], held: dict[str, float], where: str,
+                 stopping: Callable[[], bool]) -> bool:
+        """Wait one interval of the holder and until its leases lapsed; raise if it renews."""
+        patience = self.clock() + (_float(info.get("interval")) or self.interval) + 1.0
+        renewed = info.get("renewed")
+        while not stopping():
+            time.sleep(0.2)  # a signal ends it early enough: its handler sets stopping
+            now_info, now_held = self.store.listener_info(self.id), self._held_leases()
+            if (now_info.get("renewed", renewed) != renewed
+                    or any(now_held.get(q, 0.0) > d for q, d in held.items())):
+                raise ConfigurationError(
+                    f"listener id {self.id} is in use by a live listener on {where} (it renewed "
+                    f"its lease): listener ids must be unique; give each node its own "
+                    f"--node-name (and each listener on it its own pid)")
+            server_ms = self.store.server_time() * 1000
+            if self.clock() > patience and all(d <= server_ms for d in now_held.values()):
+                return True
+        return False
+
+    def _held_leases(self) -> dict[str, float]:
+        found = {q: self.store.leases(q).get(self.id) for q in self.weights}
+        return {q: deadline for q, deadline in found.items() if deadline is not None}
+
+    def register(self, concurrency: int) -> None:
+        pid = os.getpid()
+        self.info = {
+            "host": self.node_name, "node": self.node, "pid": str(pid),
+            "pid_created": repr(create_time(pid) or 0.0),
+            "queues": ",".join(f"{q}:{w}" for q, w in self.weights.items()),
+            "concurrency": str(concurrency), "interval": repr(self.interval),
+            "started": repr(now()),
+        }
+        self.store.check_server()
+        self.store.write_listener_info(self.id, self.info, self._info_ttl())
+        for queue in self.weights:
+            self.store.add_listener(queue, self.id)
+            self.store.lease(queue, self.id, self.lease_ms, "register")
+        self.registered = True
+        log.info("listener %s listening on %s with concurrency %d", self.id,
+                 self.info["queues"], concurrency)
+
+    def release(self) -> None:
+        """Leave cleanly: nothing of ours is left to recover."""
+        for queue in self.weights:
+            self.store.lease(queue, self.id, self.lease_ms, "release")
+            self.store.remove_listener(queue, self.id)
+        self.store.delete_listener_info(self.id)
+        self.registered = False
+
+    def renew(self, busy: int, metrics: ListenerMetrics | None = None) -> None:
+        """Renew every lease (one that was lost: register again, our old runs are fenced
+        out) and write the info hash whole: after a pause longer than its TTL (SIGSTOP, an
+        outage) it is gone, and recover_local needs pid_created to tell us from a reused pid."""
+        if metrics:
+            metrics.renewal(self.clock(), self.interval)
+        for queue in self.weights:
+            if self.store.lease(queue, self.id, self.lease_ms, "renew") == -1:
+                if metrics:
+                    metrics.lease_lost(queue)
+                log.error("listener %s lost its lease on %s (declared dead and recovered); "
+                          "registering again", self.id, queue)
+                self.store.add_listener(queue, self.id)
+                self.store.lease(queue, self.id, self.lease_ms, "register")
+        self.store.write_listener_info(
+            self.id, {**self.info, "renewed": repr(now()), "busy": str(busy)}, self._info_ttl())
+
+    def _info_ttl(self) -> int:
+        return int(self.interval * 3) + 1
+
+    def heal(self, ours: Collection[str]) -> None:
+        """Put back tasks left in our reserved lists that no child of ours runs (``ours``):
+        a reserve cut off between LMOVE and stamp.lua (Redis went away), an LMOVE whose reply
+        a failover lost (the retried one took another task), or a stamp that was refused."""
+        for queue in self.weights:
+            ids = [i for i in self.store.reserved_ids(queue, self.id) if i not in ours]
+            if not ids:
+                continue
+            verdicts = []
+            for task_id, data in zip(ids, self.store.task_data_many(ids), strict=True):
+                waiting = data.get("status") in (k.PENDING, k.RESERVED) or not data
+                verdicts.append((task_id, data.get("attempts", ""),
+                                 "pending" if waiting else "drop", None, ""))
+            counts = self.store.recover(queue, self.id, verdicts, now(), mode="host",
+                                        release=False)
+            log.warning("listener %s: put back %s task(s) left in its reserved list on %s",
+                        self.id, counts[0], queue)

@@ -1,0 +1,140 @@
+"""Preemption with notice (PROTOCOL.md 6.3): a node about to go away tells its listeners,
+which stop taking tasks and tell their task processes, so that a long job saves a checkpoint
+and stops, to resume elsewhere without spending an attempt.
+
+The listener's side is NodePreemption (the request, read from Redis or given by SIGUSR1, and
+its deadline); the task's side is ``preempted()``, ``preempt_deadline()`` and ``on_preempt``,
+fed by SIGUSR1 and the frame its listener sends before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+from blueque.display import format_seconds
+from blueque.reporting import ParentLink
+from blueque.store import RedisStore, now
+
+log = logging.getLogger("blueque.child")
+
+
+class Preemption:
+    """The notice that this task's node goes away (PROTOCOL.md 6.3), as a task process gets
+    it: SIGUSR1 from its listener, whose frame before it gives the deadline. The handler runs
+    in the task's main thread, between two bytecodes: it notes the notice and runs the
+    callbacks registered with ``on_preempt`` (an exception in one is logged, never raised
+    into the task)."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.noticed = False
+        self.callbacks: list[Callable[[], object]] = []
+        self.link: ParentLink | None = None
+
+    def install(self, link: ParentLink | None) -> None:
+        self.link = link
+        signal.signal(signal.SIGUSR1, self._notice)
+
+    def _notice(self, signum: int, frame: object) -> None:
+        if self.link is not None:
+            for message in self.link.pending():
+                if "preempt" in message:
+                    with contextlib.suppress(TypeError, ValueError):
+                        self.deadline = float(message["preempt"])
+        if self.noticed:
+            return
+        self.noticed = True
+        log.warning("this task's node goes away%s: it should save what it has and stop "
+                    "(raise blueque.Preempted)", "" if self.deadline is None else
+                    f" in {max(0.0, self.deadline - time.time()):.0f} s")
+        for callback in list(self.callbacks):
+            self.call(callback)
+
+    @staticmethod
+    def call(callback: Callable[[], object]) -> None:
+        try:
+            callback()
+        except Exception:
+            log.exception("an on_preempt callback raised; the task goes on")
+
+
+notice = Preemption()
+
+
+def preempted() -> bool:
+    """True once this task's node has announced that it goes away (``blueque preempt`` or
+    SIGUSR1 to the listener): save a checkpoint and stop by raising ``blueque.Preempted``;
+    the task then runs again elsewhere without spending an attempt."""
+    return notice.noticed
+
+
+def preempt_deadline() -> float | None:
+    """When the node goes away (Unix s) once preempted, if its listener said; None else.
+    After it, the task's process group is terminated."""
+    return notice.deadline
+
+
+def on_preempt(callback: Callable[[], object]) -> None:
+    """Call ``callback()`` (in the task's main thread) when the node announces that it goes
+    away; at once if it already has. Typically it saves a checkpoint and sets a flag the task
+    loop checks, or raises blueque.Preempted to stop the task where it is."""
+    notice.callbacks.append(callback)
+    if notice.noticed:
+        notice.call(callback)
+
+
+class NodePreemption:
+    """A listener's view of its node's preemption: SIGUSR1 (its own ``grace``), or a request
+    for its node name in Redis (read when its message comes, and at every renewal in case the
+    message was missed). ``deadline`` (Unix s) once preempted; an earlier one replaces it."""
+
+    def __init__(self, store: RedisStore, node_name: str, listener: str,
+                 clock: Callable[[], float], grace: float = 90.0) -> None:
+        self.store, self.node_name, self.listener, self.clock = store, node_name, listener, clock
+        self.grace = grace
+        self.deadline: float | None = None
+        self.at = 0.0  # the same deadline, on ``clock``
+        self.signalled = False  # SIGUSR1 arrived
+        self.heard = True  # read blueque_preempt_[node name] at the next look
+        self._seen = ""  # requested_at of the request acted on (or found stale)
+
+    def news(self) -> tuple[float, str] | None:
+        """A deadline to act on, with why, or None."""
+        if self.signalled:
+            self.signalled = False
+            return now() + self.grace, "SIGUSR1"
+        if not self.heard:
+            return None
+        self.heard = False
+        request = self.store.preemption(self.node_name)
+        requested = request.get("requested_at", "")
+        if not request or requested == self._seen:
+            return None
+        self._seen = requested
+        try:
+            deadline = float(request.get("deadline") or "")
+        except ValueError:
+            log.error("listener %s: unreadable preemption request %r ignored", self.listener,
+                      request)
+            return None
+        if deadline <= now() and self.deadline is None:
+            log.info("listener %s: a preemption of node %s that ended %s ago is ignored (the "
+                     "node is still here)", self.listener, self.node_name,
+                     format_seconds(now() - deadline))
+            return None
+        return deadline, request.get("reason") or "blueque preempt"
+
+    def take(self, deadline: float) -> bool:
+        """Adopt ``deadline`` if it is the first or an earlier one."""
+        if self.deadline is not None and deadline >= self.deadline:
+            return False
+        self.deadline = deadline
+        self.at = self.clock() + max(0.0, deadline - now())
+        return True
+
+    def due(self) -> bool:
+        return self.deadline is not None and self.clock() >= self.at

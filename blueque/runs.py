@@ -1,0 +1,103 @@
+"""One run of a task in a listener's child process, and how its ending reads in the logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from blueque import keys as k
+from blueque.display import format_seconds, last_line, shorten
+from blueque.endings import Stopped
+from blueque.policy import Policy
+from blueque.reporting import ChildChannel
+from blueque.store import now
+
+
+@dataclass
+class Running:
+    """A child process running one attempt of one task (PROTOCOL.md 6.2).
+
+    ``state``: "starting" until the stamp has started the task for it (repeated while Redis
+    is away), then "running"; "refused" when the stamp refused the task (nothing ran)."""
+
+    task_id: str
+    queue: str
+    attempt: int | None
+    started: float  # monotonic
+    time_limit: float
+    kill_grace: float
+    policy: Policy
+    pid: int = 0
+    reason: Stopped = ""  # why we stop it (its group: Supervisor's Stopping)
+    exit_code: int | None = None  # None while it runs, or when a signal ended it
+    created: float | None = None  # the process's create time
+    #: the task's fields once its ending is recorded (for the listener's log line)
+    ending: dict[str, str] | None = None
+    channel: ChildChannel | None = None  # the listener's end of the child's socket
+    state: str = "running"
+    #: the outcome frame the child sent, and the status recorded for it (None: not yet)
+    report: dict[str, Any] | None = None
+    recorded: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)  # the task as the stamp left it
+    progress: tuple[float, str] | None = None  # the latest report, not written yet
+    progress_due: float = 0.0  # monotonic: no progress write for this child before
+    output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
+
+    def record(self, listener: str, listener_pid: int, listener_created: float | None) -> str:
+        """This run's entry in blueque_node_[node] (PROTOCOL.md): with its listener process,
+        so that whoever reads it on this node can tell whether that very process lives."""
+        return json.dumps({"task": self.task_id, "queue": self.queue, "attempt": self.attempt,
+                           "created": self.created, "listener": listener,
+                           "listener_pid": listener_pid, "listener_created": listener_created})
+
+
+def describe_exit(status: int, reason: str, time_limit: float) -> str:
+    """What an unreported ending means, for the task's error field."""
+    if reason == "time limit":
+        return f"time limit of {time_limit:g} s exceeded: the task's process group was killed"
+    if reason == "cancelled":
+        return "cancelled while it ran: its process group was terminated"
+    if reason == "shutdown":
+        return "terminated because its listener shut down (--on-stop=terminate)"
+    if reason == "preempted":
+        return ("preempted: its node goes away, and it still ran at the deadline; its process "
+                "group was terminated")
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        text = f"process killed by signal {name} ({signum}) without reporting an outcome"
+        if signum == signal.SIGKILL:
+            text += "; if nobody sent it, the kernel's out-of-memory killer may have"
+        return text
+    return f"process exited with code {os.WEXITSTATUS(status)} without reporting an outcome"
+
+
+#: The task fields describe_ending reads.
+ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled")
+
+
+def describe_ending(fields: dict[str, str], attempt: int | None, took: str) -> str:
+    """How an attempt ended, for the listener's log: ``complete in 3h12m``, ``failed in 2s:
+    ValueError: bad``, ``failed in 2s, retry in 30s: ...``, ``cancelled in 5m: ...``, or
+    where the task has moved on meanwhile."""
+    status = fields.get("status")
+    # the exception with its type, from the traceback's last line; 1.0.1's error is its text
+    error = shorten(last_line(fields.get("traceback")) or fields.get("error"), 200)
+    if not fields:
+        return f"ended in {took}; its task is gone (deleted)"
+    if attempt is not None and fields.get("attempts") not in (None, str(attempt)):
+        return (f"ended in {took}, superseded: the task is {status} at attempt "
+                f"{fields.get('attempts')}")
+    if status == k.COMPLETE:
+        return f"complete in {took}"
+    if status == k.FAILED:
+        return f"{'cancelled' if fields.get('cancelled') else 'failed'} in {took}: {error}"
+    if status == k.SCHEDULED and fields.get("eta"):
+        wait = format_seconds(max(0.0, float(fields["eta"]) - now()))
+        return f"failed in {took}, retry in {wait}: {error}"
+    if status == k.PENDING:
+        return f"ended in {took}, put back: the task is pending again"
+    return f"ended in {took}; the task is {status}"

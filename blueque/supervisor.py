@@ -1,0 +1,483 @@
+"""A listener's children (PROTOCOL.md 6.2): fork each run's process, stamp its task for it,
+take in what it reports, record its ending by the one rule (blueque.endings), stop it (time
+limit, cancel, shutdown, supersession, preemption: SIGTERM, then SIGKILL after its grace) and
+reap it. Where the listener decides what to run and when, the Supervisor runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blueque import failpoints
+from blueque import keys as k
+from blueque.child import (
+    EXIT_NOT_STARTED,
+    EXIT_REPORTED,
+    Assignment,
+    TaskFunction,
+    run_reporting_child,
+)
+from blueque.display import format_seconds
+from blueque.endings import Ending, Stopped, decide
+from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable
+from blueque.metrics import ListenerMetrics
+from blueque.policy import Policy
+from blueque.process import Stopping, create_time
+from blueque.reporting import ChildChannel
+from blueque.runs import ENDING_FIELDS, Running, describe_ending, describe_exit
+from blueque.store import RedisStore, now
+from blueque.tasklog import TaskLogSettings, ship_reported, ship_rest
+
+log = logging.getLogger("blueque.daemon")
+
+#: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
+#: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
+NODE_RUNS_TTL = 7 * 24 * 3600
+#: Shortest time between two progress writes for one child: a task that reports in a tight
+#: loop costs Redis ten writes a second, not one per report (PROTOCOL.md 6.2).
+PROGRESS_SPACING = 0.1
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The listener a Supervisor works for: its id, node identity and process."""
+
+    id: str
+    node: str
+    pid: int
+    created: float | None
+    lease_s: float  # a child waits this long for a word before counting it gone
+
+
+class Supervisor:
+    def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
+                 clock: Callable[[], float], rng: random.Random,
+                 defaults: Callable[[str], dict[str, str]]) -> None:
+        self.store = store  # the loop's, bounded
+        self.task_store = task_store  # the children's: the client's whole retry_deadline
+        self.owner = owner
+        self.clock = clock
+        self.rng = rng
+        self.defaults = defaults  # a queue's defaults, as the listener caches them
+        self.children: dict[int, Running] = {}
+        self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
+        self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
+        self.stopping = Stopping()
+        self.task_logs: TaskLogSettings | None = None
+        self.metrics: ListenerMetrics | None = None
+
+    # --- forking and starting ---------------------------------------------------------------
+    def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
+        """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
+        the task for it. False if no process could be forked."""
+        ours, theirs = socket.socketpair()
+        try:
+            with self._pool_lock():
+                pid = os.fork()
+        except OSError as error:  # EAGAIN at a pids limit (systemd TasksMax), ENOMEM
+            ours.close()
+            theirs.close()
+            log.error("task %s: cannot fork a process to run it (%s); putting it back",
+                      task_id, error)
+            return False
+        if pid == 0:
+            ours.close()
+            self.close()  # its siblings' sockets are not its own
+            run_reporting_child(self.task_store, theirs,
+                                Assignment(task_id, queue, self.owner.id, self.owner.lease_s),
+                                function, self.task_logs)
+        theirs.close()
+        running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
+                          Policy(), pid, created=create_time(pid), channel=ChildChannel(ours),
+                          state="starting")
+        self.children[pid] = running
+        failpoints.hit("listener-before-stamp")
+        self._begin(running)
+        return True
+
+    def _pool_lock(self) -> contextlib.AbstractContextManager[object]:
+        """The connection pool's lock, held across fork(): the child reuses the store, and
+        redis-py resets an inherited pool under that lock; forked while the subscriber thread
+        held it, the child's first command would wait forever."""
+        lock = getattr(getattr(self.store.redis, "connection_pool", None), "_lock", None)
+        return lock if lock is not None else contextlib.nullcontext()
+
+    def _begin(self, running: Running) -> None:
+        """Stamp the moved task with the child's pid (pending -> started) and record the run
+        on our node, in one round trip; then tell the child to go, or to stop. Raises
+        RedisUnavailable: the stamp may or may not have happened, and the child waits (nothing
+        runs yet) while ``begin_waiting`` repeats it, idempotent, at every step."""
+        try:
+            reservation = self.store.begin_run(
+                running.queue, self.owner.id, running.task_id, now(), running.pid,
+                running.created, self.owner.node, self.record(running), NODE_RUNS_TTL)
+        except RedisUnavailable:
+            raise
+        except BluequeError as error:
+            reservation = None
+            log.error("task %s: not started: %s", running.task_id, error)
+        if reservation is None or not reservation.runnable:
+            if reservation is not None:
+                log.warning("not running task %s from queue %s: %s (%s)", running.task_id,
+                            running.queue, reservation.verdict, reservation.detail)
+            running.state = "refused"
+            self.tell(running, {"stop": reservation.detail if reservation else "refused"})
+            return
+        fields = reservation.fields or {}
+        defaults = self.defaults(running.queue)
+        policy = Policy.resolve(fields, defaults)
+        running.attempt, running.policy, running.fields = reservation.attempt, policy, fields
+        running.time_limit, running.kill_grace = policy.time_limit, policy.kill_grace
+        failpoints.hit("listener-before-go")
+        self.tell(running, {"go": fields, "defaults": defaults})
+        if running.channel is not None and running.channel.closed:
+            return  # the child died before it could be told: it never ran (see _put_back)
+        running.started, running.state = self.clock(), "running"
+        log.info("task %s queue %s: attempt %s started in pid %d", running.task_id,
+                 running.queue, running.attempt, running.pid,
+                 extra={"task_id": running.task_id, "queue": running.queue,
+                        "pid": running.pid, "event": "started", "attempt": running.attempt})
+
+    def begin_waiting(self) -> None:
+        """Repeat the stamps an outage interrupted (their children are waiting)."""
+        for running in list(self.children.values()):
+            if running.state == "starting":
+                self._begin(running)
+
+    def record(self, running: Running) -> str:
+        """The run's entry in blueque_node_[node] (PROTOCOL.md 6)."""
+        return running.record(self.owner.id, self.owner.pid, self.owner.created)
+
+    def records(self) -> dict[str, str]:
+        return {str(r.pid): self.record(r) for r in self.children.values()}
+
+    @staticmethod
+    def tell(running: Running, message: dict[str, Any]) -> None:
+        if running.channel is not None:
+            running.channel.send(message)
+
+    # --- what the children say --------------------------------------------------------------
+    def take_in(self) -> None:
+        """Read every child's frames: progress, and outcomes to record."""
+        for running in self.children.values():
+            if running.channel is None:
+                continue
+            for frame in running.channel.receive():
+                if running.report is not None:
+                    continue  # nothing counts after the outcome
+                if "outcome" in frame:
+                    running.report = frame
+                elif "progress" in frame and running.state == "running":
+                    try:
+                        running.progress = (float(frame["progress"]),
+                                            str(frame.get("message") or ""))
+                    except (TypeError, ValueError):
+                        log.warning("task %s: unreadable progress report %r", running.task_id,
+                                    frame)
+            running.channel.flush()
+
+    def record_reports(self) -> None:
+        for running in list(self.children.values()):
+            if running.report is not None and running.recorded is None:
+                self._record_report(running)
+
+    def _record_report(self, running: Running) -> None:
+        """Record the outcome a child reported (finish, fenced by its attempt), after the
+        rest of its output and its last progress; then tell the child, which exits. Raises
+        RedisUnavailable: the outcome is kept (and the child waits) until Redis takes it."""
+        report = running.report or {}
+        if self.task_logs is not None and not running.output_shipped:
+            output = report.get("output")
+            ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
+                          running.task_id, running.attempt, running.policy.result_ttl_ms(),
+                          output if isinstance(output, dict) else {})
+            running.output_shipped = True
+        if running.progress is not None and running.state == "running":
+            self._write_progress_of(running)  # its last report shows beside its outcome
+        ran = report.get("outcome")
+        trace = str(report.get("traceback") or "") or None
+        ending = decide(running.policy, running.fields,
+                        ran if ran in ("complete", "preempted") else "failed",
+                        str(report.get("text") or ""), now(),
+                        retry=bool(report.get("retry", True)), stopped=running.reason,
+                        rng=self.rng)
+        failpoints.hit("listener-before-finish")
+        try:
+            running.recorded = self._finish_run(running, ending, trace, forget=True)
+        except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
+            log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
+                        running.task_id, ending.outcome, running.attempt, refused)
+            running.recorded = ""
+            running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
+        failpoints.hit("listener-before-recorded")
+        self.tell(running, {"recorded": running.recorded})  # a reaped child's is closed
+
+    def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
+                    forget: bool = False, listener: str | None = None,
+                    attempt: int | None = None) -> str:
+        """Record ``ending`` for the child's run (finish, fenced by its attempt); with
+        ``forget``, drop its run record in the same round trip. Keeps what was recorded for
+        the listener's log line."""
+        current = now()
+        final = ending.outcome in ("complete", "failed")
+        status = self.store.finish(
+            running.queue, running.task_id, listener or self.owner.id, running.pid,
+            ending.outcome, ending.text, current,
+            running.attempt if attempt is None else attempt, retry_eta=ending.eta,
+            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
+            extra=("cancelled", repr(current)) if ending.cancelled else None,
+            traceback=trace, forget_run=(self.owner.node, running.pid) if forget else None)
+        running.ending = {"status": status, "attempts": str(running.attempt)}
+        if ending.outcome != "complete":
+            running.ending.update(error=ending.text, traceback=trace or "",
+                                  eta="" if ending.eta is None else repr(ending.eta),
+                                  cancelled="1" if ending.cancelled else "")
+        return status
+
+    def write_progress(self) -> None:
+        """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
+        current = self.clock()
+        for running in list(self.children.values()):
+            if (running.progress is not None and running.report is None
+                    and running.attempt is not None and current >= running.progress_due):
+                self._write_progress_of(running)
+
+    def _write_progress_of(self, running: Running) -> None:
+        if running.progress is None or running.attempt is None:
+            return
+        fraction, message = running.progress
+        try:
+            self.store.progress(running.task_id, running.attempt, fraction, message, now())
+        except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
+            log.warning("progress of task %s not recorded: %s", running.task_id, error)
+        running.progress = None
+        running.progress_due = self.clock() + PROGRESS_SPACING
+
+    # --- children that end ------------------------------------------------------------------
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            running = self.children.pop(pid, None)
+            if running is None:
+                continue
+            if running.channel is not None:
+                running.channel.close()
+            self.stopping.forget(pid)  # a group we stopped: its grandchildren too
+            self._settle(pid, status, running)
+
+    def _settle(self, pid: int, status: int, running: Running) -> None:
+        duration = self.clock() - running.started
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        running.exit_code = code
+        if running.recorded is None and running.state != "refused":
+            if running.report is None:
+                self.ended_pids.append(str(pid))
+                if self.task_logs is not None and code != EXIT_NOT_STARTED:
+                    # it died without reporting: the listener ships the end of its output
+                    ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
+                              running.task_id, running.attempt, running.policy.result_ttl_ms())
+            # an outcome it reported is recorded as reported; any other ending is checked
+            # against the task, exit codes 0 and 3 included (a task function may call
+            # os._exit itself): _record reads first
+            self.unrecorded.append((running, describe_exit(status, running.reason,
+                                                           running.time_limit)))
+            self.record_unrecorded()
+        elif running.state == "refused":
+            self.ended_pids.append(str(pid))
+        if self.metrics and running.state != "refused":
+            self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
+        self._log_end(pid, running, code, duration)
+
+    def _log_end(self, pid: int, running: Running, code: int | None, duration: float) -> None:
+        never_ran = running.state in ("refused", "starting")
+        process = ("not started" if never_ran or code == EXIT_NOT_STARTED
+                   else "reported" if running.report is not None else "died")
+        took = format_seconds(duration)
+        what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
+                else describe_ending(running.ending, running.attempt, took))
+        if running.state == "refused":
+            what = "not started: the stamp refused it"
+        log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
+                 running.queue, running.attempt, what, pid, process, self.owner.node, extra={
+                     "task_id": running.task_id, "queue": running.queue, "pid": pid,
+                     "attempt": running.attempt, "node": self.owner.node,
+                     "duration": round(duration, 6), "event": "ended", "outcome": process,
+                     "ending": what})
+
+    def record_unrecorded(self) -> None:
+        """Record endings of children that are gone: the outcome a child reported, or what
+        its exit status says; kept until Redis accepts them."""
+        while self.unrecorded:
+            running, error = self.unrecorded[0]
+            try:
+                if running.report is not None:
+                    self._record_report(running)
+                elif running.state == "starting":
+                    self._put_back(running)
+                else:
+                    self._record(running, error)
+            except RedisUnavailable:
+                return
+            except InvalidTaskState as refused:
+                # recovered or cancelled between our read and our finish: its new state stands
+                log.warning("task %s: ending not recorded: %s", running.task_id, refused)
+            self.unrecorded.pop(0)
+
+    def _record(self, running: Running, error: str) -> None:
+        """The ending of a child that reported no outcome, from its exit status."""
+        said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
+        if said:
+            fields = self.store.task_fields(running.task_id, (*ENDING_FIELDS, "pid", "node"))
+            if fields.get("status") != k.STARTED or not self._its_run(running, fields):
+                # it recorded an outcome itself, or never started the task
+                running.ending = fields
+                return
+        data = self.store.task_data(running.task_id)
+        if data.get("status") not in (k.RESERVED, k.STARTED) or not self._its_run(running, data):
+            # the task moved on (recovered, cancelled), or the stamp never started it
+            running.ending = data
+            return
+        attempt = running.attempt
+        if attempt is None and data.get("attempts", "").isdigit():
+            attempt = int(data["attempts"])  # a stamp whose reply was lost, by its pid
+        policy = running.policy
+        if running.state != "running":  # never told its policy: read it now
+            policy = running.policy = Policy.resolve(data, self.defaults(running.queue))
+        ending = decide(policy, data, "failed", error, now(), stopped=running.reason,
+                        rng=self.rng)
+        status = self._finish_run(running, ending, listener=data.get("node") or self.owner.id,
+                                  attempt=attempt)
+        running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
+        log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
+                    extra={"task_id": running.task_id, "queue": running.queue,
+                           "event": "recorded", "outcome": status})
+
+    def _put_back(self, running: Running) -> None:
+        """A child that ended before it was told to go never ran its task: whether or not
+        the stamp (whose reply never came) started it for that child, the task goes back to
+        the head of the line, its attempt not held against it (recover, verdict pending)."""
+        data = self.store.task_data(running.task_id)
+        ours = data.get("node") == self.owner.id and (
+            data.get("status") == k.RESERVED
+            or (data.get("status") == k.STARTED and data.get("pid") == str(running.pid)))
+        running.ending = data
+        if data.get("status") == k.PENDING or ours:
+            self.store.recover(running.queue, self.owner.id,
+                               [(running.task_id, data.get("attempts", ""), "pending", None, "")],
+                               now(), mode="host", release=False)
+            running.ending = {"status": k.PENDING}
+
+    def _its_run(self, running: Running, data: dict[str, str]) -> bool:
+        """Is the task's current run this child's? By attempt, once the stamp told it; for a
+        stamp whose reply never came, by the pid and listener the stamp would have written."""
+        if running.attempt is not None:
+            return data.get("attempts") == str(running.attempt)
+        return data.get("pid") == str(running.pid) and data.get("node") == self.owner.id
+
+    # --- stopping ---------------------------------------------------------------------------
+    def stop(self, running: Running, reason: Stopped) -> None:
+        """SIGTERM its process group now, SIGKILL after its kill_grace (enforce_limits)."""
+        if not running.reason:
+            running.reason = reason
+            log.info("task %s: %s, sending SIGTERM to its process group", running.task_id,
+                     reason)
+            self.stopping.begin(running.pid, running.pid, running.kill_grace, reason)
+
+    def stop_tasks(self, task_ids: Iterable[str], reason: Stopped) -> None:
+        wanted = set(task_ids)
+        for running in self.children.values():
+            if running.task_id in wanted:
+                self.stop(running, reason)
+
+    def stop_all(self, reason: Stopped) -> None:
+        for running in self.children.values():
+            if running.report is None:
+                self.stop(running, reason)
+
+    def enforce_limits(self) -> None:
+        """Time limits and kill escalation need no Redis: they keep working while it is down."""
+        current = self.clock()
+        for running in list(self.children.values()):
+            if running.time_limit and current - running.started > running.time_limit:
+                self.stop(running, "time limit")
+        self.stopping.escalate()
+
+    def check(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
+        """At a lease renewal, with each running child's task as it is now: stop the runs
+        that were taken back or reserved again (superseded: they could record nothing);
+        returns the tasks whose cancel was asked for (their message may have been missed)."""
+        cancels = []
+        for running, data in fields:
+            if data.get("cancel_requested"):
+                cancels.append(running.task_id)
+            elif self._superseded(running, data):
+                self.stop(running, "superseded")
+        return cancels
+
+    def checked(self) -> list[Running]:
+        """The children whose task a renewal looks at: running, and not yet reported (one
+        whose outcome we took in is only exiting, not superseded by its own end)."""
+        return [r for r in self.children.values() if r.report is None and r.state == "running"]
+
+    def _superseded(self, running: Running, data: dict[str, str]) -> bool:
+        if not data or running.attempt is None:
+            return False
+        return (data.get("attempts") != str(running.attempt) or data.get("node") != self.owner.id
+                or data.get("status") not in (k.RESERVED, k.STARTED))
+
+    def notify(self, message: dict[str, Any], signum: int) -> int:
+        """Tell every running child ``message``, then send it ``signum`` (a preemption's
+        notice); returns how many were told."""
+        runs = [r for r in self.children.values() if r.state == "running"]
+        for running in runs:
+            self.tell(running, message)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(running.pid, signum)
+        return len(runs)
+
+    # --- for the loop -----------------------------------------------------------------------
+    def channels(self) -> dict[int, ChildChannel]:
+        return {r.channel.fileno(): r.channel for r in self.children.values()
+                if r.channel is not None and not r.channel.closed}
+
+    def deadlines(self) -> list[float]:
+        """When something is due for a child: a time limit, a SIGKILL, a progress write."""
+        due = [r.started + r.time_limit for r in self.children.values()
+               if r.time_limit and not r.reason]
+        due += self.stopping.deadlines()
+        due += [r.progress_due for r in self.children.values() if r.progress is not None]
+        return due
+
+    def running_paths(self) -> list[Path]:
+        """The output files of the attempts running now (the log cleanup spares them)."""
+        if self.task_logs is None:
+            return []
+        return [self.task_logs.path(r.queue, r.task_id, r.attempt)
+                for r in self.children.values() if r.attempt is not None]
+
+    def task_ids(self) -> set[str]:
+        """Tasks whose ids our reserved lists rightly hold: running, or with an ending still
+        to be recorded."""
+        return ({r.task_id for r in self.children.values()}
+                | {r.task_id for r, _ in self.unrecorded})
+
+    def close(self) -> None:
+        """Close our ends of the children's sockets: they see their listener gone and record
+        their outcomes themselves (even when this process lives on: ForkingRunner.run()
+        returns to its caller)."""
+        for running in self.children.values():
+            if running.channel is not None:
+                running.channel.close()
+
