@@ -19,30 +19,27 @@ from blueque import failpoints
 from blueque import keys as k
 from blueque.child import (
     EXIT_NOT_STARTED,
-    EXIT_REPORTED,
     Assignment,
     TaskFunction,
     run_reporting_child,
 )
 from blueque.display import format_seconds
-from blueque.endings import Ending, Stopped, decide
+from blueque.endings import Stopped
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable
 from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time
+from blueque.recorder import Recorder
 from blueque.reporting import ChildChannel
-from blueque.runs import ENDING_FIELDS, Running, describe_ending, describe_exit
+from blueque.runs import Running, describe_ending, describe_exit
 from blueque.store import RedisStore, now
-from blueque.tasklog import TaskLogSettings, ship_reported, ship_rest
+from blueque.tasklog import TaskLogSettings, ship_rest
 
 log = logging.getLogger("blueque.daemon")
 
 #: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
 #: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
 NODE_RUNS_TTL = 7 * 24 * 3600
-#: Shortest time between two progress writes for one child: a task that reports in a tight
-#: loop costs Redis ten writes a second, not one per report (PROTOCOL.md 6.2).
-PROGRESS_SPACING = 0.1
 
 
 @dataclass(frozen=True)
@@ -70,8 +67,16 @@ class Supervisor:
         self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
         self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
         self.stopping = Stopping()
-        self.task_logs: TaskLogSettings | None = None
+        self.recorder = Recorder(store, owner.id, owner.node, clock, rng, defaults)
         self.metrics: ListenerMetrics | None = None
+
+    @property
+    def task_logs(self) -> TaskLogSettings | None:
+        return self.recorder.task_logs
+
+    @task_logs.setter
+    def task_logs(self, settings: TaskLogSettings | None) -> None:
+        self.recorder.task_logs = settings
 
     # --- forking and starting ---------------------------------------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
@@ -186,60 +191,7 @@ class Supervisor:
     def record_reports(self) -> None:
         for running in list(self.children.values()):
             if running.report is not None and running.recorded is None:
-                self._record_report(running)
-
-    def _record_report(self, running: Running) -> None:
-        """Record the outcome a child reported (finish, fenced by its attempt), after the
-        rest of its output and its last progress; then tell the child, which exits. Raises
-        RedisUnavailable: the outcome is kept (and the child waits) until Redis takes it."""
-        report = running.report or {}
-        if self.task_logs is not None and not running.output_shipped:
-            output = report.get("output")
-            ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
-                          running.task_id, running.attempt, running.policy.result_ttl_ms(),
-                          output if isinstance(output, dict) else {})
-            running.output_shipped = True
-        if running.progress is not None and running.state == "running":
-            self._write_progress_of(running)  # its last report shows beside its outcome
-        ran = report.get("outcome")
-        trace = str(report.get("traceback") or "") or None
-        ending = decide(running.policy, running.fields,
-                        ran if ran in ("complete", "preempted") else "failed",
-                        str(report.get("text") or ""), now(),
-                        retry=bool(report.get("retry", True)), stopped=running.reason,
-                        rng=self.rng)
-        failpoints.hit("listener-before-finish")
-        try:
-            running.recorded = self._finish_run(running, ending, trace, forget=True)
-        except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
-            log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
-                        running.task_id, ending.outcome, running.attempt, refused)
-            running.recorded = ""
-            running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
-        failpoints.hit("listener-before-recorded")
-        self.tell(running, {"recorded": running.recorded})  # a reaped child's is closed
-
-    def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
-                    forget: bool = False, listener: str | None = None,
-                    attempt: int | None = None) -> str:
-        """Record ``ending`` for the child's run (finish, fenced by its attempt); with
-        ``forget``, drop its run record in the same round trip. Keeps what was recorded for
-        the listener's log line."""
-        current = now()
-        final = ending.outcome in ("complete", "failed")
-        status = self.store.finish(
-            running.queue, running.task_id, listener or self.owner.id, running.pid,
-            ending.outcome, ending.text, current,
-            running.attempt if attempt is None else attempt, retry_eta=ending.eta,
-            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
-            extra=("cancelled", repr(current)) if ending.cancelled else None,
-            traceback=trace, forget_run=(self.owner.node, running.pid) if forget else None)
-        running.ending = {"status": status, "attempts": str(running.attempt)}
-        if ending.outcome != "complete":
-            running.ending.update(error=ending.text, traceback=trace or "",
-                                  eta="" if ending.eta is None else repr(ending.eta),
-                                  cancelled="1" if ending.cancelled else "")
-        return status
+                self.recorder.record_report(running)
 
     def write_progress(self) -> None:
         """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
@@ -247,18 +199,7 @@ class Supervisor:
         for running in list(self.children.values()):
             if (running.progress is not None and running.report is None
                     and running.attempt is not None and current >= running.progress_due):
-                self._write_progress_of(running)
-
-    def _write_progress_of(self, running: Running) -> None:
-        if running.progress is None or running.attempt is None:
-            return
-        fraction, message = running.progress
-        try:
-            self.store.progress(running.task_id, running.attempt, fraction, message, now())
-        except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
-            log.warning("progress of task %s not recorded: %s", running.task_id, error)
-        running.progress = None
-        running.progress_due = self.clock() + PROGRESS_SPACING
+                self.recorder.write_progress(running)
 
     # --- children that end ------------------------------------------------------------------
     def reap(self) -> None:
@@ -323,68 +264,17 @@ class Supervisor:
             running, error = self.unrecorded[0]
             try:
                 if running.report is not None:
-                    self._record_report(running)
+                    self.recorder.record_report(running)
                 elif running.state == "starting":
-                    self._put_back(running)
+                    self.recorder.put_back(running)
                 else:
-                    self._record(running, error)
+                    self.recorder.record_exit(running, error)
             except RedisUnavailable:
                 return
             except InvalidTaskState as refused:
                 # recovered or cancelled between our read and our finish: its new state stands
                 log.warning("task %s: ending not recorded: %s", running.task_id, refused)
             self.unrecorded.pop(0)
-
-    def _record(self, running: Running, error: str) -> None:
-        """The ending of a child that reported no outcome, from its exit status."""
-        said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
-        if said:
-            fields = self.store.task_fields(running.task_id, (*ENDING_FIELDS, "pid", "node"))
-            if fields.get("status") != k.STARTED or not self._its_run(running, fields):
-                # it recorded an outcome itself, or never started the task
-                running.ending = fields
-                return
-        data = self.store.task_data(running.task_id)
-        if data.get("status") not in (k.RESERVED, k.STARTED) or not self._its_run(running, data):
-            # the task moved on (recovered, cancelled), or the stamp never started it
-            running.ending = data
-            return
-        attempt = running.attempt
-        if attempt is None and data.get("attempts", "").isdigit():
-            attempt = int(data["attempts"])  # a stamp whose reply was lost, by its pid
-        policy = running.policy
-        if running.state != "running":  # never told its policy: read it now
-            policy = running.policy = Policy.resolve(data, self.defaults(running.queue))
-        ending = decide(policy, data, "failed", error, now(), stopped=running.reason,
-                        rng=self.rng)
-        status = self._finish_run(running, ending, listener=data.get("node") or self.owner.id,
-                                  attempt=attempt)
-        running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
-        log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
-                    extra={"task_id": running.task_id, "queue": running.queue,
-                           "event": "recorded", "outcome": status})
-
-    def _put_back(self, running: Running) -> None:
-        """A child that ended before it was told to go never ran its task: whether or not
-        the stamp (whose reply never came) started it for that child, the task goes back to
-        the head of the line, its attempt not held against it (recover, verdict pending)."""
-        data = self.store.task_data(running.task_id)
-        ours = data.get("node") == self.owner.id and (
-            data.get("status") == k.RESERVED
-            or (data.get("status") == k.STARTED and data.get("pid") == str(running.pid)))
-        running.ending = data
-        if data.get("status") == k.PENDING or ours:
-            self.store.recover(running.queue, self.owner.id,
-                               [(running.task_id, data.get("attempts", ""), "pending", None, "")],
-                               now(), mode="host", release=False)
-            running.ending = {"status": k.PENDING}
-
-    def _its_run(self, running: Running, data: dict[str, str]) -> bool:
-        """Is the task's current run this child's? By attempt, once the stamp told it; for a
-        stamp whose reply never came, by the pid and listener the stamp would have written."""
-        if running.attempt is not None:
-            return data.get("attempts") == str(running.attempt)
-        return data.get("pid") == str(running.pid) and data.get("node") == self.owner.id
 
     # --- stopping ---------------------------------------------------------------------------
     def stop(self, running: Running, reason: Stopped) -> None:

@@ -22,10 +22,11 @@ import psutil
 import pytest
 
 import blueque
-from blueque.daemon import ListenerDaemon, Running
+from blueque.daemon import ListenerDaemon
 from blueque.keys import Keys
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
+from blueque.runs import Running
 from blueque.task import Task
 from blueque.testing import RedisServer, free_port
 from tests import jobs
