@@ -131,7 +131,6 @@ class ListenerDaemon:
         #: each queue's defaults (blueque_queue_config_[queue]), read again at every renewal
         self._queue_defaults: dict[str, dict[str, str]] = {}
         self._adopted_stops = Stopping()  # adopted runs stopped at a preemption's deadline
-        self.metrics: ListenerMetrics | None = None  # blueque listen --metrics-port
 
     @property
     def children(self) -> dict[int, Running]:
@@ -140,6 +139,15 @@ class ListenerDaemon:
     @property
     def unrecorded(self) -> list[tuple[Running, str]]:
         return self.supervisor.unrecorded
+
+    @property
+    def metrics(self) -> ListenerMetrics | None:
+        """blueque listen --metrics-port: this listener's Prometheus figures."""
+        return self.supervisor.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: ListenerMetrics | None) -> None:
+        self.supervisor.metrics = metrics
 
     @property
     def task_logs(self) -> TaskLogSettings | None:
