@@ -1,4 +1,4 @@
-"""blueque.retry: the one backoff schedule, and RetryPolicy.acall (the awaiting twin of
+"""blueque.retry: the one backoff schedule (Backoff), and RetryPolicy.acall (the awaiting twin of
 call, which tests/ha/test_ha_settings.py covers) deciding exactly as call does."""
 
 from __future__ import annotations
@@ -9,17 +9,26 @@ import itertools
 import pytest
 import redis
 
-from blueque.retry import RetryPolicy, backoff_delays
+from blueque.retry import Backoff, RetryPolicy
 
 
 def test_backoff_doubles_to_its_cap_with_jitter_in_the_lower_half() -> None:
-    assert list(itertools.islice(backoff_delays(0.05, 0.5, jitter=False), 6)) == [
-        0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
-    for delay, full in zip(backoff_delays(0.05, 0.5), backoff_delays(0.05, 0.5, jitter=False),
-                           strict=False):
+    assert list(itertools.islice(Backoff(0.05, 0.5), 6)) == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
+    for delay, full in zip(Backoff(0.05, 0.5, jitter=True), Backoff(0.05, 0.5), strict=False):
         assert full / 2 <= delay <= full
         if full == 0.5:
             break
+
+
+def test_backoff_starts_again_after_a_reset_and_never_exceeds_its_cap() -> None:
+    backoff = Backoff(0.1, 5.0)
+    assert [backoff.next() for _ in range(3)] == [0.1, 0.2, 0.4]
+    backoff.reset()
+    assert backoff.next() == 0.1
+    # a first wait above the cap is the cap (the scheduler's twice-the-interval start)
+    assert list(itertools.islice(Backoff(40.0, 30.0), 2)) == [30.0, 30.0]
+    with pytest.raises(ValueError, match="more than 0"):
+        Backoff(0.0, 1.0)
 
 
 class FakeTime:
