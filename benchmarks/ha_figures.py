@@ -47,7 +47,7 @@ def sentinel_run(durable: bool) -> dict[str, Any]:
 
 def cluster_run() -> dict[str, Any]:
     with ClusterTopology() as cluster, tempfile.TemporaryDirectory() as tmp:
-        keys = Keys(cluster=True)
+        keys = Keys(hash_tags=True)
         names: dict[int, str] = {}
         for n in range(200):
             names.setdefault(cluster.master_for_key(keys.pending(f"q{n}")).port, f"q{n}")

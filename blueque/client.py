@@ -8,7 +8,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from blueque.config import Settings
+from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.keys import Keys
 from blueque.listener import Listener
@@ -32,23 +32,27 @@ PREEMPTION_KEPT = 3600
 
 
 class Client:
-    """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0) or
-    ``Client(redis_client)`` (a ready redis-py client made with decode_responses=True).
+    """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0),
+    ``Client(settings)`` (a ``blueque.config.Settings``) or ``Client(redis_client)`` (a ready
+    redis-py client made with decode_responses=True).
 
     Other keyword arguments go to redis-py unchanged, as in blueque 1.0.1 (``retry=``,
     ``socket_timeout=``...). Blueque's own options have names redis-py does not use:
-    ``cluster``, ``retry_policy`` (a ``blueque.ha.RetryPolicy``), ``durability``,
-    ``retry_deadline`` (seconds each operation keeps retrying through a Redis restart or
-    failover before RedisUnavailable; default 30, 0 = no retry; also a URL option) and
+    ``hash_tags`` (the hash-tagged key layout a Redis Cluster needs, for a URL that does not
+    select it itself; ``cluster`` is its deprecated former name, still accepted),
+    ``retry_policy`` (a ``blueque.retry.RetryPolicy``), ``durability``, ``retry_deadline``
+    (seconds each operation keeps retrying through a Redis restart or failover before
+    RedisUnavailable; default 30, 0 = no retry; also a URL option) and
     ``checkpoint_max_bytes`` (the largest checkpoint a task run with this client may save
     unless the task's option or its queue's default says otherwise; default 1 MiB). A ready
     redis-py client gets no retry policy unless ``retry_policy`` is given."""
 
     def __init__(
         self,
-        url: str | Any | None = None,
+        url: str | Settings | Any | None = None,
         *,
-        cluster: bool = False,
+        hash_tags: bool = False,
+        cluster: bool | None = None,
         retry_policy: Any = None,
         durability: Any = None,
         checkpoint_max_bytes: int | None = None,
@@ -61,12 +65,13 @@ class Client:
                 f"checkpoint_max_bytes must be a whole number of bytes >= 1, not "
                 f"{checkpoint_max_bytes!r}"
             )
-        if url is None or isinstance(url, str):
-            self.settings: Settings | None = Settings.from_url(url, **redis_kwargs)
+        hash_tags = hash_tags_option(hash_tags, cluster)
+        if url is None or isinstance(url, (str, Settings)):
+            self.settings: Settings | None = settings_for(url, hash_tags, **redis_kwargs)
             try:  # a cluster client connects at once, to learn the slot map
                 self.redis = self.settings.connect()
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
-                raise translate(error, self.settings.url.rpartition("@")[2]) from error
+                raise translate(error, hide_password(self.settings.url)) from error
         else:
             if not decodes_text(url):
                 raise ConfigurationError(
@@ -75,11 +80,11 @@ class Client:
                 )
             self.settings = None
             self.redis = url
-        if self.settings is not None:  # Sentinel and Cluster URLs bring their own (blueque.ha)
-            cluster = cluster or self.settings.cluster
+        if self.settings is not None:  # a URL brings its layout, retry deadline and WAIT
+            hash_tags = self.settings.hash_tags
             retry_policy = retry_policy or self.settings.retry_policy()
-            durability = durability or self.settings.durability()
-        self.keys = Keys(cluster=cluster or isinstance(self.redis, RedisCluster))
+            durability = durability or self.settings.durability
+        self.keys = Keys(hash_tags=hash_tags or isinstance(self.redis, RedisCluster))
         self.store = RedisStore(self.redis, self.keys, retry=retry_policy, durability=durability)
         if checkpoint_max_bytes is not None:
             self.store.checkpoint_max_bytes = checkpoint_max_bytes

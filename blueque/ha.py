@@ -1,36 +1,23 @@
-"""High availability: Sentinel and Cluster URLs, a retry policy that rides through failovers,
-and optional replication waits (WAIT) for writes that must survive a failover.
+"""High availability: clients of a Sentinel master or a Redis Cluster, and replication waits
+(WAIT) for writes that must survive a failover.
 
-URL forms (``blueque.config.Settings`` hands these schemes to ``HASettings.from_url``)::
-
-    redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master_name[/db][?options]
-    rediss+sentinel://...            TLS to the data nodes and to the sentinels
-    redis+cluster://[[user]:password@]host[:port][,host[:port]...][/][?options]
-    rediss+cluster://...             TLS to every cluster node
-
-Sentinel hosts default to port 26379, cluster nodes to 6379. The user and password in the URL
-authenticate to the data nodes; the sentinels take theirs from ``sentinel_username`` and
-``sentinel_password``. Options (also accepted as keyword arguments of ``connect``):
-
-``db`` (Sentinel only; a cluster has database 0 only), ``socket_timeout``,
-``socket_connect_timeout`` (seconds), ``retry_deadline`` (seconds every operation keeps
-retrying through a failover, default 30), ``wait_replicas`` and ``wait_timeout`` (replicas
-that must acknowledge enqueues and outcomes, and milliseconds to wait for them; see
-``Durability``), and ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``,
-``ssl_check_hostname`` for TLS.
+``blueque.config`` parses a ``redis+sentinel://`` or ``redis+cluster://`` URL (the forms, the
+options and their defaults are described there) into an ``HAEndpoint``; this module turns one
+into a redis-py client, sync or redis.asyncio, with redis-py's own retries switched off (the
+retry policy of ``blueque.retry`` rides through failovers, with a deadline and logs), and runs
+the scripts of writes that must reach replicas (``Durability``).
 
 This module never formats a key and runs no protocol operation: the store calls
-``RetryPolicy.call`` around each operation and ``Durability.run`` around each durable script.
+``Durability.run`` around each durable script.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, Literal
 
 import redis
 import redis.asyncio
@@ -43,85 +30,95 @@ from redis.commands.core import Script
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from blueque import retry
 from blueque.errors import ConfigurationError
-from blueque.retry import TRANSIENT_REPLIES, RetryPolicy, is_transient
+from blueque.retry import is_transient
 
-#: The retry policy and the transient-error test live in blueque.retry (shared with the
-#: asyncio client); they are still importable from here, where they started.
-__all__ = ["TRANSIENT_REPLIES", "Durability", "HASettings", "NotReplicated", "RetryPolicy",
-           "connect", "is_ha_url", "is_transient"]
+__all__ = ["Durability", "HAEndpoint", "NotReplicated"]
 
-log = logging.getLogger("blueque.ha")
-
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-HA_SCHEMES = SENTINEL_SCHEMES + CLUSTER_SCHEMES
-SENTINEL_PORT = 26379
-REDIS_PORT = 6379
-
-_FLOAT_OPTIONS = ("socket_timeout", "socket_connect_timeout", "retry_deadline")
-_INT_OPTIONS = ("db", "wait_replicas", "wait_timeout")
-_TEXT_OPTIONS = (
-    "sentinel_username", "sentinel_password", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
-    "ssl_cert_reqs", "ssl_check_hostname",
-)
-#: Every option a Sentinel or Cluster URL (or keyword argument) may carry.
-HA_OPTIONS = _FLOAT_OPTIONS + _INT_OPTIONS + _TEXT_OPTIONS
+#: Names that moved to blueque.retry; still importable from here, with a DeprecationWarning.
+_MOVED = {"RetryPolicy": retry, "TRANSIENT_REPLIES": retry}
 
 
-def is_ha_url(url: str) -> bool:
-    """True for the Sentinel and Cluster schemes (the scheme alone is inspected)."""
-    return url.split("://", 1)[0].lower() in HA_SCHEMES
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"blueque.ha.{name} is deprecated: import it from {module.__name__}",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(module, name)
 
 
-def _hide_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    credentials, at, hosts = rest.rpartition("@")
-    if not at:
-        return url
-    user = credentials.partition(":")[0]
-    return f"{scheme}{sep}{user}:***@{hosts}"
+@dataclass(frozen=True)
+class HAEndpoint:
+    """A Sentinel master or a Redis Cluster: where its nodes are and how to talk to them, as
+    ``blueque.config`` parsed it from a URL. Secrets are kept out of ``repr``."""
 
+    kind: Literal["sentinel", "cluster"]
+    #: the sentinels (Sentinel) or the start-up nodes (Cluster)
+    hosts: tuple[tuple[str, int], ...]
+    master_name: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    sentinel_username: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
+    ssl: bool = False
+    ssl_options: Mapping[str, Any] = field(default_factory=dict)
+    socket_timeout: float | None = 10.0
+    socket_connect_timeout: float | None = 2.0
 
-def _parse_hosts(netloc: str, default_port: int, url: str) -> tuple[tuple[str, int], ...]:
-    hosts = []
-    for item in netloc.split(","):
-        host, sep, port = item.strip().rpartition(":")
-        if not sep:
-            host, port = port, str(default_port)
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigurationError(
-                f"bad host {item!r} in {_hide_password(url)!r}: write host:port, separated "
-                "by commas"
-            )
-        hosts.append((host, int(port)))
-    return tuple(hosts)
+    @property
+    def cluster(self) -> bool:
+        return self.kind == "cluster"
 
+    def _connection_kwargs(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.socket_connect_timeout,
+            "username": self.username,
+            "password": self.password,
+            **extra,
+            "decode_responses": True,
+        }
+        if self.ssl:
+            kwargs["ssl"] = True
+            kwargs.update(self.ssl_options)
+        return kwargs
 
-def _options(query: str, url: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    options: dict[str, Any] = dict(parse_qsl(query, keep_blank_values=True))
-    options.update(overrides)
-    unknown = set(options) - set(_FLOAT_OPTIONS + _INT_OPTIONS + _TEXT_OPTIONS)
-    if unknown:
-        raise ConfigurationError(
-            f"unknown option(s) {sorted(unknown)} in {_hide_password(url)!r}; known: "
-            f"{sorted(_FLOAT_OPTIONS + _INT_OPTIONS + _TEXT_OPTIONS)}"
-        )
-    try:
-        for name in _FLOAT_OPTIONS:
-            if name in options:
-                options[name] = float(options[name])
-        for name in _INT_OPTIONS:
-            if name in options:
-                options[name] = int(options[name])
-    except ValueError as error:
-        raise ConfigurationError(f"bad option in {_hide_password(url)!r}: {error}") from error
-    check = options.get("ssl_check_hostname")
-    if isinstance(check, str):
-        if check.lower() not in ("true", "false", "yes", "no", "1", "0"):
-            raise ConfigurationError(f"ssl_check_hostname must be true or false, not {check!r}")
-        options["ssl_check_hostname"] = check.lower() in ("true", "yes", "1")
-    return options
+    def connect(self, **redis_kwargs: Any) -> redis.Redis | RedisCluster:
+        """A client of the current master (Sentinel) or of the whole cluster."""
+        client: redis.Redis | RedisCluster = self._connect(_SYNC, redis_kwargs)
+        return client
+
+    def aconnect(self, **redis_kwargs: Any) -> Any:
+        """``connect`` with redis.asyncio's classes (blueque.aio): a redis.asyncio.Redis of
+        the current master, or a redis.asyncio.cluster.RedisCluster."""
+        return self._connect(_ASYNC, redis_kwargs)
+
+    def _connect(self, flavour: _Flavour, redis_kwargs: Mapping[str, Any]) -> Any:
+        kwargs = self._connection_kwargs(redis_kwargs)
+        if self.cluster:
+            nodes = [flavour.node(host, port) for host, port in self.hosts]
+            return flavour.cluster(startup_nodes=nodes, **kwargs)
+        # redis-py would otherwise retry each connect and each command on its own, with
+        # backoff, silently and without a deadline (nested, that is up to ~40 s): leave
+        # retrying to RetryPolicy, which logs and keeps to retry_deadline
+        kwargs.setdefault("retry", flavour.retry(NoBackoff(), 0))
+        sentinel_kwargs: dict[str, Any] = {
+            "retry": flavour.retry(NoBackoff(), 0),
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.socket_connect_timeout,
+            "username": self.sentinel_username,
+            "password": self.sentinel_password,
+            "decode_responses": True,
+        }
+        if self.ssl:
+            sentinel_kwargs["ssl"] = True
+            sentinel_kwargs.update(self.ssl_options)
+        sentinel = flavour.sentinel(list(self.hosts), sentinel_kwargs=sentinel_kwargs)
+        assert self.master_name is not None
+        return sentinel.master_for(self.master_name, db=self.db, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -234,137 +231,6 @@ class NotReplicated(redis.exceptions.ConnectionError):
 
 
 @dataclass(frozen=True)
-class HASettings:
-    """A parsed Sentinel or Cluster URL. Secrets are kept out of ``repr``."""
-
-    kind: str  # "sentinel" | "cluster"
-    hosts: tuple[tuple[str, int], ...]
-    master_name: str | None = None
-    db: int = 0
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    sentinel_username: str | None = None
-    sentinel_password: str | None = field(default=None, repr=False)
-    ssl: bool = False
-    ssl_options: Mapping[str, Any] = field(default_factory=dict)
-    socket_timeout: float | None = 10.0
-    socket_connect_timeout: float | None = 2.0
-    retry_deadline: float = 30.0
-    wait_replicas: int = 0
-    wait_timeout: int = 1000
-
-    @classmethod
-    def from_url(cls, url: str, **overrides: Any) -> HASettings:
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in HA_SCHEMES:
-            raise ConfigurationError(
-                f"{_hide_password(url)!r} is not a Sentinel or Cluster URL: use "
-                "redis+sentinel://host:26379,host:26380/master_name/0 or "
-                "redis+cluster://host:7000,host:7001"
-            )
-        kind = "sentinel" if scheme in SENTINEL_SCHEMES else "cluster"
-        credentials, _, netloc = parts.netloc.rpartition("@")
-        username, _, password = credentials.partition(":")
-        if not netloc:
-            raise ConfigurationError(f"no hosts in {_hide_password(url)!r}")
-        hosts = _parse_hosts(netloc, SENTINEL_PORT if kind == "sentinel" else REDIS_PORT, url)
-        options = _options(parts.query, url, overrides)
-        path = [unquote(p) for p in parts.path.split("/") if p]
-        master_name, db = cls._path(kind, path, url)
-        db = options.pop("db", db)
-        if kind == "cluster" and db != 0:
-            raise ConfigurationError(f"a Redis Cluster has database 0 only, not {db}")
-        ssl_options = {n: options.pop(n) for n in list(options) if n.startswith("ssl_")}
-        return cls(
-            kind=kind,
-            hosts=hosts,
-            master_name=master_name,
-            db=db,
-            username=unquote(username) or None,
-            password=unquote(password) or None,
-            ssl=scheme.startswith("rediss"),
-            ssl_options=ssl_options,
-            **options,
-        )
-
-    @staticmethod
-    def _path(kind: str, path: list[str], url: str) -> tuple[str | None, int]:
-        if kind == "cluster":
-            if path and path != ["0"]:
-                raise ConfigurationError(
-                    f"a cluster URL has no path (database 0 only): {_hide_password(url)!r}"
-                )
-            return None, 0
-        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-            raise ConfigurationError(
-                f"a Sentinel URL names its master and optionally a database: "
-                f"redis+sentinel://host:26379,host:26380/master_name/0, not {_hide_password(url)!r}"
-            )
-        return path[0], int(path[1]) if len(path) == 2 else 0
-
-    @property
-    def cluster(self) -> bool:
-        return self.kind == "cluster"
-
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(deadline_s=self.retry_deadline)
-
-    def durability(self) -> Durability | None:
-        if not self.wait_replicas:
-            return None
-        return Durability(self.wait_replicas, self.wait_timeout)
-
-    def _connection_kwargs(self, extra: Mapping[str, Any]) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "socket_timeout": self.socket_timeout,
-            "socket_connect_timeout": self.socket_connect_timeout,
-            "username": self.username,
-            "password": self.password,
-            **extra,
-            "decode_responses": True,
-        }
-        if self.ssl:
-            kwargs["ssl"] = True
-            kwargs.update(self.ssl_options)
-        return kwargs
-
-    def connect(self, **redis_kwargs: Any) -> redis.Redis | RedisCluster:
-        """A client of the current master (Sentinel) or of the whole cluster."""
-        client: redis.Redis | RedisCluster = self._connect(_SYNC, redis_kwargs)
-        return client
-
-    def aconnect(self, **redis_kwargs: Any) -> Any:
-        """``connect`` with redis.asyncio's classes (blueque.aio): a redis.asyncio.Redis of
-        the current master, or a redis.asyncio.cluster.RedisCluster."""
-        return self._connect(_ASYNC, redis_kwargs)
-
-    def _connect(self, flavour: _Flavour, redis_kwargs: Mapping[str, Any]) -> Any:
-        kwargs = self._connection_kwargs(redis_kwargs)
-        if self.cluster:
-            nodes = [flavour.node(host, port) for host, port in self.hosts]
-            return flavour.cluster(startup_nodes=nodes, **kwargs)
-        # redis-py would otherwise retry each connect and each command on its own, with
-        # backoff, silently and without a deadline (nested, that is up to ~40 s): leave
-        # retrying to RetryPolicy, which logs and keeps to retry_deadline
-        kwargs.setdefault("retry", flavour.retry(NoBackoff(), 0))
-        sentinel_kwargs: dict[str, Any] = {
-            "retry": flavour.retry(NoBackoff(), 0),
-            "socket_timeout": self.socket_timeout,
-            "socket_connect_timeout": self.socket_connect_timeout,
-            "username": self.sentinel_username,
-            "password": self.sentinel_password,
-            "decode_responses": True,
-        }
-        if self.ssl:
-            sentinel_kwargs["ssl"] = True
-            sentinel_kwargs.update(self.ssl_options)
-        sentinel = flavour.sentinel(list(self.hosts), sentinel_kwargs=sentinel_kwargs)
-        assert self.master_name is not None
-        return sentinel.master_for(self.master_name, db=self.db, **kwargs)
-
-
-@dataclass(frozen=True)
 class _Flavour:
     """redis-py's classes for one kind of I/O: the sync ones or redis.asyncio's."""
 
@@ -377,15 +243,3 @@ class _Flavour:
 _SYNC = _Flavour(ClusterNode, RedisCluster, Sentinel, Retry)
 _ASYNC = _Flavour(redis.asyncio.cluster.ClusterNode, redis.asyncio.cluster.RedisCluster,
                   redis.asyncio.sentinel.Sentinel, redis.asyncio.retry.Retry)
-
-
-def connect(url: str, **kwargs: Any) -> redis.Redis | RedisCluster:
-    """A redis-py client for any Blueque URL: Sentinel and Cluster here, the rest by redis-py.
-
-    Keyword arguments override URL options (for the HA schemes) or go to ``Redis.from_url``."""
-    if is_ha_url(url):
-        names = set(_FLOAT_OPTIONS + _INT_OPTIONS + _TEXT_OPTIONS)
-        options = {n: v for n, v in kwargs.items() if n in names}
-        rest = {n: v for n, v in kwargs.items() if n not in names}
-        return HASettings.from_url(url, **options).connect(**rest)
-    return redis.Redis.from_url(url, **{**kwargs, "decode_responses": True})

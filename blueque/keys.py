@@ -4,8 +4,9 @@ This module is the twin of the key table in PROTOCOL.md (``tests/test_protocol_d
 checks that the two agree). No other module formats a key.
 
 The default layout is exactly blueque 1.0.1's, so both implementations share one Redis.
-The opt-in cluster layout wraps the queue name in a hash tag (``{queue}``) so that every key
-one queue's operations touch together lives in one hash slot; task ids then carry the same tag.
+The opt-in hash-tagged layout (``Keys(hash_tags=True)``, what a Redis Cluster needs) wraps the
+queue name in a hash tag (``{queue}``) so that every key one queue's operations touch together
+lives in one hash slot; task ids then carry the same tag.
 """
 
 from __future__ import annotations
@@ -57,15 +58,17 @@ def _key(*parts: str) -> str:
 
 @dataclass(frozen=True)
 class Keys:
-    """Builds key names. ``cluster=True`` selects the hash-tagged layout (see PROTOCOL.md)."""
+    """Builds key names. ``hash_tags=True`` selects the hash-tagged layout that a Redis
+    Cluster needs (PROTOCOL.md 8); it does not connect anywhere."""
 
-    cluster: bool = False
+    hash_tags: bool = False
 
     def _q(self, queue: str) -> str:
-        if not self.cluster:
+        if not self.hash_tags:
             return queue
         if "{" in queue or "}" in queue:
-            raise ValueError(f"queue name {queue!r} may not contain braces in the cluster layout")
+            raise ValueError(
+                f"queue name {queue!r} may not contain braces in the hash-tagged layout")
         return "{" + queue + "}"
 
     # --- the keys of blueque 1.0.1 -------------------------------------------------------
@@ -144,7 +147,7 @@ class Keys:
     def checkpoint(self, task_id: str) -> str:
         """Hash of a task's last checkpoint {state, saved_at, attempt, size}: a key of its own
         so that the HGETALLs of task hashes (recovery, dashboard, refresh) never carry it; in
-        the cluster layout the task id's hash tag puts it in the task's slot."""
+        the hash-tagged layout the task id's hash tag puts it in the task's slot."""
         return _key("checkpoint", task_id)
 
     def preemption(self, node_name: str) -> str:
@@ -179,12 +182,12 @@ class Keys:
 
     # --- task ids -------------------------------------------------------------------------
     def new_task_id(self, queue: str) -> str:
-        """A fresh task id; in the cluster layout it carries the queue's hash tag."""
+        """A fresh task id; in the hash-tagged layout it carries the queue's hash tag."""
         return self.task_id_for(queue, str(uuid.uuid4()))
 
     def task_id_for(self, queue: str, task_id: str) -> str:
         """The stored id for a caller-supplied id (unchanged in the default layout)."""
-        if not self.cluster:
+        if not self.hash_tags:
             return task_id
         tag = self._q(queue)
         return task_id if task_id.startswith(tag) else tag + task_id

@@ -83,9 +83,9 @@ def command(name: str, *args: Any, **kwargs: Any) -> Command:
 def queues_key(keys: k.Keys, queue: str) -> tuple[str, str]:
     """The key a script may update blueque_queues through, and whether it should.
 
-    In the cluster layout blueque_queues lives in another slot, so scripts get a same-slot
+    In the hash-tagged layout blueque_queues lives in another slot, so scripts get a same-slot
     placeholder and the caller updates blueque_queues itself, outside the script."""
-    if keys.cluster:
+    if keys.hash_tags:
         return keys.pending(queue), "0"
     return keys.queues(), "1"
 
@@ -97,8 +97,8 @@ def outcome_keys(keys: k.Keys, queue: str, now: float) -> list[str]:
 
 
 def touch_queue(keys: k.Keys, queue: str, increment: int = 0) -> Operation[None]:
-    """ZINCRBY blueque_queues, outside the scripts, in the cluster layout only."""
-    if keys.cluster:
+    """ZINCRBY blueque_queues, outside the scripts, in the hash-tagged layout only."""
+    if keys.hash_tags:
         yield command("zincrby", keys.queues(), increment, queue)
 
 
@@ -352,11 +352,11 @@ def queue_config(keys: k.Keys, queue: str) -> Operation[dict[str, str]]:
 def set_queue_config(keys: k.Keys, queue: str, values: Mapping[str, str],
                      remove: Sequence[str] = ()) -> Operation[None]:
     """HSET/HDEL blueque_queue_config_[queue] and ZINCRBY blueque_queues 0 (MULTI/EXEC
-    outside the cluster layout, where the keys live in different slots)."""
+    outside the hash-tagged layout, where the keys live in different slots)."""
     commands = []
     if values:
         commands.append(command("hset", keys.queue_config(queue), mapping=dict(values)))
     if remove:
         commands.append(command("hdel", keys.queue_config(queue), *remove))
     commands.append(command("zincrby", keys.queues(), 0, queue))
-    yield Pipeline(tuple(commands), transaction=not keys.cluster)
+    yield Pipeline(tuple(commands), transaction=not keys.hash_tags)

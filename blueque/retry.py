@@ -1,9 +1,12 @@
-"""Riding out Redis restarts and failovers: which errors are transient, the backoff between
-tries, and the retry policy every store (sync and asyncio) wraps around each operation.
+"""Riding out Redis restarts and failovers: which errors are transient, the one backoff
+schedule (``Backoff``), and the retry policy every store (sync and asyncio) wraps around each
+operation.
 
 One schedule, two ways to wait: ``RetryPolicy.call`` sleeps with ``time.sleep`` between
 tries, ``RetryPolicy.acall`` awaits ``asyncio.sleep``; both ask the same ``_Tries`` whether
-to try again and for how long to wait. This module formats no key and sends no command.
+to try again and for how long to wait. A loop that retries on its own terms (the
+scheduler's steps) takes its waits from a ``Backoff`` too. This module formats no key and
+sends no command.
 """
 
 from __future__ import annotations
@@ -56,13 +59,40 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
-def backoff_delays(initial: float, maximum: float, jitter: bool = True) -> Iterator[float]:
-    """The waits between tries: ``initial``, doubling up to ``maximum``, each scaled by a
-    random factor in [0.5, 1] with ``jitter`` (a crowd of clients does not retry in step)."""
-    delay = initial
-    while True:
-        yield delay * random.uniform(0.5, 1.0) if jitter else delay
-        delay = min(delay * 2, maximum)
+class Backoff:
+    """The waits of a loop that retries on its own: ``initial`` (at most ``maximum``), then
+    each wait twice the previous one, up to ``maximum``. With ``jitter`` each wait is scaled
+    by a random factor in [0.5, 1], so that a crowd of clients does not retry in step.
+
+    ``next()`` after each failure gives the wait before the next try; ``reset()`` after a
+    success starts again from ``initial``. It is also an endless iterator of those waits.
+    The one backoff schedule of Blueque: RetryPolicy and the scheduler take their waits from
+    one, and so should any loop that retries Redis on its own terms."""
+
+    def __init__(self, initial: float, maximum: float, *, jitter: bool = False) -> None:
+        if not (initial > 0 and maximum > 0):
+            raise ValueError(f"backoff waits must be more than 0 s, not {initial!r} and "
+                             f"{maximum!r}")
+        self.initial = initial
+        self.maximum = maximum
+        self.jitter = jitter
+        self._delay = min(initial, maximum)
+
+    def next(self) -> float:
+        """The wait before the next try; the following one is twice as long (capped)."""
+        delay = self._delay
+        self._delay = min(delay * 2, self.maximum)
+        return delay * random.uniform(0.5, 1.0) if self.jitter else delay
+
+    def reset(self) -> None:
+        """A try succeeded: the next failure waits ``initial`` again."""
+        self._delay = min(self.initial, self.maximum)
+
+    def __iter__(self) -> Iterator[float]:
+        return self
+
+    def __next__(self) -> float:
+        return self.next()
 
 
 class _Tries:
@@ -73,7 +103,7 @@ class _Tries:
         self.policy = policy
         self.started = policy.clock()
         self.deadline = self.started + policy.deadline_s
-        self.delays = backoff_delays(policy.initial_backoff_s, policy.max_backoff_s)
+        self.backoff = Backoff(policy.initial_backoff_s, policy.max_backoff_s, jitter=True)
         self.failures = 0
 
     def failed(self, error: Exception) -> float | None:
@@ -82,7 +112,7 @@ class _Tries:
         left = self.deadline - self.policy.clock()
         if not is_transient(error) or left <= 0:
             return None
-        wait = min(next(self.delays), left)
+        wait = min(self.backoff.next(), left)
         log.log(logging.WARNING if self.failures == 1 else logging.DEBUG,
                 "Redis operation failed (%s: %s); retry %d in %.2f s (retrying for up "
                 "to %g s)", type(error).__name__, error, self.failures, wait,

@@ -29,10 +29,12 @@ from blueque.client import Client
 from blueque.cron import CronEntry, check_unique
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
+from blueque.retry import Backoff
 
 log = logging.getLogger("blueque.scheduler")
 
-#: Longest pause between steps while Redis is unreachable (the pause doubles from interval).
+#: Longest pause between steps while Redis is unreachable (the pause doubles from twice the
+#: interval; a scheduler whose interval is longer keeps its interval).
 MAX_BACKOFF = 30.0
 
 
@@ -112,18 +114,19 @@ class Scheduler:
             self.interval, len(self.cron_entries), "y" if len(self.cron_entries) == 1 else "ies",
             "off" if self.recovery is None else f"every {self.recovery_interval:g} s",
         )
-        failures = 0
+        backoff = Backoff(self.interval * 2, max(MAX_BACKOFF, self.interval))
         steps = 0
         while not self.stopping and (max_steps is None or steps < max_steps):
             steps += 1
             try:
                 self.run_once()
-                failures = 0
+                backoff.reset()
+                pause = self.interval
             except RedisUnavailable as error:
-                failures += 1
                 log.warning("scheduler step failed: %s", error)
+                pause = backoff.next()
             if not self.stopping:
-                self.sleep(min(MAX_BACKOFF, self.interval * 2 ** min(failures, 16)))
+                self.sleep(pause)
 
     def run_once(self) -> StepReport:
         """One step. A queue or entry whose data is bad is logged and skipped; an unreachable

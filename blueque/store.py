@@ -508,7 +508,7 @@ class RedisStore:
     @translate_errors
     def add_listener(self, queue: str, listener_id: str) -> None:
         """SADD blueque_listeners_[queue]; ZINCRBY blueque_queues 1 (as blueque 1.0.1)."""
-        pipe = self.redis.pipeline(transaction=not self.keys.cluster)
+        pipe = self.redis.pipeline(transaction=not self.keys.hash_tags)
         pipe.sadd(self.keys.listeners(queue), listener_id)
         pipe.zincrby(self.keys.queues(), 1, queue)
         pipe.execute()
@@ -795,7 +795,7 @@ class RedisStore:
             keys.append(self.keys.task(task_id))
             args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
         counts = [int(n) for n in self._run("recover", keys, args)]
-        if counts != [-1] and release and self.keys.cluster:
+        if counts != [-1] and release and self.keys.hash_tags:
             self.redis.zincrby(self.keys.queues(), -1, queue)
         return counts
 
@@ -851,7 +851,7 @@ class RedisStore:
                 k_.failed(queue), k_.listeners(queue), k_.leases(queue), k_.queue_config(queue),
                 k_.outcome_counts(queue), queues_key]
         known = bool(self._run("forget_queue", keys, [queue, use_queues]))
-        if self.keys.cluster:
+        if self.keys.hash_tags:
             known = bool(self.redis.zrem(self.keys.queues(), queue))
         return known
 

@@ -262,7 +262,7 @@ def test_a_retry_keeps_the_checkpoint_and_its_bounded_life(any_client: blueque.C
 
 
 def test_in_the_cluster_layout_the_checkpoint_shares_its_tasks_slot() -> None:
-    keys = Keys(cluster=True)
+    keys = Keys(hash_tags=True)
     for queue in ("reports", "a", "queue-with-a-long-name"):
         task_id = keys.new_task_id(queue)
         slot = key_slot(keys.task(task_id).encode())

@@ -12,8 +12,8 @@ from redis.retry import Retry
 
 import blueque
 from blueque.forking_runner import ForkingRunner
-from blueque.ha import RetryPolicy
 from blueque.keys import Keys
+from blueque.retry import RetryPolicy
 from tests import jobs
 from tests.test_cli import cli
 

@@ -431,7 +431,7 @@ def test_a_listener_cut_off_alone_is_recovered_after_its_lease(  # type: ignore[
                                  "unix:///run/no-redis.sock?db=2"])
 def test_every_plain_url_form_gets_the_retry_policy(url: str) -> None:
     """Issue 9: plain URLs ride out a restart as the Sentinel and Cluster forms do."""
-    from blueque.ha import RetryPolicy
+    from blueque.retry import RetryPolicy
 
     client = blueque.Client(url)
     assert isinstance(client.store.retry, RetryPolicy)

@@ -1,5 +1,5 @@
-"""blueque.retry: the one backoff schedule, and RetryPolicy.acall (the awaiting twin of
-call, which tests/ha/test_ha_settings.py covers) deciding exactly as call does."""
+"""blueque.retry: which errors are transient, the one backoff schedule (Backoff), and
+RetryPolicy's call and acall (its awaiting twin) deciding alike."""
 
 from __future__ import annotations
 
@@ -9,17 +9,28 @@ import itertools
 import pytest
 import redis
 
-from blueque.retry import RetryPolicy, backoff_delays
+import blueque.ha
+from blueque.ha import NotReplicated
+from blueque.retry import Backoff, RetryPolicy, is_transient
 
 
 def test_backoff_doubles_to_its_cap_with_jitter_in_the_lower_half() -> None:
-    assert list(itertools.islice(backoff_delays(0.05, 0.5, jitter=False), 6)) == [
-        0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
-    for delay, full in zip(backoff_delays(0.05, 0.5), backoff_delays(0.05, 0.5, jitter=False),
-                           strict=False):
+    assert list(itertools.islice(Backoff(0.05, 0.5), 6)) == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
+    for delay, full in zip(Backoff(0.05, 0.5, jitter=True), Backoff(0.05, 0.5), strict=False):
         assert full / 2 <= delay <= full
         if full == 0.5:
             break
+
+
+def test_backoff_starts_again_after_a_reset_and_never_exceeds_its_cap() -> None:
+    backoff = Backoff(0.1, 5.0)
+    assert [backoff.next() for _ in range(3)] == [0.1, 0.2, 0.4]
+    backoff.reset()
+    assert backoff.next() == 0.1
+    # a first wait above the cap is the cap (the scheduler's twice-the-interval start)
+    assert list(itertools.islice(Backoff(40.0, 30.0), 2)) == [30.0, 30.0]
+    with pytest.raises(ValueError, match="more than 0"):
+        Backoff(0.0, 1.0)
 
 
 class FakeTime:
@@ -83,3 +94,73 @@ def test_acall_gives_up_at_the_deadline_and_never_repeats_a_refusal() -> None:
     with pytest.raises(redis.exceptions.ResponseError):
         asyncio.run(policy(FakeTime(), 10).acall(refusal))
     assert refused == [1]
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (redis.exceptions.ConnectionError("refused"), True),
+        (redis.exceptions.TimeoutError("slow"), True),
+        (redis.exceptions.ReadOnlyError("READONLY You can't write against a replica."), True),
+        (redis.exceptions.ResponseError("UNBLOCKED force unblock"), True),
+        (redis.exceptions.ResponseError("MASTERDOWN Link with MASTER is down"), True),
+        (redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"), True),
+        (redis.exceptions.TryAgainError("TRYAGAIN"), True),
+        (NotReplicated("0 of 1"), True),
+        (redis.exceptions.AuthenticationError("WRONGPASS"), False),
+        (redis.exceptions.ResponseError("BLUEQUE_STATE task x is complete"), False),
+        (ValueError("bug"), False),
+    ],
+)
+def test_transient_errors(error: Exception, transient: bool) -> None:
+    assert is_transient(error) is transient
+
+
+def test_retry_policy_rides_through_transient_failures() -> None:
+    fake = FakeTime()
+    policy = RetryPolicy(deadline_s=10, sleep=fake.sleep, clock=fake.clock)
+    failures = [redis.exceptions.ConnectionError("down"), redis.exceptions.ReadOnlyError("RO")]
+
+    def operation() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    assert policy.call(operation) == "done"
+    assert len(fake.sleeps) == 2 and all(0 < s <= 0.5 for s in fake.sleeps)
+
+
+def test_retry_policy_gives_up_at_its_deadline() -> None:
+    fake = FakeTime()
+    policy = RetryPolicy(deadline_s=3, sleep=fake.sleep, clock=fake.clock)
+    calls = []
+
+    def operation() -> None:
+        calls.append(fake.now)
+        raise redis.exceptions.ConnectionError("down")
+
+    with pytest.raises(redis.exceptions.ConnectionError):
+        policy.call(operation)
+    assert fake.now == pytest.approx(3.0)
+    assert max(fake.sleeps) <= 0.5 and len(calls) > 6
+
+
+def test_retry_policy_never_repeats_a_permanent_error() -> None:
+    calls = []
+
+    def operation() -> None:
+        calls.append(1)
+        raise redis.exceptions.ResponseError("BLUEQUE_STATE task t is complete")
+
+    with pytest.raises(redis.exceptions.ResponseError):
+        RetryPolicy(deadline_s=10).call(operation)
+    assert calls == [1]
+
+
+def test_the_retry_policy_is_still_importable_from_blueque_ha_with_a_warning() -> None:
+    """README named it blueque.ha.RetryPolicy until the policy got a module of its own."""
+    with pytest.warns(DeprecationWarning, match="import it from blueque.retry"):
+        from blueque.ha import RetryPolicy as Moved
+    assert Moved is RetryPolicy
+    with pytest.raises(AttributeError):
+        blueque.ha.no_such_name  # noqa: B018 (only the moved names are forwarded)

@@ -13,7 +13,7 @@ from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
 from blueque.recovery import Recovery
 from blueque.scheduler import MAX_BACKOFF, Scheduler
-from blueque.testing import free_port, wait_for
+from blueque.testing import RedisServer, free_port, wait_for
 
 KEYS = Keys()
 T0 = 1_800_000_000  # a whole minute: 2027-01-15 08:00:00 UTC
@@ -235,6 +235,33 @@ def test_run_backs_off_while_redis_is_unreachable() -> None:
     scheduler = Scheduler(client, interval=1.0, sleep=pauses.append)
     scheduler.run(max_steps=6)
     assert pauses == [2.0, 4.0, 8.0, 16.0, MAX_BACKOFF, MAX_BACKOFF]
+
+
+def test_an_interval_longer_than_the_backoff_cap_is_kept(client):  # type: ignore[no-untyped-def]
+    """--interval 45 steps every 45 s (it used to be cut to MAX_BACKOFF), and an outage
+    never makes the scheduler step more often than its interval."""
+    pauses: list[float] = []
+    Scheduler(client, interval=45.0, sleep=pauses.append).run(max_steps=2)
+    down = blueque.Client(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+    Scheduler(down, interval=45.0, sleep=pauses.append).run(max_steps=2)
+    assert pauses == [45.0, 45.0, 45.0, 45.0]
+
+
+def test_a_step_that_succeeds_after_an_outage_resets_the_backoff() -> None:
+    pauses: list[float] = []
+    with RedisServer() as server:
+        client = blueque.Client(server.url, retry_deadline=0, socket_connect_timeout=1)
+
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            if len(pauses) in (1, 4):
+                server.kill()  # the next step fails
+            elif len(pauses) == 3:
+                server.start()  # the next step succeeds
+
+        Scheduler(client, interval=1.0, sleep=sleep).run(max_steps=5)
+        client.close()
+    assert pauses == [1.0, 2.0, 4.0, 1.0, 2.0]
 
 
 def test_stop_ends_run_after_the_current_step(client):  # type: ignore[no-untyped-def]

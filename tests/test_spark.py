@@ -17,6 +17,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.config import Settings
 from blueque.testing import RedisServer, free_port, wait_for
 
 pytest.importorskip("pyspark")
@@ -111,6 +112,28 @@ def test_overlapping_rerun_counts_new_and_existing_ids(
     nothing = enqueue_dataframe(more.limit(0), url, "q", parameters="payload", task_id="tid")
     assert (nothing.created, nothing.existing) == (0, 0)
     assert redis_client.llen("blueque_pending_tasks_q") == 5_000
+
+
+def test_executors_get_the_drivers_settings_and_layout(
+    spark: SparkSession, url: str, redis_client: redis.Redis
+) -> None:
+    """A Settings in place of the URL, parsed once on the driver and pickled to executors,
+    keeps its layout there; cluster=True, hash_tags' deprecated name, still selects it."""
+    settings = Settings.from_url(url, hash_tags=True, socket_timeout=5)
+    df = numbered(spark, 40)
+    assert enqueue_dataframe(df, settings, "tagged", parameters="payload",
+                             task_id="tid").created == 40
+    assert redis_client.llen("blueque_pending_tasks_{tagged}") == 40
+    ids = {r["id"] for r in read_tasks(spark, settings, "tagged").collect()}
+    assert ids == {f"{{tagged}}t{n}" for n in range(40)}
+    with pytest.warns(DeprecationWarning, match="hash_tags=True"):
+        old = enqueue_dataframe(df, url, "tagged", parameters="payload", task_id="tid",
+                                cluster=True)
+    assert (old.created, old.existing) == (0, 40)
+    with pytest.warns(DeprecationWarning, match="hash_tags=True"):
+        assert read_tasks(spark, url, "tagged", cluster=True).count() == 40
+    with pytest.raises(blueque.ConfigurationError, match="go with a URL"):
+        enqueue_dataframe(df, settings, "tagged", redis_kwargs={"socket_timeout": 1})
 
 
 def test_default_parameters_are_each_row_as_json_with_fresh_ids(

@@ -20,7 +20,7 @@ import redis.asyncio.cluster
 from blueque import protocol
 from blueque.aio.store import AsyncRedisStore
 from blueque.client import decodes_text
-from blueque.config import Settings
+from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.keys import Keys
 from blueque.policy import encode_options
@@ -39,34 +39,38 @@ from blueque.task import WAIT_REREAD, TaskView
 
 
 class Client:
-    """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0) or
-    ``Client(redis_client)`` (a ready ``redis.asyncio`` client made with
-    decode_responses=True), the asyncio twin of ``blueque.Client``.
+    """``Client(url)``, ``Client()`` ($BLUEQUE_URL, else redis://localhost:6379/0),
+    ``Client(settings)`` (a ``blueque.config.Settings``) or ``Client(redis_client)`` (a ready
+    ``redis.asyncio`` client made with decode_responses=True), the asyncio twin of
+    ``blueque.Client``.
 
     The same URLs (redis, rediss, unix, redis+sentinel, redis+cluster), the same options
-    (``cluster``, ``retry_policy``, ``durability``, ``retry_deadline`` and redis-py's own)
+    (``hash_tags``, its deprecated alias ``cluster``, ``retry_policy``, ``durability``,
+    ``retry_deadline`` and redis-py's own)
     and the same errors. ``async with Client(url) as client`` closes its connections at the
     end; a ready client passed in stays open (it is the caller's)."""
 
     def __init__(
         self,
-        url: str | Any | None = None,
+        url: str | Settings | Any | None = None,
         *,
-        cluster: bool = False,
+        hash_tags: bool = False,
+        cluster: bool | None = None,
         retry_policy: Any = None,
         durability: Any = None,
         **redis_kwargs: Any,
     ) -> None:
+        hash_tags = hash_tags_option(hash_tags, cluster)
         self.settings: Settings | None = None
-        if url is None or isinstance(url, str):
-            self.settings = Settings.from_url(url, **redis_kwargs)
+        if url is None or isinstance(url, (str, Settings)):
+            self.settings = settings_for(url, hash_tags, **redis_kwargs)
             try:
                 self.redis = self.settings.aconnect()
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
-                raise translate(error, self.settings.url.rpartition("@")[2]) from error
-            cluster = cluster or self.settings.cluster
+                raise translate(error, hide_password(self.settings.url)) from error
+            hash_tags = self.settings.hash_tags
             retry_policy = retry_policy or self.settings.retry_policy()
-            durability = durability or self.settings.durability()
+            durability = durability or self.settings.durability
         elif not decodes_text(url):
             raise ConfigurationError(
                 "pass a redis.asyncio client made with decode_responses=True: Blueque's "
@@ -74,8 +78,8 @@ class Client:
             )
         else:
             self.redis = url
-        self.keys = Keys(cluster=cluster or isinstance(self.redis,
-                                                       redis.asyncio.cluster.RedisCluster))
+        self.keys = Keys(hash_tags=hash_tags or isinstance(
+            self.redis, redis.asyncio.cluster.RedisCluster))
         self.store = AsyncRedisStore(self.redis, self.keys, retry=retry_policy,
                                      durability=durability)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.rdd import RDD
@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from blueque.client import Client
+from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import BluequeError, ConfigurationError
 
 #: Column names the selected (parameters, id) DataFrame uses; unlikely to clash with a user's.
@@ -30,16 +31,6 @@ PARAMETERS = "__blueque_parameters"
 TASK_ID = "__blueque_task_id"
 #: How many offending ids or rows an InvalidDataFrame error quotes.
 EXAMPLES = 5
-
-
-def describe_url(url: str) -> str:
-    """The URL with any password replaced by ***, for messages that may end up in logs."""
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in credentials:
-        return url
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
 
 
 @dataclass(frozen=True)
@@ -114,12 +105,10 @@ class PartitionWriter:
     """The function each partition runs (pickled by reference: blueque must be installed on
     the executors), over the lines task_lines() makes."""
 
-    url: str
+    settings: Settings
     queue: str
     batch_size: int
     with_ids: bool
-    cluster: bool = False
-    redis_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, index: int, lines: Iterable[str]) -> Iterator[PartitionReport]:
         done = Tally()
@@ -163,7 +152,7 @@ class PartitionWriter:
     def _connect(self) -> Client:
         """A client that has answered a PING: if Redis cannot be reached, the partition fails
         here, before its first batch, and nothing of it is in doubt."""
-        client = Client(self.url, cluster=self.cluster, **self.redis_kwargs)
+        client = Client(self.settings)
         try:
             client.ping()
         except BluequeError:
@@ -295,14 +284,15 @@ def validate_tasks(selected: DataFrame) -> None:
     )
 
 
-def _failure_message(url: str, queue: str, reports: Sequence[PartitionReport]) -> str:
+def _failure_message(settings: Settings, queue: str, reports: Sequence[PartitionReport]
+                     ) -> str:
     failed = [r for r in reports if r.error]
     created = sum(r.created for r in reports)
     existing = sum(r.existing for r in reports)
     unknown = sum(r.unknown for r in reports)
     first = failed[0]
     return (
-        f"enqueue_dataframe into queue {queue!r} at {describe_url(url)} failed in "
+        f"enqueue_dataframe into queue {queue!r} at {hide_password(settings.url)} failed in "
         f"{len(failed)} of {len(reports)} partitions; partition {first.partition}: "
         f"{first.error}. Written before stopping: {created} tasks created, {existing} "
         f"already existed" + (f", and {unknown} rows in batches cut short may or may not "
@@ -314,7 +304,7 @@ def _failure_message(url: str, queue: str, reports: Sequence[PartitionReport]) -
 
 def enqueue_dataframe(
     df: DataFrame,
-    url: str,
+    url: str | Settings,
     queue: str,
     parameters: str | Column | None = None,
     task_id: str | Column | None = None,
@@ -322,7 +312,8 @@ def enqueue_dataframe(
     batch_size: int = 1000,
     validate: bool = True,
     check_connection: bool = True,
-    cluster: bool = False,
+    hash_tags: bool = False,
+    cluster: bool | None = None,
     redis_kwargs: dict[str, Any] | None = None,
 ) -> EnqueueResult:
     """Make one pending task per row of ``df`` in ``queue``, written by the executors.
@@ -337,7 +328,9 @@ def enqueue_dataframe(
     null, empty, space-containing or repeated ids with InvalidDataFrame, so bad input writes
     nothing; it evaluates ``df`` twice, so its id column must be deterministic (which
     idempotency needs anyway). ``check_connection`` pings Redis from the driver first (turn it
-    off where only the executors can reach Redis).
+    off where only the executors can reach Redis). ``url`` may be a ``blueque.config.Settings``
+    (what the executors receive either way); ``hash_tags`` and ``redis_kwargs`` are Client's
+    options (``cluster`` is the deprecated name of ``hash_tags``).
 
     Keys: per task blueque_task_[id]; blueque_pending_tasks_[queue]; blueque_queues (the
     submit_many script). Raises ConfigurationError (bad URL, queue or column),
@@ -345,8 +338,8 @@ def enqueue_dataframe(
     failed; it says exactly how many tasks were written before they stopped)."""
     if batch_size < 1:
         raise ConfigurationError(f"batch_size must be at least 1, not {batch_size}")
-    options = dict(redis_kwargs or {})
-    client = Client(url, cluster=cluster, **options)  # checks the URL; connects lazily
+    settings = settings_for(url, hash_tags_option(hash_tags, cluster), **(redis_kwargs or {}))
+    client = Client(settings)  # connects lazily
     try:
         client.get_queue(queue)  # checks the queue name
         if check_connection:
@@ -356,11 +349,11 @@ def enqueue_dataframe(
     selected = select_tasks(df, parameters, task_id)
     if validate:
         validate_tasks(selected)
-    writer = PartitionWriter(url, queue, batch_size, task_id is not None, cluster, options)
+    writer = PartitionWriter(settings, queue, batch_size, task_id is not None)
     started = time.monotonic()
     reports = run_writer(selected, writer)
     if any(report.error for report in reports):
-        raise SparkEnqueueError(_failure_message(url, queue, reports), reports)
+        raise SparkEnqueueError(_failure_message(settings, queue, reports), reports)
     return EnqueueResult(
         created=sum(r.created for r in reports),
         existing=sum(r.existing for r in reports),
@@ -397,7 +390,7 @@ def run_writer(selected: DataFrame, writer: PartitionWriter) -> list[PartitionRe
         if isinstance(error, BluequeError):
             raise
         raise SparkEnqueueError(
-            f"the Spark job writing queue {writer.queue!r} at {describe_url(writer.url)} "
+            f"the Spark job writing queue {writer.queue!r} at {hide_password(writer.settings.url)} "
             f"failed: {spark_failure_cause(error)}. Partitions that ran before the failure may "
             "have written tasks (how many is unknown); with a task_id column, running the same "
             "call again completes the batch without duplicates"

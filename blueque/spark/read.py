@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from pyspark.sql import types as T
 
 from blueque import keys as k
 from blueque.client import Client
+from blueque.config import Settings, hash_tags_option, settings_for
 from blueque.errors import ConfigurationError
 from blueque.store import RedisStore
 
@@ -129,10 +130,8 @@ def list_task_ids(
 class TaskFetcher:
     """The function each partition runs: pipelined HGETALLs over its own connection."""
 
-    url: str
+    settings: Settings
     statuses: tuple[str, ...]
-    cluster: bool = False
-    redis_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, ids: Iterable[str]) -> Iterator[tuple[Any, ...]]:
         client: Client | None = None
@@ -141,11 +140,11 @@ class TaskFetcher:
             for task_id in ids:
                 batch.append(task_id)
                 if len(batch) >= FETCH_CHUNK:
-                    client = client or Client(self.url, cluster=self.cluster, **self.redis_kwargs)
+                    client = client or Client(self.settings)
                     yield from self._rows(client, batch)
                     batch = []
             if batch:
-                client = client or Client(self.url, cluster=self.cluster, **self.redis_kwargs)
+                client = client or Client(self.settings)
                 yield from self._rows(client, batch)
         finally:
             if client is not None:
@@ -161,12 +160,13 @@ class TaskFetcher:
 
 def read_tasks(
     spark: SparkSession,
-    url: str,
+    url: str | Settings,
     queue: str,
     statuses: Iterable[str] | str | None = None,
     *,
     partition_size: int = 10_000,
-    cluster: bool = False,
+    hash_tags: bool = False,
+    cluster: bool | None = None,
     redis_kwargs: dict[str, Any] | None = None,
 ) -> DataFrame:
     """The tasks of ``queue`` (those in ``statuses``, all by default) as a DataFrame with
@@ -185,8 +185,8 @@ def read_tasks(
     if partition_size < 1:
         raise ConfigurationError(f"partition_size must be at least 1, not {partition_size}")
     wanted = statuses_wanted(statuses)
-    options = dict(redis_kwargs or {})
-    client = Client(url, cluster=cluster, **options)
+    settings = settings_for(url, hash_tags_option(hash_tags, cluster), **(redis_kwargs or {}))
+    client = Client(settings)
     try:
         client.get_queue(queue)  # checks the name
         ids = list_task_ids(client.store, queue, wanted)
@@ -194,7 +194,7 @@ def read_tasks(
         client.close()
     partitions = max(1, math.ceil(len(ids) / partition_size))
     rows = spark.sparkContext.parallelize(ids, partitions).mapPartitions(
-        TaskFetcher(url, wanted, cluster, options)
+        TaskFetcher(settings, wanted)
     )
     # task_row builds every value with its schema type: skip the per-row verification
     return spark.createDataFrame(rows, TASK_SCHEMA, verifySchema=False)

@@ -86,7 +86,7 @@ def test_cluster_url_runs_every_client_operation(cluster: ClusterTopology) -> No
     async def scenario() -> None:
         async with blueque.aio.Client(cluster.url + "?wait_replicas=1") as client:
             assert isinstance(client.redis, redis.asyncio.cluster.RedisCluster)
-            assert client.keys.cluster
+            assert client.keys.hash_tags
             await client.ping()
             names = [f"shard{n}" for n in range(6)]  # spread over the masters
             made = await asyncio.gather(*(client.get_queue(n).enqueue(n) for n in names))

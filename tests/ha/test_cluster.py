@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.ha, pytest.mark.slow]
 
 def queues_on_distinct_masters(cluster: ClusterTopology, count: int = 3) -> list[str]:
     """Queue names whose keys live on ``count`` different masters."""
-    keys = Keys(cluster=True)
+    keys = Keys(hash_tags=True)
     chosen: dict[int, str] = {}
     for n in range(200):
         name = f"shard{n}"
@@ -60,7 +60,7 @@ def fresh_cluster() -> Iterator[ClusterTopology]:
 def test_cluster_url_selects_the_hash_tagged_layout(cluster: ClusterTopology) -> None:
     client = blueque.Client(cluster.url)
     assert isinstance(client.redis, RedisCluster)
-    assert client.keys.cluster
+    assert client.keys.hash_tags
     task_id = client.get_queue("reports").enqueue("{}")
     assert task_id.startswith("{reports}")
     # the task hash and the queue's pending list share a slot: scripts stay atomic
@@ -231,7 +231,7 @@ def test_master_killed_and_replica_promoted_mid_run(
     fresh_cluster: ClusterTopology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     names = queues_on_distinct_masters(fresh_cluster)
-    victim_key = Keys(cluster=True).pending(names[0])
+    victim_key = Keys(hash_tags=True).pending(names[0])
     victim = fresh_cluster.master_for_key(victim_key)
 
     def bring_back() -> None:
