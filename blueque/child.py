@@ -38,6 +38,7 @@ from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
 from blueque.progress import ParentProgress, ProgressReporter, report_progress
 from blueque.reporting import ParentLink
+from blueque.retry import Backoff
 from blueque.store import RedisStore, now
 from blueque.task import Task
 from blueque.tasklog import Shipper, TaskLogSettings, capture
@@ -147,7 +148,7 @@ def _run_orphan(store: RedisStore, task: Task, function: TaskFunction, policy: P
 def _record_itself(processor: Processor, policy: Policy, outcome: Outcome) -> int:
     """Record the outcome, holding on to it while Redis is away (the work is done)."""
     task_id = processor.task.id
-    delay, deadline = 0.1, time.monotonic() + REPORT_PATIENCE
+    backoff, deadline = Backoff(0.1, 5.0), time.monotonic() + REPORT_PATIENCE
     while True:
         try:
             _report(processor, policy, outcome)
@@ -156,9 +157,9 @@ def _record_itself(processor: Processor, policy: Policy, outcome: Outcome) -> in
             if time.monotonic() > deadline:
                 log.error("task %s: gave up recording its outcome: %s", task_id, error)
                 return EXIT_REPORT_FAILED
+            delay = backoff.next()
             log.warning("task %s: %s; retrying in %.1f s", task_id, error, delay)
             time.sleep(delay)
-            delay = min(5.0, delay * 2)
         except BluequeError as error:
             log.error("task %s: outcome (%s) not recorded: %s", task_id, outcome.outcome, error)
             return EXIT_REPORT_FAILED

@@ -47,6 +47,7 @@ from blueque.preemption import NodePreemption
 from blueque.process import Stopping, process_alive, set_title
 from blueque.queue import check_queue_name
 from blueque.recovery import Recovery
+from blueque.retry import Backoff
 from blueque.runs import Running
 from blueque.store import now
 from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
@@ -127,6 +128,8 @@ class ListenerDaemon:
         self.stopping = False
         self._next_renew = self._next_sweep = self._next_due = 0.0
         self._redis_down_since: float | None = None
+        # while Redis is away: at most half an interval, back within a lease's slack once it is
+        self._outage = Backoff(0.1, min(5.0, interval / 2))
         self._cancels: deque[str] = deque()
         #: each queue's defaults (blueque_queue_config_[queue]), read again at every renewal
         self._queue_defaults: dict[str, dict[str, str]] = {}
@@ -285,9 +288,7 @@ class ListenerDaemon:
             if self._redis_down_since is None:
                 self._redis_down_since = self.clock()
                 log.error("listener %s: %s; children keep running, retrying", self.id, error)
-            down = self.clock() - self._redis_down_since
-            # at most half an interval: back within a lease's slack once Redis is
-            timeout = min(5.0, self.interval / 2, 0.1 * 2 ** min(6, int(down)))
+            timeout = self._outage.next()
             self._enforce_limits()
         self._wait(timeout)
 
@@ -318,6 +319,7 @@ class ListenerDaemon:
         if self._redis_down_since is not None:
             log.warning("listener %s: Redis is back", self.id)
             self._redis_down_since = None
+            self._outage.reset()
             self._heal()
 
     def _take_cancels(self) -> list[str]:

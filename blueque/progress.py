@@ -16,6 +16,7 @@ from collections.abc import Callable
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.processor import Processor
 from blueque.reporting import ParentLink
+from blueque.retry import Backoff
 
 log = logging.getLogger("blueque.child")
 
@@ -38,7 +39,7 @@ class ProgressReporter:
         self._sending = threading.Lock()  # one sender at a time
         self._pending: tuple[float, str] | None = None
         self._retry_at = 0.0
-        self._delay = 0.1
+        self._backoff = Backoff(0.1, PROGRESS_RETRY_MAX)
         self._kept = False  # a send failed: the value waits for Redis
         self._closed = False
         self._wakeup = threading.Event()
@@ -75,7 +76,8 @@ class ProgressReporter:
                 with self._lock:
                     if self._kept:
                         log.info("task %s: kept progress recorded", self._processor.task.id)
-                    self._delay, self._kept = 0.1, False
+                    self._kept = False
+                    self._backoff.reset()
                     if self._pending is value:
                         self._pending = None
                         return
@@ -88,8 +90,7 @@ class ProgressReporter:
                 log.warning("task %s: progress kept until Redis is back: %s",
                             self._processor.task.id, error)
             self._kept = True
-            self._retry_at = time.monotonic() + self._delay
-            self._delay = min(PROGRESS_RETRY_MAX, self._delay * 2)
+            self._retry_at = time.monotonic() + self._backoff.next()
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._retry, name="blueque-progress",
                                                 daemon=True)

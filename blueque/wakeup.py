@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from blueque.reporting import ChildChannel
+from blueque.retry import Backoff
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
@@ -67,17 +68,17 @@ class Wakeup:
         thread.start()
 
     def _subscribe(self, channels: list[str], on_message: Callable[[str, str], None]) -> None:
-        backoff = 0.1
+        backoff = Backoff(0.1, 5.0)
         while self.subscriber is not None:
             pubsub = self._store.pubsub()
             try:
                 pubsub.subscribe(*channels)
-                backoff = 0.1
+                backoff.reset()
                 self._listen(pubsub, on_message)
             except Exception as error:  # the connection dropped: resubscribe with backoff
-                log.debug("subscriber: %s; resubscribing in %.1f s", error, backoff)
-                time.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+                delay = backoff.next()
+                log.debug("subscriber: %s; resubscribing in %.1f s", error, delay)
+                time.sleep(delay)
                 self.wake()  # missed messages: let the main loop look for itself
             finally:
                 pubsub.close()
