@@ -1,0 +1,50 @@
+"""The one package that talks to Redis: every Blueque protocol operation is a method of
+RedisStore.
+
+Each method names the keys it touches (see PROTOCOL.md for the exact command sequences).
+Multi-key read-modify-write steps are Lua scripts in ``blueque/lua``, registered once, with
+every key passed in through KEYS. Redis errors are translated into Blueque errors here. The
+methods are grouped by role, one module each (redis-py's client is built the same way, from
+its command groups): tasks (create, read, cancel, delete, configure), runs (reserve, stamp,
+start, finish, progress, recover), listeners (leases, listener info, node runs, cron,
+preemption requests) and watch (the dashboard's and metrics' reads, task output), over the
+core (connection, retry policy, scripts, the runner of blueque.protocol's operations).
+"""
+
+from __future__ import annotations
+
+from blueque.protocol import BULK_CHUNK, CHECKPOINT_KEEP, DELETE_WINDOW, QueueCounts
+from blueque.retry import NoRetry
+from blueque.store.core import (
+    BLOCK_SLICE,
+    CHECKPOINT_MAX_BYTES,
+    Health,
+    RedisLike,
+    Reservation,
+    StoreCore,
+    Subscription,
+    now,
+)
+from blueque.store.errors import (
+    MIN_REDIS_VERSION,
+    check_version,
+    describe,
+    load_script,
+    translate,
+    translate_errors,
+)
+from blueque.store.listeners import ListenerOperations
+from blueque.store.runs import RunOperations
+from blueque.store.tasks import TaskOperations
+from blueque.store.watch import ListenersAtWork, WatchOperations
+
+__all__ = [
+    "BLOCK_SLICE", "BULK_CHUNK", "CHECKPOINT_KEEP", "CHECKPOINT_MAX_BYTES", "DELETE_WINDOW", "MIN_REDIS_VERSION",
+    "Health", "ListenersAtWork", "NoRetry", "QueueCounts", "RedisLike", "RedisStore",
+    "Reservation", "StoreCore", "Subscription", "check_version", "describe", "load_script",
+    "now", "translate", "translate_errors",
+]
+
+
+class RedisStore(TaskOperations, RunOperations, ListenerOperations, WatchOperations):
+    """Named protocol operations over one Redis connection and one key layout."""

@@ -1,0 +1,303 @@
+"""The store's core: one Redis connection, one key layout, the retry policy around every
+operation, the Lua scripts, and the runner of the operations blueque.protocol describes (the
+async twin is blueque.aio.store). The operations themselves are grouped by role in the
+modules beside this one; RedisStore (blueque.store) is all of them."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from blueque import keys as k
+from blueque import protocol
+from blueque.ha import Durability
+from blueque.retry import NoRetry, RetryPolicy, is_transient
+from blueque.store.errors import (
+    check_version,
+    describe,
+    load_script,
+    translate,
+    translate_errors,
+)
+
+log = logging.getLogger("blueque.store")
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+#: How long a blocking pop waits per round trip; listen() loops, so this bounds only how
+#: quickly a blocked listener notices a stop request, never how fast it sees a new task.
+BLOCK_SLICE = 1.0
+#: The largest checkpoint a task may save unless its own option, its queue's default or the
+#: client says otherwise (``checkpoint_max_bytes``): checkpoints are resume points, not data.
+CHECKPOINT_MAX_BYTES = 1024 * 1024
+
+RedisLike = Any  # redis.Redis or redis.RedisCluster; both expose the same command methods
+
+
+def now() -> float:
+    """Task timestamps use the client's clock, as blueque 1.0.1 does."""
+    return time.time()
+
+
+def _tolerating_wrong_types(pipe: Any) -> list[Any]:
+    """A pipeline's replies, where a key of another type (a WRONGTYPE reply) is an Exception
+    in its place; any other error is raised."""
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+            raise reply
+    return replies
+
+
+class Health:
+    """Counts operations that failed transiently (a lost connection, READONLY, LOADING...),
+    shared by a store and its bounded copies: a recovery sweep that sees the count move
+    knows its view of the leases was interrupted (PROTOCOL.md 6, "Outages")."""
+
+    def __init__(self) -> None:
+        self.disruptions = 0
+
+    def disrupted(self) -> None:
+        self.disruptions += 1
+
+
+class Subscription:
+    """A pub/sub subscription that survives Redis going away: ``get_message`` returns None
+    (after waiting ``timeout``) while the connection is down and subscribes again when it is
+    back. Messages published meanwhile are lost, so callers re-read the state they wait for
+    through the store (whose retry policy bounds the outage); errors that are not transient
+    are raised as Blueque errors."""
+
+    def __init__(self, store: StoreCore, channels: Sequence[str]) -> None:
+        self._store = store
+        self._channels = list(channels)
+        self._pubsub: Any = None
+
+    def get_message(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            if self._pubsub is None:
+                pubsub = self._store.pubsub()
+                self._pubsub = pubsub
+                pubsub.subscribe(*self._channels)
+            message: dict[str, Any] | None = self._pubsub.get_message(timeout=timeout)
+            return message
+        except redis.exceptions.RedisError as error:
+            if not is_transient(error):
+                raise translate(error, self._store.where) from error
+            self._store.health.disrupted()
+            log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+            self.close()
+            time.sleep(max(0.0, min(timeout, 1.0)))
+            return None
+
+    def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except redis.exceptions.RedisError as error:
+                log.debug("closing a lost subscription: %s", error)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The outcome of stamping a task a listener moved into its reserved list."""
+
+    task_id: str
+    verdict: str  # ok | skip | bad
+    detail: str  # attempts for ok; the status or reason otherwise
+    #: for ok: the task hash as the stamp left it (so the caller reads nothing more)
+    fields: dict[str, str] | None = None
+
+    @property
+    def runnable(self) -> bool:
+        return self.verdict == "ok"
+
+    @property
+    def attempt(self) -> int:
+        return int(self.detail) if self.runnable else 0
+
+
+class StoreCore:
+    """One Redis connection and key layout, the retry policy, the scripts and the runner."""
+
+    def __init__(self, client: RedisLike, keys: k.Keys | None = None,
+                 retry: RetryPolicy | NoRetry | None = None,
+                 durability: Durability | None = None) -> None:
+        self.redis = client
+        self.keys = keys or k.Keys()
+        self.retry: RetryPolicy | NoRetry = retry or NoRetry()
+        #: blueque.ha.Durability: enqueues, starts and outcomes wait for replicas (WAIT)
+        self.durability = durability
+        self._scripts: dict[str, Script] = {}
+        self._server_checked = False
+        self.health = Health()
+        #: the client-wide checkpoint size limit (Client(..., checkpoint_max_bytes=...))
+        self.checkpoint_max_bytes = CHECKPOINT_MAX_BYTES
+        self._unbounded: Self | None = None  # set on the copies bounded() makes
+
+    @property
+    def unbounded(self) -> Self:
+        """The store this one was made from by ``bounded``, with the client's whole
+        ``retry_deadline``: what a task's own writes use (its checkpoints), as its child's
+        start and outcome do, however the Task object was read."""
+        return self if self._unbounded is None else self._unbounded
+
+    def bounded(self, seconds: float) -> Self:
+        """This store (same connection, scripts and Health) retrying each operation for at most
+        ``seconds``: daemons take it for their loop, which must keep enforcing time limits
+        and hearing signals while Redis is away, and retries in its own steps."""
+        view = copy.copy(self)
+        view.retry = self.retry.bounded(seconds)
+        view._unbounded = self.unbounded
+        return view
+
+    @property
+    def where(self) -> str:
+        return describe(self.redis)
+
+    def _script(self, name: str) -> Script:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.redis.register_script(load_script(name))
+        return script
+
+    # --- running the protocol module's operations (blueque.aio.store has the async twin) ---
+    def _execute(self, operation: protocol.Operation[T]) -> T:
+        """Run an operation's steps in order, sending each step's reply back into it."""
+        try:
+            step = next(operation)
+            while True:
+                step = operation.send(self._step(step))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            operation.close()
+
+    def _step(self, step: protocol.Step) -> Any:
+        if isinstance(step, protocol.Script):
+            return self._run(step.name, step.keys, step.args, durable=step.durable)
+        if isinstance(step, protocol.Command):
+            return getattr(self.redis, step.name)(*step.args, **step.kwargs)
+        pipe = self.redis.pipeline(transaction=step.transaction)
+        for item in step.commands:
+            getattr(pipe, item.name)(*item.args, **item.kwargs)
+        return pipe.execute(raise_on_error=step.raise_on_error)
+
+    def perform(self, operation: Callable[Concatenate[k.Keys, P], protocol.Operation[T]],
+                *args: P.args, **kwargs: P.kwargs) -> T:
+        """``operation(self.keys, *args, **kwargs)`` of blueque.protocol, retried as a whole
+        and its errors translated, like every method here."""
+        result: T = self._perform(lambda: operation(self.keys, *args, **kwargs))
+        return result
+
+    @translate_errors
+    def _perform(self, make: Callable[[], protocol.Operation[T]]) -> T:
+        return self._execute(make())  # a fresh generator for every try
+
+    def run(self, procedure: protocol.Procedure[T]) -> T:
+        """A procedure of blueque.protocol (purge, enqueue_due_tasks): each operation it
+        yields runs under the retry policy on its own."""
+        reply: Any = None
+        try:
+            while True:
+                factory = procedure.send(reply)
+                reply = self._perform(factory)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        finally:
+            procedure.close()
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
+             durable: bool = False) -> Any:
+        if durable and self.durability is not None:
+            return self.durability.run(self.redis, self._script(name), keys, args)
+        return self._script(name)(keys=list(keys), args=list(args))
+
+    def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any],
+                  before: Sequence[Callable[[Any], object]] = (),
+                  after: Sequence[Callable[[Any], object]] = (),
+                  durable: bool = False) -> Any:
+        """Run script ``name`` with plain commands before and after it in one round trip (a
+        pipeline, not a transaction: each command is idempotent, so a repeat after a lost
+        reply is harmless); returns the script's reply. ``EVALSHA`` directly, not redis-py's
+        pipeline scripts, which cost a ``SCRIPT EXISTS`` round trip per pipeline: a server
+        that lost its script cache (a restart) answers NOSCRIPT once, and the pipeline is
+        sent again after loading it. With WAIT durability the script runs durably alone, and
+        on a Redis Cluster (whose pipelines refuse scripts) each command goes on its own."""
+        if (durable and self.durability is not None) or hasattr(self.redis, "get_nodes"):
+            for add in before:
+                add(self.redis)
+            reply = self._run(name, keys, args, durable=durable)
+            for add in after:
+                add(self.redis)
+            return reply
+        script = self._script(name)
+        for _ in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for add in before:
+                add(pipe)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for add in after:
+                add(pipe)
+            replies = pipe.execute(raise_on_error=False)
+            reply = replies[len(before)]
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                script.sha = self.redis.script_load(script.script)
+                continue
+            for item in replies:
+                if isinstance(item, Exception):
+                    raise item
+            return reply
+        raise reply
+
+    def _queues_key(self, queue: str) -> tuple[str, str]:
+        return protocol.queues_key(self.keys, queue)
+
+    def _outcome_keys(self, queue: str, now: float) -> list[str]:
+        return protocol.outcome_keys(self.keys, queue, now)
+
+    def _touch_queue(self, queue: str, increment: int = 0) -> None:
+        self._execute(protocol.touch_queue(self.keys, queue, increment))
+
+    # --- notifications --------------------------------------------------------------------
+    def subscribe(self, channels: Sequence[str]) -> Subscription:
+        """A Subscription to ``channels`` that subscribes again after an outage."""
+        return Subscription(self, channels)
+
+    def pubsub(self) -> Any:
+        """A pub/sub connection (ignore_subscribe_messages) for channels and done channels."""
+        return self.redis.pubsub(ignore_subscribe_messages=True)
+
+    def ping(self) -> None:
+        """PING, then check the server once (check_server): RedisUnavailable,
+        AuthenticationFailed, ConfigurationError or UnsupportedServer say what is wrong."""
+        try:
+            self.redis.ping()
+        except redis.exceptions.RedisError as error:
+            raise translate(error, self.where) from error
+        self.check_server()
+
+    def check_server(self) -> None:
+        """Once per store: refuse a server older than MIN_REDIS_VERSION with a clear error
+        (INFO server), rather than failing at the first reserve."""
+        if self._server_checked:
+            return
+        try:
+            info = self.redis.info("server")
+        except redis.exceptions.RedisError as error:
+            raise translate(error, self.where) from error
+        check_version(info, self.where)
+        self._server_checked = True
+
+

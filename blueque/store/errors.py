@@ -1,0 +1,184 @@
+"""Redis errors as Blueque errors, said so that the reader knows what to do; and the check
+that the server is a Redis Blueque can use (6.2 or later)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import redis
+
+from blueque.errors import (
+    AuthenticationFailed,
+    BluequeError,
+    ConfigurationError,
+    InvalidTaskState,
+    RedisUnavailable,
+    StaleAttempt,
+    TaskNotFound,
+    UnsupportedServer,
+)
+from blueque.retry import is_transient
+
+T = TypeVar("T")
+
+#: The oldest server Blueque runs on: LMOVE and BLMOVE (the reserve step) came with Redis 6.2.
+MIN_REDIS_VERSION = (6, 2)
+
+
+class _Retry(Protocol):
+    def call(self, operation: Callable[[], T]) -> T: ...
+
+
+class _Health(Protocol):
+    def disrupted(self) -> None: ...
+
+
+class _Guarded(Protocol):
+    """What translate_errors needs of a store: its retry policy, health and address."""
+
+    retry: _Retry
+    health: _Health
+
+    @property
+    def where(self) -> str: ...
+
+
+def load_script(name: str) -> str:
+    """The source of ``blueque/lua/<name>.lua`` (registered once per store)."""
+    return importlib.resources.files("blueque").joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
+    """Turn redis-py errors into Blueque errors whose message says what to do."""
+
+    @functools.wraps(method)
+    def wrapper(self: _Guarded, *args: Any, **kwargs: Any) -> T:
+        def attempt() -> T:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:
+                if is_transient(error):
+                    self.health.disrupted()
+                raise
+
+        try:
+            return self.retry.call(attempt)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as error:
+            raise translate(error, self.where) from error
+
+    return wrapper
+
+
+def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
+              where: str) -> BluequeError:
+    """The Blueque error for a redis-py error: refusals, bad credentials or URLs, servers that
+    are not (a recent enough) Redis, and unreachable ones each get their own."""
+    if isinstance(error, redis.exceptions.AuthenticationError) or (
+        # the sentinels refused the sentinel_password: redis-py says so in a MasterNotFoundError
+        type(error).__name__ == "MasterNotFoundError" and "AuthenticationError" in str(error)
+    ):
+        return AuthenticationFailed(
+            f"authentication failed at Redis {where} ({error}): check the user name and "
+            "password in the URL (redis://user:password@host:port/db)"
+        )
+    if isinstance(error, redis.exceptions.ResponseError) and not is_transient(error):
+        return _protocol_error(error, where)
+    if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+                  ) and not isinstance(error, redis.exceptions.BusyLoadingError):
+        return RedisUnavailable(
+            f"Redis at {where} is unreachable ({error}); check the URL and that "
+            "redis-server is running"
+        )
+    if is_transient(error):
+        # READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY...: this server cannot
+        # serve us right now (a demoted master, a restart loading its data, a failover); the
+        # command was not run, and waiting is what helps: unavailability, not a refusal
+        return RedisUnavailable(
+            f"Redis at {where} cannot serve Blueque right now ({type(error).__name__}: "
+            f"{error}): it is loading its data, was made a replica, or its cluster is failing "
+            "over; retry later, or raise the URL's retry_deadline"
+        )
+    if isinstance(error, redis.exceptions.RedisClusterException):
+        if "cluster mode is not enabled" in str(error).lower():
+            # a node answered, but it is a plain Redis: waiting will not make it a cluster
+            return ConfigurationError(
+                f"the server in the Cluster URL {where} is not a Redis Cluster node (cluster "
+                "mode is off): use redis://host:port/db for a plain Redis server, or the "
+                "cluster's nodes in a redis+cluster:// URL"
+            )
+        # redis-py's cluster client gives up with this when no node answers
+        return RedisUnavailable(f"Redis Cluster {where} cannot be reached ({error})")
+    if isinstance(error, redis.exceptions.InvalidResponse):
+        return UnsupportedServer(
+            f"the server at {where} does not speak the Redis protocol ({error}): check the "
+            "URL's host and port"
+        )
+    return BluequeError(f"Redis client error at {where}: {type(error).__name__}: {error}")
+
+
+def _protocol_error(error: redis.exceptions.ResponseError, where: str = "?") -> BluequeError:
+    text = str(error)
+    for marker, kind in (("BLUEQUE_STALE ", StaleAttempt), ("BLUEQUE_STATE ", InvalidTaskState)):
+        if marker in text:
+            return kind(text.split(marker, 1)[1].split("\n")[0].rstrip(". "))
+    if "BLUEQUE_MISSING " in text:
+        return TaskNotFound(text.split("BLUEQUE_MISSING task ", 1)[1].split(" ")[0])
+    if "DB index is out of range" in text:
+        return ConfigurationError(
+            f"the database number in the URL does not exist on Redis {where} ({text}): use "
+            "one below its 'databases' setting (16 by default: /0 to /15)"
+        )
+    unknown = _UNKNOWN_COMMAND.search(text)
+    command = unknown.group(1).lower() if unknown else ""
+    if command == "sentinel":
+        return ConfigurationError(
+            f"a server in the Sentinel URL (for {where}) is not a Redis Sentinel ({text}): use "
+            "redis://host:port/db for a plain Redis server, or the sentinels' ports (26379 by "
+            "default) in a redis+sentinel:// URL"
+        )
+    if command in ("hello", "lmove", "blmove"):
+        return _too_old(where, text)
+    return BluequeError(f"Redis refused a Blueque command: {text}")
+
+
+#: Redis 6+ quotes an unknown command with '', Redis 5 and older with ``.
+_UNKNOWN_COMMAND = re.compile(r"unknown command [`']([^`']*)[`']", re.IGNORECASE)
+
+
+def _too_old(where: str, detail: str) -> UnsupportedServer:
+    wanted = ".".join(map(str, MIN_REDIS_VERSION))
+    return UnsupportedServer(
+        f"Redis at {where} is too old for Blueque ({detail}): Blueque needs Redis {wanted} or "
+        "later (it reserves tasks with LMOVE/BLMOVE); upgrade the server"
+    )
+
+
+def describe(client: Any) -> str:
+    """Where a redis-py client (sync or asyncio) talks to, for error messages: host:port,
+    unix://path, a Sentinel master's name or a cluster's first nodes."""
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service:  # Sentinel: name the master, not a host
+        return f"Sentinel master {service!r}"
+    if hasattr(client, "get_nodes"):  # RedisCluster
+        nodes = sorted(f"{n.host}:{n.port}" for n in client.get_nodes())
+        return "cluster " + ",".join(nodes[:3]) + (",..." if len(nodes) > 3 else "")
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def check_version(info: object, where: str) -> None:
+    """Refuse a server older than MIN_REDIS_VERSION, from its INFO server reply."""
+    if isinstance(info, dict) and isinstance(info.get("redis_version"), str):
+        version = info["redis_version"]
+        numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+        if numbers < MIN_REDIS_VERSION:
+            raise _too_old(where, f"it runs Redis {version}")
+
+

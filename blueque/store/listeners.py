@@ -1,0 +1,140 @@
+"""A listener's and a scheduler's bookkeeping: listener sets, leases, info hashes, a node's
+run records, the server's clock and restarts, cron ticks and preemption requests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from blueque.store.core import StoreCore
+from blueque.store.errors import translate_errors
+
+
+class ListenerOperations(StoreCore):
+    # --- listeners ------------------------------------------------------------------------
+    @translate_errors
+    def add_listener(self, queue: str, listener_id: str) -> None:
+        """SADD blueque_listeners_[queue]; ZINCRBY blueque_queues 1 (as blueque 1.0.1)."""
+        pipe = self.redis.pipeline(transaction=not self.keys.hash_tags)
+        pipe.sadd(self.keys.listeners(queue), listener_id)
+        pipe.zincrby(self.keys.queues(), 1, queue)
+        pipe.execute()
+
+    @translate_errors
+    def remove_listener(self, queue: str, listener_id: str) -> bool:
+        """SREM the listener; only the caller that removed it decrements blueque_queues."""
+        removed = bool(self.redis.srem(self.keys.listeners(queue), listener_id))
+        if removed:
+            self.redis.zincrby(self.keys.queues(), -1, queue)
+        return removed
+
+    @translate_errors
+    def lease(self, queue: str, listener_id: str, ttl_ms: int, mode: str) -> int:
+        """register | renew | release a listener's lease (server clock). -1: lease was lost."""
+        return int(self._run("lease", [self.keys.leases(queue)], [listener_id, ttl_ms, mode]))
+
+    @translate_errors
+    def expired_listeners(self, queue: str) -> list[str]:
+        """Listeners whose lease deadline has passed by the Redis server's clock."""
+        seconds, micros = self.redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        return cast(list[str], self.redis.zrangebyscore(self.keys.leases(queue), "-inf", now_ms))
+
+    @translate_errors
+    def leases(self, queue: str) -> dict[str, float]:
+        """Every lease of a queue: listener id -> deadline (server ms)."""
+        return dict(self.redis.zrange(self.keys.leases(queue), 0, -1, withscores=True))
+
+    @translate_errors
+    def server_run(self) -> tuple[str, float]:
+        """(run id, start time by the server clock in Unix s) from INFO server: a Redis
+        restart changes both, even one this client never saw as a lost connection. For a
+        cluster, every master's run ids and the latest start."""
+        info: dict[str, Any] = self.redis.info("server")
+        nodes = [info] if "run_id" in info else [v for v in info.values() if isinstance(v, dict)]
+        seconds, micros = self.redis.time()
+        clock = float(seconds) + float(micros) / 1e6
+        run_ids = sorted(str(node.get("run_id", "")) for node in nodes)
+        uptime = min((float(node.get("uptime_in_seconds", 0)) for node in nodes), default=0.0)
+        return ",".join(run_ids), clock - uptime - 1.0  # whole seconds: the earliest start
+
+    @translate_errors
+    def server_time(self) -> float:
+        seconds, micros = self.redis.time()
+        return float(seconds) + float(micros) / 1e6
+
+    @translate_errors
+    def write_listener_info(self, listener_id: str, info: dict[str, str], ttl_s: int) -> None:
+        """The listener's description (host, pid, create time, queues), expiring with it."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.listener_info(listener_id), mapping=info)
+        pipe.expire(self.keys.listener_info(listener_id), ttl_s)
+        pipe.execute()
+
+    @translate_errors
+    def listener_info(self, listener_id: str) -> dict[str, str]:
+        return cast(dict[str, str], self.redis.hgetall(self.keys.listener_info(listener_id)))
+
+    @translate_errors
+    def delete_listener_info(self, listener_id: str) -> None:
+        self.redis.delete(self.keys.listener_info(listener_id))
+
+    @translate_errors
+    def record_runs(self, node: str, runs: dict[str, str], ttl_s: int) -> None:
+        """HSET blueque_node_[node] pid -> run (JSON); EXPIRE: the node's runs, so that the
+        next listener or scheduler on the node finds those whose listener died."""
+        pipe = self.redis.pipeline(transaction=False)
+        if runs:
+            pipe.hset(self.keys.node_runs(node), mapping=runs)
+        pipe.expire(self.keys.node_runs(node), ttl_s)
+        pipe.execute()
+
+    @translate_errors
+    def forget_runs(self, node: str, pids: Sequence[str]) -> None:
+        """HDEL ended runs from blueque_node_[node] (the hash goes with its last field)."""
+        if pids:
+            self.redis.hdel(self.keys.node_runs(node), *pids)
+
+    @translate_errors
+    def node_runs(self, node: str) -> dict[str, str]:
+        return cast(dict[str, str], self.redis.hgetall(self.keys.node_runs(node)))
+
+    @translate_errors
+    def reserved_ids(self, queue: str, listener_id: str) -> list[str]:
+        return cast(list[str], self.redis.lrange(self.keys.reserved(queue, listener_id), 0, -1))
+
+    # --- preemption (PROTOCOL.md 6.3) --------------------------------------------------------
+    @translate_errors
+    def request_preemption(self, node_name: str, fields: dict[str, str], ttl_s: int) -> None:
+        """HSET blueque_preempt_[node name] (deadline, grace, requested_at, reason); EXPIRE;
+        PUBLISH blueque_preempt_channel_[node name]: its listeners hear it at once, or read
+        the hash at their next renewal."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.preemption(node_name), mapping=fields)
+        pipe.expire(self.keys.preemption(node_name), ttl_s)
+        pipe.publish(self.keys.preemption_channel(node_name), node_name)
+        pipe.execute()
+
+    @translate_errors
+    def preemption(self, node_name: str) -> dict[str, str]:
+        """HGETALL blueque_preempt_[node name] ({}: no preemption announced)."""
+        return cast(dict[str, str], self.redis.hgetall(self.keys.preemption(node_name)))
+
+    @translate_errors
+    def withdraw_preemption(self, node_name: str) -> bool:
+        """DEL blueque_preempt_[node name]; False if there was none."""
+        return bool(self.redis.delete(self.keys.preemption(node_name)))
+
+    # --- scheduler and operator tools -----------------------------------------------------
+    @translate_errors
+    def cron_ticks(self) -> dict[str, str]:
+        """blueque_cron: periodic task name -> last tick fired (Unix s)."""
+        return cast(dict[str, str], self.redis.hgetall(self.keys.cron()))
+
+    @translate_errors
+    def advance_cron(self, name: str, expected: str | None, tick: int) -> bool:
+        """Compare-and-set a periodic task's last fired tick (cron_advance.lua); False if
+        another scheduler moved it first. Keys: blueque_cron."""
+        return bool(self._run("cron_advance", [self.keys.cron()],
+                              [name, expected or "", str(tick)]))
+

@@ -1,0 +1,179 @@
+"""Operations of a run's lifecycle (PROTOCOL.md 5.4-5.6, 5.10, 5.12): reserve, stamp, start,
+finish, progress, recover."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from blueque import keys as k
+from blueque.store.core import Reservation, StoreCore
+from blueque.store.errors import translate_errors
+
+
+class RunOperations(StoreCore):
+    # --- reserving and running ------------------------------------------------------------
+    @translate_errors
+    def move_pending(self, queue: str, listener_id: str, block: float | None) -> str | None:
+        """LMOVE (or BLMOVE for up to ``block`` seconds) the oldest pending id into the
+        listener's reserved list. Follow with stamp(); a crash in between is recovered."""
+        source, target = self.keys.pending(queue), self.keys.reserved(queue, listener_id)
+        if block is None:
+            return cast("str | None", self.redis.lmove(source, target, "RIGHT", "LEFT"))
+        return cast("str | None", self.redis.blmove(source, target, block, "RIGHT", "LEFT"))
+
+    @translate_errors
+    def stamp(self, queue: str, listener_id: str, task_id: str, now: float) -> Reservation:
+        """Mark a moved task reserved by this listener and count the attempt (stamp.lua);
+        an ok Reservation carries the task's fields."""
+        return self._reservation(task_id, self._run("stamp", *self._stamp_call(
+            queue, listener_id, task_id, now, None, None)))
+
+    @translate_errors
+    def begin_run(self, queue: str, listener_id: str, task_id: str, now: float, pid: int,
+                  pid_created: float | None, node: str, record: str, ttl_s: int
+                  ) -> Reservation:
+        """The listener daemon's start of a run (PROTOCOL.md 6.2), in one round trip: record
+        the forked process on its node (HSET blueque_node_[node] pid record; EXPIRE), then
+        stamp.lua with its pid: pending -> started by that process (durable like start)."""
+        runs = self.keys.node_runs(node)
+        keys, args = self._stamp_call(queue, listener_id, task_id, now, pid, pid_created)
+        reply = self._run_with(
+            "stamp", keys, args, durable=True,
+            before=[lambda pipe: pipe.hset(runs, str(pid), record),
+                    lambda pipe: pipe.expire(runs, ttl_s)])
+        return self._reservation(task_id, reply)
+
+    def _stamp_call(self, queue: str, listener_id: str, task_id: str, now: float,
+                    pid: int | None, pid_created: float | None
+                    ) -> tuple[list[str], list[Any]]:
+        keys = [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+                self.keys.failed(queue), *self._outcome_keys(queue, now)]
+        if pid is not None:
+            keys.append(self.keys.started(queue))
+        return keys, [task_id, listener_id, repr(now), queue, k.FINISHED_MINUTE_TTL,
+                      "" if pid is None else pid,
+                      "" if pid_created is None else repr(pid_created)]
+
+    @staticmethod
+    def _reservation(task_id: str, reply: Sequence[Any]) -> Reservation:
+        verdict, detail = reply[0], reply[1]
+        fields = None
+        if verdict == "ok" and len(reply) > 2:
+            flat = reply[2]
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        return Reservation(task_id, verdict, str(detail), fields)
+
+    @translate_errors
+    def start(
+        self,
+        queue: str,
+        task_id: str,
+        listener_id: str,
+        pid: int,
+        now: float,
+        attempt: int | None = None,
+        pid_created: float | None = None,
+    ) -> None:
+        """Reserved -> started with the process id (start.lua); raises if it may not run."""
+        self._run(
+            "start",
+            [self.keys.task(task_id), self.keys.started(queue),
+             self.keys.reserved(queue, listener_id)],
+            [task_id, listener_id, pid, repr(now), "" if attempt is None else attempt,
+             "" if pid_created is None else repr(pid_created)],
+            durable=True,
+        )
+
+    @translate_errors
+    def finish(
+        self,
+        queue: str,
+        task_id: str,
+        listener_id: str,
+        pid: int | None,
+        outcome: str,
+        text: str,
+        now: float,
+        attempt: int | None = None,
+        retry_eta: float | None = None,
+        result_ttl_ms: int | None = None,
+        extra: tuple[str, str] | None = None,
+        traceback: str | None = None,
+        forget_run: tuple[str, int] | None = None,
+    ) -> str:
+        """Record complete | failed | retry for one run (finish.lua); returns the new status.
+        ``traceback`` goes to its own field beside a failure's ``error``. ``forget_run``
+        (node identity, pid): the listener daemon drops the run's record from
+        blueque_node_[node] in the same round trip (PROTOCOL.md 6.2)."""
+        if outcome == "complete":
+            target = self.keys.complete(queue)
+        elif outcome == "failed":
+            target = self.keys.failed(queue)
+        elif outcome == "retry" and retry_eta is not None:
+            target = self.keys.scheduled(queue)
+        elif outcome == "preempted":
+            target = self.keys.pending(queue)
+        else:
+            raise ValueError(f"unknown outcome {outcome!r} (or retry without an eta)")
+        field, value = extra or ("", "")
+        keys = [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+                self.keys.started(queue), target, *self._outcome_keys(queue, now),
+                self.keys.checkpoint(task_id)]
+        args = [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
+                "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
+                "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
+                field, value, k.FINISHED_MINUTE_TTL, traceback or "",
+                self.keys.channel(queue), queue]
+        if forget_run is None:
+            return str(self._run("finish", keys, args, durable=True))
+        runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
+        return str(self._run_with("finish", keys, args, durable=True,
+                                  after=[lambda pipe: pipe.hdel(runs, run)]))
+
+    @translate_errors
+    def progress(self, task_id: str, attempt: int, fraction: float, message: str,
+                 now: float) -> None:
+        """Record a running task's progress (progress.lua, fenced by attempt)."""
+        self._run("progress", [self.keys.task(task_id)],
+                  [attempt, repr(fraction), message, repr(now)])
+
+    @translate_errors
+    def recover(
+        self,
+        queue: str,
+        listener_id: str,
+        verdicts: Iterable[tuple[str, str, str, float | None, str]],
+        now: float,
+        mode: str,
+        release: bool = True,
+    ) -> list[int]:
+        """Apply verdicts (id, attempts seen, pending|retry|failed|drop, eta, error) to a dead
+        listener's reserved tasks (recover.lua). ``mode`` is "lease" (its lease expired) or
+        "host" (death proven on its host). Returns [requeued, retried, failed, skipped], or
+        [-1] when the claim failed (the lease is live, or someone else recovered it)."""
+        queues_key, use_queues = self._queues_key(queue)
+        keys = [self.keys.leases(queue), self.keys.listeners(queue),
+                self.keys.reserved(queue, listener_id), self.keys.pending(queue),
+                self.keys.started(queue), self.keys.scheduled(queue), self.keys.failed(queue),
+                queues_key, *self._outcome_keys(queue, now)]
+        args: list[Any] = [listener_id, repr(now), mode, queue, use_queues,
+                           self.keys.channel(queue), "1" if release else "0",
+                           k.FINISHED_MINUTE_TTL]
+        for task_id, attempts, verdict, eta, error in verdicts:
+            keys.append(self.keys.task(task_id))
+            args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
+        counts = [int(n) for n in self._run("recover", keys, args)]
+        if counts != [-1] and release and self.keys.hash_tags:
+            self.redis.zincrby(self.keys.queues(), -1, queue)
+        return counts
+
+    @translate_errors
+    def claim_reserved(self, queue: str, dead_listener: str, new_listener: str) -> str | None:
+        """blueque 1.0.1's orphan claim: the dead listener's first reserved task, marked with
+        reclaimed_node (the caller has already won the claim with remove_listener)."""
+        task_id = cast("str | None", self.redis.lindex(self.keys.reserved(queue, dead_listener), 0))
+        if task_id is not None:
+            self.redis.hset(self.keys.task(task_id), "reclaimed_node", new_listener)
+        return task_id
+

@@ -1,0 +1,194 @@
+"""Reads for watching (PROTOCOL.md 5.18): the dashboard's and the metrics' windows, never
+whole lists; and a task's output stream (5.19)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from blueque import protocol
+from blueque.protocol import QueueCounts
+from blueque.store.core import StoreCore, _tolerating_wrong_types
+from blueque.store.errors import translate_errors
+
+
+@dataclass(frozen=True)
+class ListenersAtWork:
+    """One queue's listeners as the nodes page reads them (store.listeners_at_work)."""
+
+    registered: set[str]
+    leases: dict[str, float]
+    started: list[tuple[str, str, str]]
+
+
+def _started_entries(members: Iterable[str]) -> list[tuple[str, str, str]]:
+    """Started-set members ("[listener id] [pid] [task id]") as tuples, sorted."""
+    entries = []
+    for member in sorted(members):
+        parts = member.rsplit(" ", 2)
+        if len(parts) == 3:
+            entries.append((parts[0], parts[1], parts[2]))
+    return entries
+
+
+def _counts(reply: object) -> dict[str, int]:
+    """An outcome-counter hash as numbers; a value that is no integer, or a key that is no
+    hash (a WRONGTYPE reply), counts as nothing rather than failing the page or scrape."""
+    if not isinstance(reply, dict):
+        return {}
+    counts = {}
+    for name, count in reply.items():
+        try:
+            counts[str(name)] = int(count)
+        except ValueError:
+            continue
+    return counts
+
+
+
+class WatchOperations(StoreCore):
+    # --- watching: reads for the dashboard and the metrics (windows, never whole lists) --
+    # Each read of many queues is a fixed number of pipelines, whatever the number of queues.
+    @translate_errors
+    def counts_many(self, queues: Sequence[str]) -> list[QueueCounts]:
+        """counts() of many queues in two pipelines."""
+        return self._execute(protocol.counts_many(self.keys, queues))
+
+    @translate_errors
+    def outcomes_per_minute_many(self, queues: Sequence[str], minutes: Sequence[int]
+                                 ) -> list[list[dict[str, int]]]:
+        """blueque_finished_per_minute_[queue]_[minute] for each queue and minute (its first
+        second), in one pipeline: per queue, per minute, outcome -> count ({} for a minute in
+        which nothing ended)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            for minute in minutes:
+                pipe.hgetall(self.keys.finished_per_minute(queue, str(minute)))
+        counts = [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
+        return [counts[n * len(minutes):(n + 1) * len(minutes)] for n in range(len(queues))]
+
+    def outcomes_per_minute(self, queue: str, minutes: Sequence[int]
+                            ) -> list[dict[str, int]]:
+        return self.outcomes_per_minute_many([queue], minutes)[0]
+
+    @translate_errors
+    def outcome_counts_many(self, queues: Sequence[str]) -> list[dict[str, int]]:
+        """blueque_outcome_counts_[queue] of each queue, in one pipeline: outcome -> tasks
+        that ever ended so."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.hgetall(self.keys.outcome_counts(queue))
+        return [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
+
+    def outcome_counts(self, queue: str) -> dict[str, int]:
+        return self.outcome_counts_many([queue])[0]
+
+    @translate_errors
+    def oldest_pending_many(self, queues: Sequence[str]
+                            ) -> list[tuple[str, dict[str, str]] | None]:
+        """Per queue, the task next in line (the right end of the pending list) with its
+        ``created`` and ``updated`` (none for a key that is no hash), or None when nothing is
+        pending: a pipeline of LINDEX -1, then one of HMGET."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.lindex(self.keys.pending(queue), -1)
+        heads = cast(list["str | None"], pipe.execute())
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in heads:
+            if task_id is not None:
+                pipe.hmget(self.keys.task(task_id), "created", "updated")
+        replies = iter(_tolerating_wrong_types(pipe))
+        found: list[tuple[str, dict[str, str]] | None] = []
+        for task_id in heads:
+            if task_id is None:
+                found.append(None)
+                continue
+            reply = next(replies)
+            values = reply if isinstance(reply, list) else [None, None]
+            found.append((task_id, {name: value for name, value in zip(
+                ("created", "updated"), values, strict=True) if value is not None}))
+        return found
+
+    def oldest_pending(self, queue: str) -> tuple[str, dict[str, str]] | None:
+        """The task next in line with its ``created`` and ``updated`` (LINDEX -1, HMGET)."""
+        return self.oldest_pending_many([queue])[0]
+
+    @translate_errors
+    def started_entries(self, queue: str) -> list[tuple[str, str, str]]:
+        """blueque_started_tasks_[queue] as (listener id, pid, task id), sorted."""
+        return _started_entries(self.redis.smembers(self.keys.started(queue)))
+
+    @translate_errors
+    def listeners_at_work(self, queues: Sequence[str]) -> list[ListenersAtWork]:
+        """Per queue, its registered listeners, its leases (listener id -> deadline, server
+        ms) and its started entries (as started_entries), in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.smembers(self.keys.listeners(queue))
+            pipe.zrange(self.keys.leases(queue), 0, -1, withscores=True)
+            pipe.smembers(self.keys.started(queue))
+        replies = pipe.execute()
+        return [ListenersAtWork(set(replies[n]), dict(replies[n + 1]),
+                                _started_entries(replies[n + 2]))
+                for n in range(0, len(replies), 3)]
+
+    @translate_errors
+    def listener_infos(self, listener_ids: Sequence[str]) -> list[dict[str, str]]:
+        """HGETALL blueque_listener_[id] for many listeners in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for listener in listener_ids:
+            pipe.hgetall(self.keys.listener_info(listener))
+        return cast(list[dict[str, str]], pipe.execute())
+
+    @translate_errors
+    def scheduled_counts(self, queues: Sequence[str]) -> list[int]:
+        """ZCARD blueque_scheduled_tasks_[queue] of each queue, in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zcard(self.keys.scheduled(queue))
+        return cast(list[int], pipe.execute())
+
+    @translate_errors
+    def scheduled_windows(self, queues: Sequence[str], count: int
+                          ) -> list[list[tuple[str, float]]]:
+        """The ``count`` soonest scheduled tasks (id, eta) of each queue, in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zrange(self.keys.scheduled(queue), 0, count - 1, withscores=True)
+        return cast(list[list[tuple[str, float]]], pipe.execute())
+
+    # --- task output (blueque_task_log_[id], a stream) ---------------------------------------
+    @translate_errors
+    def append_output(self, task_id: str, attempt: str, text: str, offset: int,
+                      end: bool = False, ttl_ms: int | None = None) -> str:
+        """XADD one chunk of an attempt's output (``end``: the attempt's last entry) and
+        PEXPIRE the stream, in one transaction; returns the entry id."""
+        fields = {"attempt": attempt, "data": text, "offset": str(offset)}
+        if end:
+            fields["end"] = "1"
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(self.keys.task_log(task_id), dict(fields))
+        if ttl_ms:
+            pipe.pexpire(self.keys.task_log(task_id), ttl_ms)
+        return str(pipe.execute()[0])
+
+    @translate_errors
+    def drop_output(self, task_id: str, entry_ids: Sequence[str]) -> None:
+        """XDEL older chunks of an attempt: each keeps only its last TAIL_BYTES."""
+        self.redis.xdel(self.keys.task_log(task_id), *entry_ids)
+
+    @translate_errors
+    def last_output(self, task_id: str) -> dict[str, str]:
+        """The stream's newest entry's fields ({} if none)."""
+        entries = self.redis.xrevrange(self.keys.task_log(task_id), count=1)
+        return dict(entries[0][1]) if entries else {}
+
+    @translate_errors
+    def output_after(self, task_id: str, after: str = "-", count: int | None = None
+                     ) -> list[tuple[str, dict[str, str]]]:
+        """Entries after ``after`` (an entry id, exclusive; "-" for all), oldest first."""
+        start = "-" if after == "-" else "(" + after
+        entries = self.redis.xrange(self.keys.task_log(task_id), start, "+", count=count)
+        return [(str(entry), dict(fields)) for entry, fields in entries]
+
