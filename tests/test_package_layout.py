@@ -1,12 +1,17 @@
-"""The test helpers (blueque.testing) are not part of the runtime: no runtime module imports them,
-statically or when it is loaded, so an installed listener never carries test infrastructure."""
+"""What the package is made of: the test helpers (blueque.testing) are not part of the runtime (no
+runtime module imports them, statically or when it is loaded), and the wheel built from
+pyproject.toml ships every module, Lua script, template and static file, the console script and
+the metadata."""
 
 from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
 from tests.test_cli import ROOT, environment
@@ -110,3 +115,45 @@ def test_loading_every_runtime_module_loads_no_test_helpers() -> None:
     assert "blueque.demo" in report["loaded"] and "blueque.cli" in report["loaded"]
     assert len(report["loaded"]) + len(report["missing"]) == len(names)
     assert report["helpers"] == []
+
+
+def build_wheel(directory: Path) -> zipfile.ZipFile:
+    """The wheel pip builds from a copy of pyproject.toml, README.md and blueque/ (so nothing
+    else of the tree is needed, and no build directory lands in it), without network: no
+    build isolation, the installed setuptools (the test extra's)."""
+    source = directory / "source"
+    shutil.copytree(PACKAGE, source / "blueque",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-index",
+         "--no-build-isolation", "--disable-pip-version-check", "-q",
+         "-w", str(directory / "dist")],
+        capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = (directory / "dist").glob("blueque-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_the_wheel_ships_the_package_its_data_and_its_metadata(tmp_path: Path) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    with build_wheel(tmp_path) as wheel:
+        names = set(wheel.namelist())
+        info = f"blueque-{project['version']}.dist-info"
+        metadata = wheel.read(f"{info}/METADATA").decode()
+        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+    sources = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert any(name.endswith(".lua") for name in sources)
+    assert "blueque/py.typed" in sources and "blueque/testing/topology.py" in sources
+    assert sorted(sources - names) == []
+    assert sorted(n for n in names - sources if not n.startswith(info + "/")) == []
+    assert "[console_scripts]\nblueque = blueque.cli:main" in entry_points
+    assert f"Requires-Python: {project['requires-python']}\n" in metadata
+    assert "License-Expression: Apache-2.0\n" in metadata
+    for dependency in project["dependencies"]:
+        assert f"Requires-Dist: {dependency}\n" in metadata
+    for extra in project["optional-dependencies"]:
+        assert f"Provides-Extra: {extra}\n" in metadata
+    assert "# Blueque" in metadata  # the README is the long description
