@@ -49,7 +49,7 @@ from blueque.retry import TRANSIENT_REPLIES, RetryPolicy, is_transient
 #: The retry policy and the transient-error test live in blueque.retry (shared with the
 #: asyncio client); they are still importable from here, where they started.
 __all__ = ["TRANSIENT_REPLIES", "Durability", "HASettings", "NotReplicated", "RetryPolicy",
-           "connect", "is_ha_url", "is_transient"]
+           "is_ha_url", "is_transient"]
 
 log = logging.getLogger("blueque.ha")
 
@@ -378,14 +378,3 @@ _SYNC = _Flavour(ClusterNode, RedisCluster, Sentinel, Retry)
 _ASYNC = _Flavour(redis.asyncio.cluster.ClusterNode, redis.asyncio.cluster.RedisCluster,
                   redis.asyncio.sentinel.Sentinel, redis.asyncio.retry.Retry)
 
-
-def connect(url: str, **kwargs: Any) -> redis.Redis | RedisCluster:
-    """A redis-py client for any Blueque URL: Sentinel and Cluster here, the rest by redis-py.
-
-    Keyword arguments override URL options (for the HA schemes) or go to ``Redis.from_url``."""
-    if is_ha_url(url):
-        names = set(_FLOAT_OPTIONS + _INT_OPTIONS + _TEXT_OPTIONS)
-        options = {n: v for n, v in kwargs.items() if n in names}
-        rest = {n: v for n, v in kwargs.items() if n not in names}
-        return HASettings.from_url(url, **options).connect(**rest)
-    return redis.Redis.from_url(url, **{**kwargs, "decode_responses": True})
