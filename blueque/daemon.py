@@ -500,7 +500,7 @@ class ListenerDaemon:
             down = self.clock() - self._redis_down_since
             # at most half an interval: back within a lease's slack once Redis is
             timeout = min(5.0, self.interval / 2, 0.1 * 2 ** min(6, int(down)))
-            self._enforce_limits_offline()
+            self._enforce_limits()
         self._wait(timeout)
 
     def _renew_when_due(self, current: float) -> None:
@@ -952,9 +952,6 @@ class ListenerDaemon:
             self._signal_group(running, signal.SIGTERM)
 
     def _enforce_limits(self) -> None:
-        self._enforce_limits_offline()
-
-    def _enforce_limits_offline(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
         working while it is down."""
         current = self.clock()
