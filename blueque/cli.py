@@ -72,9 +72,6 @@ EXIT_CODES = f"""exit codes:
 #: Timestamp fields of a task hash, shown as dates by `blueque show`.
 TIME_FIELDS = ("created", "updated", "eta", "started_at", "finished_at", "cancelled",
                "cancel_requested", "pid_created")
-#: Options of `enqueue` and `configure` that are durations (accept 90, 15m, 2h...).
-DURATION_OPTIONS = ("retry_backoff", "retry_backoff_max", "time_limit", "kill_grace",
-                    "result_ttl")
 
 
 class Failure(Exception):

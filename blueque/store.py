@@ -415,9 +415,6 @@ class RedisStore:
     def _outcome_keys(self, queue: str, now: float) -> list[str]:
         return protocol.outcome_keys(self.keys, queue, now)
 
-    def _touch_queue(self, queue: str, increment: int = 0) -> None:
-        self._execute(protocol.touch_queue(self.keys, queue, increment))
-
     # --- creating tasks -------------------------------------------------------------------
     @translate_errors
     def submit(
