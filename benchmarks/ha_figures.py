@@ -28,8 +28,7 @@ from failover import Outcome, run_failover  # noqa: E402
 
 import blueque  # noqa: E402
 from blueque.keys import Keys  # noqa: E402
-from blueque.testing import RedisServer  # noqa: E402
-from blueque.topology import ClusterTopology, SentinelTopology  # noqa: E402
+from blueque.testing import ClusterTopology, RedisServer, SentinelTopology  # noqa: E402
 
 
 def _row(scenario: str, outcome: Outcome) -> dict[str, Any]:

@@ -89,7 +89,6 @@ class Job:
     rows: dict[str, str]
     slow: bool = False
     timeout: float = 600.0
-    note: str = ""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Blueque: a Redis job queue for very long jobs, wire-compatible with blueque 1.0.1."""
 
-from blueque.client import Client
+from blueque.child import report_progress
+from blueque.client import Client, ListenerStatus
 from blueque.errors import (
     AuthenticationFailed,
     BluequeError,
@@ -30,6 +31,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptTask",
     "InvalidTaskState",
+    "ListenerStatus",
     "Preempted",
     "Queue",
     "QueueStats",
@@ -40,4 +42,5 @@ __all__ = [
     "UnsupportedServer",
     "WaitTimeout",
     "WrongType",
+    "report_progress",
 ]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -29,6 +32,40 @@ def decodes_text(client: Any) -> bool:
 
 #: Seconds a preemption request outlives its deadline (blueque_preempt_[node name]).
 PREEMPTION_KEPT = 3600
+
+
+@dataclass(frozen=True)
+class ListenerStatus:
+    """One listener of one queue, as ``Client.listeners()`` found it: its lease (a listener
+    serving three queues has three) and its description (``blueque_listener_[id]``: host,
+    pid, queues, renewed, preempting_until... empty once it has expired)."""
+
+    listener: str
+    queue: str
+    #: The lease's deadline (Redis server time, ms); None: no lease (registered only).
+    lease_deadline_ms: float | None
+    #: Seconds left on the lease by the server's clock; negative: expired that long ago.
+    lease_remaining: float | None
+    #: Seconds since the listener last renewed (else started), by this machine's clock.
+    renewed_age: float | None
+    info: dict[str, str]
+
+    @property
+    def host(self) -> str | None:
+        return self.info.get("host")
+
+    @property
+    def expired(self) -> bool:
+        return self.lease_remaining is not None and self.lease_remaining < 0
+
+    @property
+    def preempting_until(self) -> float | None:
+        """When its node goes away (Unix s), if it was told so (``blueque preempt``,
+        SIGUSR1); None otherwise."""
+        try:
+            return float(self.info.get("preempting_until") or "")
+        except ValueError:
+            return None
 
 
 class Client:
@@ -163,4 +200,35 @@ class Client:
     def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""
         return [name for name, _ in self.store.known_queues()]
+
+    def listeners(self, queues: Sequence[str] | None = None) -> list[ListenerStatus]:
+        """Every listener of every queue in blueque_queues (or of ``queues``): one record per
+        listener and queue, by queue then listener id. Reads each queue's
+        blueque_listeners_[queue] and blueque_leases_[queue] and, in one pipeline, every
+        listener's blueque_listener_[id]."""
+        store = self.store
+        server_now = store.server_time()
+        found: list[tuple[str, str, float | None]] = []
+        for queue in self.queue_names() if queues is None else queues:
+            leases = store.leases(queue)
+            found += [(queue, listener, leases.get(listener))
+                      for listener in sorted(store.listener_ids(queue) | set(leases))]
+        ids = sorted({listener for _, listener, _ in found})
+        infos = dict(zip(ids, store.listener_infos(ids), strict=True))
+        records = []
+        for queue, listener, deadline in found:
+            info = infos[listener]
+            renewed = _number(info.get("renewed") or info.get("started"))
+            records.append(ListenerStatus(
+                listener=listener, queue=queue, lease_deadline_ms=deadline,
+                lease_remaining=None if deadline is None else deadline / 1000 - server_now,
+                renewed_age=None if renewed is None else time.time() - renewed, info=dict(info)))
+        return records
+
+
+def _number(raw: str | None) -> float | None:
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 

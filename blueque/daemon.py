@@ -11,47 +11,36 @@ the loop the Wakeup's (wakeup.py).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import logging
 import os
 import random
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
 from blueque.display import (
     format_seconds,
-    log_level,
-    parse_duration,
-    port_number,
-    positive_int,
-    positive_seconds,
 )
-from blueque.errors import BluequeError, CallbackError, ConfigurationError, RedisUnavailable
+from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.listener import Listener, listener_id
-from blueque.logs import configure as configure_logs
-from blueque.logs import printed_as_logs
 from blueque.membership import Membership
-from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
+from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.policy import Policy
 from blueque.preemption import NodePreemption
-from blueque.process import Stopping, process_alive, set_title
-from blueque.queue import check_queue_name
+from blueque.process import Stopping, process_alive
 from blueque.recovery import Recovery
 from blueque.retry import Backoff
 from blueque.runs import Running
 from blueque.store import now
 from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
-from blueque.tasklog import TaskLogSettings, default_directory
+from blueque.tasklog import TaskLogSettings
 from blueque.wakeup import Wakeup
 
 log = logging.getLogger("blueque.daemon")
@@ -468,162 +457,3 @@ def _check(queues: dict[str, int], concurrency: int, on_stop: str, interval: flo
     if not interval > 0 or not poll > 0:
         raise ConfigurationError(
             f"interval and poll must be more than 0 seconds, not {interval!r} and {poll!r}")
-
-
-# --- the `blueque listen` command ------------------------------------------------------------
-def parse_queues(text: str) -> dict[str, int]:
-    """``high:3,low`` -> {"high": 3, "low": 1}."""
-    weights: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, weight = item.partition(":")
-        check_queue_name(name)
-        try:
-            weights[name] = int(weight) if weight else 1
-        except ValueError as error:
-            raise ConfigurationError(f"bad queue weight in {item!r}: use QUEUE[:WEIGHT]"
-                                     ) from error
-        if weights[name] < 1:
-            raise ConfigurationError(f"queue weight must be at least 1 in {item!r}")
-    if not weights:
-        raise ConfigurationError("no queue given: use QUEUE[:WEIGHT][,QUEUE[:WEIGHT]...]")
-    return weights
-
-
-def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("queues", metavar="QUEUE[:WEIGHT][,...]",
-                        help="queues to serve; a higher weight is served more often")
-    parser.add_argument("function", metavar="package.module:function",
-                        help="called with the Task in a forked child; its return value is the "
-                             "result (a string, or JSON for other values)")
-    parser.add_argument("--concurrency", type=positive_int, default=1,
-                        help="tasks run at once (one child each); no task is reserved "
-                             "without a free slot (default 1)")
-    parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
-                        help="on SIGTERM: keep children running for the next listener to "
-                             "adopt (default), drain (wait for them), or terminate them")
-    parser.add_argument("--interval", type=positive_seconds, default=10.0,
-                        help="lease renewal and recovery sweep interval in seconds (a dead "
-                             "listener is recovered within 3 intervals; default 10)")
-    parser.add_argument("--poll", type=positive_seconds, default=1.0,
-                        help="fallback poll for enqueues that publish nothing, such as "
-                             "blueque 1.0.1's (seconds, default 1)")
-    add_node_name_argument(parser)
-    parser.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
-                        help="where each task attempt's stdout and stderr go on this node "
-                             f"(default {default_directory()}); the last 64 KiB of each "
-                             "attempt are also kept in Redis for `blueque logs`")
-    parser.add_argument("--log-max-bytes", type=_byte_count, default=10 * 1024 * 1024,
-                        metavar="BYTES", help="cap of one attempt's file before its older "
-                                             "half moves to .1 (default 10M; K, M, G)")
-    parser.add_argument("--log-keep", type=_duration_type, default=7 * 86400.0,
-                        metavar="DURATION", help="remove task log files older than this, and "
-                                                 "expire unfinished streams after it (7d)")
-    parser.add_argument("--no-task-logs", action="store_true",
-                        help="do not capture task output: it goes to the listener's stderr")
-    parser.add_argument("--preempt-grace", type=_duration_type, default=90.0,
-                        metavar="DURATION",
-                        help="on SIGUSR1 (this node goes away), how long its tasks have to "
-                             "save and stop before they are terminated and put back (90s)")
-    parser.add_argument("--identity", help=argparse.SUPPRESS)
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", type=log_level, default="INFO")
-    parser.add_argument("--metrics-port", type=port_number, metavar="PORT",
-                        help="serve this listener's Prometheus metrics on http://HOST:PORT/"
-                             "metrics (0: any free port, logged)")
-    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                        help="address of the metrics server (default 127.0.0.1; 0.0.0.0 "
-                             "lets a Prometheus on another host scrape it)")
-
-
-def _byte_count(text: str) -> int:
-    units = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
-    number, unit = text.strip().upper().rstrip("B") or "x", ""
-    if number[-1:] in units:
-        number, unit = number[:-1], number[-1]
-    try:
-        value = int(float(number) * units[unit])
-    except ValueError:
-        value = 0
-    if value < 1024:
-        raise argparse.ArgumentTypeError(f"must be a size of at least 1K (such as 512K or "
-                                         f"10M), not {text!r}")
-    return value
-
-
-def _duration_type(text: str) -> float:
-    try:
-        value = parse_duration(text)
-    except ConfigurationError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
-    return value
-
-
-def task_log_settings(args: argparse.Namespace) -> TaskLogSettings | None:
-    if args.no_task_logs:
-        return None
-    settings = TaskLogSettings(args.log_dir or default_directory(), args.log_max_bytes,
-                               args.log_keep)
-    try:
-        settings.directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigurationError(f"cannot use --log-dir {settings.directory}: {error}; give "
-                                 "a writable directory or --no-task-logs") from error
-    settings.clean()
-    return settings
-
-
-def run_listen(args: argparse.Namespace, client: Client) -> int:
-    configure_logs(args.log_format, args.log_level)
-    # as `python -m` does (and RQ and Celery): the current directory's packages are importable
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    daemon = ListenerDaemon(
-        client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
-        on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
-        node_name=args.node_name,
-    )
-    daemon.task_logs = task_log_settings(args)
-    daemon.preempt_grace = args.preempt_grace
-    set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
-    try:
-        with printed_as_logs("blueque.task_module"):
-            daemon.load_function()
-    except CallbackError as error:
-        raise ConfigurationError(
-            f"{error}. The listener imports it before taking any task: check the spelling "
-            "(package.module:function), and run `blueque listen` from the directory that holds "
-            "the package, add that directory to PYTHONPATH, or install the package into this "
-            f"Python ({sys.executable})"
-        ) from error
-    server: MetricsServer | None = None
-    if args.metrics_port is not None:
-        daemon.metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
-                                         busy=daemon.busy)
-        try:
-            server = serve_listener_metrics(daemon.metrics, args.metrics_port,
-                                            args.metrics_host)
-        except OSError as error:
-            raise ConfigurationError(f"cannot serve metrics on {args.metrics_host}:"
-                                     f"{args.metrics_port}: {error}") from error
-    try:
-        return daemon.run()
-    finally:
-        if server is not None:
-            server.close()
-
-
-def _node_name_type(value: str) -> str:
-    try:
-        return checked_node_name(value)
-    except ConfigurationError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def add_node_name_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--node-name", type=_node_name_type, metavar="NAME",
-        help="this node's name, first in listener ids ([NAME]_[pid]) and node identities "
-             "(default: the fully qualified host name); give nodes that share a host name "
-             "(containers, cloned VMs, 'localhost') distinct names")

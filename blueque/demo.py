@@ -26,7 +26,7 @@ from blueque.client import Client
 from blueque.config import URL_ENVIRONMENT_VARIABLE, default_url
 from blueque.display import ProgressBar, last_line, shorten, table
 from blueque.errors import BluequeError
-from blueque.testing import RedisServer
+from blueque.private_redis import RedisServer
 from blueque.waiting import WaitResult, wait_all
 
 QUEUE = "blueque-demo"

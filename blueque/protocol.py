@@ -96,10 +96,10 @@ def outcome_keys(keys: k.Keys, queue: str, now: float) -> list[str]:
     return [keys.finished_per_minute(queue, minute), keys.outcome_counts(queue)]
 
 
-def touch_queue(keys: k.Keys, queue: str, increment: int = 0) -> Operation[None]:
-    """ZINCRBY blueque_queues, outside the scripts, in the hash-tagged layout only."""
+def touch_queue(keys: k.Keys, queue: str) -> Operation[None]:
+    """ZINCRBY blueque_queues by 0, outside the scripts, in the hash-tagged layout only."""
     if keys.hash_tags:
-        yield command("zincrby", keys.queues(), increment, queue)
+        yield command("zincrby", keys.queues(), 0, queue)
 
 
 # --- creating tasks ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from blueque import keys as k
 from blueque import protocol
-from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
+from blueque.errors import ConfigurationError, InvalidTaskState, TaskNotFound, WrongType
 from blueque.policy import encode_options
 from blueque.protocol import QueueCounts
 from blueque.store import RedisStore, now
@@ -210,6 +210,24 @@ class Queue:
 
     def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
         return self._store.task_ids(self._name, status, start, stop)
+
+    def retry_failed(self, limit: int | None = None) -> list[str]:
+        """Make this queue's failed tasks pending again, oldest first (the ``limit`` oldest
+        only), their attempts kept: retry_failed.lua per task, as ``Client.retry_task``.
+        Returns the ids retried; a task retried, deleted or expired meanwhile is skipped."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise ConfigurationError(f"limit must be a whole number >= 1, not {limit!r}")
+        # blueque_failed_tasks_[queue] has the newest at the left: the oldest are at its end
+        oldest = self.task_ids(k.FAILED, -limit if limit is not None else 0, -1)[::-1]
+        retried = []
+        for task_id in oldest:
+            try:
+                self._store.retry_failed(self._name, task_id, now())
+            except (InvalidTaskState, TaskNotFound):
+                continue
+            retried.append(task_id)
+        return retried
 
     def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a value

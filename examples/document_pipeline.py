@@ -32,9 +32,9 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from blueque.private_redis import RedisServer
 from blueque.spark import enqueue_dataframe, read_tasks, wait_for_tasks
 from blueque.spark.session import local_session, stop_session
-from blueque.testing import RedisServer
 
 EXAMPLES = Path(__file__).resolve().parent
 TASK_FUNCTION = "document_tasks:process_page"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 
-from blueque.child import report_progress
+from blueque import report_progress
 from blueque.task import Task
 
 

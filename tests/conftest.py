@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import io
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
 
 import blueque
 import blueque.aio
-from blueque.testing import RedisServer
+from blueque.cli import main as cli_main
+from blueque.testing import RedisServer, free_port
 from tests.aio_facade import AioClient, LoopThread
 
 
@@ -85,3 +89,31 @@ def contract_client(request: pytest.FixtureRequest) -> Iterator[blueque.Client]:
         yield request.getfixturevalue("aio_client")
         return
     yield from _sync_client(request, request.param)
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a `blueque` command run in-process did: the fields of
+    subprocess.CompletedProcess the tests read (the return code is the exit code)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def blueque_main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+                 ) -> Callable[..., Done]:
+    """``blueque_main(*argv, stdin=None)``: the `blueque` command as blueque.cli.main(argv)
+    in this process, its stdout and stderr captured, with no $BLUEQUE_URL (a command given no
+    --url must not reach the machine's Redis: it gets a closed port)."""
+    monkeypatch.setenv("BLUEQUE_URL", f"redis://127.0.0.1:{free_port()}/0")
+
+    def call(*argv: str, stdin: str | None = None) -> Done:
+        capsys.readouterr()  # what earlier steps of the test printed is not this command's
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin or ""))
+        code = cli_main(list(argv))
+        out, err = capsys.readouterr()
+        return Done(code, out, err)
+
+    return call

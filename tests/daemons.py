@@ -11,8 +11,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+from blueque.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 #: In the environment of every daemon a test starts, and so of every task process it forks:
@@ -122,3 +125,22 @@ def wait_until(predicate: object, timeout: float = 20.0, what: str = "") -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+def lines(path: Path) -> list[str]:
+    """The lines a task function marked in ``path`` (none if it has not written yet)."""
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def subscribed(redis_client: Any, queue: str) -> bool:
+    """Someone (a listener's subscriber) listens on the queue's channel."""
+    channel = Keys().channel(queue)
+    return dict(redis_client.pubsub_numsub(channel)).get(channel, 0) > 0

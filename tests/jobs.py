@@ -163,3 +163,25 @@ def keeps_reporting(task: Task) -> str:
         time.sleep(0.02)
     _mark(params, "end")
     return "done"
+
+
+def returns_a_set(task: Task) -> object:
+    _mark(_params(task), "ran")
+    return {1, 2, 3}
+
+
+def ignores_sigterm(task: Task) -> str:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _mark(_params(task), "ignoring")
+    time.sleep(600)
+    return "unreachable"
+
+
+def waits_for_release(task: Task) -> str:
+    params = _params(task)
+    _mark(params, "start")
+    deadline = time.monotonic() + float(params.get("seconds", 60))
+    while time.monotonic() < deadline and not os.path.exists(params["release"]):
+        time.sleep(0.01)
+    _mark(params, "end")
+    return "released"

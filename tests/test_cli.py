@@ -1,6 +1,9 @@
-"""The `blueque` command, run as a real process against the private redis-server.
+"""The `blueque` command against the private redis-server.
 
-Every command is run with table and --json output, and the exit codes are checked: 0 ok,
+Commands run in-process through blueque.cli.main(argv) (stdout and stderr captured; the
+return code is the exit code); real processes prove `python -m blueque.cli`, the console
+script's entry point and the $BLUEQUE_URL environment, and run the scheduler daemon. Every
+command is run with table and --json output, and the exit codes are checked: 0 ok,
 1 failure or refusal, 2 usage (bad arguments or URL), 3 Redis unreachable, 4 not found."""
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import tomllib
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,9 +26,11 @@ import redis
 import blueque
 from blueque.keys import Keys
 from blueque.testing import free_port, wait_for
+from tests.conftest import Done
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = Keys()
+Run = Callable[..., Done]
 
 
 def command(url: str | None, *arguments: str) -> list[str]:
@@ -38,20 +46,52 @@ def environment() -> dict[str, str]:
 
 def cli(url: str | None, *arguments: str, stdin: str | None = None
         ) -> subprocess.CompletedProcess[str]:
+    """The command as a real process (`python -m blueque.cli`)."""
     return subprocess.run(command(url, *arguments), capture_output=True, text=True,
                           input=stdin, env=environment(), cwd=ROOT, timeout=60)
 
 
-def cli_json(url: str, *arguments: str) -> Any:
-    done = cli(url, *arguments, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+@pytest.fixture
+def run(blueque_main: Run, redis_url: str, redis_client: redis.Redis) -> Run:
+    """``run(*arguments, stdin=None)`` in-process against the emptied private database."""
+    return lambda *arguments, stdin=None: blueque_main(*arguments, "--url", redis_url,
+                                                       stdin=stdin)
 
 
 @pytest.fixture
-def run(redis_url: str, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
-    """``run(*arguments)`` against the emptied private database."""
-    return lambda *arguments, stdin=None: cli(redis_url, *arguments, stdin=stdin)
+def run_json(run: Run) -> Callable[..., Any]:
+    """``run_json(*arguments)``: the command's --json output, parsed (it must exit 0)."""
+
+    def call(*arguments: str) -> Any:
+        done = run(*arguments, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    return call
+
+
+@pytest.fixture
+def in_background(run: Run) -> Iterator[Callable[..., Callable[[], Done]]]:
+    """``finished = in_background(*arguments)``: the command run in a thread (as one waiting
+    for tasks the test then finishes); ``finished()`` joins it and returns what it did."""
+    threads: list[threading.Thread] = []
+
+    def start(*arguments: str) -> Callable[[], Done]:
+        result: list[Done] = []
+        thread = threading.Thread(target=lambda: result.append(run(*arguments)), daemon=True)
+        thread.start()
+        threads.append(thread)
+
+        def finished() -> Done:
+            thread.join(60)
+            assert not thread.is_alive() and result, "the command did not return"
+            return result[0]
+
+        return finished
+
+    yield start
+    for thread in threads:
+        thread.join(60)
 
 
 def finish(client: blueque.Client, queue: str, outcome: str, text: str = "x") -> str:
@@ -67,8 +107,8 @@ def finish(client: blueque.Client, queue: str, outcome: str, text: str = "x") ->
     return task_id
 
 
-# --- exit codes -------------------------------------------------------------------------------
-def test_help_documents_commands_and_exit_codes() -> None:
+# --- the command as a process ----------------------------------------------------------------
+def test_python_m_blueque_cli_documents_commands_and_exit_codes() -> None:
     done = cli(None, "--help")
     assert done.returncode == 0
     for word in ("status", "tasks", "show", "enqueue", "cancel", "retry", "purge", "wait",
@@ -76,26 +116,24 @@ def test_help_documents_commands_and_exit_codes() -> None:
         assert word in done.stdout
     assert "3  Redis unreachable" in done.stdout
     assert "4  task or queue not found" in done.stdout
-    assert "exit codes" in cli(None, "retry", "--help").stdout
 
 
-@pytest.mark.parametrize("url", ["foo://host", "redis://host:port/0", "redis://host:6379/db"])
-def test_bad_url_exits_2_with_a_clear_message(url: str) -> None:
-    done = cli(url, "status")
-    assert done.returncode == 2
-    assert done.stderr.startswith("blueque: error: ") and "Redis URL" in done.stderr
-
-
-def test_bad_arguments_exit_2() -> None:
-    assert cli(None, "frobnicate").returncode == 2
-    done = cli(None, "purge", "q", "--older-than", "soon")
-    assert done.returncode == 2 and "bad duration" in done.stderr
-
-
-def test_unreachable_redis_exits_3() -> None:
-    done = cli(f"redis://127.0.0.1:{free_port()}/0", "status")
-    assert done.returncode == 3
-    assert "unreachable" in done.stderr and "redis-server is running" in done.stderr
+def test_console_script_entry_point_runs_the_command(redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    """What the installed `blueque` script runs: the entry point the package declares,
+    called as pip's generated script calls it (sys.exit of the function, argv from sys.argv)."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = declared["blueque"].split(":")
+    script = f"import sys\nfrom {module} import {function}\nsys.exit({function}())"
+    done = subprocess.run([sys.executable, "-c", script, "enqueue", "entry", "{}", "--url",
+                           redis_url], capture_output=True, text=True, env=environment(),
+                          cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert redis_client.hget(KEYS.task(done.stdout.strip()), "queue") == "entry"
+    missing = subprocess.run([sys.executable, "-c", script, "show", "nope", "--url",
+                              redis_url], capture_output=True, text=True, env=environment(),
+                             cwd=ROOT, timeout=60)
+    assert missing.returncode == 4 and "nope" in missing.stderr
 
 
 def test_url_comes_from_the_environment(redis_url: str, redis_client: redis.Redis) -> None:
@@ -110,16 +148,48 @@ def test_url_comes_from_the_environment(redis_url: str, redis_client: redis.Redi
     assert done.returncode == 3  # the variable was used, not the default URL
 
 
+# --- exit codes -------------------------------------------------------------------------------
+def test_help_documents_commands_and_exit_codes(blueque_main: Run) -> None:
+    done = blueque_main("--help")
+    assert done.returncode == 0
+    for word in ("status", "tasks", "show", "enqueue", "cancel", "retry", "purge", "wait",
+                 "listen", "scheduler", "configure", "demo", "--url"):
+        assert word in done.stdout
+    assert "3  Redis unreachable" in done.stdout
+    assert "4  task or queue not found" in done.stdout
+    assert "exit codes" in blueque_main("retry", "--help").stdout
+
+
+@pytest.mark.parametrize("url", ["foo://host", "redis://host:port/0", "redis://host:6379/db"])
+def test_bad_url_exits_2_with_a_clear_message(blueque_main: Run, url: str) -> None:
+    done = blueque_main("status", "--url", url)
+    assert done.returncode == 2
+    assert done.stderr.startswith("blueque: error: ") and "Redis URL" in done.stderr
+
+
+def test_bad_arguments_exit_2(blueque_main: Run) -> None:
+    assert blueque_main("frobnicate").returncode == 2
+    done = blueque_main("purge", "q", "--older-than", "soon")
+    assert done.returncode == 2 and "bad duration" in done.stderr
+
+
+def test_unreachable_redis_exits_3(blueque_main: Run) -> None:
+    done = blueque_main("status", "--url", f"redis://127.0.0.1:{free_port()}/0")
+    assert done.returncode == 3
+    assert "unreachable" in done.stderr and "redis-server is running" in done.stderr
+
+
 @pytest.mark.parametrize("arguments", [("show", "nope"), ("cancel", "nope"),
                                        ("retry", "nope"), ("tasks", "no-such-queue")])
-def test_unknown_task_or_queue_exits_4(run, arguments: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_task_or_queue_exits_4(run: Run, arguments: tuple[str, ...]) -> None:
     done = run(*arguments)
     assert done.returncode == 4
     assert "nope" in done.stderr or "no-such-queue" in done.stderr
 
 
 # --- enqueue, show, tasks ---------------------------------------------------------------------
-def test_enqueue_then_show_and_tasks(run, redis_url, redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_then_show_and_tasks(run: Run, run_json: Callable[..., Any],
+                                     redis_client: redis.Redis) -> None:
     done = run("enqueue", "mail", '{"to": "ops"}', "--max-attempts", "3", "--time-limit", "2h")
     assert done.returncode == 0, done.stderr
     task_id = done.stdout.strip()
@@ -133,28 +203,31 @@ def test_enqueue_then_show_and_tasks(run, redis_url, redis_client) -> None:  # t
     assert task_id in shown.stdout and "pending" in shown.stdout
     created = datetime.fromtimestamp(float(data["created"]), UTC)
     assert created.strftime("%Y-%m-%d %H:%M") in shown.stdout  # times are readable
-    assert cli_json(redis_url, "show", task_id) == {"id": task_id, **data, "checkpoint": None}
+    assert run_json("show", task_id) == {"id": task_id, **data, "checkpoint": None}
 
     listed = run("tasks", "mail")
     assert listed.returncode == 0
     assert task_id in listed.stdout and "pending" in listed.stdout
-    assert [t["id"] for t in cli_json(redis_url, "tasks", "mail")] == [task_id]
-    assert cli_json(redis_url, "tasks", "mail", "--status", "complete") == []
+    assert [t["id"] for t in run_json("tasks", "mail")] == [task_id]
+    assert run_json("tasks", "mail", "--status", "complete") == []
 
 
-def test_tasks_lists_every_state_with_a_limit(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_tasks_lists_every_state_with_a_limit(run: Run, run_json: Callable[..., Any],
+                                              client: blueque.Client) -> None:
     failed = finish(client, "jobs", "failed", "Traceback: boom")
     complete = finish(client, "jobs", "complete", "42")
     pending = [client.get_queue("jobs").enqueue(str(n)) for n in range(5)]
-    tasks = cli_json(redis_url, "tasks", "jobs")
+    tasks = run_json("tasks", "jobs")
     assert {t["id"]: t["status"] for t in tasks} == {
         failed: "failed", complete: "complete", **dict.fromkeys(pending, "pending")}
-    assert len(cli_json(redis_url, "tasks", "jobs", "--status", "pending", "--limit", "2")) == 2
+    assert len(run_json("tasks", "jobs", "--status", "pending", "--limit", "2")) == 2
     table = run("tasks", "jobs", "--status", "failed").stdout
     assert "Traceback: boom" in table and failed in table
 
 
-def test_enqueue_reads_stdin_and_is_idempotent_with_a_task_id(run, redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_reads_stdin_and_is_idempotent_with_a_task_id(run: Run,
+                                                              redis_client: redis.Redis
+                                                              ) -> None:
     for _ in range(2):
         done = run("enqueue", "q", "-", "--task-id", "report-2026-11", stdin='{"big": true}')
         assert done.returncode == 0 and done.stdout.strip() == "report-2026-11"
@@ -162,7 +235,7 @@ def test_enqueue_reads_stdin_and_is_idempotent_with_a_task_id(run, redis_client)
     assert redis_client.hget(KEYS.task("report-2026-11"), "parameters") == '{"big": true}'
 
 
-def test_enqueue_with_delay_or_eta_schedules(run, redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_enqueue_with_delay_or_eta_schedules(run: Run, redis_client: redis.Redis) -> None:
     before = time.time()
     delayed = run("enqueue", "q", "{}", "--delay", "1h").stdout.strip()
     eta = redis_client.zscore(KEYS.scheduled("q"), delayed)
@@ -177,30 +250,26 @@ def test_enqueue_with_delay_or_eta_schedules(run, redis_client) -> None:  # type
     assert run("enqueue", "q", "{}", "--delay", "1h", "--eta", "1900000000").returncode == 2
 
 
-def test_enqueue_wait_prints_the_result(redis_url, client) -> None:  # type: ignore[no-untyped-def]
-    process = subprocess.Popen(
-        command(redis_url, "enqueue", "w", "{}", "--task-id", "waited", "--wait", "--json"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
-    try:
-        wait_for(lambda: client.get_task("waited").exists, timeout=30)
-        task = client.get_listener("w").reserve()
-        assert task is not None
-        processor = client.get_processor(task)
-        processor.start(os.getpid())
-        processor.complete('{"answer": 42}')
-        out, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, err
-    (task,) = json.loads(out)["tasks"]
-    assert (task["id"], task["status"], task["result"]) == ("waited", "complete",
-                                                            '{"answer": 42}')
+def test_enqueue_wait_prints_the_result(in_background: Callable[..., Callable[[], Done]],
+                                        client: blueque.Client) -> None:
+    finished = in_background("enqueue", "w", "{}", "--task-id", "waited", "--wait", "--json",
+                             "--timeout", "60")
+    wait_for(lambda: client.get_task("waited").exists, timeout=30)
+    task = client.get_listener("w").reserve()
+    assert task is not None
+    processor = client.get_processor(task)
+    processor.start(os.getpid())
+    processor.complete('{"answer": 42}')
+    done = finished()
+    assert done.returncode == 0, done.stderr
+    (waited,) = json.loads(done.stdout)["tasks"]
+    assert (waited["id"], waited["status"], waited["result"]) == ("waited", "complete",
+                                                                  '{"answer": 42}')
 
 
 # --- status -----------------------------------------------------------------------------------
-def test_status_shows_counts_and_listener_leases(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_status_shows_counts_and_listener_leases(run: Run, run_json: Callable[..., Any],
+                                                 client: blueque.Client) -> None:
     finish(client, "jobs", "complete")
     finish(client, "jobs", "failed")
     client.get_queue("jobs").enqueue("{}")
@@ -214,7 +283,7 @@ def test_status_shows_counts_and_listener_leases(run, client, redis_url) -> None
     store.lease("jobs", "dead.example_22", 1, "register")
     wait_for(lambda: "dead.example_22" in store.expired_listeners("jobs"), timeout=5)
 
-    status = cli_json(redis_url, "status")
+    status = run_json("status")
     (queue,) = status["queues"]
     assert {k: queue[k] for k in ("name", "pending", "scheduled", "complete", "failed",
                                   "listeners")} == {
@@ -230,14 +299,16 @@ def test_status_shows_counts_and_listener_leases(run, client, redis_url) -> None
     assert "left" in text and "EXPIRED" in text
 
 
-def test_status_with_no_queues(run, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_status_with_no_queues(run: Run, run_json: Callable[..., Any]) -> None:
     assert "no queues" in run("status").stdout
-    assert cli_json(redis_url, "status") == {"queues": [], "listeners": []}
+    assert run_json("status") == {"queues": [], "listeners": []}
 
 
 # --- cancel, retry, purge, configure ----------------------------------------------------------
-def test_cancel_a_pending_task_then_refuse_a_second_cancel(run, client, redis_client, redis_url  # type: ignore[no-untyped-def]
-                                                           ) -> None:
+def test_cancel_a_pending_task_then_refuse_a_second_cancel(run: Run,
+                                                           run_json: Callable[..., Any],
+                                                           client: blueque.Client,
+                                                           redis_client: redis.Redis) -> None:
     task_id = client.get_queue("c").enqueue("{}")
     done = run("cancel", task_id, "--reason", "wrong input")
     assert done.returncode == 0 and "cancelled" in done.stdout
@@ -247,11 +318,12 @@ def test_cancel_a_pending_task_then_refuse_a_second_cancel(run, client, redis_cl
     again = run("cancel", task_id)
     assert again.returncode == 1 and "cannot be cancelled" in again.stderr
     other = client.get_queue("c").schedule("{}", time.time() + 600)
-    assert cli_json(redis_url, "cancel", other) == {"task_id": other, "outcome": "cancelled"}
+    assert run_json("cancel", other) == {"task_id": other, "outcome": "cancelled"}
     assert redis_client.zcard(KEYS.scheduled("c")) == 0
 
 
-def test_retry_one_failed_task(run, client, redis_client, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_retry_one_failed_task(run: Run, client: blueque.Client, redis_client: redis.Redis
+                               ) -> None:
     task_id = finish(client, "r", "failed", "boom")
     done = run("retry", task_id)
     assert done.returncode == 0 and "pending again" in done.stdout
@@ -265,24 +337,28 @@ def test_retry_one_failed_task(run, client, redis_client, redis_url) -> None:  #
     assert run("retry").returncode == 2
 
 
-def test_retry_every_failed_task_of_a_queue(client, redis_client, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_retry_every_failed_task_of_a_queue(run_json: Callable[..., Any],
+                                            client: blueque.Client,
+                                            redis_client: redis.Redis) -> None:
     failed = [finish(client, "r", "failed") for _ in range(4)]
     kept = finish(client, "r", "complete")
-    assert cli_json(redis_url, "retry", "--failed", "r", "--limit", "1")["retried"] == failed[:1]
-    retried = cli_json(redis_url, "retry", "--failed", "r")["retried"]
+    assert run_json("retry", "--failed", "r", "--limit", "1")["retried"] == failed[:1]
+    retried = run_json("retry", "--failed", "r")["retried"]
     assert retried == failed[1:]  # oldest first
     assert sorted(redis_client.lrange(KEYS.pending("r"), 0, -1)) == sorted(failed)
     assert redis_client.llen(KEYS.failed("r")) == 0
     assert redis_client.hget(KEYS.task(kept), "status") == "complete"
 
 
-def test_purge_deletes_only_old_finished_tasks(run, client, redis_client, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_purge_deletes_only_old_finished_tasks(run: Run, run_json: Callable[..., Any],
+                                               client: blueque.Client,
+                                               redis_client: redis.Redis) -> None:
     old_complete = finish(client, "p", "complete")
     old_failed = finish(client, "p", "failed")
     new_complete = finish(client, "p", "complete")
     for task_id in (old_complete, old_failed):
         redis_client.hset(KEYS.task(task_id), "finished_at", str(time.time() - 7200))
-    result = cli_json(redis_url, "purge", "p", "--older-than", "1h", "--status", "failed")
+    result = run_json("purge", "p", "--older-than", "1h", "--status", "failed")
     assert result == {"queue": "p", "deleted": {"failed": 1}}
     assert not redis_client.exists(KEYS.task(old_failed))
     done = run("purge", "p", "--older-than", "60m")
@@ -293,22 +369,24 @@ def test_purge_deletes_only_old_finished_tasks(run, client, redis_client, redis_
     assert run("purge", "p", "--older-than", "1h", "--status", "pending").returncode == 2
 
 
-def test_configure_sets_shows_and_removes_queue_defaults(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
-    result = cli_json(redis_url, "configure", "cq", "--max-attempts", "3", "--time-limit",
-                      "2h", "--result-ttl", "7d")
+def test_configure_sets_shows_and_removes_queue_defaults(run: Run,
+                                                         run_json: Callable[..., Any],
+                                                         client: blueque.Client) -> None:
+    result = run_json("configure", "cq", "--max-attempts", "3", "--time-limit", "2h",
+                      "--result-ttl", "7d")
     assert result["config"] == {"max_attempts": "3", "time_limit": "7200.0",
                                 "result_ttl": "604800.0"}
     assert client.get_queue("cq").config() == result["config"]
     assert "cq" in client.queue_names()
     shown = run("configure", "cq")
     assert "time_limit" in shown.stdout and "7200.0" in shown.stdout
-    cli_json(redis_url, "configure", "cq", "--time-limit", "none")
+    run_json("configure", "cq", "--time-limit", "none")
     assert "time_limit" not in client.get_queue("cq").config()
     assert run("configure", "cq", "--max-attempts", "0").returncode == 2
 
 
 # --- wait ------------------------------------------------------------------------------------
-def test_wait_for_finished_tasks_exit_codes(run, client, redis_url) -> None:  # type: ignore[no-untyped-def]
+def test_wait_for_finished_tasks_exit_codes(run: Run, client: blueque.Client) -> None:
     good = [finish(client, "w", "complete", f"r{n}") for n in range(2)]
     bad = finish(client, "w", "failed", "broken")
     done = run("wait", *good, "--progress", "always")
@@ -322,50 +400,48 @@ def test_wait_for_finished_tasks_exit_codes(run, client, redis_url) -> None:  # 
     assert run("wait", good[0], "missing-task").returncode == 4
 
 
-def test_wait_times_out_on_unfinished_tasks(run, client) -> None:  # type: ignore[no-untyped-def]
+def test_wait_times_out_on_unfinished_tasks(run: Run, client: blueque.Client) -> None:
     task_id = client.get_queue("w").enqueue("{}")
     done = run("wait", task_id, "--timeout", "0.5")
     assert done.returncode == 1 and "timed out" in done.stderr
 
 
-def test_wait_follows_tasks_finishing_while_it_waits(redis_url, client) -> None:  # type: ignore[no-untyped-def]
+def test_wait_follows_tasks_finishing_while_it_waits(
+        in_background: Callable[..., Callable[[], Done]], client: blueque.Client) -> None:
     queue = client.get_queue("live")
     ids = [queue.enqueue(str(n)) for n in range(20)]
-    process = subprocess.Popen(command(redis_url, "wait", *ids, "--progress", "always"),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=environment())
-    try:
-        listener = client.get_listener("live")
-        for n in range(20):
-            task = listener.reserve()
-            assert task is not None
-            processor = client.get_processor(task)
-            processor.start(os.getpid())
-            processor.complete(f"done {n}")
-        out, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, err
-    assert "20/20 finished, 0 failed" in err
-    assert out.count("complete") == 20
+    finished = in_background("wait", *ids, "--progress", "always", "--timeout", "60")
+    listener = client.get_listener("live")
+    for n in range(20):
+        task = listener.reserve()
+        assert task is not None
+        processor = client.get_processor(task)
+        processor.start(os.getpid())
+        processor.complete(f"done {n}")
+    done = finished()
+    assert done.returncode == 0, done.stderr
+    assert "20/20 finished, 0 failed" in done.stderr
+    assert done.stdout.count("complete") == 20
 
 
-# --- scheduler --------------------------------------------------------------------------------
-def test_scheduler_once_moves_due_tasks_and_registers_cron(redis_url, client, redis_client  # type: ignore[no-untyped-def]
-                                                           ) -> None:
+# --- scheduler (a daemon: a real process) -----------------------------------------------------
+def test_scheduler_once_moves_due_tasks_and_registers_cron(redis_url: str,
+                                                           client: blueque.Client,
+                                                           redis_client: redis.Redis) -> None:
     past = time.time() - 1
     client.store.submit("s", "due-1", "{}", past, eta=past)
-    report = cli_json(redis_url, "scheduler", "--once", "--cron", "beat=* * * * * *:s")
+    done = cli(redis_url, "scheduler", "--once", "--cron", "beat=* * * * * *:s", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
     assert report["due"] == {"s": 1} and report["errors"] == []
     assert redis_client.lrange(KEYS.pending("s"), 0, -1) == ["due-1"]
     assert redis_client.hexists(KEYS.cron(), "beat")
 
 
-def test_scheduler_refuses_bad_cron_entries(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    done = run("scheduler", "--once", "--cron", "beat=every minute:s")
+def test_scheduler_refuses_bad_cron_entries(redis_url: str, redis_client: redis.Redis,
+                                            tmp_path: Path) -> None:
+    done = cli(redis_url, "scheduler", "--once", "--cron", "beat=every minute:s")
     assert done.returncode == 2 and "not a cron expression" in done.stderr
     (tmp_path / "cron.json").write_text('[{"name": "x"}]')
-    done = run("scheduler", "--once", "--cron-file", str(tmp_path / "cron.json"))
+    done = cli(redis_url, "scheduler", "--once", "--cron-file", str(tmp_path / "cron.json"))
     assert done.returncode == 2 and "missing cron, queue" in done.stderr

@@ -35,6 +35,7 @@ from blueque.listener import Listener
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess, free_port
+from tests.test_package_layout import build_wheel
 
 TOKEN = "t0ken-for-tests"
 XSS = '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
@@ -462,12 +463,9 @@ def test_every_asset_ships_in_the_package_and_nothing_comes_from_elsewhere(
         text = (ROOT / name).read_text()
         assert not re.search(r"(?:https?:)?//(?!www\.w3\.org/2000/svg)[a-z0-9.-]+\.[a-z]", text,
                              re.IGNORECASE), name
-    # what a wheel or an install gets: setuptools' build (package_data copied beside the code)
-    built = subprocess.run([sys.executable, "setup.py", "-q", "build", "--build-base",
-                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300)
-    assert built.returncode == 0, built.stderr
-    shipped = {str(p.relative_to(tmp_path / "lib")) for p in (tmp_path / "lib").rglob("*")}
+    # what an install gets: the wheel built from pyproject.toml
+    with build_wheel(tmp_path) as wheel:
+        shipped = set(wheel.namelist())
     assert [name for name in assets if name not in shipped] == []
 
 

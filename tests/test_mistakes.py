@@ -1,12 +1,14 @@
 """Operator and programmer mistakes get a clear error and an exit code, never silent damage or
-a traceback (issue 9 §4). Every command runs as a real process against real servers."""
+a traceback (issue 9 §4), against real servers. The daemons (listen, scheduler, dashboard) run
+as real processes; the other commands run in-process through blueque.cli.main(argv), where a
+traceback would fail the test as an exception."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +17,18 @@ import redis
 import blueque
 from blueque.keys import Keys
 from blueque.testing import RedisServer, free_port
+from tests.conftest import Done
 from tests.daemons import Daemon, daemons, kill_session_children, listen_command, wait_until
 from tests.fake_servers import FakeServer, old_redis
 from tests.test_cli import ROOT, cli, environment
+
+Run = Callable[..., Done]
 
 KEYS = Keys()
 FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
-def refused(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+def refused(done: Done | subprocess.CompletedProcess[str], code: int, *words: str) -> None:
     """The command exited with ``code`` and one `blueque: error:` line, no traceback."""
     assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
@@ -41,10 +46,12 @@ def started(tmp_path: Path) -> Iterator[list[Daemon]]:
 # --- intervals --------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 @pytest.mark.parametrize("daemon", ["listen", "scheduler"])
-def test_zero_or_negative_interval_is_a_usage_error(redis_url: str, redis_client: redis.Redis,
+def test_zero_or_negative_interval_is_a_usage_error(blueque_main: Run, redis_url: str,
+                                                      redis_client: redis.Redis,
                                                       daemon: str, value: str) -> None:
+    """Refused by the parser, before the daemon starts: run in-process."""
     arguments = ["listen", "work", "tests.jobs:echo"] if daemon == "listen" else ["scheduler"]
-    done = cli(redis_url, *arguments, f"--interval={value}")
+    done = blueque_main(*arguments, f"--interval={value}", "--url", redis_url)
     assert done.returncode == 2, done.stderr
     assert "must be a number of seconds above 0" in done.stderr
     assert redis_client.zcard(KEYS.queues()) == 0  # it never registered
@@ -125,7 +132,8 @@ def bad_urls(password_server: RedisServer, plain_server: RedisServer,
 
 def never_the_machines_redis() -> dict[str, str]:
     """The CLI's environment with $BLUEQUE_URL at a closed port: a command that wrongly falls
-    back to the default URL fails there instead of touching the machine's Redis on 6379."""
+    back to the default URL fails there instead of touching the machine's Redis on 6379 (the
+    in-process commands' blueque_main fixture does the same)."""
     return {**environment(), "BLUEQUE_URL": f"redis://127.0.0.1:{free_port()}/0"}
 
 
@@ -135,14 +143,11 @@ MISTAKES = ["database out of range", "unknown option", "not a Redis",
 
 
 @pytest.mark.parametrize("mistake", MISTAKES)
-def test_bad_url_is_a_clear_usage_error(password_server: RedisServer, plain_server: RedisServer,
-                                        mistake: str) -> None:
+def test_bad_url_is_a_clear_usage_error(blueque_main: Run, password_server: RedisServer,
+                                        plain_server: RedisServer, mistake: str) -> None:
     with FakeServer() as http:
         url, words = bad_urls(password_server, plain_server, http)[mistake]
-        done = subprocess.run(
-            [sys.executable, "-m", "blueque.cli", "status", "--url", url],
-            capture_output=True, text=True, env=never_the_machines_redis(), cwd=ROOT,
-            timeout=60)
+        done = blueque_main("status", "--url", url)
     refused(done, 2, words)
     assert "unreachable" not in done.stderr
 
@@ -167,7 +172,7 @@ def test_daemon_given_a_bad_url_exits_with_it(password_server: RedisServer,
     assert "blueque: error: " in done.stderr and words in done.stderr, done.stderr
 
 
-def usage_error(done: subprocess.CompletedProcess[str], *words: str) -> None:
+def usage_error(done: Done | subprocess.CompletedProcess[str], *words: str) -> None:
     """argparse's refusal: exit 2, the usage and one `blueque [command]: error:` line."""
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
     assert "Traceback" not in done.stderr, done.stderr
@@ -192,11 +197,13 @@ LISTEN = ["listen", "work", "tests.jobs:echo"]
     (["retry", "--failed", "work", "--limit", "-1"], ["--limit", "at least 1"]),
     (["logs", "some-task", "--attempt", "0"], ["--attempt", "at least 1"]),
 ])
-def test_out_of_range_options_are_usage_errors(redis_url: str, redis_client: redis.Redis,
+def test_out_of_range_options_are_usage_errors(blueque_main: Run, redis_url: str,
+                                               redis_client: redis.Redis,
                                                arguments: list[str], words: list[str]) -> None:
-    """Caught by the parser, before anything runs: never a traceback (a port of 99999, an
-    unknown log level) nor a silent surprise (a negative --limit slicing from the end)."""
-    usage_error(cli(redis_url, *arguments), *words)
+    """Caught by the parser, before anything runs (so in-process, daemons too): never a
+    traceback (a port of 99999, an unknown log level) nor a silent surprise (a negative
+    --limit slicing from the end)."""
+    usage_error(blueque_main(*arguments, "--url", redis_url), *words)
     assert redis_client.dbsize() == 0  # nothing registered, enqueued or retried
 
 
@@ -219,17 +226,17 @@ def test_busy_ports_are_usage_errors(redis_server: RedisServer, redis_url: str) 
             2, "cannot serve metrics", "Address already in use")
 
 
-def test_retrying_the_failed_tasks_of_an_unknown_queue_says_so(redis_url: str,
+def test_retrying_the_failed_tasks_of_an_unknown_queue_says_so(blueque_main: Run,
+                                                               redis_url: str,
                                                                client: blueque.Client) -> None:
     client.get_queue("work").enqueue("x")
-    refused(cli(redis_url, "retry", "--failed", "wrok"), 4, "queue 'wrok' is not known")
+    refused(blueque_main("retry", "--failed", "wrok", "--url", redis_url), 4,
+            "queue 'wrok' is not known")
 
 
-def test_demo_refuses_an_empty_url() -> None:
-    done = subprocess.run([sys.executable, "-m", "blueque.cli", "demo", "--url", ""],
-                          capture_output=True, text=True, env=never_the_machines_redis(),
-                          cwd=ROOT, timeout=60)
-    refused(done, 2, "empty Redis URL")
+def test_demo_refuses_an_empty_url(blueque_main: Run) -> None:
+    """Before it starts anything (no redis-server, no daemon): in-process."""
+    refused(blueque_main("demo", "--url", ""), 2, "empty Redis URL")
 
 
 def test_library_reports_a_wrong_password_as_authentication(password_server: RedisServer
@@ -241,9 +248,10 @@ def test_library_reports_a_wrong_password_as_authentication(password_server: Red
 
 
 @pytest.mark.parametrize("version", ["5.0.14", "6.0.16"])
-def test_redis_older_than_6_2_is_refused_at_connect(version: str, tmp_path: Path) -> None:
+def test_redis_older_than_6_2_is_refused_at_connect(blueque_main: Run, version: str,
+                                                    tmp_path: Path) -> None:
     with FakeServer(old_redis(version)) as old:
-        status = cli(old.url, "status")
+        status = blueque_main("status", "--url", old.url)
         listen = subprocess.run(
             listen_command(old.url, "work", "tests.jobs:echo", *FAST), capture_output=True,
             text=True, env=environment(), cwd=ROOT, timeout=60)
@@ -253,8 +261,9 @@ def test_redis_older_than_6_2_is_refused_at_connect(version: str, tmp_path: Path
         assert f"it runs Redis {version}" in status.stderr
 
 
-def test_unreachable_redis_is_still_exit_3() -> None:
-    refused(cli(f"redis://127.0.0.1:{free_port()}/0", "status"), 3, "unreachable")
+def test_unreachable_redis_is_still_exit_3(blueque_main: Run) -> None:
+    refused(blueque_main("status", "--url", f"redis://127.0.0.1:{free_port()}/0"), 3,
+            "unreachable")
 
 
 # --- how a task ends --------------------------------------------------------------------------
@@ -323,8 +332,8 @@ def test_cancel_reason_is_kept_for_an_adopted_task(redis_url: str, client: blueq
 
 
 # --- task ids and queue names -----------------------------------------------------------------
-def test_task_id_of_another_queue_is_refused(client: blueque.Client, redis_url: str,
-                                             redis_client: redis.Redis) -> None:
+def test_task_id_of_another_queue_is_refused(blueque_main: Run, client: blueque.Client,
+                                             redis_url: str, redis_client: redis.Redis) -> None:
     client.get_queue("a").enqueue("first", task_id="job-1")
     with pytest.raises(blueque.InvalidTaskState, match="already exists in queue a, not b"):
         client.get_queue("b").enqueue("second", task_id="job-1")
@@ -335,12 +344,15 @@ def test_task_id_of_another_queue_is_refused(client: blueque.Client, redis_url: 
     assert not redis_client.exists(KEYS.task("new-1"))  # the whole call wrote nothing
     assert redis_client.llen(KEYS.pending("b")) == 0
     assert redis_client.hget(KEYS.task("job-1"), "parameters") == "first"
-    refused(cli(redis_url, "enqueue", "b", "second", "--task-id", "job-1"), 1,
-            "already exists in queue a")
+    refused(blueque_main("enqueue", "b", "second", "--task-id", "job-1", "--url", redis_url),
+            1, "already exists in queue a")
 
 
 def test_idempotent_re_enqueue_says_the_task_already_existed(
-        client: blueque.Client, redis_url: str) -> None:
+        blueque_main: Run, client: blueque.Client, redis_url: str) -> None:
+    def cli(url: str, *arguments: str) -> Done:
+        return blueque_main(*arguments, "--url", url)
+
     queue = client.get_queue("work")
     first = queue.enqueue("x", task_id="doc-1")
     again = queue.enqueue("x", task_id="doc-1")
@@ -360,7 +372,8 @@ def test_idempotent_re_enqueue_says_the_task_already_existed(
     assert fresh["created"] is True
 
 
-def test_enqueue_wait_on_an_existing_task_says_so(client: blueque.Client, redis_url: str) -> None:
+def test_enqueue_wait_on_an_existing_task_says_so(blueque_main: Run, client: blueque.Client,
+                                                  redis_url: str) -> None:
     queue = client.get_queue("work")
     queue.enqueue("x", task_id="done-1")
     task = client.get_listener("work").reserve()
@@ -368,8 +381,8 @@ def test_enqueue_wait_on_an_existing_task_says_so(client: blueque.Client, redis_
     processor = client.get_processor(task)
     processor.start(12345)
     processor.complete("the old result")
-    done = cli(redis_url, "enqueue", "work", "new input", "--task-id", "done-1", "--wait",
-               "--json")
+    done = blueque_main("enqueue", "work", "new input", "--task-id", "done-1", "--wait",
+                        "--json", "--url", redis_url)
     assert done.returncode == 0, done.stderr
     assert "already existed (complete): nothing was enqueued; waiting for the existing task" \
         in done.stderr
@@ -393,10 +406,12 @@ def test_queue_names_listen_cannot_serve_are_refused(client: blueque.Client, nam
 
 
 @pytest.mark.parametrize("name", ["a b", "tab\there", "x\x07"])
-def test_cli_refuses_bad_queue_names_everywhere(redis_url: str, redis_client: redis.Redis,
-                                                tmp_path: Path, name: str) -> None:
-    refused(cli(redis_url, "enqueue", name, "x"), 2, "queue name")
-    refused(cli(redis_url, "configure", name, "--max-attempts", "2"), 2, "queue name")
+def test_cli_refuses_bad_queue_names_everywhere(blueque_main: Run, redis_url: str,
+                                                redis_client: redis.Redis, tmp_path: Path,
+                                                name: str) -> None:
+    refused(blueque_main("enqueue", name, "x", "--url", redis_url), 2, "queue name")
+    refused(blueque_main("configure", name, "--max-attempts", "2", "--url", redis_url), 2,
+            "queue name")
     refused(cli(redis_url, "listen", name, "tests.jobs:echo", *FAST), 2, "queue name")
     cron = tmp_path / "cron.json"
     cron.write_text(json.dumps({"cron": [{"name": "n", "cron": "* * * * *", "queue": name}]}))
@@ -410,8 +425,12 @@ def test_good_queue_names_still_work(client: blueque.Client) -> None:
         assert client.get_task(task_id).queue == name
 
 
-def test_forget_queue_removes_an_empty_queue_only(client: blueque.Client, redis_url: str,
-                                                  redis_client: redis.Redis) -> None:
+def test_forget_queue_removes_an_empty_queue_only(blueque_main: Run, client: blueque.Client,
+                                                  redis_url: str, redis_client: redis.Redis
+                                                  ) -> None:
+    def cli(url: str, *arguments: str) -> Done:
+        return blueque_main(*arguments, "--url", url)
+
     busy, idle = client.get_queue("busy"), client.get_queue("idle")
     busy.enqueue("x")
     idle.configure(max_attempts=3)

@@ -1,24 +1,23 @@
 """Preemption with notice (issue 13), end to end: real `blueque listen` daemons on two node
-names, real task processes, `blueque preempt` and SIGUSR1. A task told its node goes away
-saves, stops and resumes elsewhere from its checkpoint without spending an attempt; one that
-ignores the notice is terminated at the deadline and put back the same way; a task preempted
-too often fails instead of looping."""
+names, real task processes, `blueque preempt` (run in-process) and SIGUSR1. A task told its
+node goes away saves, stops and resumes elsewhere from its checkpoint without spending an
+attempt; one that ignores the notice is terminated at the deadline and put back the same way;
+a task preempted too often fails instead of looping."""
 
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.conftest import Done
+from tests.daemons import Daemon, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +44,14 @@ def listen(started: list[Daemon], tmp_path: Path, url: str, function: str, node:
     return daemon
 
 
-def blueque_cli(url: str, *arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "blueque.cli", *arguments, "--url", url],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+@pytest.fixture
+def blueque_cli(blueque_main: Callable[..., Done]) -> Callable[..., Done]:
+    """``blueque_cli(url, *arguments)``: the `blueque` command, in-process."""
+    return lambda url, *arguments: blueque_main(*arguments, "--url", url)
 
 
 def test_a_preempted_task_saves_stops_and_resumes_elsewhere_without_spending_an_attempt(  # type: ignore[no-untyped-def]
-        client, redis_client, redis_url, started, tmp_path) -> None:
+        client, redis_client, redis_url, started, tmp_path, blueque_cli) -> None:
     marker = tmp_path / "marker"
     n, k = 40, 5
     first = listen(started, tmp_path, redis_url, "count_until_preempted", "spot-a")
@@ -87,7 +87,7 @@ def test_a_preempted_task_saves_stops_and_resumes_elsewhere_without_spending_an_
 
 
 def test_sigusr1_preempts_and_a_task_that_ignores_it_is_terminated_and_put_back(  # type: ignore[no-untyped-def]
-        client, redis_client, redis_url, started, tmp_path) -> None:
+        client, redis_client, redis_url, started, tmp_path, blueque_cli) -> None:
     marker, release = tmp_path / "marker", tmp_path / "release"
     first = listen(started, tmp_path, redis_url, "ignores_preemption", "spot-c",
                    "--preempt-grace", "2s")
@@ -114,7 +114,7 @@ def test_sigusr1_preempts_and_a_task_that_ignores_it_is_terminated_and_put_back(
 
 
 def test_a_task_preempted_more_than_its_limit_fails(  # type: ignore[no-untyped-def]
-        client, redis_url, started, tmp_path) -> None:
+        client, redis_url, started, tmp_path, blueque_cli) -> None:
     marker = tmp_path / "marker"
     first = listen(started, tmp_path, redis_url, "count_until_preempted", "spot-e")
     task_id = client.get_queue("work").enqueue(
@@ -129,7 +129,7 @@ def test_a_task_preempted_more_than_its_limit_fails(  # type: ignore[no-untyped-
 
 
 def test_a_listener_started_after_a_preemption_ended_takes_tasks_and_withdraw_works(  # type: ignore[no-untyped-def]
-        client, redis_url, started, tmp_path) -> None:
+        client, redis_url, started, tmp_path, blueque_cli) -> None:
     """A request whose deadline has passed is over (the node is still here): a listener
     starting then ignores it. A withdrawn request is gone; withdrawing none exits 4."""
     assert blueque_cli(redis_url, "preempt", "--node", "spot-f", "--grace", "0").returncode == 0

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from blueque.testing import free_port
+from blueque.private_redis import free_port
 
 
 def local_session(

@@ -267,9 +267,6 @@ class StoreCore:
     def _outcome_keys(self, queue: str, now: float) -> list[str]:
         return protocol.outcome_keys(self.keys, queue, now)
 
-    def _touch_queue(self, queue: str, increment: int = 0) -> None:
-        self._execute(protocol.touch_queue(self.keys, queue, increment))
-
     # --- notifications --------------------------------------------------------------------
     def subscribe(self, channels: Sequence[str]) -> Subscription:
         """A Subscription to ``channels`` that subscribes again after an outage."""

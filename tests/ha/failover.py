@@ -15,34 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemons import ROOT, Daemon, daemons
+from daemons import Daemon, daemons
 
 import blueque
 from blueque.testing import wait_for
 
 JOB = "tests.ha.ha_jobs:record"
 
-#: Until `blueque listen` (blueque.cli) exists, the daemons run from this small script.
-_DAEMON_SCRIPT = """
-import faulthandler, signal, sys
-faulthandler.register(signal.SIGUSR1, all_threads=True)
-from blueque import Client
-from blueque.daemon import ListenerDaemon
-from blueque.logs import configure
-configure("text", "INFO")
-daemon = ListenerDaemon(Client(sys.argv[1]), {sys.argv[2]: 1}, sys.argv[3],
-                        concurrency=int(sys.argv[4]), interval=float(sys.argv[5]))
-sys.exit(daemon.run())
-"""
-
 
 def listen_command(url: str, queue: str, concurrency: int, interval: float,
                    job: str = JOB) -> list[str]:
-    if (ROOT / "blueque" / "cli.py").exists():
-        return [sys.executable, "-m", "blueque.cli", "listen", queue, job, "--url", url,
-                "--concurrency", str(concurrency), "--interval", str(interval)]
-    return [sys.executable, "-c", _DAEMON_SCRIPT, url, queue, job, str(concurrency),
-            str(interval)]
+    return [sys.executable, "-m", "blueque.cli", "listen", queue, job, "--url", url,
+            "--concurrency", str(concurrency), "--interval", str(interval)]
 
 
 @dataclass

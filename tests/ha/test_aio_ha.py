@@ -13,7 +13,7 @@ import redis.asyncio.cluster
 
 import blueque
 import blueque.aio
-from blueque.topology import ClusterTopology, SentinelTopology
+from blueque.testing import ClusterTopology, SentinelTopology
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
 

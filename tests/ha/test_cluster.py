@@ -19,8 +19,7 @@ from redis.cluster import RedisCluster
 
 import blueque
 from blueque.keys import Keys
-from blueque.testing import wait_for
-from blueque.topology import ClusterTopology
+from blueque.testing import ClusterTopology, wait_for
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from failover import run_failover
 
 import blueque
 from blueque.errors import RedisUnavailable
-from blueque.topology import SentinelTopology, TLSFiles
+from blueque.testing import SentinelTopology, TLSFiles
 
 pytestmark = [pytest.mark.ha, pytest.mark.slow]
 

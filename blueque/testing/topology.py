@@ -1,4 +1,4 @@
-"""Redis Sentinel and Redis Cluster topologies on loopback, for tests, benchmarks and demos.
+"""Redis Sentinel and Redis Cluster topologies on loopback, for tests and benchmarks.
 
 Every process is a child of this one, listens on a free 127.0.0.1 port, keeps its files in a
 temporary directory and is stopped by pid. Nothing here touches the machine's own Redis.
@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -28,7 +27,8 @@ from typing import Any
 import redis
 
 from blueque.errors import ConfigurationError, RedisUnavailable
-from blueque.testing import RedisServer, free_port, kill_process, stop_process, wait_for
+from blueque.private_redis import RedisServer, free_port, kill_process, stop_process
+from blueque.testing.polling import wait_for
 
 #: Replication settings for every data node: a replica is in sync moments after it starts.
 FAST_REPLICATION = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
@@ -491,9 +491,3 @@ def _slots(port: int) -> list[list[Any]]:
     reply = _ask(port, "CLUSTER", "SLOTS")
     return reply if isinstance(reply, list) else []
 
-
-def measure_until(predicate: object, timeout: float = 30.0) -> float:
-    """Seconds until ``predicate()`` first holds (polling every 10 ms)."""
-    started = time.monotonic()
-    wait_for(predicate, timeout)
-    return time.monotonic() - started

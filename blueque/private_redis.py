@@ -1,4 +1,5 @@
-"""A private redis-server on a free loopback port, for tests, the demo and the benchmarks.
+"""A private redis-server on a free loopback port: ``blueque demo`` and the Spark example run
+on one when no Redis URL is given, and ``blueque.testing`` (the test helpers) builds on it.
 
 It never touches the machine's own Redis: it picks a free port, keeps its files in a temporary
 directory, persists nothing unless asked to, and is stopped by pid.
@@ -26,18 +27,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.01) -> None:
-    """Poll ``predicate()`` until it is truthy; raise TimeoutError after ``timeout`` seconds."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met within {timeout} s: {predicate!r}")
-        time.sleep(interval)
 
 
 def kill_process(process: subprocess.Popen[bytes] | None) -> None:

@@ -1,0 +1,85 @@
+"""The ``blueque`` command: the listener daemon, the scheduler, and operator tools.
+
+Each subcommand is a short function over library calls, with its arguments beside it in the
+module of its group: ``inspecting`` (status, tasks, show, logs), ``changing`` (enqueue,
+cancel, preempt, retry, purge, configure, forget-queue), ``wait``, ``listen`` and ``daemons``
+(scheduler, metrics, dashboard, demo). Readable tables for people; ``--json`` for scripts.
+Exit codes: see EXIT_CODES (also in ``blueque --help`` and README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from blueque.cli import changing, daemons, inspecting, listen, wait
+from blueque.cli.base import (
+    EXIT_CODES,
+    EXIT_FAILURE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Commands,
+    Failure,
+    Run,
+    add_common,
+    connect,
+)
+from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable, TaskNotFound
+
+__all__ = ["EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_UNREACHABLE",
+           "EXIT_USAGE", "Failure", "build_parser", "main"]
+
+#: The command modules, in the order `blueque --help` lists their commands.
+GROUPS = (inspecting, changing, wait, listen, daemons)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blueque", description="Blueque: a Redis job queue for very long jobs.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(parser, top=True)
+    commands = Commands(parser)
+    for group in GROUPS:
+        group.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, already explained)
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    try:
+        return _run(args.run, args)
+    except Failure as failure:
+        return _fail(str(failure), failure.code)
+    except ConfigurationError as error:
+        return _fail(str(error), EXIT_USAGE)
+    except RedisUnavailable as error:
+        return _fail(str(error), EXIT_UNREACHABLE)
+    except TaskNotFound as error:
+        return _fail(str(error), EXIT_NOT_FOUND)
+    except (BluequeError, TimeoutError) as error:
+        return _fail(str(error), EXIT_FAILURE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_FAILURE)
+
+
+def _run(run: Run, args: argparse.Namespace) -> int:
+    if run.standalone is not None:
+        return run.standalone(args)
+    assert run.handler is not None
+    client = connect(args, ping=not run.daemon)
+    try:
+        return int(run.handler(client, args))
+    finally:
+        client.close()
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"blueque: error: {message}", file=sys.stderr)
+    return code

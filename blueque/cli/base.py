@@ -1,0 +1,147 @@
+"""What every `blueque` command shares: exit codes, refusals, output, the connection, argument
+types, and ``Commands``, through which each command module adds its subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from blueque.client import Client
+from blueque.config import default_url
+from blueque.display import parse_duration, parse_eta
+from blueque.errors import ConfigurationError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the operation failed or was refused (e.g. a task failed, cannot cancel)
+EXIT_USAGE = 2  # bad arguments, bad URL, bad configuration
+EXIT_UNREACHABLE = 3  # Redis could not be reached
+EXIT_NOT_FOUND = 4  # no such task or queue
+
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}  success
+  {EXIT_FAILURE}  failure: an operation was refused, a task failed, a wait timed out
+  {EXIT_USAGE}  usage: bad arguments, bad Redis URL or credentials, Redis older than 6.2,
+     a task function that cannot be imported, bad cron entry, a port in use
+  {EXIT_UNREACHABLE}  Redis unreachable
+  {EXIT_NOT_FOUND}  task or queue not found"""
+
+
+class Failure(Exception):
+    """A command's refusal: its message goes to stderr and its code is the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def emit(args: argparse.Namespace, data: object, text: str) -> None:
+    """Print ``data`` as JSON with --json, else ``text``."""
+    print(json.dumps(data, indent=2) if args.json else text)
+
+
+def unknown_queue(queue: str) -> Failure:
+    return Failure(f"queue {queue!r} is not known (not in blueque_queues)", EXIT_NOT_FOUND)
+
+
+def connect(args: argparse.Namespace, ping: bool = True) -> Client:
+    """A client for --url (else $BLUEQUE_URL, else redis://localhost:6379/0), checked with a
+    PING so that an unreachable Redis is reported at once (exit 3). Daemons skip the PING:
+    they retry with backoff until Redis is there (a listener started before its Redis)."""
+    url = default_url() if args.url is None else args.url  # --url '' is a mistake, not "default"
+    kwargs: dict[str, Any] = {}
+    if urlsplit(url).scheme.lower() in ("redis", "rediss", "unix"):
+        kwargs["socket_connect_timeout"] = 5.0
+    client = Client(url, **kwargs)
+    if ping:
+        try:
+            client.ping()
+        except BaseException:
+            client.close()
+            raise
+    return client
+
+
+# --- argument types ---------------------------------------------------------------------------
+def argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type whose message is the parser's own (argparse hides a ValueError's)."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ConfigurationError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+duration = argument_type(parse_duration)
+eta_time = argument_type(parse_eta)
+
+
+def positive_duration(text: str) -> float:
+    """A duration above 0 (90, 15m, 2h)."""
+    try:
+        value = parse_duration(text)
+    except ConfigurationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
+    return value
+
+
+# --- commands ---------------------------------------------------------------------------------
+#: A subcommand's handler: the client (connected per the command's kind) and the arguments.
+Handler = Callable[[Client, argparse.Namespace], int]
+#: A subcommand that makes its own connection, if any (`blueque demo` may start its Redis).
+Standalone = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class Run:
+    """How main runs a parsed subcommand."""
+
+    handler: Handler | None = None
+    standalone: Standalone | None = None
+    #: A daemon waits for Redis with backoff instead of exiting 3 when it is not up yet.
+    daemon: bool = False
+
+
+def add_common(parser: argparse.ArgumentParser, top: bool) -> None:
+    # the subcommand's copy must not overwrite a value given before the subcommand
+    absent: Any = None if top else argparse.SUPPRESS
+    parser.add_argument("--url", default=absent, help=(
+        "Redis URL (default: $BLUEQUE_URL, else redis://localhost:6379/0)"))
+    parser.add_argument("--json", action="store_true", default=False if top else absent,
+                        help="print JSON for scripts instead of tables")
+
+
+class Commands:
+    """The `blueque` subcommands: each command module's ``register(commands)`` adds its own,
+    each with its handler beside its arguments."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                                 required=True)
+
+    def add(self, name: str, handler: Handler, help_text: str, *, daemon: bool = False
+            ) -> argparse.ArgumentParser:
+        """A command run with a client: PINGed first (exit 3 at once if Redis is not
+        there), except a daemon's."""
+        return self._add(name, Run(handler=handler, daemon=daemon), help_text)
+
+    def add_standalone(self, name: str, handler: Standalone, help_text: str
+                       ) -> argparse.ArgumentParser:
+        return self._add(name, Run(standalone=handler), help_text)
+
+    def _add(self, name: str, run: Run, help_text: str) -> argparse.ArgumentParser:
+        sub = self._subparsers.add_parser(
+            name, help=help_text, description=help_text, epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_common(sub, top=False)
+        sub.set_defaults(run=run)
+        return sub

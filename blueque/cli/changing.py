@@ -1,0 +1,216 @@
+"""Commands that change tasks and queues: `enqueue`, `cancel`, `preempt`, `retry`, `purge`,
+`configure`, `forget-queue`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from blueque import keys as k
+from blueque.cli.base import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    Commands,
+    Failure,
+    argument_type,
+    duration,
+    emit,
+    eta_time,
+    unknown_queue,
+)
+from blueque.cli.wait import report_waited
+from blueque.client import Client
+from blueque.display import format_seconds, parse_duration, positive_int, table
+from blueque.node import hostname
+from blueque.policy import OPTION_TYPES
+from blueque.store import now
+from blueque.waiting import wait_all
+
+#: `configure`'s value of an option that was not given (None means "remove it").
+_UNSET = object()
+
+
+def register(commands: Commands) -> None:
+    sub = commands.add("enqueue", cmd_enqueue, "submit a task (prints its id)")
+    sub.add_argument("queue")
+    sub.add_argument("parameters", help="a string, JSON by convention; - reads stdin")
+    when = sub.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=duration, metavar="DURATION",
+                      help="run after this long (90, 15m, 2h)")
+    when.add_argument("--eta", type=eta_time, help=(
+        "run at this time: Unix seconds or ISO 8601 (no offset: local time)"))
+    sub.add_argument("--task-id", help="your own id; enqueueing an existing id does nothing")
+    _add_task_options(sub, None)
+    sub.add_argument("--wait", action="store_true", help="wait for the task and print it")
+    sub.add_argument("--timeout", type=duration, help="with --wait: give up after this")
+
+    sub = commands.add("cancel", cmd_cancel,
+                       "cancel a task (a running one has its processes stopped)")
+    sub.add_argument("task_id")
+    sub.add_argument("--reason", default="by operator", help="recorded in the task's error")
+    _add_preempt(commands)
+    sub = commands.add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
+    sub.add_argument("task_id", nargs="?")
+    sub.add_argument("--failed", metavar="QUEUE", help="every failed task of QUEUE")
+    sub.add_argument("--limit", type=positive_int, default=None,
+                     help="with --failed: oldest N only")
+    sub = commands.add("purge", cmd_purge, "delete finished tasks older than a duration")
+    sub.add_argument("queue")
+    sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION")
+    sub.add_argument("--status", choices=k.FINISHED_STATUSES, help="default: both")
+    sub = commands.add("configure", cmd_configure,
+                       "set or show a queue's defaults (a value of 'none' removes one)")
+    sub.add_argument("queue")
+    _add_task_options(sub, _UNSET)
+    sub = commands.add("forget-queue", cmd_forget_queue, "remove an empty queue without "
+                       "listeners from `blueque status` (and its defaults)")
+    sub.add_argument("queue")
+
+
+def _add_preempt(commands: Commands) -> None:
+    sub = commands.add("preempt", cmd_preempt,
+                       "announce that a node goes away: its listeners stop taking tasks, and "
+                       "its tasks save and stop to resume elsewhere (without spending an "
+                       "attempt)")
+    sub.add_argument("--node", metavar="NAME",
+                     help="the node's name, as its listeners' --node-name (default: this "
+                          "machine's fully qualified host name)")
+    sub.add_argument("--grace", type=duration, default=90.0, metavar="DURATION",
+                     help="notice before the node goes away: tasks still running then are "
+                          "terminated and put back (default 90s)")
+    sub.add_argument("--reason", help="recorded with the request (default: blueque preempt)")
+    sub.add_argument("--withdraw", action="store_true",
+                     help="withdraw the node's preemption (a false alarm)")
+
+
+def _option_value(text: str) -> object:
+    """A queue default: a number or duration, or ``none`` to remove it."""
+    return None if text.lower() in ("none", "") else parse_duration(text)
+
+
+def _attempts_value(text: str) -> object:
+    return None if text.lower() in ("none", "") else int(text)
+
+
+def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """A task's options (enqueue: default None) or a queue's defaults (configure: default
+    _UNSET, and 'none' removes one)."""
+    parser.add_argument("--max-attempts", dest="max_attempts", default=default,
+                        type=int if default is None else _attempts_value,
+                        metavar="N", help="runs allowed, counting crashes (default 1)")
+    for name, what in (("retry_backoff", "first retry delay"),
+                       ("retry_backoff_max", "longest retry delay"),
+                       ("time_limit", "time limit of one run (SIGTERM, then SIGKILL)"),
+                       ("kill_grace", "time between SIGTERM and SIGKILL at the time limit"),
+                       ("result_ttl", "how long a finished task is kept")):
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=default,
+                            type=duration if default is None else argument_type(_option_value),
+                            metavar="DURATION", help=f"{what} (90, 15m, 2h, 7d)")
+    parser.add_argument("--checkpoint-max-bytes", dest="checkpoint_max_bytes", default=default,
+                        type=int if default is None else _attempts_value, metavar="BYTES",
+                        help="largest checkpoint a run may save (default 1048576: 1 MiB)")
+    parser.add_argument("--max-preemptions", dest="max_preemptions", default=default,
+                        type=int if default is None else _attempts_value, metavar="N",
+                        help="runs a preemption may stop without spending an attempt before "
+                             "the task fails (default 10)")
+
+
+# --- handlers ---------------------------------------------------------------------------------
+def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
+    parameters = sys.stdin.read() if args.parameters == "-" else args.parameters
+    queue = client.get_queue(args.queue)
+    options = {name: getattr(args, name) for name in OPTION_TYPES
+               if getattr(args, name, None) is not None}
+    if args.delay is not None or args.eta is not None:
+        eta = args.eta if args.eta is not None else now() + args.delay
+        task_id = queue.schedule(parameters, eta, task_id=args.task_id, **options)
+    else:
+        task_id = queue.enqueue(parameters, task_id=args.task_id, **options)
+    if not task_id.created:
+        # stdout stays the id alone (scripts capture it); the notice goes to stderr
+        status = client.get_task(task_id).status or "gone"
+        print(f"blueque: task {task_id} already existed ({status}): nothing was enqueued"
+              + ("; waiting for the existing task" if args.wait else ""), file=sys.stderr)
+    if not args.wait:
+        emit(args, {"task_id": task_id, "queue": args.queue, "created": task_id.created},
+             task_id)
+        return EXIT_OK
+    result = wait_all(client, [task_id], args.timeout)
+    return report_waited(args, result, {"created": task_id.created})
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    outcome = client.cancel_task(args.task_id, args.reason)
+    text = {"cancelled": f"task {args.task_id} cancelled: it will not run",
+            "requested": f"task {args.task_id} is running: its listener was told to stop it"}
+    emit(args, {"task_id": args.task_id, "outcome": outcome}, text.get(outcome, outcome))
+    return EXIT_OK
+
+
+def cmd_preempt(client: Client, args: argparse.Namespace) -> int:
+    node = args.node or hostname()
+    if args.withdraw:
+        gone = client.withdraw_preemption(node)
+        emit(args, {"node": node, "withdrawn": gone},
+             f"preemption of node {node} withdrawn" if gone
+             else f"no preemption of node {node} was announced")
+        return EXIT_OK if gone else EXIT_NOT_FOUND
+    deadline = client.preempt_node(node, args.grace, args.reason or "")
+    listeners = sorted({item.listener for item in client.listeners() if item.host == node})
+    text = (f"node {node} goes away in {format_seconds(args.grace)} "
+            f"({time.strftime('%H:%M:%S', time.localtime(deadline))}): "
+            + (f"its {len(listeners)} listener(s) take no more tasks and tell their tasks: "
+               + ", ".join(listeners) if listeners else
+               "no listener of it is registered now; one that starts before then takes no "
+               "tasks"))
+    emit(args, {"node": node, "deadline": deadline, "listeners": listeners}, text)
+    return EXIT_OK
+
+
+def cmd_retry(client: Client, args: argparse.Namespace) -> int:
+    if (args.task_id is None) == (args.failed is None):
+        raise Failure("give either a TASK_ID or --failed QUEUE", EXIT_USAGE)
+    if args.task_id is not None:
+        client.retry_task(args.task_id)
+        emit(args, {"retried": [args.task_id]}, f"task {args.task_id} is pending again")
+        return EXIT_OK
+    if args.failed not in client.queue_names():  # a typo must not read as "0 retried"
+        raise unknown_queue(args.failed)
+    retried = client.get_queue(args.failed).retry_failed(args.limit)
+    emit(args, {"retried": retried},
+         f"{len(retried)} failed task(s) of {args.failed} are pending again")
+    return EXIT_OK
+
+
+def cmd_purge(client: Client, args: argparse.Namespace) -> int:
+    queue = client.get_queue(args.queue)
+    statuses = [args.status] if args.status else list(k.FINISHED_STATUSES)
+    deleted = {status: queue.purge(status, args.older_than) for status in statuses}
+    emit(args, {"queue": args.queue, "deleted": deleted},
+         ", ".join(f"{n} {status}" for status, n in deleted.items())
+         + f" task(s) older than {format_seconds(args.older_than)} deleted from {args.queue}")
+    return EXIT_OK
+
+
+def cmd_configure(client: Client, args: argparse.Namespace) -> int:
+    queue = client.get_queue(args.queue)
+    changes = {name: getattr(args, name) for name in OPTION_TYPES
+               if getattr(args, name) is not _UNSET}
+    if changes:
+        queue.configure(**changes)
+    config = queue.config()
+    text = table(("OPTION", "VALUE"), sorted(config.items())) if config else (
+        f"{args.queue} has no queue defaults")
+    emit(args, {"queue": args.queue, "config": config}, text)
+    return EXIT_OK
+
+
+def cmd_forget_queue(client: Client, args: argparse.Namespace) -> int:
+    if not client.store.forget_queue(args.queue):
+        raise unknown_queue(args.queue)
+    emit(args, {"queue": args.queue, "forgotten": True},
+         f"queue {args.queue} forgotten: it no longer shows in blueque status")
+    return EXIT_OK

@@ -1,0 +1,63 @@
+"""`blueque wait`, and the result table it shares with `enqueue --wait`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from blueque import keys as k
+from blueque.cli.base import EXIT_NOT_FOUND, EXIT_OK, Commands, Failure, duration, emit
+from blueque.client import Client
+from blueque.display import ProgressBar, TaskProgress, last_line, shorten, table
+from blueque.waiting import WaitResult, wait_all
+
+
+def register(commands: Commands) -> None:
+    sub = commands.add("wait", cmd_wait, "wait until tasks finish (progress bar on stderr)")
+    sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
+    sub.add_argument("--timeout", type=duration, help="give up after this long")
+    sub.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                     help="auto (default): on a terminal, one task's own progress bar "
+                          "(fraction and message) or, for several, how many finished")
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    ids = list(dict.fromkeys(args.task_ids))
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    # one task: its own progress bar (fraction and message); several: how many finished
+    one = TaskProgress(sys.stderr) if show and len(ids) == 1 else None
+    bar = ProgressBar(len(ids), sys.stderr) if show and one is None else None
+
+    def update(result: WaitResult) -> None:
+        if one is not None:
+            one.update(result.tasks[ids[0]])
+        if bar is not None:
+            bar.update(len(result.finished()), len(result.failed()))
+
+    try:
+        result = wait_all(client, ids, args.timeout, update,
+                          refresh=0.5 if one is not None else None)
+    finally:
+        if one is not None:
+            one.close()
+        if bar is not None:
+            bar.close()
+    return report_waited(args, result)
+
+
+def report_waited(args: argparse.Namespace, result: WaitResult,
+                  extra: dict[str, object] | None = None) -> int:
+    tasks = [{"id": i, **d} for i, d in result.tasks.items()]
+    rows = [(t["id"], t.get("status", "(missing)"),
+             shorten(last_line(t.get("error")) if t.get("status") == k.FAILED
+                     else t.get("result"), 60))
+            for t in tasks]
+    emit(args, {"tasks": tasks, "timed_out": result.timed_out, **(extra or {})},
+         table(("ID", "STATUS", "RESULT/ERROR"), rows))
+    if result.missing():
+        raise Failure(f"no such task: {', '.join(result.missing())}", EXIT_NOT_FOUND)
+    if result.timed_out:
+        raise Failure(f"timed out: {len(tasks) - len(result.finished())} task(s) unfinished")
+    if result.failed():
+        raise Failure(f"{len(result.failed())} task(s) failed")
+    return EXIT_OK

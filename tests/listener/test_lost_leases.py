@@ -1,0 +1,152 @@
+"""Listeners whose lease lapsed: one frozen and thawed registers again and stops its superseded
+runs, a dead host's running and reserved tasks are recovered elsewhere, and a recorded ending
+racing another host's recovery does not stop the daemon."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from blueque.daemon import ListenerDaemon
+from blueque.keys import Keys
+from blueque.policy import Policy
+from blueque.recovery import Recovery, RecoveryReport
+from blueque.runs import Running
+from tests.daemons import gone, kill_session_children, lines, wait_until
+
+pytestmark = pytest.mark.slow
+
+FAST = ("--interval", "0.5", "--poll", "0.1")
+KEYS = Keys()
+
+
+def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    frozen = start("work", "tests.jobs:waits_for_release", *FAST)
+    queue = client.get_queue("work")
+    first = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release)}),
+                          max_attempts=1)
+    wait_until(lambda: lines(marker), what="running")
+    child = client.get_task(first).pid
+    listener = client.get_task(first).node
+    frozen.signal(signal.SIGSTOP)
+    try:
+        # its lease (1 s) and its info hash (2 s) run out; another host's sweep recovers it
+        wait_until(lambda: not redis_client.exists(KEYS.listener_info(listener)), what="info gone")
+        report = Recovery(client.store, host="elsewhere.example").sweep(["work"])
+        assert report.listeners == [listener] and report.failed == 1
+        frozen.signal(signal.SIGCONT)
+        wait_until(lambda: "lost its lease" in frozen.log(), what="renew returned -1")
+        wait_until(lambda: listener in redis_client.smembers(KEYS.listeners("work"))
+                   and redis_client.zscore(KEYS.leases("work"), listener) is not None,
+                   what="registered again")
+        info = redis_client.hgetall(KEYS.listener_info(listener))
+        assert info.get("pid") == str(frozen.pid) and info.get("pid_created")
+        release.touch()  # the superseded run ends; it must not overwrite the recovery
+        wait_until(lambda: gone(child), what="old run ended")
+        later = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release)}))
+        assert client.get_task(later).wait(20).status == "complete"
+        assert client.get_task(later).node == listener
+    finally:
+        frozen.signal(signal.SIGCONT)
+        kill_session_children([child])
+    task = client.get_task(first)
+    assert task.status == "failed" and "stopped renewing its lease" in task.error
+    assert frozen.alive()
+
+
+def test_listener_back_from_the_dead_stops_its_superseded_runs(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    """Its tasks were taken back while it was frozen: their runs can record nothing any more
+    (fenced), so letting them go on for hours only duplicates work another attempt redoes."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    frozen = start("work", "tests.jobs:waits_for_release", *FAST)
+    queue = client.get_queue("work")
+    task_id = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release),
+                                        "seconds": 120}), max_attempts=2, retry_backoff=0.01)
+    wait_until(lambda: lines(marker), what="running")
+    child = client.get_task(task_id).pid
+    frozen.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: Recovery(client.store, host="elsewhere.example").sweep(
+            ["work"]).retried == 1, what="its lease lapsed and the task taken back")
+        frozen.signal(signal.SIGCONT)
+        wait_until(lambda: gone(child), what="the superseded run stopped")
+        assert "superseded" in frozen.log()
+        assert "end" not in " ".join(lines(marker))
+        release.touch()
+        task = client.get_task(task_id).wait(20)  # attempt 2, in the thawed listener's slot
+        assert task.attempts == 2
+    finally:
+        frozen.signal(signal.SIGCONT)
+        kill_session_children([child])
+    assert frozen.alive()
+
+
+def test_dead_host_with_three_running_tasks_is_recovered(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    dead = start("work", "tests.jobs:waits_for_release", *FAST, "--concurrency", "3",
+                 "--identity", "gone.example_4343")
+    queue = client.get_queue("work")
+    params = json.dumps({"marker": str(marker), "release": str(release), "seconds": 600})
+    ids = [queue.enqueue(params, max_attempts=2, retry_backoff=0.01) for _ in range(3)]
+    wait_until(lambda: len(lines(marker)) == 3, what="three running on the doomed host")
+    children = [client.get_task(task_id).pid for task_id in ids]
+    waiting = queue.enqueue(params, max_attempts=2)
+    dead.signal(signal.SIGSTOP)
+    # and a fourth it had reserved but not started yet when the host died
+    assert client.store.move_pending("work", "gone.example_4343", block=None) == waiting
+    assert client.store.stamp("work", "gone.example_4343", waiting, time.time()).runnable
+    kill_session_children(children)
+    dead.kill()
+    survivor = start("work", "tests.jobs:waits_for_release", *FAST, "--concurrency", "4")
+    wait_until(lambda: all(client.get_task(t).attempts == 2 for t in ids)
+               and client.get_task(waiting).status == "started", timeout=15,
+               what="every task of the dead host running again")
+    release.touch()
+    tasks = [client.get_task(task_id).wait(20) for task_id in [*ids, waiting]]
+    # started ones were retried (attempt 2, the error says why); the reserved one was requeued
+    assert [(t.status, t.attempts) for t in tasks] == [("complete", 2)] * 4
+    assert all("gone.example_4343 stopped renewing its lease" in t.error for t in tasks[:3])
+    assert tasks[3].error is None
+    assert not redis_client.exists(KEYS.reserved("work", "gone.example_4343"))
+    assert redis_client.scard(KEYS.started("work")) == 0
+    assert survivor.alive()
+
+
+def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ignore[no-untyped-def]
+        client, redis_client, monkeypatch):
+    """A child died before starting its task (its start() met a Redis outage, exit 4); the
+    parent reads the task (reserved), then another host's sweep puts it back to pending before
+    the parent's finish, which is refused. The daemon must log that and go on."""
+    queue = client.get_queue("work")
+    task_id = queue.enqueue("{}")
+    daemon = ListenerDaemon(client, {"work": 1}, "tests.jobs:echo", identity="racer.example_1")
+    try:
+        daemon.register()
+        task = daemon.listeners["work"].reserve()
+        assert task is not None and task.id == task_id
+        running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242)
+        real_read = daemon.store.task_data
+        report = RecoveryReport()
+
+        def read_then_recovered(wanted: str) -> dict[str, str]:
+            data = real_read(wanted)
+            monkeypatch.undo()
+            redis_client.zadd(KEYS.leases("work"), {"racer.example_1": 0})  # lapsed
+            Recovery(client.store, host="elsewhere.example").recover_expired("work", report)
+            return data
+
+        monkeypatch.setattr(daemon.store, "task_data", read_then_recovered)
+        daemon.unrecorded.append((running, "process exited with code 4"))
+        daemon.supervisor.record_unrecorded()
+        assert report.requeued == 1 and daemon.unrecorded == []
+    finally:
+        daemon._finish()
+    assert client.get_task(task_id).status == "pending"
+    assert redis_client.lrange(KEYS.pending("work"), 0, -1) == [task_id]

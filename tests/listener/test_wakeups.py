@@ -1,0 +1,189 @@
+"""How a listener is woken: an idle one picks up through pub/sub (also after a Redis restart,
+and after a load balancer silently dropped its subscriber's connection), its subscriber never
+writes into a closed wake pipe, and run() gives back the signal handlers it took."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+import blueque
+from blueque.daemon import ListenerDaemon
+from blueque.keys import Keys
+from blueque.testing import RedisServer
+from tests import jobs
+from tests.daemons import Daemon, daemons, listen_command, subscribed, wait_until
+
+pytestmark = pytest.mark.slow
+
+KEYS = Keys()
+
+
+def test_idle_two_queue_listener_picks_up_through_pubsub(client, start, redis_client):  # type: ignore[no-untyped-def]
+    # poll and interval of a minute: only the enqueue's PUBLISH can wake it within the wait
+    daemon = start("first,second", "tests.jobs:text", "--poll", "60", "--interval", "60")
+    wait_until(lambda: subscribed(redis_client, "first") and subscribed(redis_client, "second"),
+               what="subscribed to both channels")
+    warm = client.get_queue("first").enqueue("warm-up")
+    client.get_task(warm).wait(15)  # its first timers have run; now it idles in select()
+    idle_from = time.monotonic()
+    wait_until(lambda: time.monotonic() - idle_from > 1.0, what="a second of idling")
+    latencies = {}
+    for name in ("second", "first"):
+        begun = time.monotonic()
+        task_id = client.get_queue(name).enqueue(f"to {name}")
+        task = client.get_task(task_id).wait(15)  # far below the 60 s poll
+        latencies[name] = time.monotonic() - begun
+        assert task.status == "complete" and task.result == f"processed to {name}"
+    print("\nidle 2-queue pickup to complete: " + ", ".join(
+        f"{name} {seconds * 1000:.1f} ms" for name, seconds in latencies.items()))
+    assert daemon.alive()
+
+
+def test_pubsub_pickup_resumes_after_a_redis_restart(tmp_path):  # type: ignore[no-untyped-def]
+    server = RedisServer(directory=str(tmp_path),
+                         extra_args=("--appendonly", "yes", "--appendfsync", "always"))
+    server.start()
+    try:
+        with daemons(tmp_path) as running:
+            daemon = Daemon(listen_command(server.url, "first,second", "tests.jobs:text",
+                                           "--poll", "60", "--interval", "60"),
+                            tmp_path / "daemon.log")
+            running.append(daemon)
+            watcher = blueque.Client(server.url)
+            wait_until(lambda: subscribed(watcher.redis, "second"), what="subscribed")
+            server.kill()
+            server.start()
+            wait_until(lambda: subscribed(watcher.redis, "second"), timeout=30,
+                       what="subscribed again after the restart")
+            begun = time.monotonic()
+            task_id = watcher.get_queue("second").enqueue("after the restart")
+            assert watcher.get_task(task_id).wait(15).status == "complete"  # not the 60 s poll
+            print(f"\npickup after a Redis restart: {(time.monotonic() - begun) * 1000:.1f} ms")
+            assert daemon.alive()
+    finally:
+        server.stop()
+
+
+class FreezingProxy:
+    """A loopback TCP proxy to Redis whose established connections can be frozen: bytes stop
+    flowing both ways but no side sees a close, as when a NAT or load balancer drops an idle
+    connection's state. New connections still pass."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.frozen: set[socket.socket] = set()
+        self.sockets: list[socket.socket] = []
+        self.closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        while not self.closing:
+            try:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if source not in self.frozen:
+                    sink.sendall(data)
+            except OSError:
+                break
+
+    def freeze(self) -> None:
+        self.frozen.update(self.sockets)
+
+    def close(self) -> None:
+        self.closing = True
+        for sock in [self.listener, *self.sockets]:
+            sock.close()
+
+
+def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_client):  # type: ignore[no-untyped-def]
+    """Cloud load balancers and NATs drop idle connections without a word; the subscriber
+    must notice (PING after an interval of silence, no reply within another) and subscribe
+    again, or wakeups are lost and pickups fall back to --poll for good."""
+    proxy = FreezingProxy(redis_server.port)
+    client = blueque.Client(f"redis://127.0.0.1:{proxy.port}/0")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="nat.example_1",
+                            interval=0.5)
+    try:
+        daemon.start_subscriber()
+        wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
+        proxy.freeze()
+        wait_until(lambda: dict(redis_client.pubsub_numsub(KEYS.channel("work")))[
+            KEYS.channel("work")] == 2, timeout=10, what="subscribed again on a new connection")
+        while True:  # empty the wake pipe, then show a publish reaches it again
+            try:
+                os.read(daemon.wakeup._wake_r, 512)
+            except BlockingIOError:
+                break
+        redis_client.publish(KEYS.channel("work"), "work")
+        wait_until(lambda: select.select([daemon.wakeup._wake_r], [], [], 0)[0], what="woken")
+    finally:
+        daemon._finish()
+        proxy.close()
+        client.close()
+
+
+def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  # type: ignore[no-untyped-def]
+    """The subscriber thread outlives the loop by up to a second; a message in that second
+    must not be written into whatever file reuses the wake pipe's descriptor numbers."""
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="closer.example_1")
+    daemon.start_subscriber()
+    thread = daemon.wakeup.subscriber
+    assert thread is not None
+    wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
+    wake_w = daemon.wakeup._wake_w
+    daemon._finish()
+    reused_r, reused_w = os.pipe()  # the lowest free numbers: those just closed
+    os.set_blocking(reused_r, False)
+    try:
+        if reused_w != wake_w:
+            pytest.skip("the wake pipe's write descriptor was not reused")
+        client.get_queue("work").enqueue("wakes the lingering subscriber")
+        thread.join(10)
+        assert not thread.is_alive()
+        with pytest.raises(BlockingIOError):
+            os.read(reused_r, 16)  # nothing was written into the new pipe
+    finally:
+        os.close(reused_r)
+        os.close(reused_w)
+
+
+def test_run_gives_back_the_signal_handlers_it_took(client):  # type: ignore[no-untyped-def]
+    """ForkingRunner.run() is called in-process: once it returns, SIGINT and SIGTERM must act
+    as before (not be swallowed by a stopped daemon) and no signal may write a byte into the
+    closed signal pipe's descriptor number."""
+    before = {signum: signal.getsignal(signum)
+              for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="signals.example_1",
+                            interval=0.5, poll=0.05)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        assert daemon.run() == 0
+    finally:
+        timer.cancel()
+        for signum, handler in before.items():
+            if signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+                pytest.fail(f"{signal.Signals(signum).name} handler left installed")
+    assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at a closed pipe

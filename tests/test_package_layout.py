@@ -1,0 +1,159 @@
+"""What the package is made of: the test helpers (blueque.testing) are not part of the runtime (no
+runtime module imports them, statically or when it is loaded), and the wheel built from
+pyproject.toml ships every module, Lua script, template and static file, the console script and
+the metadata."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+from tests.test_cli import ROOT, environment
+
+PACKAGE = ROOT / "blueque"
+HELPERS = "blueque.testing"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_in(source: str, package: str) -> set[str]:
+    """Every module an ``import`` or ``from ... import`` in ``source`` names (function-local
+    ones too), relative imports resolved against ``package``; ``from a import b`` names both a
+    and a.b."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def imported_modules(path: Path) -> set[str]:
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return imports_in(path.read_text("utf-8"), package)
+
+
+def runtime_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if not p.is_relative_to(PACKAGE / "testing"))
+
+
+def is_helper(module: str) -> bool:
+    return module == HELPERS or module.startswith(HELPERS + ".")
+
+
+def test_the_scanner_sees_every_way_of_importing_the_helpers() -> None:
+    """The check below is not vacuous: it finds absolute, relative and function-local imports
+    of the helpers, and the helpers' imports of each other."""
+    source = (
+        "import blueque.testing\n"
+        "from . import testing\n"
+        "def f():\n"
+        "    from .testing.topology import ClusterTopology\n"
+    )
+    found = imports_in(source, "blueque")
+    assert {"blueque.testing", "blueque.testing.topology",
+            "blueque.testing.topology.ClusterTopology"} <= found
+    assert {m for m in found if is_helper(m)} >= {"blueque.testing"}
+    assert imports_in("from .spark import enqueue\nimport json\n", "blueque") == {
+        "blueque.spark", "blueque.spark.enqueue", "json"}
+    assert not is_helper("blueque.testing_tools") and is_helper("blueque.testing.polling")
+    topology = imported_modules(PACKAGE / "testing" / "topology.py")
+    assert "blueque.testing.polling" in topology and "blueque.private_redis" in topology
+
+
+def test_no_runtime_module_imports_the_test_helpers() -> None:
+    files = runtime_files()
+    assert PACKAGE / "demo.py" in files and PACKAGE / "spark" / "session.py" in files
+    offenders = {
+        module_name(path): sorted(m for m in imported_modules(path) if is_helper(m))
+        for path in files
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_loading_every_runtime_module_loads_no_test_helpers() -> None:
+    """In a fresh interpreter: import each runtime module (those whose optional third-party
+    dependency is missing are listed, not imported), then look at sys.modules."""
+    names = [module_name(path) for path in runtime_files()]
+    program = (
+        "import importlib, json, sys\n"
+        "loaded, missing = [], []\n"
+        f"for name in {names!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ModuleNotFoundError as error:\n"
+        "        if (error.name or '').startswith('blueque'):\n"
+        "            raise\n"
+        "        missing.append(name)\n"
+        "    else:\n"
+        "        loaded.append(name)\n"
+        "helpers = sorted(m for m in sys.modules if m == 'blueque.testing'"
+        " or m.startswith('blueque.testing.'))\n"
+        "print(json.dumps({'loaded': loaded, 'missing': missing, 'helpers': helpers}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=environment(), cwd=ROOT, timeout=120, check=True)
+    report = json.loads(done.stdout)
+    # the demo and the local Spark session used to import the test helpers
+    assert "blueque.demo" in report["loaded"] and "blueque.cli" in report["loaded"]
+    assert len(report["loaded"]) + len(report["missing"]) == len(names)
+    assert report["helpers"] == []
+
+
+def build_wheel(directory: Path) -> zipfile.ZipFile:
+    """The wheel pip builds from a copy of pyproject.toml, README.md and blueque/ (so nothing
+    else of the tree is needed, and no build directory lands in it), without network: no
+    build isolation, the installed setuptools (the test extra's)."""
+    source = directory / "source"
+    shutil.copytree(PACKAGE, source / "blueque",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-index",
+         "--no-build-isolation", "--disable-pip-version-check", "-q",
+         "-w", str(directory / "dist")],
+        capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = (directory / "dist").glob("blueque-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def test_the_wheel_ships_the_package_its_data_and_its_metadata(tmp_path: Path) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    with build_wheel(tmp_path) as wheel:
+        names = set(wheel.namelist())
+        info = f"blueque-{project['version']}.dist-info"
+        metadata = wheel.read(f"{info}/METADATA").decode()
+        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+    sources = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert any(name.endswith(".lua") for name in sources)
+    assert "blueque/py.typed" in sources and "blueque/testing/topology.py" in sources
+    assert sorted(sources - names) == []
+    assert sorted(n for n in names - sources if not n.startswith(info + "/")) == []
+    assert "[console_scripts]\nblueque = blueque.cli:main" in entry_points
+    assert f"Requires-Python: {project['requires-python']}\n" in metadata
+    assert "License-Expression: Apache-2.0\n" in metadata
+    for dependency in project["dependencies"]:
+        assert f"Requires-Dist: {dependency}\n" in metadata
+    for extra in project["optional-dependencies"]:
+        assert f"Provides-Extra: {extra}\n" in metadata
+    assert "# Blueque" in metadata  # the README is the long description
