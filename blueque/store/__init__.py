@@ -39,7 +39,8 @@ from blueque.store.tasks import TaskOperations
 from blueque.store.watch import ListenersAtWork, WatchOperations
 
 __all__ = [
-    "BLOCK_SLICE", "BULK_CHUNK", "CHECKPOINT_KEEP", "CHECKPOINT_MAX_BYTES", "DELETE_WINDOW", "MIN_REDIS_VERSION",
+    "BLOCK_SLICE", "BULK_CHUNK", "CHECKPOINT_KEEP", "CHECKPOINT_MAX_BYTES", "DELETE_WINDOW",
+    "MIN_REDIS_VERSION",
     "Health", "ListenersAtWork", "NoRetry", "QueueCounts", "RedisLike", "RedisStore",
     "Reservation", "StoreCore", "Subscription", "check_version", "describe", "load_script",
     "now", "translate", "translate_errors",
