@@ -11,7 +11,6 @@ the loop the Wakeup's (wakeup.py).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -24,20 +23,16 @@ from dataclasses import replace
 
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
-from blueque.display import (
-    format_seconds,
-)
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.listener import Listener, listener_id
 from blueque.membership import Membership
 from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
-from blueque.policy import Policy
 from blueque.preemption import NodePreemption
-from blueque.process import Stopping, process_alive
 from blueque.recovery import Recovery
 from blueque.retry import Backoff
 from blueque.runs import Running
+from blueque.slots import Slots
 from blueque.store import now
 from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
 from blueque.tasklog import TaskLogSettings
@@ -109,11 +104,7 @@ class ListenerDaemon:
             self._defaults)
         self.wakeup = Wakeup(self.store, interval)
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
-        # live runs of dead listeners of this node that we adopted: they occupy our slots
-        self.adopted: dict[str, tuple[int, float | None]] = {}
-        # fenced runs of dead listeners of this node that our sweep is stopping: pid ->
-        # create time; they occupy our slots too until their processes are gone
-        self.fenced: dict[int, float | None] = {}
+        self.slots = Slots(concurrency)
         self.stopping = False
         self._next_renew = self._next_sweep = self._next_due = 0.0
         self._redis_down_since: float | None = None
@@ -122,7 +113,6 @@ class ListenerDaemon:
         self._cancels: deque[str] = deque()
         #: each queue's defaults (blueque_queue_config_[queue]), read again at every renewal
         self._queue_defaults: dict[str, dict[str, str]] = {}
-        self._adopted_stops = Stopping()  # adopted runs stopped at a preemption's deadline
 
     @property
     def children(self) -> dict[int, Running]:
@@ -241,11 +231,11 @@ class ListenerDaemon:
             return True
         if self.on_stop == "terminate":
             self.supervisor.stop_all("shutdown")
-            self.recovery.stop_adopted(self.adopted)
+            self.recovery.stop_adopted(self.slots.adopted)
         # adopted runs occupy our slots too: leaving them would end the renewal of their
         # lease, and another node would run their tasks again beside them; a sweep empties
-        # self.adopted once their processes are gone and records them
-        return not self.children and not self.unrecorded and not self.adopted
+        # slots.adopted once their processes are gone and records them
+        return not self.children and not self.unrecorded and not self.slots.adopted
 
     def _finish(self) -> None:
         try:
@@ -292,9 +282,10 @@ class ListenerDaemon:
         if current >= self._next_sweep:
             self._sweep()
             self._next_sweep = current + self.interval
-        if supervisor.ended_pids:
-            self.store.forget_runs(self.node, supervisor.ended_pids)
-            supervisor.ended_pids = []
+        recorder = supervisor.recorder
+        if recorder.ended_pids:
+            self.store.forget_runs(self.node, recorder.ended_pids)
+            recorder.ended_pids = []
         if current >= self._next_due:
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
@@ -345,28 +336,18 @@ class ListenerDaemon:
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
         if self.task_logs is not None:  # a quiet running attempt's file is not an old one
             self.task_logs.clean(running=self.supervisor.running_paths())
-        if set(report.adopted_runs) != set(self.adopted):
+        if self.slots.take(report):
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
-                     self.id, len(report.adopted_runs))
-        self.adopted = dict(report.adopted_runs)
-        self.fenced = dict(report.fenced_runs)
+                     self.id, len(self.slots.adopted))
         if self.metrics:
             self.metrics.swept(report)
 
     def busy(self) -> int:
         """Slots in use: our children, the runs we adopted, the fenced runs we are stopping."""
-        return len(self.children) + len(self.adopted) + len(self.fenced)
-
-    def _free_slots(self) -> int:
-        # an adopted or fenced run frees its slot when its process ends (no need to wait
-        # for a sweep)
-        self.adopted = {t: run for t, run in self.adopted.items() if process_alive(*run)}
-        self.fenced = {pid: created for pid, created in self.fenced.items()
-                       if process_alive(pid, created)}
-        return self.concurrency - self.busy()
+        return self.slots.busy(len(self.children))
 
     def _fill_slots(self) -> None:
-        while self._free_slots() > 0 and not self.stopping:
+        while self.slots.free(len(self.children)) > 0 and not self.stopping:
             moved = self._reserve()
             if moved is None:
                 return
@@ -395,7 +376,8 @@ class ListenerDaemon:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
         working while it is down."""
         if self.preemption.due():
-            self._stop_preempted()
+            self.preemption.enforce(lambda: self.supervisor.stop_all("preempted"),
+                                    [pid for pid, _ in self.slots.adopted.values()])
         self.supervisor.enforce_limits()
 
     # --- preemption (PROTOCOL.md 6.3) ------------------------------------------------------
@@ -406,31 +388,16 @@ class ListenerDaemon:
 
     def preempt(self, deadline: float, why: str) -> None:
         """This node goes away at ``deadline`` (Unix s): take no more tasks, tell every task
-        process (a frame with the deadline, then SIGUSR1) so that it saves and stops; its
-        groups are terminated at the deadline. An earlier deadline replaces a later one."""
-        if not self.preemption.take(deadline):
-            return
-        self.membership.info["preempting_until"] = repr(deadline)
-        self._next_renew = 0.0  # blueque status shows it from our next step on
-        told = self.supervisor.notify({"preempt": deadline}, signal.SIGUSR1)
-        for pid, _ in self.adopted.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)
-        log.warning("listener %s: node %s goes away in %s (%s): taking no more tasks; told "
-                    "%d task(s)", self.id, self.node_name,
-                    format_seconds(max(0.0, deadline - now())), why, told + len(self.adopted),
-                    extra={"event": "preempted", "deadline": deadline})
-
-    def _stop_preempted(self) -> None:
-        """The deadline has come: SIGTERM the groups still running (then SIGKILL after their
-        kill_grace, as for any stop); their tasks go back to pending (endings.decide)."""
-        self.supervisor.stop_all("preempted")
-        for pid, _ in self.adopted.values():
-            self._adopted_stops.step(pid, pid, Policy().kill_grace, "preempted")
+        process so that it saves and stops; its groups are terminated at the deadline. An
+        earlier deadline replaces a later one (PROTOCOL.md 6.3)."""
+        if self.preemption.announce(deadline, why, self.supervisor.notify,
+                                    [pid for pid, _ in self.slots.adopted.values()]):
+            self.membership.info["preempting_until"] = repr(deadline)
+            self._next_renew = 0.0  # blueque status shows it from our next step on
 
     def _preempted_and_done(self) -> bool:
         return (self.preemption.deadline is not None and not self.children
-                and not self.unrecorded and self._free_slots() == self.concurrency)
+                and not self.unrecorded and self.slots.free(0) == self.concurrency)
 
     # --- waiting ----------------------------------------------------------------------------
     def _wait(self, timeout: float) -> None:

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from blueque.display import format_seconds
+from blueque.policy import Policy
+from blueque.process import Stopping
 from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 
@@ -101,6 +105,7 @@ class NodePreemption:
         self.signalled = False  # SIGUSR1 arrived
         self.heard = True  # read blueque_preempt_[node name] at the next look
         self._seen = ""  # requested_at of the request acted on (or found stale)
+        self._stopping = Stopping()  # adopted runs stopped at the deadline
 
     def news(self) -> tuple[float, str] | None:
         """A deadline to act on, with why, or None."""
@@ -138,3 +143,28 @@ class NodePreemption:
 
     def due(self) -> bool:
         return self.deadline is not None and self.clock() >= self.at
+
+    def announce(self, deadline: float, why: str, notify: Callable[[dict[str, Any], int], int],
+                 adopted: Iterable[int]) -> bool:
+        """This node goes away at ``deadline`` (Unix s): tell every task process of ours (a
+        frame with the deadline, then SIGUSR1, through ``notify``) and the adopted runs
+        (SIGUSR1 alone), so that they save and stop. False if an earlier deadline stands."""
+        if not self.take(deadline):
+            return False
+        told = notify({"preempt": deadline}, signal.SIGUSR1)
+        for pid in adopted:
+            told += 1
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)
+        log.warning("listener %s: node %s goes away in %s (%s): taking no more tasks; told "
+                    "%d task(s)", self.listener, self.node_name,
+                    format_seconds(max(0.0, deadline - now())), why, told,
+                    extra={"event": "preempted", "deadline": deadline})
+        return True
+
+    def enforce(self, stop_all: Callable[[], None], adopted: Iterable[int]) -> None:
+        """The deadline has come: SIGTERM the groups still running (then SIGKILL after their
+        grace, as for any stop); their tasks go back to pending (endings.decide)."""
+        stop_all()
+        for pid in adopted:
+            self._stopping.step(pid, pid, Policy().kill_grace, "preempted")

@@ -4,18 +4,21 @@ reported, or what its exit says; by the one rule of blueque.endings, fenced by a
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable
 
 from blueque import failpoints
 from blueque import keys as k
 from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
+from blueque.display import format_seconds
 from blueque.endings import Ending, decide
-from blueque.errors import InvalidTaskState
+from blueque.errors import InvalidTaskState, RedisUnavailable
+from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
-from blueque.runs import ENDING_FIELDS, Running
+from blueque.runs import ENDING_FIELDS, Running, describe_ending, describe_exit
 from blueque.store import RedisStore, now
-from blueque.tasklog import TaskLogSettings, ship_reported
+from blueque.tasklog import TaskLogSettings, ship_reported, ship_rest
 
 log = logging.getLogger("blueque.daemon")
 
@@ -31,6 +34,67 @@ class Recorder:
         self.store, self.listener, self.node = store, listener, node
         self.clock, self.rng, self.defaults = clock, rng, defaults
         self.task_logs: TaskLogSettings | None = None
+        self.metrics: ListenerMetrics | None = None
+        self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
+        self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
+
+    def settle(self, pid: int, status: int, running: Running, duration: float) -> None:
+        """A reaped child: record its ending unless already done, count it, log it."""
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        running.exit_code = code
+        if running.recorded is None and running.state != "refused":
+            if running.report is None:
+                self.ended_pids.append(str(pid))
+                if self.task_logs is not None and code != EXIT_NOT_STARTED:
+                    # it died without reporting: the listener ships the end of its output
+                    ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
+                              running.task_id, running.attempt, running.policy.result_ttl_ms())
+            # an outcome it reported is recorded as reported; any other ending is checked
+            # against the task, exit codes 0 and 3 included (a task function may call
+            # os._exit itself): _record reads first
+            self.unrecorded.append((running, describe_exit(status, running.reason,
+                                                           running.time_limit)))
+            self.record_unrecorded()
+        elif running.state == "refused":
+            self.ended_pids.append(str(pid))
+        if self.metrics and running.state != "refused":
+            self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
+        self._log_end(pid, running, code, duration)
+
+    def _log_end(self, pid: int, running: Running, code: int | None, duration: float) -> None:
+        never_ran = running.state in ("refused", "starting")
+        process = ("not started" if never_ran or code == EXIT_NOT_STARTED
+                   else "reported" if running.report is not None else "died")
+        took = format_seconds(duration)
+        what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
+                else describe_ending(running.ending, running.attempt, took))
+        if running.state == "refused":
+            what = "not started: the stamp refused it"
+        log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
+                 running.queue, running.attempt, what, pid, process, self.node, extra={
+                     "task_id": running.task_id, "queue": running.queue, "pid": pid,
+                     "attempt": running.attempt, "node": self.node,
+                     "duration": round(duration, 6), "event": "ended", "outcome": process,
+                     "ending": what})
+
+    def record_unrecorded(self) -> None:
+        """Record endings of children that are gone: the outcome a child reported, or what
+        its exit status says; kept until Redis accepts them."""
+        while self.unrecorded:
+            running, error = self.unrecorded[0]
+            try:
+                if running.report is not None:
+                    self.record_report(running)
+                elif running.state == "starting":
+                    self.put_back(running)
+                else:
+                    self.record_exit(running, error)
+            except RedisUnavailable:
+                return
+            except InvalidTaskState as refused:
+                # recovered or cancelled between our read and our finish: its new state stands
+                log.warning("task %s: ending not recorded: %s", running.task_id, refused)
+            self.unrecorded.pop(0)
 
     def record_report(self, running: Running) -> None:
         """Record the outcome a child reported (finish, fenced by its attempt), after the

@@ -18,22 +18,20 @@ from typing import Any
 from blueque import failpoints
 from blueque import keys as k
 from blueque.child import (
-    EXIT_NOT_STARTED,
     Assignment,
     TaskFunction,
     run_reporting_child,
 )
-from blueque.display import format_seconds
 from blueque.endings import Stopped
-from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable
+from blueque.errors import BluequeError, RedisUnavailable
 from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time
 from blueque.recorder import Recorder
 from blueque.reporting import ChildChannel
-from blueque.runs import Running, describe_ending, describe_exit
+from blueque.runs import Running
 from blueque.store import RedisStore, now
-from blueque.tasklog import TaskLogSettings, ship_rest
+from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
@@ -64,11 +62,24 @@ class Supervisor:
         self.rng = rng
         self.defaults = defaults  # a queue's defaults, as the listener caches them
         self.children: dict[int, Running] = {}
-        self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
-        self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
         self.stopping = Stopping()
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, defaults)
-        self.metrics: ListenerMetrics | None = None
+
+    @property
+    def unrecorded(self) -> list[tuple[Running, str]]:
+        """Endings of children gone, still to be recorded (Redis was away)."""
+        return self.recorder.unrecorded
+
+    @property
+    def metrics(self) -> ListenerMetrics | None:
+        return self.recorder.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: ListenerMetrics | None) -> None:
+        self.recorder.metrics = metrics
+
+    def record_unrecorded(self) -> None:
+        self.recorder.record_unrecorded()
 
     @property
     def task_logs(self) -> TaskLogSettings | None:
@@ -216,65 +227,7 @@ class Supervisor:
             if running.channel is not None:
                 running.channel.close()
             self.stopping.forget(pid)  # a group we stopped: its grandchildren too
-            self._settle(pid, status, running)
-
-    def _settle(self, pid: int, status: int, running: Running) -> None:
-        duration = self.clock() - running.started
-        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-        running.exit_code = code
-        if running.recorded is None and running.state != "refused":
-            if running.report is None:
-                self.ended_pids.append(str(pid))
-                if self.task_logs is not None and code != EXIT_NOT_STARTED:
-                    # it died without reporting: the listener ships the end of its output
-                    ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
-                              running.task_id, running.attempt, running.policy.result_ttl_ms())
-            # an outcome it reported is recorded as reported; any other ending is checked
-            # against the task, exit codes 0 and 3 included (a task function may call
-            # os._exit itself): _record reads first
-            self.unrecorded.append((running, describe_exit(status, running.reason,
-                                                           running.time_limit)))
-            self.record_unrecorded()
-        elif running.state == "refused":
-            self.ended_pids.append(str(pid))
-        if self.metrics and running.state != "refused":
-            self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
-        self._log_end(pid, running, code, duration)
-
-    def _log_end(self, pid: int, running: Running, code: int | None, duration: float) -> None:
-        never_ran = running.state in ("refused", "starting")
-        process = ("not started" if never_ran or code == EXIT_NOT_STARTED
-                   else "reported" if running.report is not None else "died")
-        took = format_seconds(duration)
-        what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
-                else describe_ending(running.ending, running.attempt, took))
-        if running.state == "refused":
-            what = "not started: the stamp refused it"
-        log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
-                 running.queue, running.attempt, what, pid, process, self.owner.node, extra={
-                     "task_id": running.task_id, "queue": running.queue, "pid": pid,
-                     "attempt": running.attempt, "node": self.owner.node,
-                     "duration": round(duration, 6), "event": "ended", "outcome": process,
-                     "ending": what})
-
-    def record_unrecorded(self) -> None:
-        """Record endings of children that are gone: the outcome a child reported, or what
-        its exit status says; kept until Redis accepts them."""
-        while self.unrecorded:
-            running, error = self.unrecorded[0]
-            try:
-                if running.report is not None:
-                    self.recorder.record_report(running)
-                elif running.state == "starting":
-                    self.recorder.put_back(running)
-                else:
-                    self.recorder.record_exit(running, error)
-            except RedisUnavailable:
-                return
-            except InvalidTaskState as refused:
-                # recovered or cancelled between our read and our finish: its new state stands
-                log.warning("task %s: ending not recorded: %s", running.task_id, refused)
-            self.unrecorded.pop(0)
+            self.recorder.settle(pid, status, running, self.clock() - running.started)
 
     # --- stopping ---------------------------------------------------------------------------
     def stop(self, running: Running, reason: Stopped) -> None:
