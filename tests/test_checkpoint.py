@@ -25,7 +25,7 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.store import CHECKPOINT_KEEP, CHECKPOINT_MAX_BYTES
 from blueque.task import CheckpointInfo
-from tests.test_cli import cli, cli_json
+from tests.test_cli import cli
 
 K = Keys()
 MIB = 1024 * 1024
@@ -282,11 +282,12 @@ def test_show_prints_the_checkpoints_size_time_and_attempt(client: blueque.Clien
     line = shown.stdout.splitlines()[-1]
     assert line.startswith("checkpoint: 2.0 KiB saved " + saved) and "by attempt 1" in line
     assert "xxxx" not in shown.stdout  # the state itself is not printed
-    assert cli_json(redis_url, "show", task.id)["checkpoint"] == {
+    assert json.loads(cli(redis_url, "show", task.id, "--json").stdout)["checkpoint"] == {
         "size": len(state), "saved_at": info.saved_at, "attempt": 1}
     printed = cli(redis_url, "show", task.id, "--checkpoint")
     assert (printed.returncode, printed.stdout) == (0, state + "\n")
-    assert cli_json(redis_url, "show", task.id, "--checkpoint")["state"] == state
+    assert json.loads(cli(redis_url, "show", task.id, "--checkpoint", "--json").stdout)[
+        "state"] == state
 
     plain = client.get_queue("q").enqueue("p")
     assert cli(redis_url, "show", plain).stdout.splitlines()[-1] == "checkpoint: none"
