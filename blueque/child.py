@@ -337,9 +337,11 @@ def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFu
                      task_logs: TaskLogSettings | None) -> int:
     """The listener died between the fork and its word. If its stamp made the task started
     by this very process, run it as an orphan (the node's next listener adopts it); else
-    nothing was recorded for this process: leave, and recovery puts the task back."""
+    nothing was recorded for this process: leave, and recovery puts the task back. The read
+    waits for Redis a lease at most: a process no record names must not linger beside the
+    runs of the node's next listener, which cannot count it in its slots."""
     try:
-        data = store.task_data(assignment.task_id)
+        data = store.bounded(assignment.patience).task_data(assignment.task_id)
     except BluequeError as error:
         log.error("task %s: its listener is gone and its state cannot be read (%s); not "
                   "running it", assignment.task_id, error)

@@ -238,6 +238,7 @@ class ListenerDaemon:
         return not self.children and not self.unrecorded and not self.slots.adopted
 
     def _finish(self) -> None:
+        self.supervisor.let_go()
         try:
             if self.children:
                 log.info("listener %s exiting; %d task(s) keep running and will be adopted by "

@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,4 +324,17 @@ class Supervisor:
         for running in self.children.values():
             if running.channel is not None:
                 running.channel.close()
+
+    def let_go(self, patience: float = 1.0) -> None:
+        """Before the listener leaves its children to the next one: those still waiting for
+        their word (a stamp Redis did not answer) are told to stop and given ``patience``
+        seconds to go, so that none lingers where the next listener cannot count it; their
+        tasks, still in our reserved list, are put back by recovery."""
+        waiting = [r for r in self.children.values() if r.state == "starting"]
+        for running in waiting:
+            self.tell(running, {"stop": "its listener is leaving"})
+        deadline = self.clock() + patience
+        while any(r.pid in self.children for r in waiting) and self.clock() < deadline:
+            self.reap()
+            time.sleep(0.01)
 

@@ -1,0 +1,75 @@
+"""ARCHITECTURE.md's layers are the package's: every module imports only from its own layer or
+the ones under it, and every module is in a layer (issue 14: one rule in one place, imports
+that flow one way)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "blueque"
+
+
+def layers() -> dict[str, int]:
+    """Module -> its layer (0 = the bottom), from the table under "## Layers" (top first)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| layer", "| ---"))]
+    found: dict[str, int] = {}
+    for height, row in enumerate(reversed(rows)):
+        for module in re.findall(r"`([a-z_]+)`", row.split("|")[2]):
+            assert module not in found, f"{module} is in two layers"
+            found[module] = height
+    return found
+
+
+def top(dotted: str) -> str:
+    """blueque.store.core -> store; blueque -> blueque (the package itself)."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "blueque"
+
+
+def imported(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "blueque":
+                modules |= {alias.name for alias in node.names}
+            elif node.module.startswith("blueque."):
+                modules.add(top(node.module))
+        elif isinstance(node, ast.Import):
+            modules |= {top(alias.name) for alias in node.names
+                        if alias.name.split(".")[0] == "blueque"}
+    return modules
+
+
+def test_every_module_is_in_a_layer() -> None:
+    known = layers()
+    modules = {path.stem if path.parent == PACKAGE else path.relative_to(PACKAGE).parts[0]
+               for path in PACKAGE.rglob("*.py")}
+    modules = {"blueque" if module == "__init__" else module for module in modules}
+    assert modules - set(known) == set(), "modules ARCHITECTURE.md does not place"
+    assert set(known) - modules == set(), "ARCHITECTURE.md names modules that do not exist"
+
+
+def test_imports_flow_one_way() -> None:
+    known = layers()
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        me = "blueque" if relative.parts == ("__init__.py",) else (
+            relative.parts[0].removesuffix(".py"))
+        for other in imported(path) & set(known):
+            if known[other] > known[me]:
+                upward.append(f"{relative} ({me}) imports {other}")
+    assert upward == [], "imports that flow upwards"
+
+
+def test_the_check_sees_imports() -> None:
+    """Not vacuous: the daemon is found importing the store, the CLI the daemon."""
+    assert "store" in imported(PACKAGE / "daemon.py")
+    assert "daemon" in imported(PACKAGE / "cli" / "listen.py")
+    assert layers()["cli"] > layers()["daemon"] > layers()["store"] > layers()["keys"]
