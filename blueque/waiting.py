@@ -100,7 +100,7 @@ def _drain(subscription: Subscription, wait: float) -> list[str]:
     told: list[str] = []
     message = subscription.get_message(timeout=max(0.0, wait))
     while message is not None:
-        if message.get("type") == "message":
-            told.append(str(message["data"]))
+        if not message.missed:  # missed messages: the next full poll reads everything
+            told.append(message.data)
         message = subscription.get_message(timeout=0)
     return told
