@@ -45,7 +45,7 @@ BATCH_EVERY = 0.02
 def counting(thread: threading.Thread) -> Iterator[list[int]]:
     """Counts the requests ``thread`` sends while the block runs (one per packed send)."""
     count = [0]
-    original = redis.connection.AbstractConnection.send_packed_command
+    original: Callable[..., None] = redis.connection.AbstractConnection.send_packed_command
 
     def send(self: Any, command: Any, check_health: bool = True) -> None:
         if threading.current_thread() is thread:
