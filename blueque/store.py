@@ -238,6 +238,13 @@ class Message:
 
 
 MISSED = Message("", "", missed=True)
+#: What redis-py lets through, instead of a ConnectionError, when another thread closes a
+#: pub/sub connection under a reader (a client closed while its subscriber thread reads).
+CLOSED_UNDER_US = (OSError, TypeError, AttributeError, ValueError)
+
+
+def lost_connection(error: Exception) -> redis.exceptions.ConnectionError:
+    return redis.exceptions.ConnectionError(f"connection closed under the reader ({error!r})")
 
 
 def published(raw: dict[str, Any], count: int) -> tuple[Message | None, bool]:
@@ -254,15 +261,18 @@ class Subscription:
     """A pub/sub subscription to ``channels`` that outlives its connection (RedisStore.subscribe).
 
     ``get_message(timeout)`` returns the next Message, or None once ``timeout`` seconds passed
-    without one. The first call subscribes and waits for Redis to confirm every channel (at
-    most CONFIRM_WAIT), so nothing published after it is missed. A lost connection (a
-    restart, a failover) is subscribed again on a new one, after a backoff while Redis stays
-    away (RESUBSCRIBE_BACKOFF); once it is, ``get_message`` returns MISSED (``missed``): what
+    without one (or at once when it has just lost its connection, so a caller's loop can
+    check whether it should stop). The first call subscribes and waits for Redis to confirm
+    every channel (at most CONFIRM_WAIT), so nothing published after it is missed. A lost
+    connection (a restart, a failover) is subscribed again on a new one at a later call,
+    after a backoff while Redis stays away (RESUBSCRIBE_BACKOFF); once it is, ``get_message``
+    returns MISSED (``missed``): what
     was published in between is lost. With ``keepalive`` (seconds), a connection silent that
     long gets a PING, and one that does not answer within another ``keepalive`` is taken for
     dropped (a NAT or load balancer may drop an idle connection without a word) and
-    subscribed again on a new one. An error that is not transient is raised as a Blueque
-    error (the connection is closed; a later call subscribes again after the backoff).
+    subscribed again on a new one; so is a connection closed under it by another thread. An
+    error that is not transient is raised as a Blueque error (the connection is closed; a
+    later call subscribes again after the backoff).
     ``close()`` unsubscribes and gives the connection back."""
 
     def __init__(self, store: RedisStore, channels: Sequence[str],
@@ -280,14 +290,16 @@ class Subscription:
 
     def get_message(self, timeout: float) -> Message | None:
         deadline = time.monotonic() + max(0.0, timeout)
-        while True:
-            try:
-                if self._pubsub is None and not self._subscribe(deadline):
-                    return None
-                return self._heard.pop(0) if self._heard else self._next(deadline)
-            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException
-                    ) as error:
-                self._lost(error)
+        try:
+            if self._pubsub is None and not self._subscribe(deadline):
+                return None
+            return self._heard.pop(0) if self._heard else self._next(deadline)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException
+                ) as error:
+            self._lost(error)
+        except CLOSED_UNDER_US as error:
+            self._lost(lost_connection(error))
+        return None
 
     def _subscribe(self, deadline: float) -> bool:
         """Subscribe on a new connection, unless the backoff says not before ``deadline``."""

@@ -78,6 +78,33 @@ def test_a_subscription_outlives_a_redis_restart_and_says_what_it_missed(
         client.close()
 
 
+def test_a_connection_closed_under_it_is_subscribed_again(
+        redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client closed (its pool disconnected) while its subscriber thread reads. Between
+    two reads redis-py reconnects and subscribes again by itself; in the middle of one it
+    lets through what the closed socket raises (with hiredis, a TypeError): either way the
+    subscription says MISSED and goes on, never raising."""
+    client = blueque.Client(redis_url)
+    subscription = client.store.subscribe(["closing"])
+    try:
+        assert subscription.get_message(timeout=0) is None
+        client.redis.connection_pool.disconnect()
+        assert next_message(subscription) is MISSED
+        redis_client.publish("closing", "still heard")
+        assert next_message(subscription) == Message("closing", "still heard")
+
+        def closed_mid_read(**_: object) -> None:  # what hiredis raised in the daemon's thread
+            raise TypeError("argument must be an int, or have a fileno() method.")
+
+        monkeypatch.setattr(subscription._pubsub, "get_message", closed_mid_read)
+        assert next_message(subscription) is MISSED  # on a new connection
+        redis_client.publish("closing", "heard again")
+        assert next_message(subscription) == Message("closing", "heard again")
+    finally:
+        subscription.close()
+        client.close()
+
+
 def test_keepalive_notices_a_connection_dropped_without_a_word(server: RedisServer) -> None:
     """A NAT or load balancer forgets an idle connection: nothing arrives, nothing closes.
     With a keepalive the subscription PINGs after that much silence and, with no PONG within

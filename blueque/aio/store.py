@@ -33,6 +33,7 @@ from blueque import keys as k
 from blueque import protocol
 from blueque.retry import NoRetry, backoff_delays, is_transient
 from blueque.store import (
+    CLOSED_UNDER_US,
     CONFIRM_WAIT,
     MISSED,
     RESUBSCRIBE_BACKOFF,
@@ -41,6 +42,7 @@ from blueque.store import (
     check_version,
     describe,
     load_script,
+    lost_connection,
     published,
     translate,
 )
@@ -217,10 +219,11 @@ class Pipeliner:
 
 class AsyncSubscription:
     """blueque.store.Subscription, awaited (without its keepalive): ``get_message(timeout)``
-    returns the next Message, or None once ``timeout`` seconds passed without one. The first
-    call subscribes and waits for Redis to confirm every channel (at most CONFIRM_WAIT); a
-    lost connection is subscribed again after a backoff while Redis stays away, and then
-    ``get_message`` returns MISSED (what was published in between is lost). Cancelling a
+    returns the next Message, or None once ``timeout`` seconds passed without one (at once
+    after a lost connection). The first call subscribes and waits for Redis to confirm every
+    channel (at most CONFIRM_WAIT); a lost connection is subscribed again at a later call,
+    after a backoff while Redis stays away, and then ``get_message`` returns MISSED (what was
+    published in between is lost). Cancelling a
     caller leaves the connection to redis-py, which disconnects it; ``close()`` (in the
     caller's ``finally``) gives it back."""
 
@@ -235,13 +238,15 @@ class AsyncSubscription:
 
     async def get_message(self, timeout: float) -> Message | None:
         deadline = time.monotonic() + max(0.0, timeout)
-        while True:
-            try:
-                if self._pubsub is None and not await self._subscribe(deadline):
-                    return None
-                return self._heard.pop(0) if self._heard else await self._next(deadline)
-            except _REDIS_ERRORS as error:
-                await self._lost(error)
+        try:
+            if self._pubsub is None and not await self._subscribe(deadline):
+                return None
+            return self._heard.pop(0) if self._heard else await self._next(deadline)
+        except _REDIS_ERRORS as error:
+            await self._lost(error)
+        except CLOSED_UNDER_US as error:
+            await self._lost(lost_connection(error))
+        return None
 
     async def _subscribe(self, deadline: float) -> bool:
         wait = self._retry_at - time.monotonic()
