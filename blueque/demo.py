@@ -24,7 +24,7 @@ import blueque
 from blueque import keys as k
 from blueque.client import Client
 from blueque.config import URL_ENVIRONMENT_VARIABLE, default_url
-from blueque.display import ProgressBar, last_line, shorten, table
+from blueque.display import last_line, shorten, table
 from blueque.errors import BluequeError
 from blueque.private_redis import RedisServer
 from blueque.waiting import WaitResult, wait_all
@@ -145,16 +145,7 @@ def _exercise(client: Client, queue_name: str, processes: Processes, out: TextIO
            lambda: client.get_task(long_id).status == k.STARTED, processes, TIMEOUT)
     outcome = client.cancel_task(long_id, "demo")
     print(f"cancelling the long task {long_id} while it runs: {outcome}", file=out)
-    bar = ProgressBar(len(ids) + 1, err)
-
-    def update(result: WaitResult) -> None:
-        processes.check()
-        bar.update(len(result.finished()), len(result.failed()))
-
-    try:
-        result = wait_all(client, [*ids, long_id], TIMEOUT, update)
-    finally:
-        bar.close()
+    result = wait_all(client, [*ids, long_id], TIMEOUT, lambda _: processes.check(), show=err)
     return _summary(result, ids, long_id, out)
 
 

@@ -1,4 +1,4 @@
-"""What the operator CLI shows people: tables, times, durations, and a progress bar."""
+"""What the operator CLI shows people: tables, times, durations, and a progress line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TextIO
 
@@ -164,60 +164,49 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-class ProgressBar:
-    """``[#########.........] 12/40 finished, 1 failed, 00:12`` on a stream (stderr).
+def bar(fraction: float, width: int = 30) -> str:
+    """``[###############...............]`` for 0.5: ``fraction`` (clamped to 0..1) of
+    ``width``."""
+    filled = int(width * min(1.0, max(0.0, fraction)))
+    return f"[{'#' * filled}{'.' * (width - filled)}]"
 
-    On a terminal the line is redrawn in place; elsewhere a line is written whenever the
-    counts change."""
 
-    def __init__(self, total: int, stream: TextIO, width: int = 30) -> None:
-        self.total = total
+class ProgressLine:
+    """One line of progress on a stream (stderr), the one renderer of everything that waits.
+
+    On a terminal each ``update`` redraws the line in place and ``close`` ends it. Elsewhere
+    nothing is drawn unless the caller shows progress anyway (``blueque wait --progress
+    always``, Spark's ``wait_for_tasks``): then a line is written at most every ``every``
+    seconds, and the last one at ``close``, so a log stays readable."""
+
+    def __init__(self, stream: TextIO, every: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream
-        self.width = width
-        self.started = time.monotonic()
+        self.every = every
         self.tty = stream.isatty()
-        self._last: tuple[int, int] | None = None
+        self._clock = clock
+        self._line: str | None = None  # the newest
+        self._written: str | None = None  # the last written off a terminal
+        self._written_at = -math.inf
 
-    def update(self, finished: int, failed: int) -> None:
-        if (finished, failed) == self._last and not self.tty:
-            return
-        self._last = (finished, failed)
-        filled = self.width * finished // max(1, self.total)
-        elapsed = int(time.monotonic() - self.started)
-        line = (
-            f"[{'#' * filled}{'.' * (self.width - filled)}] {finished}/{self.total} finished, "
-            f"{failed} failed, {elapsed // 60:02d}:{elapsed % 60:02d}"
-        )
-        self.stream.write(("\r" + line) if self.tty else (line + "\n"))
-        self.stream.flush()
+    def update(self, line: str) -> None:
+        self._line = line
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)  # clear the line: lines differ in length
+            self.stream.flush()
+        elif self._clock() - self._written_at >= self.every:
+            self._write(line)
 
     def close(self) -> None:
+        if self._line is None:
+            return
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+        elif self._line != self._written:
+            self._write(self._line)
 
-
-class TaskProgress:
-    """``[###########.........]  55% half way, 3m10s`` for one task on a terminal: its own
-    progress fraction and message, redrawn in place."""
-
-    def __init__(self, stream: TextIO, width: int = 30) -> None:
-        self.stream = stream
-        self.width = width
-        self.started = time.monotonic()
-
-    def update(self, data: dict[str, str]) -> None:
-        try:
-            fraction = min(1.0, max(0.0, float(data.get("progress") or 0.0)))
-        except ValueError:
-            fraction = 0.0
-        filled = int(self.width * fraction)
-        message = shorten(data.get("progress_message") or data.get("status") or "", 40)
-        line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {fraction * 100:3.0f}% "
-                f"{message}, {format_seconds(time.monotonic() - self.started)}")
-        self.stream.write("\r\x1b[2K" + line)  # clear the line: messages differ in length
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write("\n")
+    def _write(self, line: str) -> None:
+        self._written, self._written_at = line, self._clock()
+        self.stream.write(line + "\n")
         self.stream.flush()

@@ -3,7 +3,6 @@ checkpoint (save_checkpoint, checkpoint)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from blueque.errors import (
     WrongType,
 )
 from blueque.store import RedisStore, now
+from blueque.waiting import WaitResult, drive
 
 
 def _parse(task_id: str, field: str, convert: Callable[[str], Any], raw: str | None) -> Any:
@@ -61,11 +61,6 @@ class CheckpointInfo:
 _UNREAD: Any = object()
 
 
-#: How often a wait re-reads the hash whatever the done channel says (1.0.1 writers do not
-#: publish): the longest a wait listens before it reads again.
-WAIT_REREAD = 1.0
-
-
 class TaskView:
     """All fields of ``blueque_task_[id]`` as last read; every attribute of a missing task is
     None. What blueque.Task and blueque.aio.Task share: they differ only in how they read.
@@ -93,25 +88,13 @@ class TaskView:
     def finished(self) -> bool:
         return self.status in k.FINISHED_STATUSES
 
-    def waited_queue(self) -> str:
-        """The queue whose done channel a wait listens on, after the first read of an
-        unfinished task: TaskNotFound for a missing task, CorruptTask without a queue."""
+    def _waited(self, result: WaitResult, timeout: float | None) -> None:
+        """After a wait for this task: TaskNotFound if it does not exist (or was deleted, or
+        expired, meanwhile), WaitTimeout if ``timeout`` passed before it ended."""
         if not self.exists:
             raise TaskNotFound(self._id)
-        if self.queue is None:
-            raise CorruptTask(f"task {self._id!r} has no queue field; cannot wait for it")
-        return str(self.queue)
-
-    def listen_for(self, timeout: float | None, deadline: float | None) -> float:
-        """After a re-read of an unfinished task: how long a wait may listen on the done
-        channel before reading again; TaskNotFound if the task was deleted (or expired)
-        meanwhile, WaitTimeout once ``deadline`` (time.monotonic) has passed."""
-        if not self.exists:  # deleted (or expired) while we waited
-            raise TaskNotFound(self._id)
-        remaining = WAIT_REREAD if deadline is None else deadline - time.monotonic()
-        if remaining <= 0:
+        if not result.done:
             raise WaitTimeout(f"task {self._id} is still {self.status} after {timeout} s")
-        return min(WAIT_REREAD, remaining)
 
     def _get(self, field: str) -> str | None:
         return self._data.get(field)
@@ -183,10 +166,13 @@ class Task(TaskView):
     def refresh(self) -> Task:
         """Re-read the task hash (one HGETALL); returns self. The checkpoint is read again at
         its next use."""
-        self._data = self._store.task_data(self._id)
+        self._take(self._store.task_data(self._id))
+        return self
+
+    def _take(self, data: dict[str, str]) -> None:
+        self._data = data
         self._note_run()
         self._checkpoint = self._checkpoint_info = _UNREAD
-        return self
 
     def _note_run(self) -> None:
         if self._run is not None or self._get("status") not in (k.RESERVED, k.STARTED):
@@ -197,24 +183,17 @@ class Task(TaskView):
 
     def wait(self, timeout: float | None = None) -> Task:
         """Block until the task is complete or failed; raise WaitTimeout (a TimeoutError)
-        after ``timeout``. A Redis restart or failover shorter than the client's
-        ``retry_deadline`` goes unnoticed; a longer one raises RedisUnavailable.
+        after ``timeout``, TaskNotFound if it does not exist or is deleted meanwhile. A Redis
+        restart or failover shorter than the client's ``retry_deadline`` goes unnoticed; a
+        longer one raises RedisUnavailable.
 
         Listens on blueque_done_[queue] (published by every finish), and re-reads the hash at
-        least once a second, for finishes by writers that do not publish (blueque 1.0.1)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if self.refresh().finished:
-            return self
-        queue = self.waited_queue()
-        # a Subscription rides out a lost connection: the refresh, under the store's retry
-        # policy, decides whether Redis came back in time (else RedisUnavailable)
-        subscription = self._store.subscribe([self._store.keys.done_channel(queue)])
-        try:
-            subscription.get_message(timeout=0)  # subscribe before the first re-read
-            while not self.refresh().finished:
-                subscription.get_message(timeout=self.listen_for(timeout, deadline))
-        finally:
-            subscription.close()
+        least once a second, for finishes by writers that do not publish (blueque 1.0.1): the
+        one wait of blueque.waiting."""
+        result = WaitResult([self._id])
+        drive(self._store, result, lambda ids: [self._store.task_data(i) for i in ids], timeout,
+              on_read=lambda: self._take(result.tasks[self._id]))
+        self._waited(result, timeout)
         return self
 
     # --- the running attempt's checkpoint (blueque_checkpoint_[id], PROTOCOL.md 5.20) -------

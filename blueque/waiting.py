@@ -1,30 +1,188 @@
-"""Wait for many tasks at once: what ``blueque wait`` and the demo use.
+"""Waiting for tasks to end: the one way every wait in Blueque decides what to read and when.
 
-Subscribes to the done channels of the tasks' queues (finish.lua publishes the task id there)
-and re-reads only the tasks it is told about; every second it re-reads every unfinished task
-anyway, for writers that do not publish (blueque 1.0.1) and tasks that expire.
+A wait listens on the done channels of the queues it follows (finish.lua publishes the id of
+every task that ends, PROTOCOL.md 5.6) and re-reads at once what they told it about; at least
+every ``every`` seconds (WAIT_REREAD) it re-reads everything it follows that has not ended,
+for writers that publish nothing (blueque 1.0.1) and tasks that expire, and it re-reads
+everything too when its subscription was lost (what was published meanwhile never arrived).
+It subscribes before a read, never after, so no end goes unseen.
+
+``follow`` is that decision, written once and without I/O: a generator that yields steps
+(Subscribe, Read, Listen) and receives what each Listen heard. ``drive`` runs it with the
+sync store and a Subscription; blueque.aio's Task runs the same steps awaited. What is
+followed, and how to read it, is the caller's: a WaitResult follows task hashes (Task.wait,
+blueque.aio's Task.wait and updates, ``wait_all`` and so ``blueque wait`` and ``enqueue
+--wait``); blueque.spark follows statuses or a queue's counts.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 from blueque import keys as k
-from blueque.client import Client
-from blueque.store import Subscription
+from blueque.display import ProgressLine, bar, format_seconds, shorten
+from blueque.errors import CorruptTask
+from blueque.store import RedisStore, Subscription
 
-#: How often every unfinished task is re-read, whatever the done channels said.
-FULL_POLL = 1.0
+#: The longest a wait listens before it re-reads what it follows, whatever the done
+#: channels said (1.0.1 writers do not publish).
+WAIT_REREAD = 1.0
+
+What = TypeVar("What")
+Reply = TypeVar("Reply")
+Reply_contra = TypeVar("Reply_contra", contravariant=True)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Subscribe:
+    """Subscribe to the done channels of ``queues`` (waiting for Redis to confirm); a full
+    Read follows, so what is heard while subscribing may be dropped."""
+
+    queues: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Read(Generic[What]):
+    """Read ``what`` (the followed object's own description of it) and hand the reply to the
+    followed object's ``took``."""
+
+    what: What
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Listen on the done channels for up to ``seconds`` (sleep, without a subscription).
+    Send back the task ids published meanwhile, or None when messages were missed (the
+    subscription was lost and made again)."""
+
+    seconds: float
+
+
+Step = Subscribe | Read[Any] | Listen
+
+
+class Followed(Protocol[What, Reply_contra]):
+    """What a wait follows: it says what to read and learns from each reply. It does no I/O."""
+
+    @property
+    def done(self) -> bool:
+        """Whether everything followed has ended."""
+
+    def queues(self) -> list[str]:
+        """The queues whose done channels announce its ends (empty while not known)."""
+
+    def to_read(self, told: Sequence[str] | None) -> What | None:
+        """What to read: everything that has not ended (``told`` None), or what the done
+        channels told about; None when there is nothing to read."""
+
+    def took(self, what: What, reply: Reply_contra) -> None:
+        """Learn from the reply to a Read of ``what``."""
+
+
+def follow(followed: Followed[Any, Any], timeout: float | None, every: float = WAIT_REREAD,
+           clock: Callable[[], float] = time.monotonic) -> Generator[Step, Any, None]:
+    """The steps of a wait, until ``followed.done`` or until ``timeout`` seconds have passed
+    (``followed`` then is not done: that is how a caller tells a timeout)."""
+    deadline = math.inf if timeout is None else clock() + timeout
+    queues = followed.queues()
+    if queues:  # known up front: subscribed before the first read
+        yield Subscribe(tuple(queues))
+    yield from _read(followed, None)
+    if not queues and not followed.done:
+        queues = followed.queues()  # learned from the first read
+        if queues:
+            yield Subscribe(tuple(queues))
+            yield from _read(followed, None)  # an end between the first read and SUBSCRIBE
+    next_full = clock() + every
+    while not followed.done:
+        current = clock()
+        if current >= deadline:
+            return
+        told: Sequence[str] | None = None
+        if current < next_full:
+            told = yield Listen(min(next_full, deadline) - current)
+            if told is not None and not told:
+                continue
+        yield from _read(followed, told)
+        if told is None:
+            next_full = clock() + every
+
+
+def _read(followed: Followed[Any, Any], told: Sequence[str] | None
+          ) -> Generator[Step, Any, None]:
+    what = followed.to_read(told)
+    if what is not None:
+        yield Read(what)
+
+
+def drive(store: RedisStore, followed: Followed[What, Reply], read: Callable[[What], Reply],
+          timeout: float | None, every: float = WAIT_REREAD,
+          on_read: Callable[[], object] | None = None) -> None:
+    """Run ``follow`` with the sync store: each Read through ``read`` (a store method, so a
+    Redis outage shorter than the client's ``retry_deadline`` goes unnoticed and a longer one
+    raises RedisUnavailable), then ``on_read()``; each Listen on a Subscription to the done
+    channels, closed at the end."""
+    steps = follow(followed, timeout, every)
+    subscription: Subscription | None = None
+    heard: list[str] | None = None
+    try:
+        while (step := next_step(steps, heard)) is not None:
+            heard = None
+            if isinstance(step, Read):
+                followed.took(step.what, read(step.what))
+                if on_read is not None:
+                    on_read()
+            elif isinstance(step, Listen):
+                heard = listen(subscription, step.seconds)
+            else:
+                subscription = store.subscribe(
+                    [store.keys.done_channel(queue) for queue in step.queues])
+                subscription.get_message(timeout=0)  # subscribed, and confirmed
+    finally:
+        steps.close()
+        if subscription is not None:
+            subscription.close()
+
+
+def next_step(steps: Generator[Step, Any, None], heard: list[str] | None) -> Step | None:
+    """The step after the last one (to which ``heard`` is the reply), or None at the end."""
+    try:
+        return steps.send(heard)
+    except StopIteration:
+        return None
+
+
+def listen(subscription: Subscription | None, seconds: float) -> list[str] | None:
+    """A Listen step: the ids published within ``seconds`` (returns at the first, with any
+    already queued behind it), or None when messages were missed."""
+    if subscription is None:
+        time.sleep(seconds)
+        return []
+    told: list[str] = []
+    message = subscription.get_message(timeout=seconds)
+    while message is not None:
+        if message.missed:
+            return None
+        told.append(message.data)
+        message = subscription.get_message(timeout=0)
+    return told
+
+
 class WaitResult:
-    """Every task's last read hash ({} when the hash no longer exists)."""
+    """A wait for task hashes, followed (Followed[list[str], list[dict[str, str]]]) and then
+    its result: ``tasks``, every task's last read hash ({} when it does not exist), and
+    ``timed_out``. A task that does not exist has ended, as far as the wait goes; one that has
+    not ended and has no queue field raises CorruptTask (no done channel to listen on)."""
 
-    tasks: dict[str, dict[str, str]] = field(default_factory=dict)
-    timed_out: bool = False
+    def __init__(self, task_ids: Iterable[str]) -> None:
+        self.tasks: dict[str, dict[str, str]] = {task_id: {} for task_id in task_ids}
+        self.timed_out = False
+        self._unread = set(self.tasks)
+        self._open = set(self.tasks)  # not read yet, or existing and not finished
 
     def finished(self) -> list[str]:
         return [i for i, d in self.tasks.items() if d.get("status") in k.FINISHED_STATUSES]
@@ -33,74 +191,99 @@ class WaitResult:
         return [i for i, d in self.tasks.items() if d.get("status") == k.FAILED]
 
     def missing(self) -> list[str]:
-        return [i for i, d in self.tasks.items() if not d]
+        return [i for i, d in self.tasks.items() if not d and i not in self._unread]
 
     @property
     def done(self) -> bool:
-        return all(d.get("status") in k.FINISHED_STATUSES or not d for d in self.tasks.values())
+        return not self._open
+
+    def queues(self) -> list[str]:
+        if self._unread:
+            return []
+        queues = set()
+        for task_id in self._open:
+            queue = self.tasks[task_id].get("queue")
+            if not queue:
+                raise CorruptTask(f"task {task_id!r} has no queue field; cannot wait for it")
+            queues.add(queue)
+        return sorted(queues)
+
+    def to_read(self, told: Sequence[str] | None) -> list[str] | None:
+        ids = self.tasks if told is None else dict.fromkeys(told)
+        return [i for i in ids if i in self._open] or None
+
+    def took(self, what: list[str], reply: list[dict[str, str]]) -> None:
+        for task_id, data in zip(what, reply, strict=True):
+            self.tasks[task_id] = data
+            self._unread.discard(task_id)
+            if not data or data.get("status") in k.FINISHED_STATUSES:
+                self._open.discard(task_id)
+
+
+class HasStore(Protocol):
+    @property
+    def store(self) -> RedisStore: ...
 
 
 def wait_all(
-    client: Client,
+    client: HasStore,
     task_ids: Sequence[str],
     timeout: float | None = None,
-    on_update: Callable[[WaitResult], None] | None = None,
-    refresh: float | None = None,
+    on_update: Callable[[WaitResult], object] | None = None,
+    *,
+    show: TextIO | None = None,
 ) -> WaitResult:
     """Block until every task is complete, failed or gone, or ``timeout`` seconds pass
-    (then ``timed_out`` is set). ``on_update`` is called after every read; ``refresh``
-    re-reads unfinished tasks at least that often (to show their progress)."""
+    (then ``timed_out`` is set). ``on_update`` is called after every read. ``show``: a
+    stream to draw WaitProgress on (``blueque wait``: stderr on a terminal; one task's own
+    progress is re-read every half second).
+
+    Keys: blueque_task_[id] (HGETALL, one pipeline per read), blueque_done_[queue]
+    (SUBSCRIBE)."""
     store = client.store
-    result = WaitResult(dict(zip(task_ids, store.task_data_many(task_ids), strict=True)))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    queues = {d["queue"] for d in result.tasks.values() if d.get("queue")}
-    subscription = store.subscribe([store.keys.done_channel(q) for q in sorted(queues)])
+    result = WaitResult(task_ids)
+    progress = WaitProgress(list(result.tasks), show) if show is not None else None
+    every = progress.refresh if progress is not None else WAIT_REREAD
+
+    def on_read() -> None:
+        if progress is not None:
+            progress.update(result)
+        if on_update is not None:
+            on_update(result)
+
     try:
-        if queues:
-            subscription.get_message(timeout=0)  # subscribes
-        # re-read once subscribed, so a finish between the first read and SUBSCRIBE is seen
-        _read(client, result, list(result.tasks))
-        every = min(FULL_POLL, refresh) if refresh else FULL_POLL
-        next_poll = time.monotonic() + every
-        while True:
-            if on_update is not None:
-                on_update(result)
-            if result.done:
-                return result
-            current = time.monotonic()
-            if deadline is not None and current >= deadline:
-                result.timed_out = True
-                return result
-            if current >= next_poll:
-                _read(client, result, _unfinished(result))
-                next_poll = current + every
-                continue
-            if not queues:
-                time.sleep(max(0.0, min(next_poll, deadline or next_poll) - current))
-                continue
-            told = _drain(subscription, min(next_poll, deadline or next_poll) - current)
-            _read(client, result, [i for i in told if i in result.tasks])
+        drive(store, result, store.task_data_many, timeout, every, on_read)
     finally:
-        subscription.close()
+        if progress is not None:
+            progress.close()
+    result.timed_out = not result.done
+    return result
 
 
-def _unfinished(result: WaitResult) -> list[str]:
-    return [i for i, d in result.tasks.items() if d and d.get("status") not in k.FINISHED_STATUSES]
+class WaitProgress:
+    """What a wait for tasks draws on a ProgressLine: one task's own progress (its fraction
+    and message, re-read every ``refresh`` seconds), or, for several, how many finished."""
 
+    def __init__(self, task_ids: Sequence[str], stream: TextIO) -> None:
+        self._line = ProgressLine(stream)
+        self._one = task_ids[0] if len(task_ids) == 1 else None
+        self.refresh = 0.5 if self._one is not None else WAIT_REREAD
+        self._started = time.monotonic()
 
-def _read(client: Client, result: WaitResult, task_ids: list[str]) -> None:
-    if task_ids:
-        datas = client.store.task_data_many(task_ids)
-        result.tasks.update(zip(task_ids, datas, strict=True))
+    def update(self, result: WaitResult) -> None:
+        elapsed = format_seconds(time.monotonic() - self._started)
+        if self._one is None:
+            finished, total = len(result.finished()), len(result.tasks)
+            self._line.update(f"{bar(finished / max(1, total))} {finished}/{total} finished, "
+                              f"{len(result.failed())} failed, {elapsed}")
+            return
+        data = result.tasks[self._one]
+        try:
+            fraction = min(1.0, max(0.0, float(data.get("progress") or 0.0)))
+        except ValueError:
+            fraction = 0.0
+        message = shorten(data.get("progress_message") or data.get("status") or "", 40)
+        self._line.update(f"{bar(fraction)} {fraction * 100:3.0f}% {message}, {elapsed}")
 
-
-def _drain(subscription: Subscription, wait: float) -> list[str]:
-    """Task ids published within ``wait`` seconds (returns at the first message, plus any
-    already queued behind it)."""
-    told: list[str] = []
-    message = subscription.get_message(timeout=max(0.0, wait))
-    while message is not None:
-        if message.get("type") == "message":
-            told.append(str(message["data"]))
-        message = subscription.get_message(timeout=0)
-    return told
+    def close(self) -> None:
+        self._line.close()

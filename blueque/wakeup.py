@@ -14,12 +14,11 @@ import os
 import select
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from blueque.errors import BluequeError
 from blueque.reporting import ChildChannel
-from blueque.retry import Backoff
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
@@ -68,38 +67,24 @@ class Wakeup:
         thread.start()
 
     def _subscribe(self, channels: list[str], on_message: Callable[[str, str], None]) -> None:
-        backoff = Backoff(0.1, 5.0)
-        while self.subscriber is not None:
-            pubsub = self._store.pubsub()
-            try:
-                pubsub.subscribe(*channels)
-                backoff.reset()
-                self._listen(pubsub, on_message)
-            except Exception as error:  # the connection dropped: resubscribe with backoff
-                delay = backoff.next()
-                log.debug("subscriber: %s; resubscribing in %.1f s", error, delay)
-                time.sleep(delay)
-                self.wake()  # missed messages: let the main loop look for itself
-            finally:
-                pubsub.close()
-
-    def _listen(self, pubsub: Any, on_message: Callable[[str, str], None]) -> None:
-        heard, pinged = time.monotonic(), 0.0
-        while self.subscriber is not None:
-            message = pubsub.get_message(timeout=min(1.0, self._interval))
-            current = time.monotonic()
-            if message is not None:
-                heard, pinged = current, 0.0
-                if message["type"] != "pong":
-                    on_message(message["channel"], message["data"])
-                    self.wake()
-            elif pinged and current - pinged > self._interval:
-                raise ConnectionError(f"no reply to PING within {self._interval:g} s")
-            elif not pinged and current - heard > self._interval:
-                # silent for an interval: prove the connection is alive (a NAT or load
-                # balancer may have dropped it without a word) and keep it from idling
-                pubsub.ping()
-                pinged = current
+        """Background thread. The store's Subscription subscribes again after an outage, and
+        with its keepalive notices a connection a NAT or load balancer dropped without a word
+        (a PING after an interval of silence; a new subscription without a reply)."""
+        subscription = self._store.subscribe(channels, keepalive=self._interval)
+        try:
+            while self.subscriber is not None:
+                try:
+                    message = subscription.get_message(timeout=min(1.0, self._interval))
+                except BluequeError as error:  # refused (ACL, auth): tried again after backoff
+                    log.warning("subscriber: %s", error)
+                    continue
+                if message is None:
+                    continue
+                if not message.missed:
+                    on_message(message.channel, message.data)
+                self.wake()  # missed too: messages were lost, the main loop looks for itself
+        finally:
+            subscription.close()
 
     def wake(self) -> None:
         # under the lock: once close() has closed the pipe, its number may name another file

@@ -9,7 +9,6 @@ import pytest
 import blueque
 from blueque.errors import InvalidTaskState, TaskNotFound
 from blueque.keys import Keys
-from blueque.testing import wait_for
 
 K = Keys()
 
@@ -61,23 +60,16 @@ def test_cancel_a_started_task_asks_its_listener(client: blueque.Client) -> None
     task = listener.reserve()
     assert task is not None
     client.get_processor(task).start(1)
-    control = client.store.pubsub()
-    control.subscribe(K.control(listener.id))
+    control = client.store.subscribe([K.control(listener.id)])
     try:
-        wait_for(lambda: r.pubsub_numsub(K.control(listener.id))[0][1] == 1, timeout=5)
+        assert control.get_message(timeout=0) is None  # subscribed, and confirmed
+        assert r.pubsub_numsub(K.control(listener.id))[0][1] == 1
         assert client.cancel_task(task.id) == "requested"
-        messages: list[dict[str, str]] = []
-
-        def received() -> bool:
-            message = control.get_message(timeout=0.1)
-            if message:
-                messages.append(message)
-            return bool(messages)
-
-        wait_for(received, timeout=5)
+        message = control.get_message(timeout=5)
     finally:
         control.close()
-    assert messages[0]["data"] == task.id
+    assert message is not None
+    assert (message.channel, message.data) == (K.control(listener.id), task.id)
     data = r.hgetall(K.task(task.id))
     assert data["status"] == "started" and "cancel_requested" in data
     assert r.llen(K.failed("q")) == 0

@@ -365,11 +365,12 @@ def test_wait_for_task_ids_reports_counts_until_all_finish(client: blueque.Clien
     seen: list[BatchProgress] = []
     outcomes = iter(["complete", "failed", "complete"])
 
-    def work(_: float) -> None:  # each pause of the waiter, one task finishes
-        finish(client, "q", next(outcomes))
+    def work(progress: BatchProgress) -> None:  # after each look of the waiter, one task ends
+        seen.append(progress)
+        if not progress.done:
+            finish(client, "q", next(outcomes))
 
-    last = wait_for_tasks(client, "q", task_ids=[*ids, "nope"], progress=seen.append,
-                          sleep=work)
+    last = wait_for_tasks(client, "q", task_ids=[*ids, "nope"], progress=work)
     assert [p.finished for p in seen] == [0, 1, 2, 3]
     assert seen[0].counts == {"pending": 3, "missing": 1}
     assert last.done and last.counts == {"complete": 2, "failed": 1, "missing": 1}

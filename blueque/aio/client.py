@@ -7,9 +7,9 @@ listener (and by blueque 1.0.1's, as far as 1.0.1 understands the task).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
-import time
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any
@@ -17,8 +17,8 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import protocol
-from blueque.aio.store import AsyncRedisStore
+from blueque import protocol, waiting
+from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
@@ -35,7 +35,8 @@ from blueque.queue import (
     submission,
 )
 from blueque.store import now, translate
-from blueque.task import WAIT_REREAD, TaskView
+from blueque.task import TaskView
+from blueque.waiting import WAIT_REREAD, WaitResult
 
 
 class Client:
@@ -245,11 +246,13 @@ class Task(TaskView):
         """Wait until the task is complete or failed, without blocking the event loop;
         WaitTimeout (a TimeoutError) after ``timeout``, TaskNotFound if it does not exist
         or is deleted meanwhile. Listens on blueque_done_[queue], and re-reads the hash at
-        least once a second for writers that do not publish (blueque 1.0.1). Cancelling
-        the waiting coroutine closes its subscription."""
-        async with contextlib.aclosing(self._reads(timeout, WAIT_REREAD)) as reads:
+        least once a second for writers that do not publish (blueque 1.0.1): the wait of
+        blueque.waiting, awaited. Cancelling the waiting coroutine closes its subscription."""
+        result = WaitResult([self._id])
+        async with contextlib.aclosing(self._reads(result, timeout, WAIT_REREAD)) as reads:
             async for _ in reads:
                 pass
+        self._waited(result, timeout)
         return self
 
     async def updates(self, every: float = WAIT_REREAD) -> AsyncGenerator[Task, None]:
@@ -257,33 +260,55 @@ class Task(TaskView):
         least every ``every`` seconds, at once when a finish is published), until it is
         complete or failed. TaskNotFound if it does not exist or is deleted meanwhile.
         Close it (``contextlib.aclosing``) when stopping early."""
+        result = WaitResult([self._id])
         seen: tuple[Any, ...] | None = None
-        async with contextlib.aclosing(self._reads(None, every)) as reads:
+        async with contextlib.aclosing(self._reads(result, None, every)) as reads:
             async for _ in reads:
+                if not self.exists:
+                    break
                 state = (self.status, self._get("progress"), self.progress_message)
                 if state != seen:
                     seen = state
                     yield self
+        self._waited(result, None)
 
-    async def _reads(self, timeout: float | None, every: float
+    async def _reads(self, result: WaitResult, timeout: float | None, every: float
                      ) -> AsyncGenerator[None, None]:
-        """Re-read the task, yielding after each read, until it is finished: between reads,
-        listen on its done channel for up to ``every`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        await self.refresh()
-        if self.finished:
-            yield None
-            return
-        subscription = self._store.subscribe([self._store.keys.done_channel(
-            self.waited_queue())])
+        """blueque.waiting.follow's steps, awaited: yields after each read of the task (this
+        Task then holds it); between reads, listens on its done channel."""
+        steps = waiting.follow(result, timeout, every)
+        subscription: AsyncSubscription | None = None
+        heard: list[str] | None = None
         try:
-            await subscription.get_message(timeout=0)  # subscribed before the re-read
-            while True:
-                await self.refresh()
-                yield None
-                if self.finished:
-                    return
-                listen = min(every, self.listen_for(timeout, deadline))
-                await subscription.get_message(timeout=listen)
+            while (step := waiting.next_step(steps, heard)) is not None:
+                heard = None
+                if isinstance(step, waiting.Read):
+                    result.took(step.what, [await self._store.perform(protocol.task_data, i)
+                                            for i in step.what])  # HGETALL, via the Pipeliner
+                    self._data = result.tasks[self._id]
+                    yield None
+                elif isinstance(step, waiting.Listen):
+                    heard = await _listen(subscription, step.seconds)
+                else:
+                    subscription = self._store.subscribe(
+                        [self._store.keys.done_channel(queue) for queue in step.queues])
+                    await subscription.get_message(timeout=0)  # subscribed, and confirmed
         finally:
-            await subscription.close()
+            steps.close()
+            if subscription is not None:
+                await subscription.close()
+
+
+async def _listen(subscription: AsyncSubscription | None, seconds: float) -> list[str] | None:
+    """blueque.waiting.listen, awaited."""
+    if subscription is None:
+        await asyncio.sleep(seconds)
+        return []
+    told: list[str] = []
+    message = await subscription.get_message(timeout=seconds)
+    while message is not None:
+        if message.missed:
+            return None
+        told.append(message.data)
+        message = await subscription.get_message(timeout=0)
+    return told

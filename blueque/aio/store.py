@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
@@ -30,8 +31,21 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
-from blueque.retry import NoRetry, is_transient
-from blueque.store import Health, check_version, describe, load_script, translate
+from blueque.retry import Backoff, NoRetry, is_transient
+from blueque.store import (
+    CLOSED_UNDER_US,
+    CONFIRM_WAIT,
+    MISSED,
+    RESUBSCRIBE_BACKOFF,
+    Health,
+    Message,
+    check_version,
+    describe,
+    load_script,
+    lost_connection,
+    published,
+    translate,
+)
 
 log = logging.getLogger("blueque.aio")
 
@@ -204,50 +218,80 @@ class Pipeliner:
 
 
 class AsyncSubscription:
-    """A pub/sub subscription that survives Redis going away, as blueque.store.Subscription:
-    ``get_message`` returns None (after waiting up to ``timeout``) while the connection is
-    down and subscribes again when it is back; messages published meanwhile are lost, so
-    callers re-read what they wait for through the store. The first call returns only once
-    Redis confirmed every subscription, so nothing published after it is missed."""
+    """blueque.store.Subscription, awaited (without its keepalive): ``get_message(timeout)``
+    returns the next Message, or None once ``timeout`` seconds passed without one (at once
+    after a lost connection). The first call subscribes and waits for Redis to confirm every
+    channel (at most CONFIRM_WAIT); a lost connection is subscribed again at a later call,
+    after a backoff while Redis stays away, and then ``get_message`` returns MISSED (what was
+    published in between is lost). Cancelling a
+    caller leaves the connection to redis-py, which disconnects it; ``close()`` (in the
+    caller's ``finally``) gives it back."""
 
     def __init__(self, store: AsyncRedisStore, channels: Sequence[str]) -> None:
         self._store = store
         self._channels = list(channels)
         self._pubsub: Any = None
-        self._early: list[dict[str, Any]] = []
+        self._heard: list[Message] = []
+        self._subscribed_once = False
+        self._retry_at = 0.0
+        self._delays: Iterator[float] | None = None
 
-    async def get_message(self, timeout: float) -> dict[str, Any] | None:
+    async def get_message(self, timeout: float) -> Message | None:
+        deadline = time.monotonic() + max(0.0, timeout)
         try:
-            if self._pubsub is None:
-                await self._subscribe()
-            if self._early:
-                return self._early.pop(0)
-            while True:
-                message: dict[str, Any] | None = await self._pubsub.get_message(
-                    timeout=timeout)
-                if message is None or message.get("type") in ("message", "pmessage"):
-                    return message
+            if self._pubsub is None and not await self._subscribe(deadline):
+                return None
+            return self._heard.pop(0) if self._heard else await self._next(deadline)
         except _REDIS_ERRORS as error:
-            if not is_transient(error):
-                raise translate(error, self._store.where) from error
-            self._store.health.disrupted()
-            log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
-            await self.close()
-            await asyncio.sleep(max(0.0, min(timeout, 1.0)))
-            return None
+            await self._lost(error)
+        except CLOSED_UNDER_US as error:
+            await self._lost(lost_connection(error))
+        return None
 
-    async def _subscribe(self) -> None:
+    async def _subscribe(self, deadline: float) -> bool:
+        wait = self._retry_at - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+            if time.monotonic() < self._retry_at:
+                return False
         pubsub = self._pubsub = self._store.redis.pubsub()
         await pubsub.subscribe(*self._channels)
-        confirmed = 0
-        while confirmed < len(self._channels):
-            message = await pubsub.get_message(timeout=1.0)
-            if message is None:
-                return  # slow to confirm: the caller's re-reads cover the gap
-            if message.get("type") == "subscribe":
+        confirmed, until = 0, time.monotonic() + CONFIRM_WAIT
+        while confirmed < len(self._channels) and time.monotonic() < until:
+            raw = await pubsub.get_message(timeout=max(0.0, until - time.monotonic()))
+            if raw is None:
+                continue
+            if raw.get("type") == "subscribe":
                 confirmed += 1
-            elif message.get("type") in ("message", "pmessage"):
-                self._early.append(message)
+            message, _ = published(raw, 0)
+            if message is not None:  # published on a channel confirmed already
+                self._heard.append(message)
+        if self._subscribed_once:
+            self._heard.insert(0, MISSED)
+        self._subscribed_once, self._delays = True, None
+        return True
+
+    async def _next(self, deadline: float) -> Message | None:
+        while True:
+            raw = await self._pubsub.get_message(
+                timeout=max(0.0, deadline - time.monotonic()))
+            if raw is not None:
+                message, again = published(raw, len(self._channels))
+                if message is not None or again:
+                    return message or MISSED
+            elif time.monotonic() >= deadline:
+                return None
+
+    async def _lost(self, error: redis.exceptions.RedisError
+                    | redis.exceptions.RedisClusterException) -> None:
+        await self.close()
+        if self._delays is None:
+            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
+        self._retry_at = time.monotonic() + next(self._delays)
+        if not is_transient(error):
+            raise translate(error, self._store.where) from error
+        self._store.health.disrupted()
+        log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
 
     async def close(self) -> None:
         """Unsubscribe and give the connection back (also after a cancellation)."""

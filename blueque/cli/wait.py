@@ -8,7 +8,7 @@ import sys
 from blueque import keys as k
 from blueque.cli.base import EXIT_NOT_FOUND, EXIT_OK, Commands, Failure, duration, emit
 from blueque.client import Client
-from blueque.display import ProgressBar, TaskProgress, last_line, shorten, table
+from blueque.display import last_line, shorten, table
 from blueque.waiting import WaitResult, wait_all
 
 
@@ -24,24 +24,7 @@ def register(commands: Commands) -> None:
 def cmd_wait(client: Client, args: argparse.Namespace) -> int:
     ids = list(dict.fromkeys(args.task_ids))
     show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    # one task: its own progress bar (fraction and message); several: how many finished
-    one = TaskProgress(sys.stderr) if show and len(ids) == 1 else None
-    bar = ProgressBar(len(ids), sys.stderr) if show and one is None else None
-
-    def update(result: WaitResult) -> None:
-        if one is not None:
-            one.update(result.tasks[ids[0]])
-        if bar is not None:
-            bar.update(len(result.finished()), len(result.failed()))
-
-    try:
-        result = wait_all(client, ids, args.timeout, update,
-                          refresh=0.5 if one is not None else None)
-    finally:
-        if one is not None:
-            one.close()
-        if bar is not None:
-            bar.close()
+    result = wait_all(client, ids, args.timeout, show=sys.stderr if show else None)
     return report_waited(args, result)
 
 

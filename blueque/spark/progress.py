@@ -2,7 +2,8 @@
 
 Three ways to say what "the batch" is: the task ids (each followed until it finishes), a
 count (the queue's complete + failed lists reach it), or neither (the queue drains: nothing
-scheduled, pending, reserved or started). This module needs no Spark, only Redis.
+scheduled, pending, reserved or started). The waiting is blueque.waiting's; this module says
+what to read for each. It needs no Spark, only Redis.
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from blueque import keys as k
 from blueque.client import Client
+from blueque.display import ProgressLine
 from blueque.errors import ConfigurationError
 from blueque.errors import WaitTimeout as BaseWaitTimeout
+from blueque.protocol import QueueCounts
 from blueque.store import RedisStore
+from blueque.waiting import WAIT_REREAD, drive
 
 #: HGETs per pipeline when following task ids.
 STATUS_CHUNK = 5_000
@@ -68,64 +72,78 @@ class WaitTimeout(BaseWaitTimeout):
 
 
 class TaskFollower:
-    """Follows a set of task ids: polls only those not finished yet (finished is final)."""
+    """Follows a set of task ids by their status: re-reads only those not finished yet
+    (finished is final), those the done channel names as soon as it does. Its counts are
+    kept up to date at each reply, so a look at them costs nothing however large the batch."""
 
-    def __init__(self, store: RedisStore, task_ids: Iterable[str]) -> None:
-        self._store = store
-        self._open = list(dict.fromkeys(task_ids))
+    def __init__(self, queue: str, task_ids: Iterable[str]) -> None:
+        self._queue = queue
+        self._open: dict[str, str | None] = dict.fromkeys(task_ids)  # id -> last status
         self.total = len(self._open)
-        self._finished: Counter[str] = Counter()
+        self._unread = self.total
+        self._counts: Counter[str] = Counter()
 
-    def poll(self) -> tuple[dict[str, int], bool]:
-        current: Counter[str] = Counter(self._finished)
-        still_open: list[str] = []
-        for start in range(0, len(self._open), STATUS_CHUNK):
-            chunk = self._open[start : start + STATUS_CHUNK]
-            for task_id, status in zip(chunk, self._store.task_statuses(chunk), strict=True):
-                if status in k.FINISHED_STATUSES:
-                    self._finished[status] += 1
-                    current[status] += 1
-                else:
-                    current[status or MISSING] += 1
-                    still_open.append(task_id)
-        self._open = still_open
-        counts = dict(current)
-        return counts, not any(counts.get(status) for status in ACTIVE)
+    def counts(self) -> dict[str, int]:
+        return {status: n for status, n in self._counts.items() if n}
+
+    @property
+    def done(self) -> bool:
+        return not self._unread and not any(self._counts[status] for status in ACTIVE)
+
+    def queues(self) -> list[str]:
+        return [self._queue]
+
+    def to_read(self, told: Sequence[str] | None) -> list[str] | None:
+        ids = self._open if told is None else dict.fromkeys(told)
+        return [i for i in ids if i in self._open] or None
+
+    def took(self, what: list[str], statuses: list[str | None]) -> None:
+        for task_id, status in zip(what, statuses, strict=True):
+            last = self._open[task_id]
+            if last is None:
+                self._unread -= 1
+            else:
+                self._counts[last] -= 1
+            self._counts[status or MISSING] += 1
+            if status in k.FINISHED_STATUSES:
+                del self._open[task_id]
+            else:
+                self._open[task_id] = status or MISSING
+
+
+def read_statuses(store: RedisStore, task_ids: list[str]) -> list[str | None]:
+    """HGET status of each id, STATUS_CHUNK per pipeline."""
+    return [status for start in range(0, len(task_ids), STATUS_CHUNK)
+            for status in store.task_statuses(task_ids[start : start + STATUS_CHUNK])]
 
 
 class QueueFollower:
-    """Follows a whole queue through its O(1) counts."""
+    """Follows a whole queue through its O(1) counts, re-read whenever a task of it ends."""
 
-    def __init__(self, store: RedisStore, queue: str, count: int | None) -> None:
-        self._store = store
+    def __init__(self, queue: str, count: int | None) -> None:
         self._queue = queue
         self.total = count
+        self._counts: dict[str, int] = {}
 
-    def poll(self) -> tuple[dict[str, int], bool]:
-        counts = self._store.counts(self._queue)
-        values = {status: getattr(counts, status) for status in k.STATUSES}
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    @property
+    def done(self) -> bool:
+        if not self._counts:
+            return False
         if self.total is None:
-            return values, not any(values[status] for status in ACTIVE)
-        return values, values[k.COMPLETE] + values[k.FAILED] >= self.total
+            return not any(self._counts[status] for status in ACTIVE)
+        return self._counts[k.COMPLETE] + self._counts[k.FAILED] >= self.total
 
+    def queues(self) -> list[str]:
+        return [self._queue]
 
-@dataclass
-class ProgressPrinter:
-    """Prints BatchProgress lines: rewritten in place on a terminal, else one line every
-    ``every`` seconds (and the last one), so logs stay readable."""
+    def to_read(self, told: Sequence[str] | None) -> str:
+        return self._queue
 
-    stream: TextIO = field(default_factory=lambda: sys.stderr)
-    every: float = 10.0
-    _last: float = field(default=-1e9, init=False)
-
-    def __call__(self, progress: BatchProgress) -> None:
-        if self.stream.isatty():
-            end = "\n" if progress.done else ""
-            self.stream.write("\r\x1b[K" + progress.line() + end)
-        elif progress.done or progress.seconds - self._last >= self.every:
-            self._last = progress.seconds
-            self.stream.write(progress.line() + "\n")
-        self.stream.flush()
+    def took(self, queue: str, counts: QueueCounts) -> None:
+        self._counts = {status: getattr(counts, status) for status in k.STATUSES}
 
 
 def wait_for_tasks(
@@ -135,10 +153,7 @@ def wait_for_tasks(
     count: int | None = None,
     timeout: float | None = None,
     progress: bool | Callable[[BatchProgress], Any] = True,
-    interval: float = 1.0,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Any] = time.sleep,
+    interval: float = WAIT_REREAD,
 ) -> BatchProgress:
     """Block until the batch has finished and return the last BatchProgress.
 
@@ -146,38 +161,48 @@ def wait_for_tasks(
     no hash are counted as ``missing``). ``count``: wait until the queue's complete and failed
     lists hold ``count`` tasks together (for a fresh queue, the number enqueued). Neither:
     wait until the queue has nothing scheduled, pending, reserved or started.
-    ``progress``: True prints counts per state to stderr; a callable receives each
-    BatchProgress (every ``interval`` seconds). Raises WaitTimeout after ``timeout`` seconds.
+    ``progress``: True prints counts per state to stderr (a ProgressLine); a callable
+    receives each BatchProgress. Raises WaitTimeout after ``timeout`` seconds.
 
-    Keys read: blueque_task_[id] (HGET status) for ids; otherwise the queue's lists and sets
+    The wait of blueque.waiting: listens on blueque_done_[queue], reading again as soon as a
+    task of the queue ends, and at least every ``interval`` seconds. Keys read:
+    blueque_task_[id] (HGET status) for ids; otherwise the queue's lists and sets
     (store.counts)."""
     if task_ids is not None and count is not None:
         raise ConfigurationError("give task_ids or count, not both")
     if count is not None and count < 0:
         raise ConfigurationError(f"count must not be negative, not {count}")
     client = url if isinstance(url, Client) else Client(url)
+    store = client.store
+    printer = ProgressLine(sys.stderr) if progress is True else None
+    started = time.monotonic()
     follower: TaskFollower | QueueFollower
     if task_ids is not None:
-        follower = TaskFollower(client.store, task_ids)
+        follower = TaskFollower(queue, task_ids)
     else:
-        follower = QueueFollower(client.store, queue, count)
-    report = (ProgressPrinter() if progress else None) if isinstance(progress, bool) else progress
-    started = clock()
+        follower = QueueFollower(queue, count)
+    seen: list[BatchProgress] = []
+
+    def look() -> None:
+        seen[:] = [BatchProgress(queue, follower.counts(), follower.total,
+                                 time.monotonic() - started, follower.done)]
+        if printer is not None:
+            printer.update(seen[0].line())
+        elif callable(progress):
+            progress(seen[0])
+
     try:
-        while True:
-            counts, done = follower.poll()
-            elapsed = clock() - started
-            snapshot = BatchProgress(queue, counts, follower.total, elapsed, done)
-            if report is not None:
-                report(snapshot)
-            if done:
-                return snapshot
-            if timeout is not None and elapsed >= timeout:
-                raise WaitTimeout(
-                    f"the batch did not finish within {timeout} s: {snapshot.line()}", snapshot
-                )
-            sleep(interval if timeout is None else max(0.0, min(interval, timeout - elapsed)))
+        if isinstance(follower, TaskFollower):
+            drive(store, follower, lambda ids: read_statuses(store, ids), timeout, interval,
+                  look)
+        else:
+            drive(store, follower, store.counts, timeout, interval, look)
     finally:
+        if printer is not None:
+            printer.close()
         if client is not url:
             client.close()
-
+    if not follower.done:
+        raise WaitTimeout(
+            f"the batch did not finish within {timeout} s: {seen[0].line()}", seen[0])
+    return seen[0]

@@ -18,12 +18,19 @@ from blueque.retry import NoRetry
 from blueque.store.core import (
     BLOCK_SLICE,
     CHECKPOINT_MAX_BYTES,
+    CLOSED_UNDER_US,
+    CONFIRM_WAIT,
+    MISSED,
+    RESUBSCRIBE_BACKOFF,
     Health,
+    Message,
     RedisLike,
     Reservation,
     StoreCore,
     Subscription,
+    lost_connection,
     now,
+    published,
 )
 from blueque.store.errors import (
     MIN_REDIS_VERSION,
@@ -39,11 +46,34 @@ from blueque.store.tasks import TaskOperations
 from blueque.store.watch import ListenersAtWork, WatchOperations
 
 __all__ = [
-    "BLOCK_SLICE", "BULK_CHUNK", "CHECKPOINT_KEEP", "CHECKPOINT_MAX_BYTES", "DELETE_WINDOW",
+    "BLOCK_SLICE",
+    "BULK_CHUNK",
+    "CHECKPOINT_KEEP",
+    "CHECKPOINT_MAX_BYTES",
+    "CLOSED_UNDER_US",
+    "CONFIRM_WAIT",
+    "DELETE_WINDOW",
     "MIN_REDIS_VERSION",
-    "Health", "ListenersAtWork", "NoRetry", "QueueCounts", "RedisLike", "RedisStore",
-    "Reservation", "StoreCore", "Subscription", "check_version", "describe", "load_script",
-    "now", "translate", "translate_errors",
+    "MISSED",
+    "RESUBSCRIBE_BACKOFF",
+    "Health",
+    "ListenersAtWork",
+    "Message",
+    "NoRetry",
+    "QueueCounts",
+    "RedisLike",
+    "RedisStore",
+    "Reservation",
+    "StoreCore",
+    "Subscription",
+    "check_version",
+    "describe",
+    "load_script",
+    "lost_connection",
+    "now",
+    "published",
+    "translate",
+    "translate_errors",
 ]
 
 
