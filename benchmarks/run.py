@@ -118,7 +118,11 @@ def drain_cost_rows(p: Profile) -> list[Row]:
 
 
 def build_rows(p: Profile) -> list[Row]:
-    small, big = f"{p.scale_small:,}", f"{p.scale_big:,}"
+    """Every row of the table, scenario by scenario."""
+    return [*_enqueue_rows(), *_pickup_and_drain_rows(p), *_cost_rows(p), *_ceiling_rows()]
+
+
+def _enqueue_rows() -> list[Row]:
     rows = [
         Row("enqueue.blueque", "1 enqueue, one task per call", "tasks/s", "blueque", "tasks/s"),
         Row("enqueue.original", "1 enqueue, one task per call", "tasks/s", "original", "tasks/s"),
@@ -132,48 +136,48 @@ def build_rows(p: Profile) -> list[Row]:
                         "client CPU per task", name, "us"))
         rows.append(Row(f"enqueue_redis_cpu.{system}", "1 enqueue, one task per call",
                         "Redis CPU per task", name, "us", 1))
-    rows += [
-        Row("bulk.blueque", "2 bulk enqueue, 1,000 per call", "tasks/s", "blueque", "tasks/s"),
-        Row("bulk.rq", "2 bulk enqueue, 1,000 per call", "tasks/s", "rq", "tasks/s"),
-        Row("bulk.raw", "2 bulk enqueue, 1,000 per call", "tasks/s", "redis-py pipeline",
-            "tasks/s"),
-    ]
-    for system in ("blueque", "original", "rq"):
-        for pct in ("p50", "p95", "p99"):
-            rows.append(Row(f"pickup_{pct}.{system}", "3 pickup latency, idle listener",
-                            pct, system, "ms", 1))
-    for c in (1, 2):
-        for system in ("blueque", "original", "rq"):
-            rows.append(Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
-                            f"concurrency {c}", system, "tasks/s"))
-    rows += drain_cost_rows(p)
-    rows += [
-        Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
-            "blueque", "s", 2),
-        Row("recovery_fastest.blueque", "5 recovery after SIGKILL", "fastest lease (0.2 s)",
-            "blueque", "s", 2),
-    ]
-    for kind in ("pending", "finished"):
-        for system in ("blueque", "original", "rq"):
-            rows.append(Row(f"memory_{kind}.{system}", "6 Redis memory per task",
-                            kind, system, "bytes"))
-    for op in ("enqueue", "pickup", "delete"):
-        for system in ("blueque", "original"):
-            for size, text in (("small", small), ("big", big)):
-                rows.append(Row(f"scale_{op}_{size}.{system}", "7 cost per operation",
-                                f"{op} with {text} present", system, "us"))
-    for name in ("LPUSH", "HSET", "LMOVE", "RPOPLPUSH", "EVALSHA small", "EVALSHA submit.lua"):
-        rows.append(Row(f"ceiling.{name}", "8 redis-benchmark ceiling", name, "redis-server",
-                        "req/s"))
+    return [*rows,
+            Row("bulk.blueque", "2 bulk enqueue, 1,000 per call", "tasks/s", "blueque",
+                "tasks/s"),
+            Row("bulk.rq", "2 bulk enqueue, 1,000 per call", "tasks/s", "rq", "tasks/s"),
+            Row("bulk.raw", "2 bulk enqueue, 1,000 per call", "tasks/s", "redis-py pipeline",
+                "tasks/s")]
+
+
+def _pickup_and_drain_rows(p: Profile) -> list[Row]:
+    rows = [Row(f"pickup_{pct}.{system}", "3 pickup latency, idle listener", pct, system, "ms", 1)
+            for system in ("blueque", "original", "rq") for pct in ("p50", "p95", "p99")]
+    rows += [Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
+                 f"concurrency {c}", system, "tasks/s")
+             for c in (1, 2) for system in ("blueque", "original", "rq")]
+    return [*rows, *drain_cost_rows(p),
+            Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
+                "blueque", "s", 2),
+            Row("recovery_fastest.blueque", "5 recovery after SIGKILL", "fastest lease (0.2 s)",
+                "blueque", "s", 2)]
+
+
+def _cost_rows(p: Profile) -> list[Row]:
+    small, big = f"{p.scale_small:,}", f"{p.scale_big:,}"
+    rows = [Row(f"memory_{kind}.{system}", "6 Redis memory per task", kind, system, "bytes")
+            for kind in ("pending", "finished") for system in ("blueque", "original", "rq")]
+    return rows + [Row(f"scale_{op}_{size}.{system}", "7 cost per operation",
+                       f"{op} with {text} present", system, "us")
+                   for op in ("enqueue", "pickup", "delete") for system in ("blueque", "original")
+                   for size, text in (("small", small), ("big", big))]
+
+
+def _ceiling_rows() -> list[Row]:
+    rows = [Row(f"ceiling.{name}", "8 redis-benchmark ceiling", name, "redis-server", "req/s")
+            for name in ("LPUSH", "HSET", "LMOVE", "RPOPLPUSH", "EVALSHA small",
+                         "EVALSHA submit.lua")]
     aio = f"9 asyncio enqueue, {AIO_CONCURRENCY} at once"
-    rows += [
-        Row("aio_enqueue.blueque", aio, f"{AIO_CONCURRENCY} coroutines", "blueque.aio",
-            "tasks/s"),
-        Row("aio_enqueue_sync.blueque", aio, "sync, one at a time", "blueque", "tasks/s"),
-        Row("aio_enqueue_cpu.blueque", aio, "client CPU, at once", "blueque.aio", "us"),
-        Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us"),
-    ]
-    return rows
+    return [*rows,
+            Row("aio_enqueue.blueque", aio, f"{AIO_CONCURRENCY} coroutines", "blueque.aio",
+                "tasks/s"),
+            Row("aio_enqueue_sync.blueque", aio, "sync, one at a time", "blueque", "tasks/s"),
+            Row("aio_enqueue_cpu.blueque", aio, "client CPU, at once", "blueque.aio", "us"),
+            Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us")]
 
 
 def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:

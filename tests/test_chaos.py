@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,6 +237,18 @@ def check_journal(ids: list[str], journal: Path, signalled: set[int]) -> dict[st
             "most_runs_of_one_task": max(len(r) for r in runs.values())}
 
 
+def unleash(chaos: Chaos, rng: random.Random, began: float,
+            enqueue: Callable[[int], list[str]]) -> list[str]:
+    """CHAOS_SECONDS of chaos, with more tasks enqueued meanwhile: the ids of those."""
+    ids: list[str] = []
+    while (elapsed := time.monotonic() - began) < CHAOS_SECONDS:
+        time.sleep(rng.uniform(0.5, 1.5))  # the pace of the chaos, not a wait for a state
+        if len(ids) < TASKS_DURING and elapsed > 10:
+            ids += enqueue(20)  # enqueues ride out the outages too
+        chaos.step(elapsed)
+    return ids
+
+
 def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
                                                     tmp_path: Path) -> None:
     seed = int(os.environ.get("BLUEQUE_CHAOS_SEED", "0")) or random.randrange(1 << 30)
@@ -263,11 +275,7 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
     try:
         for node in nodes:
             node.start()
-        while (elapsed := time.monotonic() - began) < CHAOS_SECONDS:
-            time.sleep(rng.uniform(0.5, 1.5))  # the pace of the chaos, not a wait for a state
-            if len(ids) < TASKS_BEFORE + TASKS_DURING and elapsed > 10:
-                ids += enqueue(20)  # enqueues ride out the outages too
-            chaos.step(elapsed)
+        ids += unleash(chaos, rng, began, enqueue)
         chaos_took = time.monotonic() - began
         for node in nodes:
             if not node.alive():

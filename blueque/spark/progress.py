@@ -146,6 +146,18 @@ class QueueFollower:
         self._counts = {status: getattr(counts, status) for status in k.STATUSES}
 
 
+def _follower(queue: str, task_ids: Iterable[str] | None, count: int | None
+              ) -> TaskFollower | QueueFollower:
+    """What a batch wait follows: the given tasks, or the queue's counts."""
+    if task_ids is not None and count is not None:
+        raise ConfigurationError("give task_ids or count, not both")
+    if count is not None and count < 0:
+        raise ConfigurationError(f"count must not be negative, not {count}")
+    if task_ids is not None:
+        return TaskFollower(queue, task_ids)
+    return QueueFollower(queue, count)
+
+
 def wait_for_tasks(
     url: str | Client,
     queue: str,
@@ -168,19 +180,11 @@ def wait_for_tasks(
     task of the queue ends, and at least every ``interval`` seconds. Keys read:
     blueque_task_[id] (HGET status) for ids; otherwise the queue's lists and sets
     (store.counts)."""
-    if task_ids is not None and count is not None:
-        raise ConfigurationError("give task_ids or count, not both")
-    if count is not None and count < 0:
-        raise ConfigurationError(f"count must not be negative, not {count}")
+    follower = _follower(queue, task_ids, count)
     client = url if isinstance(url, Client) else Client(url)
     store = client.store
     printer = ProgressLine(sys.stderr) if progress is True else None
     started = time.monotonic()
-    follower: TaskFollower | QueueFollower
-    if task_ids is not None:
-        follower = TaskFollower(queue, task_ids)
-    else:
-        follower = QueueFollower(queue, count)
     seen: list[BatchProgress] = []
 
     def look() -> None:

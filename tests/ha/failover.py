@@ -98,10 +98,9 @@ def run_failover(
         return sum(client.get_queue(q).stats().complete for q in queues)
 
     with daemons(tmp) as started:
-        for queue in queues:
-            for n in range(listeners):
-                command = listen_command(url, queue, concurrency, interval=2.0)
-                started.append(Daemon(command, tmp / f"daemon-{queue}-{n}.log"))
+        started += [Daemon(listen_command(url, queue, concurrency, interval=2.0),
+                           tmp / f"daemon-{queue}-{n}.log")
+                    for queue in queues for n in range(listeners)]
         began = time.monotonic()
         producer = threading.Thread(target=produce, name="producer")
         producer.start()
@@ -128,13 +127,18 @@ def run_failover(
             outcome.daemons_alive = all(d.alive() for d in started)
             outcome.daemon_exit_codes = [d.stop() for d in started]
             outcome.logs = [d.log() for d in started]
+    _tally(outcome, client, runs_log)
+    client.close()
+    probe.close()
+    return outcome
+
+
+def _tally(outcome: Outcome, client: blueque.Client, runs_log: Path) -> None:
+    """The tasks' final statuses, and how often each task's function ran."""
     for data in client.store.task_data_many(outcome.acknowledged):
         outcome.statuses[data.get("status", "missing")] += 1
     for line in runs_log.read_text().splitlines():
         outcome.runs[line.split()[0]] += 1
-    client.close()
-    probe.close()
-    return outcome
 
 
 def _diagnose(client: blueque.Client, acknowledged: list[str], started: list[Daemon]) -> str:
