@@ -13,18 +13,13 @@ from dataclasses import dataclass
 from blueque import keys as k
 from blueque.errors import ConfigurationError
 from blueque.metrics import ListenerMetrics
+from blueque.policy import field_float
 from blueque.process import create_time, process_alive
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.daemon")
 
-
-def _float(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -45,7 +40,7 @@ class Membership:
     @property
     def created(self) -> float | None:
         """This listener process's create time, as registered."""
-        return _float(self.info.get("pid_created"))
+        return field_float(self.info.get("pid_created"))
 
     def claim(self, recovery: Recovery, stopping: Callable[[], bool]) -> bool:
         """Make sure no live listener holds our id (two processes sharing one would share a
@@ -63,7 +58,7 @@ class Membership:
             return True
         pid = int(info["pid"]) if info.get("pid", "").isdigit() else None
         if info.get("node") == self.node and pid is not None:
-            created = _float(info.get("pid_created"))
+            created = field_float(info.get("pid_created"))
             if pid == os.getpid():
                 if created is not None and process_alive(pid, created):
                     return True  # an earlier run() of this very process (ForkingRunner)
@@ -86,7 +81,7 @@ class Membership:
     def _outwait(self, info: dict[str, str], held: dict[str, float], where: str,
                  stopping: Callable[[], bool]) -> bool:
         """Wait one interval of the holder and until its leases lapsed; raise if it renews."""
-        patience = self.clock() + (_float(info.get("interval")) or self.interval) + 1.0
+        patience = self.clock() + (field_float(info.get("interval")) or self.interval) + 1.0
         renewed = info.get("renewed")
         while not stopping():
             time.sleep(0.2)  # a signal ends it early enough: its handler sets stopping

@@ -18,6 +18,7 @@ from functools import lru_cache
 import psutil
 
 from blueque.errors import ConfigurationError
+from blueque.policy import field_float
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 PID_NAMESPACE_PATH = "/proc/self/ns/pid"
@@ -78,7 +79,7 @@ def local_process(listener: str, info: dict[str, str], node: str, host: str
     ``info`` is its ``blueque_listener_[id]`` hash. With a ``node`` field, the node identity
     decides, exactly. Without one (blueque 1.0.1 writes no info; an earlier Blueque wrote no
     node), 1.0.1's own rule applies: the host name part of the id equals ``host``."""
-    created = _float(info.get("pid_created"))
+    created = field_float(info.get("pid_created"))
     if "node" in info:
         if info["node"] != node:
             return None
@@ -91,8 +92,3 @@ def local_process(listener: str, info: dict[str, str], node: str, host: str
     return pid, created
 
 
-def _float(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None

@@ -80,6 +80,15 @@ class Policy:
         return now + delay / 2 + jitter * delay / 2
 
 
+def field_float(raw: str | None) -> float | None:
+    """A number field of a hash (a create time, an interval): None when missing or corrupt,
+    which its readers take as unknown rather than failing on."""
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
 def encode_options(options: Mapping[str, object]) -> dict[str, str]:
     """Validate enqueue/queue options and turn them into hash field values."""
     encoded: dict[str, str] = {}

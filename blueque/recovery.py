@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from blueque import keys as k
 from blueque.endings import decide
+from blueque.leases import LeaseWatch
 from blueque.node import hostname, local_process, node_identity
-from blueque.policy import Policy
+from blueque.policy import Policy, field_float
 from blueque.process import process_alive, signal_group
 from blueque.store import RedisStore, now
 
@@ -54,93 +55,6 @@ class RecoveryReport:
         self.retried += counts[1]
         self.failed += counts[2]
 
-
-#: How long a sweeper lets every listener renew after Redis came back (a restart, or an
-#: outage the sweeper itself noticed) before it judges their leases: a listener daemon waits
-#: at most 5 s between tries while Redis is away (PROTOCOL.md 6, "Outages").
-RECONNECT_GRACE = 10.0
-
-
-class LeaseWatch:
-    """Which expired leases a sweeper may act on: leases run only while Redis was reachable.
-
-    A lease whose deadline passed is acted on only if (PROTOCOL.md 6, "Outages"):
-    - a lease that ran out before the Redis server (re)started is judged from the start
-      plus the grace, not from its deadline, so a restart longer than a lease kills nobody
-      (every sweeper applies this, even one started after the restart); and
-    - after an interruption this sweeper saw (an operation failed transiently, the server's
-      run id changed, or its sweeps stalled longer than its own lease), it saw the lease
-      live since, or the grace has passed since it saw Redis back.
-    The grace is the longest of the sweeper's own lease, the listener's lease (2 of its
-    intervals, when its info is there) and RECONNECT_GRACE."""
-
-    def __init__(self, store: RedisStore, lease_ms: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
-        self.lease_s = lease_ms / 1000
-        self.clock = clock
-        self._run_id: str | None = None
-        self._disruptions = store.health.disruptions
-        self._last_sweep: float | None = None
-        #: when this sweeper last saw Redis come back (local clock); None: never interrupted
-        self._back_since: float | None = None
-        self._live: set[tuple[str, str]] = set()  # (queue, listener) seen live since then
-        self._server_start = 0.0
-
-    def begin(self) -> None:
-        """At the start of a sweep: notice a restart, an outage or a stall."""
-        run_id, self._server_start = self.store.server_run()
-        current = self.clock()
-        if self.store.health.disruptions != self._disruptions:
-            interrupted = "Redis was unavailable"
-        elif self._run_id is not None and run_id != self._run_id:
-            interrupted = "Redis restarted or failed over"
-        elif self._last_sweep is not None and current - self._last_sweep > self.lease_s:
-            interrupted = (f"this sweeper was paused or stalled for "
-                           f"{current - self._last_sweep:.1f} s")
-        else:
-            interrupted = ""
-        self._run_id, self._disruptions = run_id, self.store.health.disruptions
-        if interrupted:
-            if self._back_since is None or self._live:
-                log.warning("%s: no listener is taken for dead by its lease until it had time "
-                            "to renew", interrupted)
-            self._back_since = current
-            self._live.clear()
-
-    def end(self) -> None:
-        self._last_sweep = self.clock()
-
-    def expired(self, queue: str) -> list[str]:
-        """Listeners of ``queue`` whose lease ran out while Redis was reachable."""
-        leases = self.store.leases(queue)
-        server_now = self.store.server_time()
-        found = []
-        for listener, deadline_ms in leases.items():
-            deadline = deadline_ms / 1000
-            if deadline > server_now:
-                if self._back_since is not None:
-                    self._live.add((queue, listener))
-                continue
-            grace = self._grace(listener)
-            if deadline <= self._server_start and server_now < self._server_start + grace:
-                continue  # it lapsed before this server even started: time to renew first
-            if (self._back_since is not None and (queue, listener) not in self._live
-                    and self.clock() - self._back_since < grace):
-                continue  # Redis was away: not seen live since, nor the grace passed
-            found.append(listener)
-        return found
-
-    def _grace(self, listener: str) -> float:
-        interval = _float(self.store.listener_info(listener).get("interval"))
-        return max(self.lease_s, 2 * interval if interval else 0.0, RECONNECT_GRACE)
-
-
-def _float(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
 
 
 class Recovery:
@@ -187,7 +101,7 @@ class Recovery:
             if status in (k.PENDING, k.RESERVED) or not data:
                 verdicts.append((task_id, attempts, "pending", None, ""))
             elif status == k.STARTED:
-                created = _float(data.get("pid_created"))
+                created = field_float(data.get("pid_created"))
                 if adopt and pid and pid.isdigit() and self._alive(int(pid), created):
                     live[task_id] = (int(pid), created)
                     self._enforce(task_id, int(pid), data, Policy.resolve(data, config), current)
@@ -204,7 +118,7 @@ class Recovery:
         """An adopted task's dead listener no longer hears its cancel message nor watches its
         time limit: do both here. SIGTERM to its group, SIGKILL after kill_grace; once it is
         gone a later sweep records it (failed and cancelled, or by the retry policy)."""
-        started_at = _float(data.get("started_at"))
+        started_at = field_float(data.get("started_at"))
         if data.get("cancel_requested"):
             reason = "cancelled"
         elif policy.time_limit and started_at and current - started_at > policy.time_limit:
@@ -339,7 +253,7 @@ class Recovery:
                 run = json.loads(raw)
                 pid, task_id, listener = int(field_), str(run["task"]), str(run["listener"])
                 attempt = None if run.get("attempt") is None else str(run["attempt"])
-                created = _float(str(run.get("created") or ""))
+                created = field_float(str(run.get("created") or ""))
             except (ValueError, KeyError, TypeError):
                 ended.append(field_)  # unreadable: nothing to act on
                 continue
@@ -377,7 +291,7 @@ class Recovery:
                    ) -> tuple[int, float | None] | None:
         owner_pid = run.get("listener_pid")
         if isinstance(owner_pid, int):
-            return owner_pid, _float(str(run.get("listener_created") or ""))
+            return owner_pid, field_float(str(run.get("listener_created") or ""))
         return local_process(listener, self.store.listener_info(listener), self.node,
                              self.host)
 

@@ -7,7 +7,7 @@ import redis
 
 import blueque
 from blueque.keys import Keys
-from blueque.recovery import RECONNECT_GRACE, LeaseWatch
+from blueque.leases import RECONNECT_GRACE, LeaseWatch
 
 KEYS = Keys()
 

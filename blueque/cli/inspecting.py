@@ -21,6 +21,7 @@ from blueque.display import (
     table,
 )
 from blueque.errors import TaskNotFound
+from blueque.policy import field_float
 from blueque.store import now
 from blueque.task import Task
 from blueque.tasklog import follow_output, read_output, wait_for_output
@@ -105,7 +106,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
     current = now()
     rows = [(t["id"], t.get("status", "(missing)"), t.get("attempts", "-"),
-             format_time(_float(t.get("updated"))), _eta_text(t, current),
+             format_time(field_float(t.get("updated"))), _eta_text(t, current),
              t.get("node") or "-",
              shorten(last_line(t.get("error")) or t.get("result") or t.get("parameters"),
                      48))
@@ -118,17 +119,12 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
 
 def _eta_text(task: dict[str, str], current: float) -> str:
     """When a scheduled or retrying task runs: ``in 3h12m`` (``due`` once passed)."""
-    eta = _float(task.get("eta")) if task.get("status") == k.SCHEDULED else None
+    eta = field_float(task.get("eta")) if task.get("status") == k.SCHEDULED else None
     if eta is None:
         return "-"
     return f"in {format_seconds(eta - current)}" if eta > current else "due"
 
 
-def _float(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
 
 
 # --- show -------------------------------------------------------------------------------------
@@ -142,7 +138,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     rows = []
     for name in sorted(data):
         value = data[name]
-        stamp = _float(value) if name in TIME_FIELDS else None
+        stamp = field_float(value) if name in TIME_FIELDS else None
         rows.append((name, f"{format_time(stamp)} ({value})" if stamp else value))
     info = task.checkpoint_info  # its size, time and attempt; the state stays in Redis
     if info is None:

@@ -18,19 +18,11 @@ from blueque.retry import NoRetry
 from blueque.store.core import (
     BLOCK_SLICE,
     CHECKPOINT_MAX_BYTES,
-    CLOSED_UNDER_US,
-    CONFIRM_WAIT,
-    MISSED,
-    RESUBSCRIBE_BACKOFF,
     Health,
-    Message,
     RedisLike,
     Reservation,
     StoreCore,
-    Subscription,
-    lost_connection,
     now,
-    published,
 )
 from blueque.store.errors import (
     MIN_REDIS_VERSION,
@@ -42,6 +34,16 @@ from blueque.store.errors import (
 )
 from blueque.store.listeners import ListenerOperations
 from blueque.store.runs import RunOperations
+from blueque.store.subscription import (
+    CLOSED_UNDER_US,
+    CONFIRM_WAIT,
+    MISSED,
+    RESUBSCRIBE_BACKOFF,
+    Message,
+    Subscription,
+    lost_connection,
+    published,
+)
 from blueque.store.tasks import TaskOperations
 from blueque.store.watch import ListenersAtWork, WatchOperations
 
