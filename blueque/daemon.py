@@ -26,16 +26,14 @@ from blueque.client import Client
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.listener import Listener, listener_id
 from blueque.membership import Membership
-from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
 from blueque.retry import Backoff
 from blueque.runs import Running
 from blueque.slots import Slots
-from blueque.store import now
+from blueque.store import RedisStore, now
 from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
-from blueque.tasklog import TaskLogSettings
 from blueque.wakeup import Wakeup
 
 log = logging.getLogger("blueque.daemon")
@@ -52,6 +50,17 @@ def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str
         choice = rng.choices(names, weights=[pool[name] for name in names])[0]
         del pool[choice]
         yield choice
+
+
+def reserve(store: RedisStore, weights: dict[str, int], listener: str,
+            rng: random.Random) -> tuple[str, str] | None:
+    """LMOVE the next pending id of a queue drawn by weight into the listener's reserved list:
+    the queue and the id. The stamp comes once a child is forked to run it (6.2)."""
+    for queue in reduced_lottery(weights, rng):
+        task_id = store.move_pending(queue, listener, block=None)
+        if task_id is not None:
+            return queue, task_id
+    return None
 
 
 class ListenerDaemon:
@@ -100,8 +109,7 @@ class ListenerDaemon:
         self.rng = random.Random()
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
-                                            self.lease_ms / 1000), clock, self.rng,
-            self._defaults)
+                                            self.lease_ms / 1000), clock, self.rng)
         self.wakeup = Wakeup(self.store, interval)
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
         self.slots = Slots(concurrency)
@@ -111,8 +119,6 @@ class ListenerDaemon:
         # while Redis is away: at most half an interval, back within a lease's slack once it is
         self._outage = Backoff(0.1, min(5.0, interval / 2))
         self._cancels: deque[str] = deque()
-        #: each queue's defaults (blueque_queue_config_[queue]), read again at every renewal
-        self._queue_defaults: dict[str, dict[str, str]] = {}
 
     @property
     def children(self) -> dict[int, Running]:
@@ -121,37 +127,6 @@ class ListenerDaemon:
     @property
     def unrecorded(self) -> list[tuple[Running, str]]:
         return self.supervisor.unrecorded
-
-    @property
-    def metrics(self) -> ListenerMetrics | None:
-        """blueque listen --metrics-port: this listener's Prometheus figures."""
-        return self.supervisor.metrics
-
-    @metrics.setter
-    def metrics(self, metrics: ListenerMetrics | None) -> None:
-        self.supervisor.metrics = metrics
-
-    @property
-    def task_logs(self) -> TaskLogSettings | None:
-        """Where task output goes (blueque listen: on by default; PROTOCOL.md 5.19)."""
-        return self.supervisor.task_logs
-
-    @task_logs.setter
-    def task_logs(self, settings: TaskLogSettings | None) -> None:
-        self.supervisor.task_logs = settings
-
-    @property
-    def preempt_grace(self) -> float:
-        """The notice SIGUSR1 gives (PROTOCOL.md 6.3)."""
-        return self.preemption.grace
-
-    @preempt_grace.setter
-    def preempt_grace(self, seconds: float) -> None:
-        self.preemption.grace = seconds
-
-    @property
-    def preempt_deadline(self) -> float | None:
-        return self.preemption.deadline
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -321,8 +296,8 @@ class ListenerDaemon:
             self._next_renew = current + self.interval / 2
 
     def _renew(self) -> None:
-        self._queue_defaults.clear()  # an operator's Queue.configure applies from now on
-        self.membership.renew(self.busy(), self.metrics)
+        self.supervisor.defaults.clear()  # an operator's Queue.configure applies from now
+        self.membership.renew(self.busy(), self.supervisor.metrics)
         self.store.record_runs(self.node, self.supervisor.records(), NODE_RUNS_TTL)
         checked = self.supervisor.checked()
         if checked:
@@ -335,13 +310,14 @@ class ListenerDaemon:
     def _sweep(self) -> None:
         """Recovery, as adopter: the live runs of dead listeners we adopt take our slots."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
-        if self.task_logs is not None:  # a quiet running attempt's file is not an old one
-            self.task_logs.clean(running=self.supervisor.running_paths())
+        logs = self.supervisor.task_logs
+        if logs is not None:  # a quiet running attempt's file is not an old one
+            logs.clean(running=self.supervisor.running_paths())
         if self.slots.take(report):
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(self.slots.adopted))
-        if self.metrics:
-            self.metrics.swept(report)
+        if self.supervisor.metrics:
+            self.supervisor.metrics.swept(report)
 
     def busy(self) -> int:
         """Slots in use: our children, the runs we adopted, the fenced runs we are stopping."""
@@ -349,29 +325,12 @@ class ListenerDaemon:
 
     def _fill_slots(self) -> None:
         while self.slots.free(len(self.children)) > 0 and not self.stopping:
-            moved = self._reserve()
+            moved = reserve(self.store, self.weights, self.id, self.rng)
             if moved is None:
                 return
             if not self.supervisor.fork(*moved, self.load_function()):
                 self._heal()
                 return
-
-    def _reserve(self) -> tuple[str, str] | None:
-        """LMOVE the next pending id of a queue drawn by weight into our reserved list: the
-        queue and the id. The stamp comes once a child is forked to run it (6.2)."""
-        for queue in reduced_lottery(self.weights, self.rng):
-            task_id = self.store.move_pending(queue, self.id, block=None)
-            if task_id is not None:
-                return queue, task_id
-        return None
-
-    def _defaults(self, queue: str) -> dict[str, str]:
-        """The queue's defaults (blueque_queue_config_[queue]), read again at every lease
-        renewal rather than for every task."""
-        defaults = self._queue_defaults.get(queue)
-        if defaults is None:
-            defaults = self._queue_defaults[queue] = self.store.queue_config(queue)
-        return defaults
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep

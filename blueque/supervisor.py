@@ -41,6 +41,20 @@ log = logging.getLogger("blueque.daemon")
 NODE_RUNS_TTL = 7 * 24 * 3600
 
 
+class Defaults(dict[str, dict[str, str]]):
+    """Queue defaults as read from blueque_queue_config_[queue], one read per queue until
+    cleared; called with a queue, it gives that queue's."""
+
+    def __init__(self, store: RedisStore) -> None:
+        super().__init__()
+        self._store = store
+
+    def __call__(self, queue: str) -> dict[str, str]:
+        if queue not in self:
+            self[queue] = self._store.queue_config(queue)
+        return self[queue]
+
+
 @dataclass(frozen=True)
 class Owner:
     """The listener a Supervisor works for: its id, node identity and process."""
@@ -54,17 +68,18 @@ class Owner:
 
 class Supervisor:
     def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
-                 clock: Callable[[], float], rng: random.Random,
-                 defaults: Callable[[str], dict[str, str]]) -> None:
+                 clock: Callable[[], float], rng: random.Random) -> None:
         self.store = store  # the loop's, bounded
         self.task_store = task_store  # the children's: the client's whole retry_deadline
         self.owner = owner
         self.clock = clock
         self.rng = rng
-        self.defaults = defaults  # a queue's defaults, as the listener caches them
+        #: each queue's defaults (blueque_queue_config_[queue]), read at the first task after
+        #: each lease renewal (the listener clears them then) rather than for every task
+        self.defaults = Defaults(store)
         self.children: dict[int, Running] = {}
         self.stopping = Stopping()
-        self.recorder = Recorder(store, owner.id, owner.node, clock, rng, defaults)
+        self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults)
 
     @property
     def unrecorded(self) -> list[tuple[Running, str]]:

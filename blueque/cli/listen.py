@@ -146,8 +146,8 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name,
     )
-    daemon.task_logs = task_log_settings(args)
-    daemon.preempt_grace = args.preempt_grace
+    daemon.supervisor.task_logs = task_log_settings(args)
+    daemon.preemption.grace = args.preempt_grace
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
         with printed_as_logs("blueque.task_module"):
@@ -161,10 +161,11 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
         ) from error
     server: MetricsServer | None = None
     if args.metrics_port is not None:
-        daemon.metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
-                                         busy=daemon.busy)
+        metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
+                                  busy=daemon.busy)
+        daemon.supervisor.metrics = metrics
         try:
-            server = serve_listener_metrics(daemon.metrics, args.metrics_port,
+            server = serve_listener_metrics(metrics, args.metrics_port,
                                             args.metrics_host)
         except OSError as error:
             raise ConfigurationError(f"cannot serve metrics on {args.metrics_host}:"
