@@ -57,3 +57,23 @@ def decide(policy: Policy, task: Mapping[str, str], ran: Ran, text: str, now: fl
         return Ending("preempted", text)
     eta = policy.retry_eta(Policy.attempts_used(task), now, rng) if retry else None
     return Ending("failed" if eta is None else "retry", text, eta)
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """One run's ending as finish.lua records it (PROTOCOL.md 5.6): which run (the task, the
+    listener that reserved it, its process and attempt, the fencing token), what it came to,
+    and when."""
+
+    queue: str
+    task_id: str
+    listener: str
+    pid: int | None
+    attempt: int | None  # None: unfenced (a task 1.0.1 reserved)
+    outcome: Outcome
+    text: str  # the result, the error, or why it was preempted
+    now: float
+    retry_eta: float | None = None
+    result_ttl_ms: int | None = None  # complete and failed: how long the task is kept
+    cancelled: bool = False  # a failed run that was cancelled: stamped ``cancelled``
+    traceback: str | None = None

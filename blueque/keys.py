@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 PREFIX = "blueque"
 
@@ -25,6 +26,16 @@ COMPLETE = "complete"
 FAILED = "failed"
 STATUSES = (SCHEDULED, PENDING, RESERVED, STARTED, COMPLETE, FAILED)
 FINISHED_STATUSES = (COMPLETE, FAILED)
+
+#: lease.lua's modes (PROTOCOL.md 5.12).
+LeaseMode = Literal["register", "renew", "release"]
+#: How a listener's death was established, for recover.lua: its lease expired, or its pid is
+#: gone on its own node (PROTOCOL.md 5.12).
+RecoverMode = Literal["lease", "host"]
+#: What recover.lua does with one task of a dead listener.
+VerdictKind = Literal["pending", "retry", "failed", "drop"]
+#: One task's verdict for recover.lua: (task id, attempts seen, verdict, eta, error).
+Verdict = tuple[str, str, VerdictKind, "float | None", str]
 
 #: How a task's run or life ended, as counted in finished_per_minute and outcome_counts:
 #: complete, failed (for good), cancelled (failed with ``cancelled``), retry (a failed attempt

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from blueque.endings import Outcome, RunEnd
 from blueque.errors import ConfigurationError, InvalidTaskState
 from blueque.store import RedisStore, now
 from blueque.task import Task
@@ -54,35 +56,27 @@ class Processor:
         return parameters
 
     def complete(self, result: object, result_ttl_ms: int | None = None) -> None:
-        self._store.finish(
-            self._queue, self._task.id, self._listener, self._pid, "complete",
-            encode_result(result), now(), self._attempt, result_ttl_ms=result_ttl_ms,
-        )
+        self._finish("complete", encode_result(result), result_ttl_ms=result_ttl_ms)
 
     def fail(self, error: object, result_ttl_ms: int | None = None,
              traceback: str | None = None) -> None:
         """Record the failure: ``error`` in the task's ``error`` field (as 1.0.1 does),
         ``traceback`` (if any) in its ``traceback`` field."""
-        self._store.finish(
-            self._queue, self._task.id, self._listener, self._pid, "failed",
-            encode_result(error), now(), self._attempt, result_ttl_ms=result_ttl_ms,
-            traceback=traceback,
-        )
+        self._finish("failed", encode_result(error), result_ttl_ms=result_ttl_ms,
+                     traceback=traceback)
 
     def retry(self, error: object, eta: float, traceback: str | None = None) -> None:
         """Record this attempt's failure and schedule the next attempt at ``eta``."""
-        self._store.finish(
-            self._queue, self._task.id, self._listener, self._pid, "retry",
-            encode_result(error), now(), self._attempt, retry_eta=eta, traceback=traceback,
-        )
+        self._finish("retry", encode_result(error), retry_eta=eta, traceback=traceback)
 
     def preempt(self, reason: str) -> None:
         """Record that this run stopped because its node goes away: the task is pending
         again, at the head of the line, and the run does not count as an attempt."""
-        self._store.finish(
-            self._queue, self._task.id, self._listener, self._pid, "preempted", reason, now(),
-            self._attempt,
-        )
+        self._finish("preempted", reason)
+
+    def _finish(self, outcome: Outcome, text: str, **options: Any) -> None:
+        self._store.finish(RunEnd(self._queue, self._task.id, self._listener, self._pid,
+                                  self._attempt, outcome, text, now(), **options))
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report how far the task has got (0.0 to 1.0) and what it is doing."""

@@ -12,7 +12,7 @@ from blueque import failpoints
 from blueque import keys as k
 from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
-from blueque.endings import Ending, decide
+from blueque.endings import Ending, RunEnd, decide
 from blueque.errors import InvalidTaskState, RedisUnavailable
 from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
@@ -136,13 +136,13 @@ class Recorder:
         the listener's log line."""
         current = now()
         final = ending.outcome in ("complete", "failed")
-        status = self.store.finish(
+        status = self.store.finish(RunEnd(
             running.queue, running.task_id, listener or self.listener, running.pid,
-            ending.outcome, ending.text, current,
-            running.attempt if attempt is None else attempt, retry_eta=ending.eta,
+            running.attempt if attempt is None else attempt, ending.outcome, ending.text, current,
+            retry_eta=ending.eta,
             result_ttl_ms=running.policy.result_ttl_ms() if final else None,
-            extra=("cancelled", repr(current)) if ending.cancelled else None,
-            traceback=trace, forget_run=(self.node, running.pid) if forget else None)
+            cancelled=ending.cancelled, traceback=trace),
+            forget_run=(self.node, running.pid) if forget else None)
         running.ending = {"status": status, "attempts": str(running.attempt)}
         if ending.outcome != "complete":
             running.ending.update(error=ending.text, traceback=trace or "",

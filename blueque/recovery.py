@@ -31,7 +31,6 @@ from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.recovery")
 
-Verdict = tuple[str, str, str, "float | None", str]
 
 
 @dataclass
@@ -86,14 +85,14 @@ class Recovery:
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
-    ) -> tuple[list[Verdict], dict[str, tuple[int, float | None]]]:
+    ) -> tuple[list[k.Verdict], dict[str, tuple[int, float | None]]]:
         """Verdicts for a dead listener's reserved tasks, and the still-running ones
         (adopt=True: checked by pid on this node) left alone: task id -> (pid, created)."""
         ids = self.store.reserved_ids(queue, listener)
         datas = self.store.task_data_many(ids) if ids else []
         config = self.store.queue_config(queue) if ids else {}
         current = now()
-        verdicts: list[Verdict] = []
+        verdicts: list[k.Verdict] = []
         live: dict[str, tuple[int, float | None]] = {}
         for task_id, data in zip(ids, datas, strict=True):
             status, attempts = data.get("status"), data.get("attempts", "")
@@ -158,12 +157,13 @@ class Recovery:
     def _started_verdict(
         self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,
         current: float,
-    ) -> Verdict:
+    ) -> k.Verdict:
         attempts = data.get("attempts", "")
         error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
         ending = decide(Policy.resolve(data, config), data, "failed", error, current,
                         rng=self._rng)  # recover.lua stamps a cancelled one `cancelled`
-        return (task_id, attempts, ending.outcome, ending.eta, ending.text)
+        verdict: k.VerdictKind = "retry" if ending.outcome == "retry" else "failed"
+        return (task_id, attempts, verdict, ending.eta, ending.text)
 
     def recover_expired(self, queue: str, report: RecoveryReport,
                         listeners: Iterable[str] | None = None) -> None:

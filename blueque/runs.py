@@ -6,7 +6,7 @@ import json
 import os
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from blueque import keys as k
 from blueque.display import format_seconds, last_line, shorten
@@ -14,6 +14,9 @@ from blueque.endings import Stopped
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel
 from blueque.store import now
+
+#: A run's state: the stamp not yet confirmed, its task started for it, or refused.
+RunState = Literal["starting", "running", "refused"]
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Running:
     #: the task's fields once its ending is recorded (for the listener's log line)
     ending: dict[str, str] | None = None
     channel: ChildChannel | None = None  # the listener's end of the child's socket
-    state: str = "running"
+    state: RunState = "running"
     #: the outcome frame the child sent, and the status recorded for it (None: not yet)
     report: dict[str, Any] | None = None
     recorded: str | None = None

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.endings import RunEnd
 from blueque.errors import InvalidTaskState, StaleAttempt
 from blueque.keys import Keys
 from blueque.listener import Listener
@@ -102,7 +103,8 @@ def test_finishing_a_task_that_is_not_running_is_refused(any_client: blueque.Cli
     processor.complete("once")
     unfenced = any_client.store
     with pytest.raises(InvalidTaskState, match="only a reserved or started task can finish"):
-        unfenced.finish("q", task.id, task.node or "", 1, "failed", "late", time.time())
+        unfenced.finish(RunEnd("q", task.id, task.node or "", 1, None, "failed", "late",
+                               time.time()))
     assert any_client.get_task(task.id).status == "complete"
 
 
@@ -113,8 +115,8 @@ def test_a_repeated_fenced_complete_returns_the_recorded_status(
     processor = any_client.get_processor(task)
     processor.start(1)
     processor.complete("r")
-    status = any_client.store.finish("q", task.id, listener.id, 1, "complete", "r", time.time(),
-                                     attempt=1)
+    status = any_client.store.finish(RunEnd("q", task.id, listener.id, 1, 1, "complete", "r",
+                                            time.time()))
     assert status == "complete"
     assert any_client.redis.lrange(K.complete("q"), 0, -1) == [task.id]  # listed once
 

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import blueque
 from blueque import keys as k
+from blueque.endings import RunEnd
 from blueque.metrics import queue_registry, scrape
 from blueque.store import now
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
@@ -89,8 +90,8 @@ def test_a_repeated_finish_is_not_counted_twice(client: blueque.Client) -> None:
     assert task is not None
     client.store.start("q", task_id, task.node or "", 7, now(), task.attempts)
     for _ in range(2):  # the second is a retried call whose reply was lost
-        client.store.finish("q", task_id, task.node or "", 7, "complete", "r", now(),
-                            task.attempts)
+        client.store.finish(RunEnd("q", task_id, task.node or "", 7, task.attempts, "complete",
+                                   "r", now()))
     assert client.store.outcome_counts("q") == {"complete": 1}
 
 

@@ -12,7 +12,8 @@
 -- ARGV[4] outcome: complete | failed | retry | preempted, ARGV[5] result, error text or (for
 -- preempted) why, ARGV[6] now
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
--- ARGV[10] channel to publish the task id on, ARGV[11] extra field, ARGV[12] its value ("" none)
+-- ARGV[10] channel to publish the task id on, ARGV[11] "cancelled" when a failed run was
+-- cancelled (endings.decide: the task is stamped cancelled = now) else "", ARGV[12] unused ("")
 -- ARGV[13] seconds KEYS[5] is kept
 -- ARGV[14] traceback of a failed or retried run ("" none: an older traceback is removed)
 -- ARGV[15] the queue's channel, ARGV[16] the queue (preempted: published, the task is pending)
@@ -69,8 +70,8 @@ if outcome ~= 'complete' and outcome ~= 'pending' then  -- the traceback explain
     redis.call('HDEL', KEYS[1], 'traceback')
   end
 end
-if ARGV[11] ~= '' then
-  redis.call('HSET', KEYS[1], ARGV[11], ARGV[12])
+if ARGV[11] == 'cancelled' then
+  redis.call('HSET', KEYS[1], 'cancelled', ARGV[6])
 end
 local final = outcome == 'complete' or outcome == 'failed'
 if ARGV[9] ~= '' and final then

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -75,7 +75,7 @@ class Reservation:
     """The outcome of stamping a task a listener moved into its reserved list."""
 
     task_id: str
-    verdict: str  # ok | skip | bad
+    verdict: Literal["ok", "skip", "bad"]
     detail: str  # attempts for ok; the status or reason otherwise
     #: for ok: the task hash as the stamp left it (so the caller reads nothing more)
     fields: dict[str, str] | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+from blueque import keys as k
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
 
@@ -29,7 +30,7 @@ class ListenerOperations(StoreCore):
         return removed
 
     @translate_errors
-    def lease(self, queue: str, listener_id: str, ttl_ms: int, mode: str) -> int:
+    def lease(self, queue: str, listener_id: str, ttl_ms: int, mode: k.LeaseMode) -> int:
         """register | renew | release a listener's lease (server clock). -1: lease was lost."""
         return int(self._run("lease", [self.keys.leases(queue)], [listener_id, ttl_ms, mode]))
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from blueque import keys as k
+from blueque.endings import RunEnd
 from blueque.store.core import Reservation, StoreCore
 from blueque.store.errors import translate_errors
 
@@ -86,45 +87,30 @@ class RunOperations(StoreCore):
         )
 
     @translate_errors
-    def finish(
-        self,
-        queue: str,
-        task_id: str,
-        listener_id: str,
-        pid: int | None,
-        outcome: str,
-        text: str,
-        now: float,
-        attempt: int | None = None,
-        retry_eta: float | None = None,
-        result_ttl_ms: int | None = None,
-        extra: tuple[str, str] | None = None,
-        traceback: str | None = None,
-        forget_run: tuple[str, int] | None = None,
-    ) -> str:
-        """Record complete | failed | retry for one run (finish.lua); returns the new status.
-        ``traceback`` goes to its own field beside a failure's ``error``. ``forget_run``
-        (node identity, pid): the listener daemon drops the run's record from
-        blueque_node_[node] in the same round trip (PROTOCOL.md 6.2)."""
-        if outcome == "complete":
+    def finish(self, end: RunEnd, forget_run: tuple[str, int] | None = None) -> str:
+        """Record one run's ending (finish.lua): complete, failed, retry or preempted; returns
+        the new status. ``forget_run`` (node identity, pid): the listener daemon drops the
+        run's record from blueque_node_[node] in the same round trip (PROTOCOL.md 6.2)."""
+        queue = end.queue
+        if end.outcome == "complete":
             target = self.keys.complete(queue)
-        elif outcome == "failed":
+        elif end.outcome == "failed":
             target = self.keys.failed(queue)
-        elif outcome == "retry" and retry_eta is not None:
+        elif end.outcome == "retry" and end.retry_eta is not None:
             target = self.keys.scheduled(queue)
-        elif outcome == "preempted":
+        elif end.outcome == "preempted":
             target = self.keys.pending(queue)
         else:
-            raise ValueError(f"unknown outcome {outcome!r} (or retry without an eta)")
-        field, value = extra or ("", "")
-        keys = [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
-                self.keys.started(queue), target, *self._outcome_keys(queue, now),
-                self.keys.checkpoint(task_id)]
-        args = [task_id, listener_id, "" if pid is None else pid, outcome, text, repr(now),
-                "" if attempt is None else attempt, "" if retry_eta is None else repr(retry_eta),
-                "" if result_ttl_ms is None else result_ttl_ms, self.keys.done_channel(queue),
-                field, value, k.FINISHED_MINUTE_TTL, traceback or "",
-                self.keys.channel(queue), queue]
+            raise ValueError(f"unknown outcome {end.outcome!r} (or retry without an eta)")
+        keys = [self.keys.task(end.task_id), self.keys.reserved(queue, end.listener),
+                self.keys.started(queue), target, *self._outcome_keys(queue, end.now),
+                self.keys.checkpoint(end.task_id)]
+        args = [end.task_id, end.listener, "" if end.pid is None else end.pid, end.outcome,
+                end.text, repr(end.now), "" if end.attempt is None else end.attempt,
+                "" if end.retry_eta is None else repr(end.retry_eta),
+                "" if end.result_ttl_ms is None else end.result_ttl_ms,
+                self.keys.done_channel(queue), "cancelled" if end.cancelled else "", "",
+                k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue]
         if forget_run is None:
             return str(self._run("finish", keys, args, durable=True))
         runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
@@ -143,9 +129,9 @@ class RunOperations(StoreCore):
         self,
         queue: str,
         listener_id: str,
-        verdicts: Iterable[tuple[str, str, str, float | None, str]],
+        verdicts: Iterable[k.Verdict],
         now: float,
-        mode: str,
+        mode: k.RecoverMode,
         release: bool = True,
     ) -> list[int]:
         """Apply verdicts (id, attempts seen, pending|retry|failed|drop, eta, error) to a dead
