@@ -100,7 +100,9 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
         if value is None:
             continue
         try:
-            number = float(value)  # type: ignore[arg-type]
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise TypeError(type(value).__name__)
+            number = float(value)
         except (TypeError, ValueError) as error:
             raise ConfigurationError(f"option {name}={value!r} is not a number") from error
         if number < 0 or (name in ("max_attempts", "checkpoint_max_bytes") and number < 1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from blueque import keys as k
 from blueque.errors import (
@@ -19,8 +19,11 @@ from blueque.errors import (
 from blueque.store import RedisStore, now
 from blueque.waiting import WaitResult, drive
 
+T = TypeVar("T")
 
-def _parse(task_id: str, field: str, convert: Callable[[str], Any], raw: str | None) -> Any:
+
+def _parse(task_id: str, field: str, convert: Callable[[str], T], raw: str | None
+           ) -> T | None:
     if raw is None or raw == "":
         return None
     try:
@@ -110,35 +113,35 @@ class TaskView:
 
     @property
     def pid(self) -> int | None:
-        return _parse(self._id, "pid", _as_int, self._get("pid"))  # type: ignore[no-any-return]
+        return _parse(self._id, "pid", _as_int, self._get("pid"))
 
     @property
     def attempts(self) -> int | None:
-        return _parse(self._id, "attempts", _as_int, self._get("attempts"))  # type: ignore[no-any-return]
+        return _parse(self._id, "attempts", _as_int, self._get("attempts"))
 
     @property
     def created(self) -> float | None:
-        return _parse(self._id, "created", float, self._get("created"))  # type: ignore[no-any-return]
+        return _parse(self._id, "created", float, self._get("created"))
 
     @property
     def updated(self) -> float | None:
-        return _parse(self._id, "updated", float, self._get("updated"))  # type: ignore[no-any-return]
+        return _parse(self._id, "updated", float, self._get("updated"))
 
     @property
     def eta(self) -> float | None:
-        return _parse(self._id, "eta", float, self._get("eta"))  # type: ignore[no-any-return]
+        return _parse(self._id, "eta", float, self._get("eta"))
 
     @property
     def started_at(self) -> float | None:
-        return _parse(self._id, "started_at", float, self._get("started_at"))  # type: ignore[no-any-return]
+        return _parse(self._id, "started_at", float, self._get("started_at"))
 
     @property
     def finished_at(self) -> float | None:
-        return _parse(self._id, "finished_at", float, self._get("finished_at"))  # type: ignore[no-any-return]
+        return _parse(self._id, "finished_at", float, self._get("finished_at"))
 
     @property
     def progress(self) -> float | None:
-        return _parse(self._id, "progress", float, self._get("progress"))  # type: ignore[no-any-return]
+        return _parse(self._id, "progress", float, self._get("progress"))
 
     @property
     def cancelled(self) -> bool:

@@ -13,6 +13,7 @@ PROTOCOL.md §5.19 specifies the stream.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -83,8 +84,9 @@ def capture(path: Path) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError):
+                stream.reconfigure(line_buffering=True)
 
 
 class Shipper:
