@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from blueque.config import URL_ENVIRONMENT_VARIABLE, default_url
 from blueque.display import last_line, shorten, table
 from blueque.errors import BluequeError
 from blueque.private_redis import RedisServer
+from blueque.process import stop_process
 from blueque.waiting import WaitResult, wait_all
 
 QUEUE = "blueque-demo"
@@ -73,13 +73,7 @@ class Processes:
 
     def stop(self) -> None:
         for name, process, _ in reversed(self.started):
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.kill(process.pid, signal.SIGKILL)
-                    process.wait()
+            stop_process(process, timeout=20)
             print(f"  stopped the {name} (pid {process.pid}, exit code {process.returncode})",
                   file=self.out)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from blueque.errors import ConfigurationError, RedisUnavailable
+from blueque.process import kill_process, stop_process
 
 
 def free_port() -> int:
@@ -29,21 +29,7 @@ def free_port() -> int:
         return port
 
 
-def kill_process(process: subprocess.Popen[bytes] | None) -> None:
-    """SIGKILL a child process we started (a crash) and reap it."""
-    if process is not None and process.poll() is None:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def stop_process(process: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
-    """SIGTERM a child process we started; SIGKILL it if it has not exited within timeout."""
-    if process is not None and process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_process(process)
+__all__ = ["RedisServer", "free_port", "kill_process", "stop_process"]
 
 
 @dataclass

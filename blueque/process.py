@@ -6,9 +6,11 @@ import contextlib
 import functools
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import setproctitle
@@ -93,10 +95,12 @@ class Stopping:
         return True
 
     def step(self, key: Hashable, pid: int, grace: float, reason: str = "") -> int:
-        """Begin if need be, then escalate: the signal sent now (0 for none)."""
+        """Begin if need be, then escalate: the signal sent now (0 for none). ``grace`` is
+        the run's own (its task's kill_grace), read anew at each look."""
         if self.begin(key, pid, grace, reason):
             return signal.SIGTERM
         stop = self._runs[key]
+        stop.grace = grace
         if self._clock() - stop.since > stop.grace:
             if not stop.killed or self._repeat:
                 stop.killed = True
@@ -121,13 +125,14 @@ class Stopping:
         stop = self._runs.get(key)
         return None if stop is None else stop.reason
 
-    def forget(self, key: Hashable) -> bool:
-        """The process is gone: SIGKILL its group once more (grandchildren left in it) and
-        forget it; False if it was not being stopped."""
+    def forget(self, key: Hashable, kill: bool = True) -> bool:
+        """The process is gone: SIGKILL its group once more (grandchildren left in it; not
+        with ``kill`` False) and forget it; False if it was not being stopped."""
         stop = self._runs.pop(key, None)
         if stop is None:
             return False
-        self._kill(stop.pid, signal.SIGKILL)
+        if kill:
+            self._kill(stop.pid, signal.SIGKILL)
         return True
 
     def __contains__(self, key: Hashable) -> bool:
@@ -141,3 +146,22 @@ class _Stop:
     reason: str
     since: float
     killed: bool = False
+
+
+def kill_process(process: subprocess.Popen[Any] | None) -> None:
+    """SIGKILL a child process we started (a crash) and reap it."""
+    if process is not None and process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def stop_process(process: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+    """SIGTERM a child process we started; SIGKILL it if it has not exited within timeout:
+    the blocking form of Stopping's rule, for the servers and daemons a program starts (the
+    demo's, the tests')."""
+    if process is not None and process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_process(process)

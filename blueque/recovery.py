@@ -17,7 +17,6 @@ import json
 import logging
 import random
 import signal
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -26,7 +25,7 @@ from blueque.endings import decide
 from blueque.leases import LeaseWatch
 from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy, field_float
-from blueque.process import process_alive, signal_group
+from blueque.process import Stopping, process_alive, signal_group
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.recovery")
@@ -77,10 +76,11 @@ class Recovery:
         self._alive = alive
         self._rng = rng or random.Random()
         self._kill = kill
-        # adopted task id -> (when SIGTERM was sent, why: "cancelled" | "time limit")
-        self._stopping: dict[str, tuple[float, str]] = {}
-        # fenced run's pid -> when its group was first sent SIGTERM (monotonic)
-        self._fenced: dict[int, float] = {}
+        # a sweeper's runs are not its children: it says SIGTERM again at each sweep until
+        # the grace has passed. Adopted runs stopped by task id (why: cancelled, time limit,
+        # shutdown), fenced runs by pid.
+        self._stopping = Stopping(kill, repeat=True)
+        self._fenced = Stopping(kill, repeat=True)
         self.watch = LeaseWatch(store, lease_ms)
 
     def _verdicts(
@@ -105,7 +105,8 @@ class Recovery:
                     live[task_id] = (int(pid), created)
                     self._enforce(task_id, int(pid), data, Policy.resolve(data, config), current)
                     continue
-                stopped = self._stopping.pop(task_id, (0.0, ""))[1]
+                stopped = self._stopping.reason(task_id) or ""
+                self._stopping.forget(task_id, kill=False)
                 verdicts.append(self._started_verdict(
                     task_id, data, config, self._why(why, stopped, data, config), current))
             else:
@@ -123,15 +124,12 @@ class Recovery:
         elif policy.time_limit and started_at and current - started_at > policy.time_limit:
             reason = "time limit"
         elif task_id in self._stopping:
-            reason = self._stopping[task_id][1]  # "shutdown": stop_adopted began it
+            reason = self._stopping.reason(task_id) or "shutdown"  # stop_adopted began it
         else:
             return
-        first, _ = self._stopping.setdefault(task_id, (time.monotonic(), reason))
-        late = time.monotonic() - first > policy.kill_grace
-        signum = signal.SIGKILL if late else signal.SIGTERM
+        signum = self._stopping.step(task_id, pid, policy.kill_grace, reason)
         log.warning("task %s: %s while adopted, sending %s to pid %d's group", task_id, reason,
                     signal.Signals(signum).name, pid)
-        self._kill(pid, signum)
 
     def stop_adopted(self, runs: dict[str, tuple[int, float | None]]) -> None:
         """A listener stopping with --on-stop=terminate stops the runs it adopted as it stops
@@ -139,10 +137,9 @@ class Recovery:
         (later sweeps), and a sweep records each once its process is gone."""
         for task_id, (pid, created) in runs.items():
             if task_id not in self._stopping and self._alive(pid, created):
-                self._stopping[task_id] = (time.monotonic(), "shutdown")
                 log.warning("task %s: adopted run (pid %d) stopped with its adopter, sending "
                             "SIGTERM to its group", task_id, pid)
-                self._kill(pid, signal.SIGTERM)
+                self._stopping.begin(task_id, pid, Policy().kill_grace, "shutdown")
 
     @staticmethod
     def _why(why: str, stopped: str, data: dict[str, str], config: dict[str, str]) -> str:
@@ -259,8 +256,7 @@ class Recovery:
                 continue
             if not self._alive(pid, created):
                 ended.append(field_)
-                if self._fenced.pop(pid, None) is not None:
-                    self._kill(pid, signal.SIGKILL)  # grandchildren left in its group
+                self._fenced.forget(pid)  # SIGKILL: grandchildren left in its group
                 continue
             owner = self._run_owner(run, listener)
             if owner is not None and self._alive(*owner):
@@ -275,14 +271,11 @@ class Recovery:
             if not data or current:
                 continue
             policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
-            first = self._fenced.setdefault(pid, time.monotonic())
-            signum = (signal.SIGKILL if time.monotonic() - first > policy.kill_grace
-                      else signal.SIGTERM)
+            signum = self._fenced.step(pid, pid, policy.kill_grace)
             log.warning("task %s: attempt %s (pid %d) of dead listener %s was taken back "
                         "(now %s, attempt %s); sending %s to its group", task_id, attempt, pid,
                         listener, data.get("status"), data.get("attempts"),
                         signal.Signals(signum).name)
-            self._kill(pid, signum)
             report.stopped_runs += 1
             report.fenced_runs[pid] = created
         self.store.forget_runs(self.node, ended)
