@@ -163,7 +163,6 @@ class ListenerDaemon:
         self.wakeup.install_signals({signal.SIGTERM: self._request_stop,
                                      signal.SIGINT: self._request_stop,
                                      signal.SIGUSR1: self._request_preempt})
-        self.start_subscriber()
         try:
             while True:
                 self.run_once()
@@ -237,6 +236,8 @@ class ListenerDaemon:
                     return
                 self.register()
                 self._heal()
+                if self.wakeup.subscriber is None:  # once the server is known to be usable
+                    self.start_subscriber()
             self._step(self.clock())
             timeout = self.poll
         except RedisUnavailable as error:

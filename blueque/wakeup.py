@@ -19,6 +19,7 @@ from typing import Any
 
 from blueque.errors import BluequeError
 from blueque.reporting import ChildChannel
+from blueque.retry import Backoff
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
@@ -38,6 +39,7 @@ class Wakeup:
         self._previous_handlers: dict[int, Any] = {}  # what signal.signal() returned
         self._previous_wakeup_fd: int | None = None
         self.subscriber: threading.Thread | None = None
+        self._closed = threading.Event()
 
     # --- signals ----------------------------------------------------------------------------
     def install_signals(self, handlers: Mapping[int, Handler]) -> None:
@@ -71,13 +73,16 @@ class Wakeup:
         with its keepalive notices a connection a NAT or load balancer dropped without a word
         (a PING after an interval of silence; a new subscription without a reply)."""
         subscription = self._store.subscribe(channels, keepalive=self._interval)
+        refusals = Backoff(1.0, 30.0)
         try:
             while self.subscriber is not None:
                 try:
                     message = subscription.get_message(timeout=min(1.0, self._interval))
                 except BluequeError as error:  # refused (ACL, auth): tried again after backoff
                     log.warning("subscriber: %s", error)
+                    self._closed.wait(refusals.next())
                     continue
+                refusals.reset()
                 if message is None:
                     continue
                 if not message.missed:
@@ -116,6 +121,7 @@ class Wakeup:
     def close(self) -> None:
         """Stop the subscriber, give the signals back, close the pipes."""
         self.subscriber = None
+        self._closed.set()
         self._restore_signals()
         with self._wake_lock:  # the subscriber thread may still hold a message for a second
             for fd in (self._wake_r, self._wake_w, self._sig_r, self._sig_w):

@@ -325,10 +325,12 @@ class LosingProxy:
                              daemon=True).start()
 
     def _pump(self, source: socket.socket, target: socket.socket, requests: bool) -> None:
+        seen = b""  # the end of the bytes before: a command may arrive in several pieces
         try:
             while data := source.recv(65536):
                 target.sendall(data)
-                if requests and self.token is not None and self.token in data:
+                seen = seen[-256:] + data
+                if requests and self.token is not None and self.token in seen:
                     self.token = None
                     self.lost += 1
                     time.sleep(0.2)  # Redis runs it; its reply is then thrown away with us

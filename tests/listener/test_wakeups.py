@@ -187,3 +187,32 @@ def test_run_gives_back_the_signal_handlers_it_took(client):  # type: ignore[no-
                 signal.signal(signum, handler)
                 pytest.fail(f"{signal.Signals(signum).name} handler left installed")
     assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left pointing at a closed pipe
+
+
+def test_a_refused_subscriber_backs_off_and_the_listener_keeps_working(  # type: ignore[no-untyped-def]
+        redis_server, redis_client, caplog):
+    """An ACL that forbids SUBSCRIBE: the subscriber says so and tries again after a growing
+    wait (not in a hot loop flooding the log); the listener still picks up, by polling."""
+    user = f"nosub-{os.getpid()}"
+    redis_client.acl_setuser(user, enabled=True, passwords=["+secret"], keys=["*"],
+                             channels=["*"], commands=["+@all", "-subscribe"])
+    client = blueque.Client(f"redis://{user}:secret@127.0.0.1:{redis_server.port}/0")
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="refused.example_1",
+                            poll=0.2)
+    caplog.set_level("WARNING", logger="blueque.daemon")
+    try:
+        daemon.start_subscriber()
+        refusals = lambda: [r for r in caplog.records if "subscriber:" in r.getMessage()]  # noqa: E731
+        wait_until(lambda: len(refusals()) >= 2, timeout=10, what="two refusals")
+        first, second = refusals()[:2]
+        assert "subscribe" in first.getMessage()
+        assert second.created - first.created >= 0.4  # Backoff(1 s) with jitter: 0.5 s or more
+        task_id = client.get_queue("work").enqueue("found by polling")
+        deadline = time.monotonic() + 15
+        while client.get_task(task_id).status != "complete" and time.monotonic() < deadline:
+            daemon.run_once()
+        assert client.get_task(task_id).result == "processed found by polling"
+    finally:
+        daemon._finish()
+        client.close()
+        redis_client.acl_deluser(user)
