@@ -104,16 +104,25 @@ class Results:
         return statistics.median(values) if values else None
 
 
+#: Systems that drain: RQ twice, with its forking Worker (one process per job, as Blueque and
+#: the original) and with its SimpleWorker (jobs in the worker process: no fork, no isolation).
+DRAIN_SYSTEMS = ("blueque", "original", "rq", "rq_simple")
+#: Row labels of systems whose key is not their name.
+SYSTEM_NAMES = {"rq_simple": "rq SimpleWorker", "raw": "redis-py loop",
+                "lpush": "bare LPUSH loop"}
+
+
 def drain_cost_rows(p: Profile) -> list[Row]:
     """Redis commands and Redis CPU per drained task (INFO commandstats and INFO cpu)."""
     rows = []
     for c in (1, 2):
-        for system in ("blueque", "original", "rq"):
+        for system in DRAIN_SYSTEMS:
+            name = SYSTEM_NAMES.get(system, system)
             rows.append(Row(f"drain_cmds_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
-                            f"Redis commands per task, c={c}", system, "commands", 1))
+                            f"Redis commands per task, c={c}", name, "commands", 1))
             rows.append(Row(f"drain_redis_cpu_c{c}.{system}",
                             f"4 drain {p.drain_n:,} no-op tasks",
-                            f"Redis CPU per task, c={c}", system, "us", 1))
+                            f"Redis CPU per task, c={c}", name, "us", 1))
     return rows
 
 
@@ -129,9 +138,11 @@ def _enqueue_rows() -> list[Row]:
         Row("enqueue.rq", "1 enqueue, one task per call", "tasks/s", "rq", "tasks/s"),
         Row("enqueue.raw", "1 enqueue, one task per call", "tasks/s", "redis-py loop",
             "tasks/s"),
+        Row("enqueue.lpush", "1 enqueue, one task per call", "tasks/s", "bare LPUSH loop",
+            "tasks/s"),
     ]
-    for system in ("blueque", "original", "rq", "raw"):
-        name = "redis-py loop" if system == "raw" else system
+    for system in ("blueque", "original", "rq", "raw", "lpush"):
+        name = SYSTEM_NAMES.get(system, system)
         rows.append(Row(f"enqueue_cpu.{system}", "1 enqueue, one task per call",
                         "client CPU per task", name, "us"))
         rows.append(Row(f"enqueue_redis_cpu.{system}", "1 enqueue, one task per call",
@@ -148,8 +159,8 @@ def _pickup_and_drain_rows(p: Profile) -> list[Row]:
     rows = [Row(f"pickup_{pct}.{system}", "3 pickup latency, idle listener", pct, system, "ms", 1)
             for system in ("blueque", "original", "rq") for pct in ("p50", "p95", "p99")]
     rows += [Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
-                 f"concurrency {c}", system, "tasks/s")
-             for c in (1, 2) for system in ("blueque", "original", "rq")]
+                 f"concurrency {c}", SYSTEM_NAMES.get(system, system), "tasks/s")
+             for c in (1, 2) for system in DRAIN_SYSTEMS]
     return [*rows, *drain_cost_rows(p),
             Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
                 "blueque", "s", 2),
@@ -200,6 +211,10 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
         Job("enqueue", "raw", "1", script("blueque", "raw_redis.py", "loop", "--n", p.enqueue_n),
             {"enqueue.raw": "rate", "enqueue_cpu.raw": "client_cpu_us",
              "enqueue_redis_cpu.raw": "server_cpu_us"}),
+        Job("enqueue", "lpush", "1",
+            script("blueque", "raw_redis.py", "lpush", "--n", p.enqueue_n),
+            {"enqueue.lpush": "rate", "enqueue_cpu.lpush": "client_cpu_us",
+             "enqueue_redis_cpu.lpush": "server_cpu_us"}),
         Job("bulk", "blueque", "2", script("blueque", bq, "bulk", "--n", p.bulk_n),
             {"bulk.blueque": "rate"}),
         Job("bulk", "rq", "2", script("rq", rq, "bulk", "--n", p.bulk_n), {"bulk.rq": "rate"}),
@@ -221,10 +236,13 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
             {f"pickup_{pct}.{system}": f"{pct}_ms" for pct in ("p50", "p95", "p99")},
             slow=True))
     for c in (1, 2):
-        for system, name in (("blueque", bq), ("original", orig), ("rq", rq)):
+        for system, name, kind in (("blueque", bq, "-"), ("original", orig, "-"),
+                                   ("rq", rq, "fork"), ("rq_simple", rq, "simple")):
+            interpreter = "rq" if system == "rq_simple" else system
             jobs.append(Job(
                 "drain", system, "4",
-                script(system, name, "drain", "--n", p.drain_n, "--concurrency", c),
+                script(interpreter, name, "drain", "--n", p.drain_n, "--concurrency", c,
+                       "--op", kind),
                 {f"drain_c{c}.{system}": "rate", f"drain_cmds_c{c}.{system}": "commands",
                  f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
     if p.recovery_default:
@@ -438,13 +456,19 @@ TARGETS = [
            " ms"),
     Target("drain c=1: blueque / original ForkingRunner",
            ratio("drain_c1.blueque", "drain_c1.original"), 2.0),
+    Target("drain c=1: blueque / rq SimpleWorker (no fork)",
+           ratio("drain_c1.blueque", "drain_c1.rq_simple"), 1.0),
     Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.7),
     Target("Redis CPU per drained task (c=1): blueque / original",
            ratio("drain_redis_cpu_c1.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
     Target(f"asyncio: {AIO_CONCURRENCY} concurrent enqueues / sync one at a time",
            ratio("aio_enqueue.blueque", "aio_enqueue_sync.blueque"), 3.0),
-    Target("enqueue one at a time: blueque / redis-py loop",
+    Target("enqueue one at a time: blueque / redis-py HSET+LPUSH loop",
            ratio("enqueue.blueque", "enqueue.raw"), 0.8),
+    Target("enqueue one at a time: blueque / bare single-LPUSH loop",
+           ratio("enqueue.blueque", "enqueue.lpush"), 0.8),
+    Target("Redis commands per drained task (c=1): blueque / original",
+           ratio("drain_cmds_c1.blueque", "drain_cmds_c1.original"), 1.0, True),
     Target("memory per finished task: blueque / original",
            ratio("memory_finished.blueque", "memory_finished.original"), 1.0, True),
     Target("memory per pending task (bytes): blueque", value_of("memory_pending.blueque"),

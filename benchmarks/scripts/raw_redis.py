@@ -2,9 +2,12 @@
 
 One task is a hash (status, queue, parameters, created, updated) and its id LPUSHed onto the
 pending list: ``loop`` sends those two commands per task in one round trip (a non-transactional
-pipeline); ``bulk`` sends 1,000 tasks' worth of them per pipeline.
+pipeline); ``bulk`` sends 1,000 tasks' worth of them per pipeline. ``lpush`` is the floor of
+any enqueue: one bare ``LPUSH`` of a task id per call, no hash at all (the yardstick of issue
+11's "enqueue near the one-command floor").
 
-Usage: python raw_redis.py loop|bulk --url URL [--n N] [--batch B]. Prints one JSON object.
+Usage: python raw_redis.py loop|lpush|bulk --url URL [--n N] [--batch B]. Prints one JSON
+object.
 """
 
 from __future__ import annotations
@@ -47,6 +50,18 @@ def loop(url: str, n: int) -> dict[str, float]:
     return bc.timed(r, n, body)
 
 
+def lpush(url: str, n: int) -> dict[str, float]:
+    r = bc.connect(url)
+    for _ in range(20):
+        r.lpush(PENDING, str(uuid.uuid4()))
+
+    def body() -> None:
+        for _ in range(n):
+            r.lpush(PENDING, str(uuid.uuid4()))
+
+    return bc.timed(r, n, body)
+
+
 def bulk(url: str, n: int, batch: int) -> dict[str, float]:
     r = bc.connect(url)
 
@@ -69,6 +84,8 @@ def main() -> None:
     args = bc.parser(__doc__ or "").parse_args()
     if args.command == "loop":
         bc.emit(loop(args.url, args.n))
+    elif args.command == "lpush":
+        bc.emit(lpush(args.url, args.n))
     elif args.command == "bulk":
         bc.emit(bulk(args.url, args.n, args.batch))
     else:

@@ -1,7 +1,9 @@
 """Measurements of RQ with its forking Worker; runs inside RQ's own virtualenv.
 
-Usage: python rq_peer.py COMMAND --url URL [--n N] [--concurrency C] [--batch B]
+Usage: python rq_peer.py COMMAND --url URL [--n N] [--concurrency C] [--batch B] [--op OP]
 Commands: enqueue, bulk, memory, pickup, drain, worker. Prints one JSON object on stdout.
+``drain --op simple`` (and ``worker --op simple``) use RQ's SimpleWorker, which runs each job in
+the worker process itself (no fork): the fastest drain RQ offers, at the price of isolation.
 Jobs are enqueued by function name ("rq_peer.noop") with the same parameters string the other
 systems enqueue, so the worker imports this file as a module.
 """
@@ -76,10 +78,10 @@ def memory(url: str, n: int) -> dict[str, float]:
     return {"pending_bytes": (pending - base) / n, "finished_bytes": (finished - base) / n}
 
 
-def start_workers(url: str, count: int) -> list[object]:
+def start_workers(url: str, count: int, kind: str = "fork") -> list[object]:
     r = bc.connect(url)
     workers = [
-        bc.start_process([sys.executable, __file__, "worker", "--url", url],
+        bc.start_process([sys.executable, __file__, "worker", "--url", url, "--op", kind],
                          env={"BENCH_REDIS_URL": url})
         for _ in range(count)
     ]
@@ -101,13 +103,13 @@ def pickup(url: str, n: int, spacing: float) -> dict[str, float]:
             bc.stop_process(worker)  # type: ignore[arg-type]
 
 
-def drain(url: str, n: int, concurrency: int, batch: int) -> dict[str, float]:
+def drain(url: str, n: int, concurrency: int, batch: int, kind: str) -> dict[str, float]:
     r = bc.connect(url)
     queue = queue_for(url)
     for start in range(0, n, batch):
         count = min(batch, n - start)
         queue.enqueue_many([Queue.prepare_data(NOOP, args=(bc.PARAMETERS,)) for _ in range(count)])
-    workers = start_workers(url, concurrency)
+    workers = start_workers(url, concurrency, kind)
     try:
         return bc.drain_rate(lambda: finished_count(r, queue), n, timeout=n * 0.1 + 30,
                              r=r)
@@ -116,15 +118,16 @@ def drain(url: str, n: int, concurrency: int, batch: int) -> dict[str, float]:
             bc.stop_process(worker)  # type: ignore[arg-type]
 
 
-def worker(url: str) -> None:
+def worker(url: str, kind: str) -> None:
     queue = queue_for(url)
-    Worker([queue], connection=queue.connection).work(logging_level="ERROR")
+    worker_class = SimpleWorker if kind == "simple" else Worker
+    worker_class([queue], connection=queue.connection).work(logging_level="ERROR")
 
 
 def main() -> None:
     args = bc.parser(__doc__ or "").parse_args()
     if args.command == "worker":
-        worker(args.url)
+        worker(args.url, args.op)
         return
     if args.command == "enqueue":
         result = enqueue(args.url, args.n)
@@ -135,7 +138,7 @@ def main() -> None:
     elif args.command == "pickup":
         result = pickup(args.url, args.n, args.spacing)
     elif args.command == "drain":
-        result = drain(args.url, args.n, args.concurrency, args.batch)
+        result = drain(args.url, args.n, args.concurrency, args.batch, args.op)
     else:
         raise SystemExit(f"unknown command {args.command}")
     bc.emit(result)
