@@ -161,6 +161,8 @@ def _pickup_and_drain_rows(p: Profile) -> list[Row]:
     rows += [Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
                  f"concurrency {c}", SYSTEM_NAMES.get(system, system), "tasks/s")
              for c in (1, 2) for system in DRAIN_SYSTEMS]
+    rows.append(Row("drain_c1_nologs.blueque", f"4 drain {p.drain_n:,} no-op tasks",
+                    "concurrency 1, --no-task-logs", "blueque", "tasks/s"))
     return [*rows, *drain_cost_rows(p),
             Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
                 "blueque", "s", 2),
@@ -245,6 +247,10 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                        "--op", kind),
                 {f"drain_c{c}.{system}": "rate", f"drain_cmds_c{c}.{system}": "commands",
                  f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
+    jobs.append(Job("drain", "blueque", "4",
+                    script("blueque", bq, "drain", "--n", p.drain_n, "--concurrency", 1,
+                           "--op", "no-task-logs"),
+                    {"drain_c1_nologs.blueque": "rate"}, slow=True))
     if p.recovery_default:
         jobs.append(Job("recovery", "blueque", "5",
                         script("blueque", bq, "recovery", "--lease", "default"),

@@ -9,10 +9,8 @@ benchmarks/scripts/bench_tasks.py.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import importlib.util
 import os
 import signal
 import sys
@@ -149,22 +147,9 @@ LEASES = {"default": ["--interval", "10", "--poll", "1"],
 
 def listen_command(url: str, function: str, concurrency: int, extra: list[str]) -> list[str]:
     """``blueque listen bench bench_tasks:FUNCTION`` in this interpreter."""
-    arguments = [QUEUE, f"bench_tasks:{function}", "--concurrency", str(concurrency),
-                 "--log-level", "WARNING", *extra]
-    if importlib.util.find_spec("blueque.cli") is not None:
-        return [sys.executable, "-m", "blueque.cli", "listen", "--url", url, *arguments]
-    return [sys.executable, __file__, "listen", "--url", url, "--", *arguments]
-
-
-def listen_shim(argv: list[str]) -> int:
-    """Until blueque.cli lands: the same daemon through blueque.daemon's own argument parser."""
-    from blueque.daemon import add_listen_arguments, run_listen
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
-    add_listen_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_listen(args, blueque.Client(args.url))
+    return [sys.executable, "-m", "blueque.cli", "listen", "--url", url, QUEUE,
+            f"bench_tasks:{function}", "--concurrency", str(concurrency), "--log-level",
+            "WARNING", *extra]
 
 
 def start_listener(url: str, function: str, concurrency: int = 1,
@@ -191,11 +176,14 @@ def pickup(url: str, n: int, spacing: float) -> dict[str, float]:
         bc.stop_process(listener)  # type: ignore[arg-type]
 
 
-def drain(url: str, n: int, concurrency: int) -> dict[str, float]:
+def drain(url: str, n: int, concurrency: int, op: str) -> dict[str, float]:
+    """``op`` "no-task-logs": the listener captures no task output (``--no-task-logs``), which
+    measures what the per-attempt output file and its shipping cost each task."""
     client = blueque.Client(url)
     queue = client.get_queue(QUEUE)
     queue.enqueue_many([bc.PARAMETERS] * n)
-    listener = start_listener(url, "noop", concurrency)
+    extra = ["--no-task-logs"] if op == "no-task-logs" else []
+    listener = start_listener(url, "noop", concurrency, extra)
     try:
         return bc.drain_rate(lambda: queue.stats().complete, n, timeout=n * 0.1 + 30,
                              r=bc.connect(url))
@@ -241,13 +229,11 @@ def recovery(url: str, lease: str) -> dict[str, float]:
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["listen"]:
-        return listen_shim([a for a in sys.argv[2:] if a != "--"])
     args = bc.parser(__doc__ or "").parse_args()
     if args.command == "pickup":
         result = pickup(args.url, args.n, args.spacing)
     elif args.command == "drain":
-        result = drain(args.url, args.n, args.concurrency)
+        result = drain(args.url, args.n, args.concurrency, args.op)
     elif args.command == "recovery":
         result = recovery(args.url, args.lease)
     elif args.command == "enqueue":
