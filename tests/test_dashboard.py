@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 
 import blueque
 from blueque import keys as k
+from blueque.errors import ConfigurationError
 from blueque.listener import Listener
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
@@ -219,6 +220,29 @@ def test_retry_retry_all_and_purge_actions(client: blueque.Client,
                          {"queue": "jobs", "status": "failed", "older_than": 0}, good)
     assert status == 200 and "1 failed task(s)" in str(reply["message"])
     assert queue.stats().failed == 0
+
+
+def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue("{}")
+    task = client.get_listener("jobs").reserve()
+    assert task is not None
+    processor = client.get_processor(task)
+    processor.start(4242)
+    processor.complete("done")
+    good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
+    # json.loads takes NaN and Infinity: NaN compared with anything is False, so "older than
+    # NaN seconds" once slipped past the check and deleted every finished task
+    for older_than in (float("nan"), -1, True, "3600"):
+        status, reply = post(dashboard.url + "/actions/purge",
+                             {"queue": "jobs", "status": "complete", "older_than": older_than},
+                             good)
+        assert status == 409 and "older_than" in str(reply["message"]), (older_than, reply)
+        assert queue.stats().complete == 1
+    with pytest.raises(ConfigurationError, match="older_than"):
+        queue.purge("complete", float("nan"))
+    assert queue.stats().complete == 1
 
 
 def test_overview_counts_age_and_throughput(client: blueque.Client, redis_client: redis.Redis,

@@ -251,8 +251,8 @@ class Dashboard:
         queue = _text(body, "queue")
         status = _text(body, "status")
         older_than = body.get("older_than", 0)
-        if not isinstance(older_than, (int, float)) or older_than < 0:
-            raise ValueError("older_than must be a number of seconds >= 0")
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+            raise ValueError(f"older_than must be a number of seconds, not {older_than!r}")
         deleted = self.client.get_queue(queue).purge(status, float(older_than))
         return f"{deleted} {status} task(s) of {queue} deleted"
 
