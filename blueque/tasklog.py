@@ -5,8 +5,9 @@ from the moment it is forked, so output survives the listener's death and is nev
 the listener's own log. A thread in the child ships what the file gains to the task's log
 stream in Redis (``blueque_task_log_[id]``) every ``interval`` seconds, keeping the last
 ``tail_bytes`` of each attempt there; that is what ``blueque logs`` (and ``--follow``, from any
-machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: the older
-half moves to ``.1``); files older than ``keep`` seconds are removed by the listener.
+machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: what it
+holds moves to ``.1``, replacing the one before, and it starts again empty); files older than
+``keep`` seconds are removed by the listener.
 PROTOCOL.md §5.19 specifies the stream.
 """
 
@@ -124,11 +125,13 @@ class Shipper:
         attempt wrote nothing and nothing was shipped: then the stream is left alone."""
         with self._lock:
             try:
-                begin, data = self._read_new()
-                for start in range(0, len(data), CHUNK_BYTES):
-                    chunk = data[start:start + CHUNK_BYTES]
-                    self._send(chunk, begin + start + len(chunk))
-                    self.offset = begin + start + len(chunk)  # shipped: only now it counts
+                begin, data = self._read_new(whole=not end)
+                start = 0
+                while start < len(data):
+                    stop = _cut(data, start + CHUNK_BYTES, after=start)
+                    self._send(data[start:stop], begin + stop)
+                    self.offset = begin + stop  # shipped: only now it counts
+                    start = stop
                 if end and (self.offset or self._kept):
                     self._send(b"", self.offset, end=True)
             except BluequeError as error:  # the same bytes are read again next time
@@ -151,9 +154,10 @@ class Shipper:
         with self._lock:
             return {"offset": self.offset, "kept": [list(item) for item in self._kept]}
 
-    def _read_new(self) -> tuple[int, bytes]:
+    def _read_new(self, whole: bool) -> tuple[int, bytes]:
         """Where the unshipped part of the file begins, and what it holds (at most the tail
-        Redis keeps)."""
+        Redis keeps, from a character's start); with ``whole``, without a last character
+        still incomplete (its writer flushed mid-character: the rest comes next time)."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
@@ -161,9 +165,13 @@ class Shipper:
                     self.offset = 0
                 start = max(self.offset, size - TAIL_BYTES)  # Redis keeps no more anyway
                 handle.seek(start)
-                return start, handle.read(size - start)
+                data = handle.read(size - start)
         except FileNotFoundError:
             return self.offset, b""
+        if start > self.offset:  # the tail's head may fall inside a character
+            skip = _continuations(data)
+            start, data = start + skip, data[skip:]
+        return start, data[:_whole(data)] if whole else data
 
     def _send(self, data: bytes, offset: int, end: bool = False) -> None:
         entry = self.store.append_output(
@@ -196,6 +204,42 @@ class Shipper:
             target.write(source.read())
         os.truncate(self.path, 0)
         self.offset = 0
+
+
+def _is_continuation(byte: int) -> bool:
+    """A UTF-8 byte that is not the first of its character."""
+    return 0x80 <= byte < 0xC0
+
+
+def _continuations(data: bytes) -> int:
+    """How many bytes at the head of ``data`` end a character begun before it (at most 3)."""
+    count = 0
+    while count < min(3, len(data)) and _is_continuation(data[count]):
+        count += 1
+    return count
+
+
+def _cut(data: bytes, index: int, after: int) -> int:
+    """Where to cut ``data`` at ``index`` or just before: the start of the UTF-8 character
+    ``index`` falls inside, if that is after ``after`` (else ``index``: output that is not
+    UTF-8 is cut anywhere)."""
+    if index >= len(data):
+        return len(data)
+    cut = index
+    while cut > max(after + 1, index - 3) and _is_continuation(data[cut]):
+        cut -= 1
+    return index if _is_continuation(data[cut]) else cut
+
+
+def _whole(data: bytes) -> int:
+    """The length of ``data`` without a last UTF-8 character that is not complete yet."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if not _is_continuation(byte):
+            size = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else (
+                4 if 0xF0 <= byte < 0xF8 else 1)
+            return len(data) - back if size > back else len(data)
+    return len(data)
 
 
 def ship_reported(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,

@@ -447,6 +447,31 @@ def test_output_written_while_redis_is_away_is_shipped_when_it_is_back(
     assert output.text == "printed while Redis was away\nprinted after\n"
 
 
+def test_output_is_cut_between_characters_never_inside_one(client: blueque.Client,
+                                                          tmp_path: Path) -> None:
+    """Shipments, their 16 KiB entries and the 64 KiB tail begin and end on UTF-8 character
+    boundaries: a byte count used to cut a 3-byte character, and `blueque logs` showed U+FFFD
+    in the middle of a task's output (found printing Japanese text from a real listener)."""
+    settings = TaskLogSettings(tmp_path / "logs", keep=3600)
+    path = settings.path("work", "t1", 1)
+    path.parent.mkdir(parents=True)
+    shipper = Shipper(client.store, settings, "t1", 1, path, None)
+    text = "日本語のテキスト ✓\n" * 3000  # 3-byte characters: 16 KiB is not a multiple of 3
+    kanji = "漢".encode()
+    with open(path, "ab") as handle:
+        handle.write(text.encode())
+        handle.write(kanji[:2])  # a fully buffered writer (C stdio) flushes mid-character
+    shipper.ship()
+    with open(path, "ab") as handle:
+        handle.write(kanji[2:] + b" done\n")
+    shipper.ship(end=True)
+    output = read_output(client.store, "t1")
+    assert output is not None and output.ended
+    assert "\ufffd" not in output.text
+    assert (text + "漢 done\n").endswith(output.text)  # the tail: whole characters from its head
+    assert len(output.text.encode()) > TAIL_BYTES // 2
+
+
 def test_the_file_cap_holds_while_redis_is_away(client: blueque.Client,
                                                 tmp_path: Path) -> None:
     settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)
