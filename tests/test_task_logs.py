@@ -249,6 +249,9 @@ def test_wait_on_one_task_shows_its_progress_on_a_terminal_only(  # type: ignore
             shown = _read_until(master, "50% half way")
             assert "[" + "#" * 15 + "." * 15 + "]" in shown
             release.touch()
+            # its last bar says how it ended, not the last step it reported (50% half way
+            # above a table that says complete read as if it stopped half way)
+            assert "[" + "#" * 30 + "] 100% complete" in _read_until(master, "100% complete")
             out, _ = waiter.communicate(timeout=30)
         finally:
             if waiter.poll() is None:
