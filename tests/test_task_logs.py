@@ -125,11 +125,19 @@ def test_follow_streams_a_running_task_until_it_ends(  # type: ignore[no-untyped
     assert numbers == list(range(len(numbers)))  # every tick once, in order
 
 
+@pytest.mark.parametrize("ending", [{}, {"exit": 3}, {"exit": 0}],
+                         ids=["segfault", "exit-3", "exit-0"])
 def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start) -> None:
-    start("tests.output_jobs:flood_then_crash")
-    task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 300_000}))
+        client: blueque.Client, start, ending: dict[str, int]) -> None:
+    """Exit codes 3 and 0 are also the ones the child uses to say it did not start the task
+    or that its outcome is recorded: from a run told to go, they are its task's own exit,
+    and its output was lost and its log line said "not started"."""
+    daemon = start("tests.output_jobs:flood_then_crash")
+    task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 300_000, **ending}))
     assert client.get_task(task_id).wait(30).status == "failed"
+    wait_until(lambda: "failed in" in daemon.log(), what="the ending logged")
+    assert f"task {task_id} queue work attempt 1 failed in" in daemon.log()
+    assert "died, node" in daemon.log() and "not started" not in daemon.log()
 
     def shipped() -> bool:
         output = read_output(client.store, task_id)
