@@ -146,9 +146,21 @@ def last_line(text: str | None) -> str | None:
     return lines[-1].strip() if lines else text
 
 
+#: C0 and C1 control characters but tab and newline: escape sequences among them
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters written out (``\\x1b``): what Redis holds, which
+    whoever enqueues writes, never drives the terminal that prints it (its title, its
+    screen)."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Columns padded to their widest cell; numbers right-aligned."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    """Columns padded to their widest cell; numbers right-aligned; control characters
+    written out (``visible``)."""
+    cells = [[str(h) for h in headers]] + [[visible(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     numeric = [
         bool(rows) and all(isinstance(row[i], (int, float)) for row in rows)

@@ -19,6 +19,7 @@ from blueque.display import (
     positive_int,
     shorten,
     table,
+    visible,
 )
 from blueque.errors import TaskNotFound
 from blueque.policy import field_float
@@ -146,9 +147,9 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     else:
         saved = (f"checkpoint: {format_bytes(info.size)} saved {format_time(info.saved_at)} "
                  f"({format_seconds(now() - info.saved_at)} ago) by attempt {info.attempt}; "
-                 f"blueque show {args.task_id} --checkpoint prints it")
+                 f"blueque show {visible(args.task_id)} --checkpoint prints it")
     emit(args, {"id": args.task_id, **data, "checkpoint": info and vars(info)},
-         f"task {args.task_id}\n" + table(("FIELD", "VALUE"), rows) + "\n" + saved)
+         f"task {visible(args.task_id)}\n" + table(("FIELD", "VALUE"), rows) + "\n" + saved)
     return EXIT_OK
 
 
