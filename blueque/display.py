@@ -113,13 +113,17 @@ def format_bytes(size: int) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """A short human duration: ``850ms``, ``42s``, ``7m05s``, ``3h12m``, ``2d04h``."""
+    """A short human duration: ``850ms``, ``42s``, ``7m05s``, ``3h12m``, ``2d04h``; ``-`` for
+    no number (inf or nan: a corrupt field read as a time). Cut, never rounded up: 59.96 s is
+    ``59s``, as 119.6 s is ``1m59s``."""
+    if not math.isfinite(seconds):
+        return "-"
     sign = "-" if seconds < 0 else ""
     seconds = abs(seconds)
     if seconds < 1:
-        return f"{sign}{seconds * 1000:.0f}ms"
+        return f"{sign}{int(seconds * 1000)}ms"
     if seconds < 60:
-        return f"{sign}{seconds:.1f}s" if seconds < 10 else f"{sign}{seconds:.0f}s"
+        return f"{sign}{int(seconds * 10) / 10}s" if seconds < 10 else f"{sign}{int(seconds)}s"
     minutes, secs = divmod(int(seconds), 60)
     if minutes < 60:
         return f"{sign}{minutes}m{secs:02d}s"

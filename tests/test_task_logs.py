@@ -4,6 +4,7 @@ any process; the listener's own log stays clean; task processes carry readable t
 from __future__ import annotations
 
 import json
+import math
 import os
 import pty
 import select
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 import blueque
 from blueque.display import format_seconds
@@ -289,6 +291,10 @@ def test_durations_read_as_people_write_them() -> None:
     assert [format_seconds(s) for s in (0.25, 42, 425, 3 * 3600 + 12 * 60, 7 * 86400,
                                         2 * 86400 + 4 * 3600)] == [
         "250ms", "42s", "7m05s", "3h12m", "7d", "2d04h"]
+    # seconds are cut, never rounded up past the unit: 59.96 s is not "60s" (then 1m00s)
+    assert [format_seconds(s) for s in (59.96, 119.6, 3599.9)] == ["59s", "1m59s", "59m59s"]
+    # a corrupt field (inf, nan) read as a time must not stop a listing
+    assert [format_seconds(s) for s in (math.inf, -math.inf, math.nan)] == ["-", "-", "-"]
 
 
 def test_listener_caps_and_cleans_its_task_log_files(  # type: ignore[no-untyped-def]
@@ -406,7 +412,7 @@ def test_listener_log_says_cancelled_and_time_limit_with_queue_and_node(  # type
 
 
 def test_tasks_shows_when_a_retrying_task_runs_again_and_show_survives_far_dates(
-        redis_url: str, client: blueque.Client) -> None:
+        redis_url: str, client: blueque.Client, redis_client: redis.Redis) -> None:
     task_id = client.get_queue("work").enqueue("{}", max_attempts=3)
     task = client.get_listener("work").reserve()
     assert task is not None
@@ -422,6 +428,13 @@ def test_tasks_shows_when_a_retrying_task_runs_again_and_show_survives_far_dates
     shown = blueque_cli(redis_url, "show", far.stdout.strip())
     assert shown.returncode == 0, shown.stderr
     assert "(not a date)" in shown.stdout
+    # an eta Redis holds as inf or nan (corrupt, or written by hand) keeps the listing up
+    for value in ("inf", "nan"):
+        redis_client.hset(Keys().task(far.stdout.strip()), "eta", value)
+        shown = blueque_cli(redis_url, "tasks", "work")
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        row = next(line for line in shown.stdout.splitlines() if far.stdout.strip() in line)
+        assert "scheduled  -" in row, row
 
 
 class RedisAway:

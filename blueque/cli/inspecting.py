@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -121,7 +122,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
 def _eta_text(task: dict[str, str], current: float) -> str:
     """When a scheduled or retrying task runs: ``in 3h12m`` (``due`` once passed)."""
     eta = field_float(task.get("eta")) if task.get("status") == k.SCHEDULED else None
-    if eta is None:
+    if eta is None or not math.isfinite(eta):  # inf, nan: corrupt, or written by hand
         return "-"
     return f"in {format_seconds(eta - current)}" if eta > current else "due"
 
