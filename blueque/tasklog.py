@@ -52,11 +52,7 @@ class TaskLogSettings:
     interval: float = 0.5  # seconds between two shipments to Redis
 
     def path(self, queue: str, task_id: str, attempt: int | None) -> Path:
-        # a task id may hold any character: keep it one path component
-        safe = task_id.replace("/", "%2F").replace("\0", "%00")
-        if safe in (".", ".."):
-            safe = safe.replace(".", "%2E")
-        return self.directory / (queue.replace("/", "%2F") or "_") / f"{safe}.{attempt or 0}.log"
+        return self.directory / _component(queue) / f"{_component(task_id)}.{attempt or 0}.log"
 
     def clean(self, current: float | None = None, running: Iterable[Path] = ()) -> int:
         """Remove files older than ``keep``, except those of ``running`` attempts (and their
@@ -73,6 +69,13 @@ class TaskLogSettings:
                         path.unlink()
                         removed += 1
         return removed
+
+
+def _component(name: str) -> str:
+    """A queue name or task id (anyone's text) as one path component: never empty, never
+    '.' or '..' (a queue named '..' wrote beside the log directory), no '/' or NUL."""
+    safe = name.replace("/", "%2F").replace("\0", "%00")
+    return safe.replace(".", "%2E") if safe in (".", "..") else safe or "_"
 
 
 def capture(path: Path) -> None:

@@ -208,6 +208,20 @@ def test_file_cap_moves_the_older_output_aside_and_old_files_are_cleaned(  # typ
     assert path.with_name(path.name + ".1").exists()  # it is recent
 
 
+@pytest.mark.parametrize("queue", ["..", ".", "a/../..", "", "\0"])
+@pytest.mark.parametrize("task_id", ["..", ".", "../x", "t"])
+def test_every_attempts_file_is_one_level_down_in_the_log_directory(
+        tmp_path: Path, queue: str, task_id: str) -> None:
+    """Queue names and task ids are anyone's text: a queue named '..' put its files beside
+    the log directory instead of in it (where the cleaning never looked)."""
+    settings = TaskLogSettings(tmp_path / "logs")
+    path = settings.path(queue, task_id, 2)
+    assert path.parent.parent == settings.directory
+    assert path.parent.name not in ("", ".", "..") and path.name.endswith(".2.log")
+    assert os.path.normpath(path) == str(path)  # nothing in it walks up or stays put
+    assert "\0" not in str(path)  # open() refuses it (ValueError, not OSError)
+
+
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"status": "complete", "attempts": "2"}, "complete in 3h12m"),
     ({"status": "failed", "attempts": "2", "error": "bad",
