@@ -425,6 +425,29 @@ def test_listener_log_says_cancelled_and_time_limit_with_queue_and_node(  # type
     assert "time limit of 0.5 s exceeded" in str(endings()[limited]["message"])
 
 
+def test_a_task_id_or_reason_cannot_forge_lines_in_the_listeners_text_log(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start, tmp_path: Path) -> None:
+    """Task ids and cancel reasons are anyone's text, and the text log wrote them raw: a
+    newline in a task id (ids may hold any character but a space) forged a line of the log,
+    and an escape sequence reached the terminal of whoever tails it. Each record is one line,
+    control characters written out."""
+    daemon = start("tests.output_jobs:waits", "--concurrency", "2")
+    queue = client.get_queue("work")
+    never = json.dumps({"release": str(tmp_path / "never")})
+    by_id = queue.enqueue(never, task_id="x\n2001-01-01\tINFO\tforged\x1b]0;owned\x07")
+    by_reason = queue.enqueue(never)
+    for task_id in (by_id, by_reason):
+        wait_until(lambda t=task_id: client.get_task(t).status == "started", what="started")
+        client.cancel_task(task_id, "by an operator\n2001-01-01 INFO forged \x1b[2J")
+        assert client.get_task(task_id).wait(20).status == "failed"
+    wait_until(lambda: daemon.log().count("cancelled in") == 2, what="both endings logged")
+    lines = daemon.log().splitlines()
+    assert not [line for line in lines if line.startswith("2001")], lines
+    assert not set(daemon.log()) & {"\x1b", "\x07"}
+    assert "task x\\x0a2001-01-01\tINFO\tforged\\x1b]0;owned\\x07 queue work" in daemon.log()
+    assert "\\x1b[2J" in daemon.log()
+
+
 def test_tasks_shows_when_a_retrying_task_runs_again_and_show_survives_far_dates(
         redis_url: str, client: blueque.Client, redis_client: redis.Redis) -> None:
     task_id = client.get_queue("work").enqueue("{}", max_attempts=3)
