@@ -537,6 +537,26 @@ def test_nodes_page_shows_a_window_of_a_large_fleet(client: blueque.Client,
     assert 'data-listener="node53_1053"' in second and "big-node_4242" not in second
 
 
+def test_a_listener_whose_record_expired_says_so_on_the_nodes_page(
+        client: blueque.Client, redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    """A killed listener's record (slots, last renewal) expires with its lease while it is
+    still listed on its queue: the page said 'slots 0/? busy · renewed -' (seen after a
+    kill -9), now it says the record is gone."""
+    for identity in ("dead-node_4242", "live-node_4343"):
+        Listener("gone", client.store, identity=identity)
+        client.store.write_listener_info(identity, {
+            "host": identity.partition("_")[0], "pid": identity.rpartition("_")[2],
+            "concurrency": "2", "busy": "0", "renewed": str(time.time())}, 60)
+    redis_client.delete(k.Keys().listener_info("dead-node_4242"))
+    _, page = get(dashboard.url + "/nodes")
+    dead = page[page.index('data-listener="dead-node_4242"'):]
+    dead = dead[: dead.index("</article>")]
+    assert "0/?" not in dead and "renewed -" not in dead
+    assert "no record of its slots or renewals" in dead and "pid <b>4242</b>" in dead
+    live = page[page.index('data-listener="live-node_4343"'):]
+    assert "slots <b class=\"slots\">0/2</b> busy" in live[: live.index("</article>")]
+
+
 def test_overview_pages_many_queues(client: blueque.Client, dashboard: DashboardProcess
                                     ) -> None:
     """More queues than a page holds (100): each page reads and draws its own queues only."""
