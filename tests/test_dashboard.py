@@ -6,6 +6,7 @@ actions unless a token is configured, given and sent from the dashboard's own or
 from __future__ import annotations
 
 import html
+import http.client
 import json
 import os
 import re
@@ -66,7 +67,8 @@ def post(url: str, body: object, headers: dict[str, str] | None = None,
 def dashboard(redis_url: str, redis_client: redis.Redis, tmp_path: Path
               ) -> Iterator[DashboardProcess]:
     process = DashboardProcess(redis_url, tmp_path / "dashboard.log", token=TOKEN,
-                               options=("--cron", "nightly=0 3 * * *:jobs"))
+                               options=("--cron", "nightly=0 3 * * *:jobs",
+                                        "--allowed-host", "ops.example"))
     yield process
     process.close()
 
@@ -200,6 +202,65 @@ def test_actions_need_the_token_and_the_dashboards_own_origin(
     assert status == 409 and "finished task cannot be cancelled" in str(reply["message"])
     status, reply = post(url, {"task": 1}, good)
     assert status == 409 and "task_id" in str(reply["message"])
+
+
+def ask(port: int, method: str, path: str, host: str | None,
+        headers: dict[str, str] | None = None, body: bytes | None = None) -> tuple[int, str]:
+    """A request with this very Host header (None: none at all), as a browser that was sent
+    here under another name sends it."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest(method, path, skip_host=True)
+        for name, value in {**({"Host": host} if host is not None else {}),
+                            **(headers or {})}.items():
+            connection.putheader(name, value)
+        if body is not None:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_a_dashboard_on_loopback_answers_to_its_own_names_only(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    """A web page that points its own name at 127.0.0.1 (DNS rebinding) made the browser
+    read the dashboard as that page's own: every task's parameters, results and output. On
+    a loopback address it answers to localhost, 127.0.0.1, ::1 and its --allowed-host names."""
+    task_id = client.get_queue("jobs").enqueue('{"password": "hunter2"}')
+    port = dashboard.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST",
+                 "ops.example", f"ops.example:{port}"):
+        status, page = ask(port, "GET", f"/task?id={task_id}", host)
+        assert status == 200 and "hunter2" in page, host
+    for host in (f"rebound.evil.example:{port}", "127.0.0.1.evil.example", "", None):
+        for path in (f"/task?id={task_id}", "/queue?name=jobs", "/metrics"):
+            status, page = ask(port, "GET", path, host)
+            assert status == 400 and "hunter2" not in page and "jobs" not in page, (host, path)
+            assert host is None or "--allowed-host" in page  # none: HTTP/1.1 refuses it
+    # an action from the rebound page, whose Origin then matches its Host: refused too
+    evil = f"rebound.evil.example:{port}"
+    status, _ = ask(port, "POST", "/actions/cancel", evil,
+                    {"Origin": f"http://{evil}", "X-Blueque-Token": TOKEN,
+                     "Content-Type": "application/json"}, json.dumps({"task_id": task_id}).encode())
+    assert status == 400 and client.get_task(task_id).status == "pending"
+
+
+@pytest.mark.parametrize(("host", "named", "allowed"), [
+    ("127.0.0.1", [], ["localhost", "127.0.0.1", "::1"]),
+    ("::1", ["ops.example"], ["localhost", "127.0.0.1", "::1", "ops.example"]),
+    ("localhost", [], ["localhost", "127.0.0.1", "::1"]),
+    ("127.0.0.2", [], ["localhost", "127.0.0.1", "::1"]),
+    ("0.0.0.0", [], None),  # opened up on purpose: any name, unless some are given
+    ("0.0.0.0", ["ops.example"], ["ops.example"]),
+    ("dashboard.internal", [], None),
+])
+def test_which_host_names_a_dashboard_answers_to(host: str, named: list[str],
+                                                 allowed: list[str] | None) -> None:
+    from blueque.web.server import allowed_hosts
+
+    assert allowed_hosts(host, named) == allowed
 
 
 def test_retry_retry_all_and_purge_actions(client: blueque.Client,
