@@ -112,6 +112,7 @@ class Shipper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warned = False  # about a file that cannot be read or cut
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="blueque-output", daemon=True)
@@ -169,7 +170,9 @@ class Shipper:
                 start = max(self.offset, size - TAIL_BYTES)  # Redis keeps no more anyway
                 handle.seek(start)
                 data = handle.read(size - start)
-        except FileNotFoundError:
+        except OSError as error:  # not written yet; or a directory, permission, disk error
+            if not isinstance(error, FileNotFoundError):
+                self._unreadable(error)
             return self.offset, b""
         if start > self.offset:  # the tail's head may fall inside a character
             skip = _continuations(data)
@@ -197,16 +200,26 @@ class Shipper:
         """Copy-truncate past max_bytes: the file's content moves to ``.1`` (replacing the
         older one) and the file starts again empty; its writers keep their descriptors."""
         try:
-            size = self.path.stat().st_size
+            if self.path.stat().st_size <= self.settings.max_bytes:
+                return
+            rotated = self.path.with_name(self.path.name + ".1")
+            with open(self.path, "rb") as source, open(rotated, "wb") as target:
+                target.write(source.read())
+            os.truncate(self.path, 0)
         except FileNotFoundError:
             return
-        if size <= self.settings.max_bytes:
+        except OSError as error:  # a full disk: the file grows until the next try
+            self._unreadable(error)
             return
-        rotated = self.path.with_name(self.path.name + ".1")
-        with open(self.path, "rb") as source, open(rotated, "wb") as target:
-            target.write(source.read())
-        os.truncate(self.path, 0)
         self.offset = 0
+
+    def _unreadable(self, error: OSError) -> None:
+        """Log once that the attempt's file cannot be read or cut: its writer (the task
+        process) or its listener goes on, the output is what is lost."""
+        if not self._warned:
+            self._warned = True
+            log.warning("task %s: its output file cannot be read or cut: %s", self.task_id,
+                        error)
 
 
 def _is_continuation(byte: int) -> bool:

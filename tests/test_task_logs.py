@@ -153,6 +153,29 @@ def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ign
     assert output.text.count("line ") > 100
 
 
+def test_a_log_file_that_cannot_be_opened_costs_the_output_not_the_listener(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start, logs_dir: Path, tmp_path: Path) -> None:
+    """The attempt's file cannot be opened (here its queue's directory is a file; a
+    permission or a disk error does the same): the listener died of the NotADirectoryError
+    when it shipped the rest of the file, and the task's output went into the listener's own
+    log. Now the task runs, its output is dropped with a word in the log, the daemon lives."""
+    logs_dir.mkdir(parents=True)
+    (logs_dir / "work").write_text("a file where the queue's directory should be")
+    daemon = start("tests.output_jobs:flood", "--log-format", "json")
+    (tmp_path / "release").touch()
+    queue = client.get_queue("work")
+    params = json.dumps({"bytes": 2000, "release": str(tmp_path / "release")})
+    for _ in range(2):
+        task_id = queue.enqueue(params)
+        assert client.get_task(task_id).wait(20).status == "complete"
+    wait_until(lambda: daemon.log().count("complete in") == 2, what="both endings logged")
+    assert daemon.alive()
+    assert "FLOOD DONE" not in daemon.log() and "line 0000" not in daemon.log()
+    events = [json.loads(line) for line in daemon.log().splitlines()]  # JSON lines only
+    assert any("output not captured" in str(e["message"]) for e in events)
+    assert read_output(client.store, task_id) is None
+
+
 def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # type: ignore[no-untyped-def]
         client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
     daemon = start("tests.output_jobs:waits")
@@ -544,6 +567,21 @@ def test_the_file_cap_holds_while_redis_is_away(client: blueque.Client,
         handle.write("x" * 10_000 + "\n")
     shipper.ship()  # fails: Redis is away
     assert path.stat().st_size <= settings.max_bytes
+
+
+def test_a_file_that_cannot_be_cut_still_ships_and_never_raises(client: blueque.Client,
+                                                                 tmp_path: Path) -> None:
+    """Cutting the file past its cap can fail (a full disk; here its .1 is a directory): the
+    error escaped ship(), which in the listener ended the daemon. Now the output ships, the
+    file stays whole, and the next shipment tries again."""
+    settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)
+    path = settings.path("work", "t1", 1)
+    path.with_name(path.name + ".1").mkdir(parents=True)
+    path.write_text("x" * 5000 + "\n")
+    Shipper(client.store, settings, "t1", 1, path, None).ship(end=True)
+    output = read_output(client.store, "t1")
+    assert output is not None and output.ended and output.text == "x" * 5000 + "\n"
+    assert path.stat().st_size == 5001
 
 
 def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[no-untyped-def]
