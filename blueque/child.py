@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 from blueque import failpoints, progress
@@ -238,7 +239,9 @@ def _capture(task_logs: TaskLogSettings | None, task: Task) -> TaskLogSettings |
     try:
         capture(task_logs.path(task.queue or "", task.id, task.attempts))
     except OSError as error:  # a full or read-only disk must not stop the task
-        log.error("task %s: output not captured: %s", task.id, error)
+        log.error("task %s: output not captured (%s): it is dropped, never mixed into the "
+                  "listener's log", task.id, error)
+        capture(Path(os.devnull))
         return None
     return task_logs
 

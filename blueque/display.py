@@ -113,13 +113,17 @@ def format_bytes(size: int) -> str:
 
 
 def format_seconds(seconds: float) -> str:
-    """A short human duration: ``850ms``, ``42s``, ``7m05s``, ``3h12m``, ``2d04h``."""
+    """A short human duration: ``850ms``, ``42s``, ``7m05s``, ``3h12m``, ``2d04h``; ``-`` for
+    no number (inf or nan: a corrupt field read as a time). Cut, never rounded up: 59.96 s is
+    ``59s``, as 119.6 s is ``1m59s``."""
+    if not math.isfinite(seconds):
+        return "-"
     sign = "-" if seconds < 0 else ""
     seconds = abs(seconds)
     if seconds < 1:
-        return f"{sign}{seconds * 1000:.0f}ms"
+        return f"{sign}{int(seconds * 1000)}ms"
     if seconds < 60:
-        return f"{sign}{seconds:.1f}s" if seconds < 10 else f"{sign}{seconds:.0f}s"
+        return f"{sign}{int(seconds * 10) / 10}s" if seconds < 10 else f"{sign}{int(seconds)}s"
     minutes, secs = divmod(int(seconds), 60)
     if minutes < 60:
         return f"{sign}{minutes}m{secs:02d}s"
@@ -146,9 +150,21 @@ def last_line(text: str | None) -> str | None:
     return lines[-1].strip() if lines else text
 
 
+#: C0 and C1 control characters but tab and newline: escape sequences among them
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters written out (``\\x1b``): what Redis holds, which
+    whoever enqueues writes, never drives the terminal that prints it (its title, its
+    screen)."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Columns padded to their widest cell; numbers right-aligned."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    """Columns padded to their widest cell; numbers right-aligned; control characters
+    written out (``visible``)."""
+    cells = [[str(h) for h in headers]] + [[visible(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     numeric = [
         bool(rows) and all(isinstance(row[i], (int, float)) for row in rows)

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 
@@ -30,12 +31,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+#: control characters but tab: a newline among them
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+class TextFormatter(logging.Formatter):
+    """One line a record (an exception's traceback aside): control characters in the message
+    (task ids, reasons, errors: anyone's text) written out as ``\\x0a``, ``\\x1b``, so that
+    none forges a line of the log or drives the terminal of whoever tails it."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}",
+                            super().formatMessage(record))
+
+
 def configure(log_format: str = "text", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

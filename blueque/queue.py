@@ -102,6 +102,10 @@ def purge_cutoff(status: str, older_than: float) -> float:
     """The finish time (Unix s) before which purge deletes tasks of ``status``."""
     if status not in k.FINISHED_STATUSES:
         raise InvalidTaskState(f"only complete or failed tasks can be purged, not {status!r}")
+    # NaN compares False with everything: unchecked, its cutoff deleted every finished task
+    if not older_than >= 0:
+        raise ConfigurationError(
+            f"older_than must be a number of seconds >= 0, not {older_than!r}")
     return time.time() - older_than
 
 

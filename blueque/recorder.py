@@ -45,8 +45,10 @@ class Recorder:
         if running.recorded is None and running.state != "refused":
             if running.report is None:
                 self.ended_pids.append(str(pid))
-                if self.task_logs is not None and code != EXIT_NOT_STARTED:
+                if self.task_logs is not None and running.state == "running":
                     # it died without reporting: the listener ships the end of its output
+                    # (a run told to go ran its task, whatever its exit code says: a task
+                    # may leave with os._exit(3), the code a refused child leaves with)
                     ship_rest(self.store.bounded(0.0), self.task_logs, running.queue,
                               running.task_id, running.attempt, running.policy.result_ttl_ms())
             # an outcome it reported is recorded as reported; any other ending is checked
@@ -59,11 +61,10 @@ class Recorder:
             self.ended_pids.append(str(pid))
         if self.metrics and running.state != "refused":
             self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
-        self._log_end(pid, running, code, duration)
+        self._log_end(pid, running, duration)
 
-    def _log_end(self, pid: int, running: Running, code: int | None, duration: float) -> None:
-        never_ran = running.state in ("refused", "starting")
-        process = ("not started" if never_ran or code == EXIT_NOT_STARTED
+    def _log_end(self, pid: int, running: Running, duration: float) -> None:
+        process = ("not started" if running.state in ("refused", "starting")
                    else "reported" if running.report is not None else "died")
         took = format_seconds(duration)
         what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None

@@ -5,8 +5,9 @@ from the moment it is forked, so output survives the listener's death and is nev
 the listener's own log. A thread in the child ships what the file gains to the task's log
 stream in Redis (``blueque_task_log_[id]``) every ``interval`` seconds, keeping the last
 ``tail_bytes`` of each attempt there; that is what ``blueque logs`` (and ``--follow``, from any
-machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: the older
-half moves to ``.1``); files older than ``keep`` seconds are removed by the listener.
+machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: what it
+holds moves to ``.1``, replacing the one before, and it starts again empty); files older than
+``keep`` seconds are removed by the listener.
 PROTOCOL.md §5.19 specifies the stream.
 """
 
@@ -51,11 +52,7 @@ class TaskLogSettings:
     interval: float = 0.5  # seconds between two shipments to Redis
 
     def path(self, queue: str, task_id: str, attempt: int | None) -> Path:
-        # a task id may hold any character: keep it one path component
-        safe = task_id.replace("/", "%2F").replace("\0", "%00")
-        if safe in (".", ".."):
-            safe = safe.replace(".", "%2E")
-        return self.directory / (queue.replace("/", "%2F") or "_") / f"{safe}.{attempt or 0}.log"
+        return self.directory / _component(queue) / f"{_component(task_id)}.{attempt or 0}.log"
 
     def clean(self, current: float | None = None, running: Iterable[Path] = ()) -> int:
         """Remove files older than ``keep``, except those of ``running`` attempts (and their
@@ -72,6 +69,13 @@ class TaskLogSettings:
                         path.unlink()
                         removed += 1
         return removed
+
+
+def _component(name: str) -> str:
+    """A queue name or task id (anyone's text) as one path component: never empty, never
+    '.' or '..' (a queue named '..' wrote beside the log directory), no '/' or NUL."""
+    safe = name.replace("/", "%2F").replace("\0", "%00")
+    return safe.replace(".", "%2E") if safe in (".", "..") else safe or "_"
 
 
 def capture(path: Path) -> None:
@@ -108,6 +112,7 @@ class Shipper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warned = False  # about a file that cannot be read or cut
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="blueque-output", daemon=True)
@@ -124,11 +129,13 @@ class Shipper:
         attempt wrote nothing and nothing was shipped: then the stream is left alone."""
         with self._lock:
             try:
-                begin, data = self._read_new()
-                for start in range(0, len(data), CHUNK_BYTES):
-                    chunk = data[start:start + CHUNK_BYTES]
-                    self._send(chunk, begin + start + len(chunk))
-                    self.offset = begin + start + len(chunk)  # shipped: only now it counts
+                begin, data = self._read_new(whole=not end)
+                start = 0
+                while start < len(data):
+                    stop = _cut(data, start + CHUNK_BYTES, after=start)
+                    self._send(data[start:stop], begin + stop)
+                    self.offset = begin + stop  # shipped: only now it counts
+                    start = stop
                 if end and (self.offset or self._kept):
                     self._send(b"", self.offset, end=True)
             except BluequeError as error:  # the same bytes are read again next time
@@ -151,9 +158,10 @@ class Shipper:
         with self._lock:
             return {"offset": self.offset, "kept": [list(item) for item in self._kept]}
 
-    def _read_new(self) -> tuple[int, bytes]:
+    def _read_new(self, whole: bool) -> tuple[int, bytes]:
         """Where the unshipped part of the file begins, and what it holds (at most the tail
-        Redis keeps)."""
+        Redis keeps, from a character's start); with ``whole``, without a last character
+        still incomplete (its writer flushed mid-character: the rest comes next time)."""
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
@@ -161,9 +169,15 @@ class Shipper:
                     self.offset = 0
                 start = max(self.offset, size - TAIL_BYTES)  # Redis keeps no more anyway
                 handle.seek(start)
-                return start, handle.read(size - start)
-        except FileNotFoundError:
+                data = handle.read(size - start)
+        except OSError as error:  # not written yet; or a directory, permission, disk error
+            if not isinstance(error, FileNotFoundError):
+                self._unreadable(error)
             return self.offset, b""
+        if start > self.offset:  # the tail's head may fall inside a character
+            skip = _continuations(data)
+            start, data = start + skip, data[skip:]
+        return start, data[:_whole(data)] if whole else data
 
     def _send(self, data: bytes, offset: int, end: bool = False) -> None:
         entry = self.store.append_output(
@@ -186,16 +200,62 @@ class Shipper:
         """Copy-truncate past max_bytes: the file's content moves to ``.1`` (replacing the
         older one) and the file starts again empty; its writers keep their descriptors."""
         try:
-            size = self.path.stat().st_size
+            if self.path.stat().st_size <= self.settings.max_bytes:
+                return
+            rotated = self.path.with_name(self.path.name + ".1")
+            with open(self.path, "rb") as source, open(rotated, "wb") as target:
+                target.write(source.read())
+            os.truncate(self.path, 0)
         except FileNotFoundError:
             return
-        if size <= self.settings.max_bytes:
+        except OSError as error:  # a full disk: the file grows until the next try
+            self._unreadable(error)
             return
-        rotated = self.path.with_name(self.path.name + ".1")
-        with open(self.path, "rb") as source, open(rotated, "wb") as target:
-            target.write(source.read())
-        os.truncate(self.path, 0)
         self.offset = 0
+
+    def _unreadable(self, error: OSError) -> None:
+        """Log once that the attempt's file cannot be read or cut: its writer (the task
+        process) or its listener goes on, the output is what is lost."""
+        if not self._warned:
+            self._warned = True
+            log.warning("task %s: its output file cannot be read or cut: %s", self.task_id,
+                        error)
+
+
+def _is_continuation(byte: int) -> bool:
+    """A UTF-8 byte that is not the first of its character."""
+    return 0x80 <= byte < 0xC0
+
+
+def _continuations(data: bytes) -> int:
+    """How many bytes at the head of ``data`` end a character begun before it (at most 3)."""
+    count = 0
+    while count < min(3, len(data)) and _is_continuation(data[count]):
+        count += 1
+    return count
+
+
+def _cut(data: bytes, index: int, after: int) -> int:
+    """Where to cut ``data`` at ``index`` or just before: the start of the UTF-8 character
+    ``index`` falls inside, if that is after ``after`` (else ``index``: output that is not
+    UTF-8 is cut anywhere)."""
+    if index >= len(data):
+        return len(data)
+    cut = index
+    while cut > max(after + 1, index - 3) and _is_continuation(data[cut]):
+        cut -= 1
+    return index if _is_continuation(data[cut]) else cut
+
+
+def _whole(data: bytes) -> int:
+    """The length of ``data`` without a last UTF-8 character that is not complete yet."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if not _is_continuation(byte):
+            size = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else (
+                4 if 0xF0 <= byte < 0xF8 else 1)
+            return len(data) - back if size > back else len(data)
+    return len(data)
 
 
 def ship_reported(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,

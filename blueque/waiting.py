@@ -282,7 +282,12 @@ class WaitProgress:
             fraction = min(1.0, max(0.0, float(data.get("progress") or 0.0)))
         except ValueError:
             fraction = 0.0
-        message = shorten(data.get("progress_message") or data.get("status") or "", 40)
+        status = data.get("status") or ""
+        if status in k.FINISHED_STATUSES:  # its last bar says how it ended, not its last step
+            fraction = 1.0 if status == k.COMPLETE else fraction
+            message = status
+        else:
+            message = shorten(data.get("progress_message") or status, 40)
         self._line.update(f"{bar(fraction)} {fraction * 100:3.0f}% {message}, {elapsed}")
 
     def close(self) -> None:

@@ -42,7 +42,8 @@ def ticking(task: Task) -> str:
 
 
 def flood_then_crash(task: Task) -> str:
-    """Prints ``bytes`` of numbered lines, a last marker, then dies by SIGSEGV."""
+    """Prints ``bytes`` of numbered lines, a last marker, then dies by SIGSEGV (or, given
+    ``exit``, leaves with ``os._exit(exit)``, as a C library calling exit() would)."""
     params = _params(task)
     line = 0
     written = 0
@@ -52,6 +53,8 @@ def flood_then_crash(task: Task) -> str:
         written += len(text)
         line += 1
     print("LAST LINE BEFORE THE CRASH", flush=True)
+    if "exit" in params:
+        os._exit(int(params["exit"]))
     os.kill(os.getpid(), signal.SIGSEGV)
     return "unreachable"
 

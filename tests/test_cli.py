@@ -225,6 +225,28 @@ def test_tasks_lists_every_state_with_a_limit(run: Run, run_json: Callable[..., 
     assert "Traceback: boom" in table and failed in table
 
 
+def test_tables_never_pass_terminal_escapes_through(run: Run, run_json: Callable[..., Any],
+                                                    client: blueque.Client) -> None:
+    """Whoever can enqueue writes the parameters (and a task its error): printed raw, an OSC
+    sequence set the operator's terminal title and a CSI one cleared the screen. Tables show
+    control characters escaped; --json keeps the value as it is."""
+    hostile = '{"x": "\x1b]0;owned\x07\x1b[2J\r\x9b1m"}'
+    failed = finish(client, "jobs", "failed", "Traceback:\nValueError: \x1b[41mred\x1b[0m")
+    task_id = client.get_queue("jobs").enqueue(hostile, task_id="t\x1b[31m")
+    for arguments in (("tasks", "jobs"), ("show", task_id), ("show", failed),
+                      ("tasks", "jobs", "--status", "failed")):
+        shown = run(*arguments)
+        assert shown.returncode == 0, shown.stderr
+        assert not set(shown.stdout) & {"\x1b", "\x07", "\r", "\x9b"}, arguments
+    assert "\\x1b]0;owned\\x07\\x1b[2J" in run("tasks", "jobs").stdout
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\x0d\\x9b1m" in run("show", task_id).stdout
+    assert "task t\\x1b[31m" in run("show", task_id).stdout
+    assert "\\x1b[41mred\\x1b[0m" in run("show", failed).stdout
+    assert "ValueError" in run("show", failed).stdout.split("\n", 3)[3]  # lines stay lines
+    assert [t["parameters"] for t in run_json("tasks", "jobs") if t["id"] == task_id] == [
+        hostile]
+
+
 def test_enqueue_reads_stdin_and_is_idempotent_with_a_task_id(run: Run,
                                                               redis_client: redis.Redis
                                                               ) -> None:

@@ -6,6 +6,7 @@ actions unless a token is configured, given and sent from the dashboard's own or
 from __future__ import annotations
 
 import html
+import http.client
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from starlette.routing import Mount, Route
 
 import blueque
 from blueque import keys as k
+from blueque.errors import ConfigurationError
 from blueque.listener import Listener
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
@@ -65,7 +67,8 @@ def post(url: str, body: object, headers: dict[str, str] | None = None,
 def dashboard(redis_url: str, redis_client: redis.Redis, tmp_path: Path
               ) -> Iterator[DashboardProcess]:
     process = DashboardProcess(redis_url, tmp_path / "dashboard.log", token=TOKEN,
-                               options=("--cron", "nightly=0 3 * * *:jobs"))
+                               options=("--cron", "nightly=0 3 * * *:jobs",
+                                        "--allowed-host", "ops.example"))
     yield process
     process.close()
 
@@ -201,6 +204,65 @@ def test_actions_need_the_token_and_the_dashboards_own_origin(
     assert status == 409 and "task_id" in str(reply["message"])
 
 
+def ask(port: int, method: str, path: str, host: str | None,
+        headers: dict[str, str] | None = None, body: bytes | None = None) -> tuple[int, str]:
+    """A request with this very Host header (None: none at all), as a browser that was sent
+    here under another name sends it."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest(method, path, skip_host=True)
+        for name, value in {**({"Host": host} if host is not None else {}),
+                            **(headers or {})}.items():
+            connection.putheader(name, value)
+        if body is not None:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_a_dashboard_on_loopback_answers_to_its_own_names_only(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    """A web page that points its own name at 127.0.0.1 (DNS rebinding) made the browser
+    read the dashboard as that page's own: every task's parameters, results and output. On
+    a loopback address it answers to localhost, 127.0.0.1, ::1 and its --allowed-host names."""
+    task_id = client.get_queue("jobs").enqueue('{"password": "hunter2"}')
+    port = dashboard.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST",
+                 "ops.example", f"ops.example:{port}"):
+        status, page = ask(port, "GET", f"/task?id={task_id}", host)
+        assert status == 200 and "hunter2" in page, host
+    for host in (f"rebound.evil.example:{port}", "127.0.0.1.evil.example", "", None):
+        for path in (f"/task?id={task_id}", "/queue?name=jobs", "/metrics"):
+            status, page = ask(port, "GET", path, host)
+            assert status == 400 and "hunter2" not in page and "jobs" not in page, (host, path)
+            assert host is None or "--allowed-host" in page  # none: HTTP/1.1 refuses it
+    # an action from the rebound page, whose Origin then matches its Host: refused too
+    evil = f"rebound.evil.example:{port}"
+    status, _ = ask(port, "POST", "/actions/cancel", evil,
+                    {"Origin": f"http://{evil}", "X-Blueque-Token": TOKEN,
+                     "Content-Type": "application/json"}, json.dumps({"task_id": task_id}).encode())
+    assert status == 400 and client.get_task(task_id).status == "pending"
+
+
+@pytest.mark.parametrize(("host", "named", "allowed"), [
+    ("127.0.0.1", [], ["localhost", "127.0.0.1", "::1"]),
+    ("::1", ["ops.example"], ["localhost", "127.0.0.1", "::1", "ops.example"]),
+    ("localhost", [], ["localhost", "127.0.0.1", "::1"]),
+    ("127.0.0.2", [], ["localhost", "127.0.0.1", "::1"]),
+    ("0.0.0.0", [], None),  # opened up on purpose: any name, unless some are given
+    ("0.0.0.0", ["ops.example"], ["ops.example"]),
+    ("dashboard.internal", [], None),
+])
+def test_which_host_names_a_dashboard_answers_to(host: str, named: list[str],
+                                                 allowed: list[str] | None) -> None:
+    from blueque.web.server import allowed_hosts
+
+    assert allowed_hosts(host, named) == allowed
+
+
 def test_retry_retry_all_and_purge_actions(client: blueque.Client,
                                            dashboard: DashboardProcess) -> None:
     queue = client.get_queue("jobs")
@@ -219,6 +281,29 @@ def test_retry_retry_all_and_purge_actions(client: blueque.Client,
                          {"queue": "jobs", "status": "failed", "older_than": 0}, good)
     assert status == 200 and "1 failed task(s)" in str(reply["message"])
     assert queue.stats().failed == 0
+
+
+def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue("{}")
+    task = client.get_listener("jobs").reserve()
+    assert task is not None
+    processor = client.get_processor(task)
+    processor.start(4242)
+    processor.complete("done")
+    good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
+    # json.loads takes NaN and Infinity: NaN compared with anything is False, so "older than
+    # NaN seconds" once slipped past the check and deleted every finished task
+    for older_than in (float("nan"), -1, True, "3600"):
+        status, reply = post(dashboard.url + "/actions/purge",
+                             {"queue": "jobs", "status": "complete", "older_than": older_than},
+                             good)
+        assert status == 409 and "older_than" in str(reply["message"]), (older_than, reply)
+        assert queue.stats().complete == 1
+    with pytest.raises(ConfigurationError, match="older_than"):
+        queue.purge("complete", float("nan"))
+    assert queue.stats().complete == 1
 
 
 def test_overview_counts_age_and_throughput(client: blueque.Client, redis_client: redis.Redis,
@@ -511,6 +596,26 @@ def test_nodes_page_shows_a_window_of_a_large_fleet(client: blueque.Client,
     _, second = get(dashboard.url + "/nodes?page=2")
     assert second.count('class="listener ') == 5 and "listeners 51 to 55 of 55" in second
     assert 'data-listener="node53_1053"' in second and "big-node_4242" not in second
+
+
+def test_a_listener_whose_record_expired_says_so_on_the_nodes_page(
+        client: blueque.Client, redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    """A killed listener's record (slots, last renewal) expires with its lease while it is
+    still listed on its queue: the page said 'slots 0/? busy · renewed -' (seen after a
+    kill -9), now it says the record is gone."""
+    for identity in ("dead-node_4242", "live-node_4343"):
+        Listener("gone", client.store, identity=identity)
+        client.store.write_listener_info(identity, {
+            "host": identity.partition("_")[0], "pid": identity.rpartition("_")[2],
+            "concurrency": "2", "busy": "0", "renewed": str(time.time())}, 60)
+    redis_client.delete(k.Keys().listener_info("dead-node_4242"))
+    _, page = get(dashboard.url + "/nodes")
+    dead = page[page.index('data-listener="dead-node_4242"'):]
+    dead = dead[: dead.index("</article>")]
+    assert "0/?" not in dead and "renewed -" not in dead
+    assert "no record of its slots or renewals" in dead and "pid <b>4242</b>" in dead
+    live = page[page.index('data-listener="live-node_4343"'):]
+    assert "slots <b class=\"slots\">0/2</b> busy" in live[: live.index("</article>")]
 
 
 def test_overview_pages_many_queues(client: blueque.Client, dashboard: DashboardProcess

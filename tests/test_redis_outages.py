@@ -237,6 +237,10 @@ def test_a_restart_longer_than_a_lease_kills_no_listener(  # type: ignore[no-unt
                              max_attempts=2, retry_backoff=0.01) for n in range(4)]
         wait_until(lambda: all(client.get_task(i).status == "started" for i in ids),
                    what="four tasks running")
+        # "started" is recorded before the task function runs: killed before it wrote its
+        # start mark, the doomed run would be missing from the count below (seen under load)
+        wait_until(lambda: sum(line.startswith("start") for line in lines(marker)) == 4,
+                   what="four start marks")
         tasks = {i: client.get_task(i) for i in ids}
         assert len({t.node for t in tasks.values()}) == 4  # one per node
         doomed = next(i for i, t in tasks.items() if t.node == "node3.example_3")

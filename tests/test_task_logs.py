@@ -4,6 +4,7 @@ any process; the listener's own log stays clean; task processes carry readable t
 from __future__ import annotations
 
 import json
+import math
 import os
 import pty
 import select
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 import blueque
 from blueque.display import format_seconds
@@ -125,11 +127,19 @@ def test_follow_streams_a_running_task_until_it_ends(  # type: ignore[no-untyped
     assert numbers == list(range(len(numbers)))  # every tick once, in order
 
 
+@pytest.mark.parametrize("ending", [{}, {"exit": 3}, {"exit": 0}],
+                         ids=["segfault", "exit-3", "exit-0"])
 def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start) -> None:
-    start("tests.output_jobs:flood_then_crash")
-    task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 300_000}))
+        client: blueque.Client, start, ending: dict[str, int]) -> None:
+    """Exit codes 3 and 0 are also the ones the child uses to say it did not start the task
+    or that its outcome is recorded: from a run told to go, they are its task's own exit,
+    and its output was lost and its log line said "not started"."""
+    daemon = start("tests.output_jobs:flood_then_crash")
+    task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 300_000, **ending}))
     assert client.get_task(task_id).wait(30).status == "failed"
+    wait_until(lambda: "failed in" in daemon.log(), what="the ending logged")
+    assert f"task {task_id} queue work attempt 1 failed in" in daemon.log()
+    assert "died, node" in daemon.log() and "not started" not in daemon.log()
 
     def shipped() -> bool:
         output = read_output(client.store, task_id)
@@ -141,6 +151,29 @@ def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ign
     assert output.text.endswith("LAST LINE BEFORE THE CRASH\n")
     assert len(output.text.encode()) <= TAIL_BYTES + 16 * 1024  # the tail, not 300 KB
     assert output.text.count("line ") > 100
+
+
+def test_a_log_file_that_cannot_be_opened_costs_the_output_not_the_listener(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start, logs_dir: Path, tmp_path: Path) -> None:
+    """The attempt's file cannot be opened (here its queue's directory is a file; a
+    permission or a disk error does the same): the listener died of the NotADirectoryError
+    when it shipped the rest of the file, and the task's output went into the listener's own
+    log. Now the task runs, its output is dropped with a word in the log, the daemon lives."""
+    logs_dir.mkdir(parents=True)
+    (logs_dir / "work").write_text("a file where the queue's directory should be")
+    daemon = start("tests.output_jobs:flood", "--log-format", "json")
+    (tmp_path / "release").touch()
+    queue = client.get_queue("work")
+    params = json.dumps({"bytes": 2000, "release": str(tmp_path / "release")})
+    for _ in range(2):
+        task_id = queue.enqueue(params)
+        assert client.get_task(task_id).wait(20).status == "complete"
+    wait_until(lambda: daemon.log().count("complete in") == 2, what="both endings logged")
+    assert daemon.alive()
+    assert "FLOOD DONE" not in daemon.log() and "line 0000" not in daemon.log()
+    events = [json.loads(line) for line in daemon.log().splitlines()]  # JSON lines only
+    assert any("output not captured" in str(e["message"]) for e in events)
+    assert read_output(client.store, task_id) is None
 
 
 def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # type: ignore[no-untyped-def]
@@ -198,6 +231,20 @@ def test_file_cap_moves_the_older_output_aside_and_old_files_are_cleaned(  # typ
     assert path.with_name(path.name + ".1").exists()  # it is recent
 
 
+@pytest.mark.parametrize("queue", ["..", ".", "a/../..", "", "\0"])
+@pytest.mark.parametrize("task_id", ["..", ".", "../x", "t"])
+def test_every_attempts_file_is_one_level_down_in_the_log_directory(
+        tmp_path: Path, queue: str, task_id: str) -> None:
+    """Queue names and task ids are anyone's text: a queue named '..' put its files beside
+    the log directory instead of in it (where the cleaning never looked)."""
+    settings = TaskLogSettings(tmp_path / "logs")
+    path = settings.path(queue, task_id, 2)
+    assert path.parent.parent == settings.directory
+    assert path.parent.name not in ("", ".", "..") and path.name.endswith(".2.log")
+    assert os.path.normpath(path) == str(path)  # nothing in it walks up or stays put
+    assert "\0" not in str(path)  # open() refuses it (ValueError, not OSError)
+
+
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"status": "complete", "attempts": "2"}, "complete in 3h12m"),
     ({"status": "failed", "attempts": "2", "error": "bad",
@@ -249,6 +296,9 @@ def test_wait_on_one_task_shows_its_progress_on_a_terminal_only(  # type: ignore
             shown = _read_until(master, "50% half way")
             assert "[" + "#" * 15 + "." * 15 + "]" in shown
             release.touch()
+            # its last bar says how it ended, not the last step it reported (50% half way
+            # above a table that says complete read as if it stopped half way)
+            assert "[" + "#" * 30 + "] 100% complete" in _read_until(master, "100% complete")
             out, _ = waiter.communicate(timeout=30)
         finally:
             if waiter.poll() is None:
@@ -278,6 +328,10 @@ def test_durations_read_as_people_write_them() -> None:
     assert [format_seconds(s) for s in (0.25, 42, 425, 3 * 3600 + 12 * 60, 7 * 86400,
                                         2 * 86400 + 4 * 3600)] == [
         "250ms", "42s", "7m05s", "3h12m", "7d", "2d04h"]
+    # seconds are cut, never rounded up past the unit: 59.96 s is not "60s" (then 1m00s)
+    assert [format_seconds(s) for s in (59.96, 119.6, 3599.9)] == ["59s", "1m59s", "59m59s"]
+    # a corrupt field (inf, nan) read as a time must not stop a listing
+    assert [format_seconds(s) for s in (math.inf, -math.inf, math.nan)] == ["-", "-", "-"]
 
 
 def test_listener_caps_and_cleans_its_task_log_files(  # type: ignore[no-untyped-def]
@@ -394,8 +448,31 @@ def test_listener_log_says_cancelled_and_time_limit_with_queue_and_node(  # type
     assert "time limit of 0.5 s exceeded" in str(endings()[limited]["message"])
 
 
+def test_a_task_id_or_reason_cannot_forge_lines_in_the_listeners_text_log(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start, tmp_path: Path) -> None:
+    """Task ids and cancel reasons are anyone's text, and the text log wrote them raw: a
+    newline in a task id (ids may hold any character but a space) forged a line of the log,
+    and an escape sequence reached the terminal of whoever tails it. Each record is one line,
+    control characters written out."""
+    daemon = start("tests.output_jobs:waits", "--concurrency", "2")
+    queue = client.get_queue("work")
+    never = json.dumps({"release": str(tmp_path / "never")})
+    by_id = queue.enqueue(never, task_id="x\n2001-01-01\tINFO\tforged\x1b]0;owned\x07")
+    by_reason = queue.enqueue(never)
+    for task_id in (by_id, by_reason):
+        wait_until(lambda t=task_id: client.get_task(t).status == "started", what="started")
+        client.cancel_task(task_id, "by an operator\n2001-01-01 INFO forged \x1b[2J")
+        assert client.get_task(task_id).wait(20).status == "failed"
+    wait_until(lambda: daemon.log().count("cancelled in") == 2, what="both endings logged")
+    lines = daemon.log().splitlines()
+    assert not [line for line in lines if line.startswith("2001")], lines
+    assert not set(daemon.log()) & {"\x1b", "\x07"}
+    assert "task x\\x0a2001-01-01\tINFO\tforged\\x1b]0;owned\\x07 queue work" in daemon.log()
+    assert "\\x1b[2J" in daemon.log()
+
+
 def test_tasks_shows_when_a_retrying_task_runs_again_and_show_survives_far_dates(
-        redis_url: str, client: blueque.Client) -> None:
+        redis_url: str, client: blueque.Client, redis_client: redis.Redis) -> None:
     task_id = client.get_queue("work").enqueue("{}", max_attempts=3)
     task = client.get_listener("work").reserve()
     assert task is not None
@@ -411,6 +488,13 @@ def test_tasks_shows_when_a_retrying_task_runs_again_and_show_survives_far_dates
     shown = blueque_cli(redis_url, "show", far.stdout.strip())
     assert shown.returncode == 0, shown.stderr
     assert "(not a date)" in shown.stdout
+    # an eta Redis holds as inf or nan (corrupt, or written by hand) keeps the listing up
+    for value in ("inf", "nan"):
+        redis_client.hset(Keys().task(far.stdout.strip()), "eta", value)
+        shown = blueque_cli(redis_url, "tasks", "work")
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+        row = next(line for line in shown.stdout.splitlines() if far.stdout.strip() in line)
+        assert "scheduled  -" in row, row
 
 
 class RedisAway:
@@ -447,6 +531,31 @@ def test_output_written_while_redis_is_away_is_shipped_when_it_is_back(
     assert output.text == "printed while Redis was away\nprinted after\n"
 
 
+def test_output_is_cut_between_characters_never_inside_one(client: blueque.Client,
+                                                          tmp_path: Path) -> None:
+    """Shipments, their 16 KiB entries and the 64 KiB tail begin and end on UTF-8 character
+    boundaries: a byte count used to cut a 3-byte character, and `blueque logs` showed U+FFFD
+    in the middle of a task's output (found printing Japanese text from a real listener)."""
+    settings = TaskLogSettings(tmp_path / "logs", keep=3600)
+    path = settings.path("work", "t1", 1)
+    path.parent.mkdir(parents=True)
+    shipper = Shipper(client.store, settings, "t1", 1, path, None)
+    text = "日本語のテキスト ✓\n" * 3000  # 3-byte characters: 16 KiB is not a multiple of 3
+    kanji = "漢".encode()
+    with open(path, "ab") as handle:
+        handle.write(text.encode())
+        handle.write(kanji[:2])  # a fully buffered writer (C stdio) flushes mid-character
+    shipper.ship()
+    with open(path, "ab") as handle:
+        handle.write(kanji[2:] + b" done\n")
+    shipper.ship(end=True)
+    output = read_output(client.store, "t1")
+    assert output is not None and output.ended
+    assert "\ufffd" not in output.text
+    assert (text + "漢 done\n").endswith(output.text)  # the tail: whole characters from its head
+    assert len(output.text.encode()) > TAIL_BYTES // 2
+
+
 def test_the_file_cap_holds_while_redis_is_away(client: blueque.Client,
                                                 tmp_path: Path) -> None:
     settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)
@@ -458,6 +567,21 @@ def test_the_file_cap_holds_while_redis_is_away(client: blueque.Client,
         handle.write("x" * 10_000 + "\n")
     shipper.ship()  # fails: Redis is away
     assert path.stat().st_size <= settings.max_bytes
+
+
+def test_a_file_that_cannot_be_cut_still_ships_and_never_raises(client: blueque.Client,
+                                                                 tmp_path: Path) -> None:
+    """Cutting the file past its cap can fail (a full disk; here its .1 is a directory): the
+    error escaped ship(), which in the listener ended the daemon. Now the output ships, the
+    file stays whole, and the next shipment tries again."""
+    settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)
+    path = settings.path("work", "t1", 1)
+    path.with_name(path.name + ".1").mkdir(parents=True)
+    path.write_text("x" * 5000 + "\n")
+    Shipper(client.store, settings, "t1", 1, path, None).ship(end=True)
+    output = read_output(client.store, "t1")
+    assert output is not None and output.ended and output.text == "x" * 5000 + "\n"
+    assert path.stat().st_size == 5001
 
 
 def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[no-untyped-def]

@@ -122,6 +122,11 @@ def _add_dashboard(commands: Commands) -> None:
                      help="address to listen on (default 127.0.0.1: this machine only)")
     sub.add_argument("--port", type=port_number, default=8080,
                      help="default 8080 (0: any free port, logged)")
+    sub.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                     help="a host name the dashboard may be reached as (a reverse proxy's, "
+                          "passing the Host header on); repeatable. On 127.0.0.1 it answers "
+                          "to localhost, 127.0.0.1 and ::1 only, so that no web page can "
+                          "read it by pointing its own name here (DNS rebinding)")
     sub.add_argument("--token-file", metavar="FILE",
                      help="enable actions (cancel, retry, purge) for requests that carry "
                           "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -19,6 +20,7 @@ from blueque.display import (
     positive_int,
     shorten,
     table,
+    visible,
 )
 from blueque.errors import TaskNotFound
 from blueque.policy import field_float
@@ -120,7 +122,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
 def _eta_text(task: dict[str, str], current: float) -> str:
     """When a scheduled or retrying task runs: ``in 3h12m`` (``due`` once passed)."""
     eta = field_float(task.get("eta")) if task.get("status") == k.SCHEDULED else None
-    if eta is None:
+    if eta is None or not math.isfinite(eta):  # inf, nan: corrupt, or written by hand
         return "-"
     return f"in {format_seconds(eta - current)}" if eta > current else "due"
 
@@ -146,9 +148,9 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     else:
         saved = (f"checkpoint: {format_bytes(info.size)} saved {format_time(info.saved_at)} "
                  f"({format_seconds(now() - info.saved_at)} ago) by attempt {info.attempt}; "
-                 f"blueque show {args.task_id} --checkpoint prints it")
+                 f"blueque show {visible(args.task_id)} --checkpoint prints it")
     emit(args, {"id": args.task_id, **data, "checkpoint": info and vars(info)},
-         f"task {args.task_id}\n" + table(("FIELD", "VALUE"), rows) + "\n" + saved)
+         f"task {visible(args.task_id)}\n" + table(("FIELD", "VALUE"), rows) + "\n" + saved)
     return EXIT_OK
 
 

@@ -69,8 +69,8 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {default_directory()}); the last 64 KiB of each "
                              "attempt are also kept in Redis for `blueque logs`")
     parser.add_argument("--log-max-bytes", type=_byte_count, default=10 * 1024 * 1024,
-                        metavar="BYTES", help="cap of one attempt's file before its older "
-                                             "half moves to .1 (default 10M; K, M, G)")
+                        metavar="BYTES", help="cap of one attempt's file: past it, what the "
+                                             "file holds moves to .1 (default 10M; K, M, G)")
     parser.add_argument("--log-keep", type=positive_duration, default=7 * 86400.0,
                         metavar="DURATION", help="remove task log files older than this, and "
                                                  "expire unfinished streams after it (7d)")

@@ -7,6 +7,9 @@ the header nor the JSON content type without a CORS preflight, which is never gr
 cross-site page cannot read the token (kept in the tab's sessionStorage). Every value from
 Redis goes through Jinja2's autoescaping; the page script only moves server-rendered nodes and
 sets text, and the Content-Security-Policy allows scripts and styles from the dashboard only.
+With ``allowed_hosts`` (``blueque dashboard`` on a loopback address), requests that name
+another host are refused: a web page that points its own name at 127.0.0.1 (DNS rebinding)
+cannot read the dashboard.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from urllib.parse import urlencode, urlsplit
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from blueque import keys as k
 from blueque.client import Client
@@ -251,8 +257,8 @@ class Dashboard:
         queue = _text(body, "queue")
         status = _text(body, "status")
         older_than = body.get("older_than", 0)
-        if not isinstance(older_than, (int, float)) or older_than < 0:
-            raise ValueError("older_than must be a number of seconds >= 0")
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+            raise ValueError(f"older_than must be a number of seconds, not {older_than!r}")
         deleted = self.client.get_queue(queue).purge(status, float(older_than))
         return f"{deleted} {status} task(s) of {queue} deleted"
 
@@ -297,11 +303,35 @@ def _int(raw: str | None, default: int) -> int:
         return default
 
 
+class HostCheck:
+    """ASGI wrapper answering only requests whose ``Host`` names one of ``allowed`` (ports
+    aside). A dashboard on 127.0.0.1 is otherwise readable by any web page its user opens
+    that points its own name at 127.0.0.1 (DNS rebinding): the browser then sends that name,
+    and counts the dashboard's pages as that page's own."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
+        self.app, self.allowed = app, {name.lower().strip("[]") for name in allowed}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = Headers(scope=scope).get("host", "")
+            name = urlsplit(f"//{host}").hostname if host else None
+            if name not in self.allowed:
+                log.warning("dashboard: refused a request for host %r", host)
+                message = (f"this dashboard answers to {', '.join(sorted(self.allowed))}, not "
+                           f"{host!r}: start it with --allowed-host NAME to reach it as NAME")
+                await PlainTextResponse(message, 400, headers=SECURITY_HEADERS)(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(url: str | None = None, token: str | None = None, *, client: Client | None = None,
                cron_entries: Sequence[CronEntry] = (), refresh: float = DEFAULT_REFRESH,
-               debug: bool = False) -> Starlette:
+               debug: bool = False, allowed_hosts: Sequence[str] | None = None) -> Starlette:
     """The dashboard as an ASGI app. ``url`` (or a ready ``client``) names the Redis;
-    ``token`` enables actions; ``cron_entries`` (the scheduler's) show their next runs.
+    ``token`` enables actions; ``cron_entries`` (the scheduler's) show their next runs;
+    ``allowed_hosts``, the host names requests may name (``HostCheck``; None: any).
 
     Mount it in a Starlette or FastAPI service: ``app.mount("/blueque", create_app(url))``."""
     if client is None:
@@ -317,6 +347,8 @@ def create_app(url: str | None = None, token: str | None = None, *, client: Clie
         Route("/actions/{name}", dashboard.action, methods=["POST"], name="action"),
         Mount("/static", StaticFiles(packages=[("blueque.web", "static")]), name="static"),
     ]
-    app = Starlette(debug=debug, routes=routes)
+    middleware = [] if allowed_hosts is None else [Middleware(HostCheck,
+                                                             allowed=list(allowed_hosts))]
+    app = Starlette(debug=debug, routes=routes, middleware=middleware)
     app.state.dashboard = dashboard
     return app

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -30,10 +32,28 @@ def read_token(path: str | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
+#: the names a dashboard on a loopback address answers to, besides its --allowed-host ones
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(host: str, named: Sequence[str]) -> list[str] | None:
+    """The host names requests may name: on a loopback address, its own names and ``named``
+    (a web page elsewhere must not read it through DNS rebinding); elsewhere ``named``, or
+    any when none is given (it was opened up on purpose, behind its own authentication)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return [*LOOPBACK_NAMES, *named]
+    return list(named) or None
+
+
 def serve(client: Client, args: argparse.Namespace, cron_entries: list[CronEntry]) -> int:
     token = read_token(args.token_file)
     app = create_app(client=client, token=token, cron_entries=cron_entries,
-                     refresh=args.refresh)
+                     refresh=args.refresh,
+                     allowed_hosts=allowed_hosts(args.host, args.allowed_host))
     sock = listening_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
