@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from blueque.display import format_seconds
-from blueque.policy import Policy
-from blueque.process import Stopping
 from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 
@@ -105,7 +103,6 @@ class NodePreemption:
         self.signalled = False  # SIGUSR1 arrived
         self.heard = True  # read blueque_preempt_[node name] at the next look
         self._seen = ""  # requested_at of the request acted on (or found stale)
-        self._stopping = Stopping()  # adopted runs stopped at the deadline
 
     def news(self) -> tuple[float, str] | None:
         """A deadline to act on, with why, or None."""
@@ -162,9 +159,9 @@ class NodePreemption:
                     extra={"event": "preempted", "deadline": deadline})
         return True
 
-    def enforce(self, stop_all: Callable[[], None], adopted: Iterable[int]) -> None:
-        """The deadline has come: SIGTERM the groups still running (then SIGKILL after their
-        grace, as for any stop); their tasks go back to pending (endings.decide)."""
+    def enforce(self, stop_all: Callable[[], None], stop_adopted: Callable[[], None]) -> None:
+        """The deadline has come: SIGTERM the groups still running, our children's and the
+        adopted runs' (then SIGKILL after their grace, as for any stop); their tasks go back
+        to pending (endings.decide; an adopted run's when a sweep finds it gone)."""
         stop_all()
-        for pid in adopted:
-            self._stopping.step(pid, pid, Policy().kill_grace, "preempted")
+        stop_adopted()

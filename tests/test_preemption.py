@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import blueque
@@ -111,6 +112,38 @@ def test_sigusr1_preempts_and_a_task_that_ignores_it_is_terminated_and_put_back(
     task = client.get_task(task_id).wait(30)
     assert task.status == "complete" and task.result == "done by attempt 2"
     assert [line.split()[:2] for line in lines(marker)] == [["running", "1"], ["running", "2"]]
+
+
+def test_an_adopted_run_that_ignores_the_preemption_is_put_back_not_failed(  # type: ignore[no-untyped-def]
+        client, redis_client, redis_url, started, tmp_path, blueque_cli) -> None:
+    """A listener SIGKILLed while its task runs leaves the run to the next listener of its
+    node, which adopts it. When that node is preempted, the adopted run is told, and at the
+    deadline terminated like a child of its own: its task goes back to pending as preempted
+    (no attempt spent), not failed as a crash, and the preempted listener exits only once it
+    is recorded. It used to leave the task started, and a sweep elsewhere then failed it
+    (max_attempts=1) for a lease that stopped being renewed."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    first = listen(started, tmp_path, redis_url, "ignores_preemption", "spot-g")
+    task_id = client.get_queue("work").enqueue(
+        json.dumps({"marker": str(marker), "release": str(release)}), max_attempts=1,
+        kill_grace=1)
+    wait_until(lambda: lines(marker), what="running")
+    pid = int(lines(marker)[0].split()[2])
+    first.kill()
+    second = listen(started, tmp_path, redis_url, "ignores_preemption", "spot-g")
+    wait_until(lambda: "1 adopted task(s)" in second.log(), what="the run adopted")
+    assert blueque_cli(redis_url, "preempt", "--node", "spot-g", "--grace", "1s").returncode == 0
+    assert second.process.wait(30) == 0
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    task = client.get_task(task_id)
+    assert (task.status, task.attempts, task.data.get("preemptions")) == ("pending", 1, "1"), \
+        task.data
+    assert "preempted" in task.data.get("preempted_reason", "")
+    assert redis_client.hget(KEYS.outcome_counts("work"), "preempted") == "1"
+    release.touch()
+    listen(started, tmp_path, redis_url, "ignores_preemption", "spot-h")
+    task = client.get_task(task_id).wait(30)
+    assert task.status == "complete" and task.result == "done by attempt 2"
 
 
 def test_a_task_preempted_more_than_its_limit_fails(  # type: ignore[no-untyped-def]
