@@ -104,6 +104,35 @@ def test_post_then_stream_progress_to_the_end_while_a_listener_works(
             "complete", "page 4 of 4", 1)
 
 
+def test_a_client_that_goes_away_leaves_no_subscription_behind(
+        service: str, redis_client: Any) -> None:
+    """What the events endpoint promises: a browser that closes the stream cancels it, and
+    the cancelled wait closes its Redis subscription (and gives its connection back): a
+    service whose users leave pages open and closed for hours does not pile up
+    subscribers on blueque_done_reports, nor connections."""
+    channel = blueque.Client(redis_client).keys.done_channel("reports")
+
+    def subscribers() -> int:
+        return int(dict(redis_client.pubsub_numsub(channel))[channel])
+
+    def clients() -> int:
+        return int(redis_client.info("clients")["connected_clients"])
+
+    with httpx.Client(base_url=service, timeout=30) as http:
+        task_id = http.post("/reports", json={"title": "never run"}).json()["task_id"]
+        before = clients()
+        for _ in range(3):
+            with http.stream("GET", f"/reports/{task_id}/events") as response:
+                events = read_events(response)  # held: dropping it would close the stream
+                event, data = next(events)
+                assert (event, data["status"]) == ("progress", "pending")
+                wait_until(lambda: subscribers() == 1, what="the stream subscribed")
+            # closed by the client: the stream is over for the service too
+            wait_until(lambda: subscribers() == 0, what="the subscription closed")
+        wait_until(lambda: clients() <= before + 1, what="the connections given back")
+        assert http.get(f"/reports/{task_id}").json()["status"] == "pending"
+
+
 def test_a_failing_report_and_a_cancelled_one(service: str, redis_url: str,
                                               tmp_path: Path) -> None:
     with httpx.Client(base_url=service, timeout=30) as http, daemons(tmp_path) as started:
