@@ -7,6 +7,7 @@ a task preempted too often fails instead of looping."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -175,3 +176,56 @@ def test_a_listener_started_after_a_preemption_ended_takes_tasks_and_withdraw_wo
     again = blueque_cli(redis_url, "preempt", "--node", "spot-f", "--withdraw")
     assert again.returncode == 4 and "no preemption of node spot-f" in again.stdout
     assert not blueque.Client(redis_url).store.preemption("spot-f")
+
+
+# --- the README's example -----------------------------------------------------------------
+def readme_blocks(language: str) -> list[str]:
+    """The ```python or ```sh blocks of README.md's "Long jobs that resume" section."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
+    section = text.split("\n## Long jobs that resume\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
+
+
+def test_the_readme_preemption_example_runs_as_written(  # type: ignore[no-untyped-def]
+        client, redis_url, started, tmp_path, blueque_cli) -> None:
+    """The README's render_frames with preempted(), as its task function under real
+    listeners (its render() writes the frame to a file), its enqueue line and its
+    `blueque preempt` line: the task stops at the frame it reached, goes back to pending, and
+    a listener of another node renders the rest, no frame twice, at max_attempts=3."""
+    _, enqueue, function = readme_blocks("python")[:3]
+    frames = tmp_path / "frames"
+    package = tmp_path / "project" / "mypackage"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text(
+        f"import time\n\n\ndef render(frame):\n    time.sleep(0.05)\n"
+        f"    with open({str(frames)!r}, 'a') as out:\n        out.write(f'{{frame}}\\n')\n\n\n"
+        + function)
+
+    def listen_here(node: str) -> Daemon:
+        daemon = Daemon(listen_command(redis_url, "frames", "mypackage.jobs:render_frames",
+                                       *FAST, "--node-name", node),
+                        tmp_path / f"daemon{len(started)}.log", cwd=tmp_path / "project")
+        started.append(daemon)
+        return daemon
+
+    first = listen_here("spot-7")
+    assert 'max_attempts=3' in enqueue
+    namespace = {"queue": client.get_queue("frames"), "json": json}
+    exec(enqueue.replace("5000", "60").replace("queue.enqueue(", "task_id = queue.enqueue("),
+         namespace)  # the README's own line
+    task_id = str(namespace["task_id"])
+    wait_until(lambda: len(lines(frames)) >= 10, what="ten frames rendered")
+    preempt = next(line for line in readme_blocks("sh")[0].splitlines()
+                   if line.startswith("blueque preempt --node spot-7 --grace"))
+    done = blueque_cli(redis_url, *preempt.split("#")[0].split()[1:])
+    assert done.returncode == 0, done.stderr
+    assert first.process.wait(20) == 0
+    task = client.get_task(task_id)
+    assert (task.status, task.data.get("preemptions")) == ("pending", "1"), task.data
+    stopped_at = json.loads(task.checkpoint or "{}")["next"]
+    assert task.data["preempted_reason"] == f"stopped at frame {stopped_at}"
+    listen_here("spot-8")
+    task = client.get_task(task_id).wait(30)
+    assert task.status == "complete" and json.loads(task.result or "{}") == {"frames": 60}
+    assert [int(line) for line in lines(frames)] == list(range(60))  # none twice
