@@ -335,7 +335,10 @@ class ListenerDaemon:
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
-        working while it is down."""
+        working while it is down; so does SIGUSR1 (a node may be told it goes away while
+        Redis is away): its tasks are told at once and stopped at the deadline."""
+        if self.preemption.signalled:
+            self._check_preemption()
         if self.preemption.due():
             self.preemption.enforce(
                 lambda: self.supervisor.stop_all("preempted"),
