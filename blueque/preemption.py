@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from blueque.display import format_seconds
+from blueque.errors import Preempted
 from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 
@@ -28,14 +29,17 @@ class Preemption:
     """The notice that this task's node goes away (PROTOCOL.md 6.3), as a task process gets
     it: SIGUSR1 from its listener, whose frame before it gives the deadline. The handler runs
     in the task's main thread, between two bytecodes: it notes the notice and runs the
-    callbacks registered with ``on_preempt`` (an exception in one is logged, never raised
-    into the task)."""
+    callbacks registered with ``on_preempt``. A callback that raises blueque.Preempted while
+    the task function runs stops it there (``running``: set around the call by
+    blueque.child.execute); any other exception in one is logged, never raised into the
+    task."""
 
     def __init__(self) -> None:
         self.deadline: float | None = None
         self.noticed = False
         self.callbacks: list[Callable[[], object]] = []
         self.link: ParentLink | None = None
+        self.running = False
 
     def install(self, link: ParentLink | None) -> None:
         self.link = link
@@ -56,10 +60,14 @@ class Preemption:
         for callback in list(self.callbacks):
             self.call(callback)
 
-    @staticmethod
-    def call(callback: Callable[[], object]) -> None:
+    def call(self, callback: Callable[[], object]) -> None:
         try:
             callback()
+        except Preempted:
+            if self.running:
+                raise  # out of the task function, where it is: recorded as preempted
+            log.warning("an on_preempt callback raised Preempted after the task function "
+                        "ended; its outcome stands")
         except Exception:
             log.exception("an on_preempt callback raised; the task goes on")
 

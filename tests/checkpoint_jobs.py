@@ -137,3 +137,22 @@ def marks_preemption(task: Task) -> str:
     while not os.path.exists(params["release"]):
         time.sleep(0.02)
     return f"done by attempt {task.attempts}"
+
+
+def stops_in_its_callback(task: Task) -> str:
+    """Marks ``running [attempt]`` and works (sleeps) until its node's notice; its on_preempt
+    callback saves a checkpoint, marks ``stopping [attempt]`` and raises blueque.Preempted,
+    which stops the task where it is. A run that finds the checkpoint returns ``resumed``."""
+    params = _params(task)
+    _mark(params, "running", task.attempts)
+    if task.checkpoint:
+        return "resumed"
+
+    def stop() -> None:
+        task.save_checkpoint(json.dumps({"stopped at": time.time()}))
+        _mark(params, "stopping", task.attempts)
+        raise Preempted("stopped by its on_preempt callback")
+
+    on_preempt(stop)
+    while True:
+        time.sleep(0.02)

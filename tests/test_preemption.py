@@ -195,6 +195,27 @@ def test_sigusr1_while_redis_is_away_warns_the_tasks_and_keeps_the_deadline(  # 
         task.data
 
 
+def test_an_on_preempt_callback_that_raises_preempted_stops_the_task_where_it_is(  # type: ignore[no-untyped-def]
+        client, redis_url, started, tmp_path, blueque_cli) -> None:
+    """on_preempt's promise: a callback may raise blueque.Preempted to stop the task where it
+    is. The exception used to be caught with any other a callback raises, logged, and the task
+    went on until the deadline's SIGTERM."""
+    marker = tmp_path / "marker"
+    first = listen(started, tmp_path, redis_url, "stops_in_its_callback", "spot-k")
+    task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker)}),
+                                               max_attempts=1)
+    wait_until(lambda: lines(marker), what="running")
+    assert blueque_cli(redis_url, "preempt", "--node", "spot-k", "--grace", "60s").returncode == 0
+    assert first.process.wait(30) == 0  # long before the deadline
+    task = client.get_task(task_id)
+    assert (task.status, task.data.get("preemptions")) == ("pending", "1"), task.data
+    assert task.data["preempted_reason"] == "stopped by its on_preempt callback"
+    assert lines(marker) == ["running 1", "stopping 1"]
+    listen(started, tmp_path, redis_url, "stops_in_its_callback", "spot-l")
+    task = client.get_task(task_id).wait(30)
+    assert (task.status, task.result) == ("complete", "resumed")
+
+
 def test_a_task_preempted_more_than_its_limit_fails(  # type: ignore[no-untyped-def]
         client, redis_url, started, tmp_path, blueque_cli) -> None:
     marker = tmp_path / "marker"
