@@ -7,6 +7,7 @@ a task preempted too often fails instead of looping."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import time
@@ -18,6 +19,7 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
+from blueque.preemption import NodePreemption
 from blueque.testing import RedisServer
 from tests.conftest import Done
 from tests.daemons import Daemon, daemons, listen_command, wait_until
@@ -245,6 +247,17 @@ def test_a_listener_started_after_a_preemption_ended_takes_tasks_and_withdraw_wo
     again = blueque_cli(redis_url, "preempt", "--node", "spot-f", "--withdraw")
     assert again.returncode == 4 and "no preemption of node spot-f" in again.stdout
     assert not blueque.Client(redis_url).store.preemption("spot-f")
+
+
+def test_the_listeners_preemption_lines_are_logged_as_the_listeners(  # type: ignore[no-untyped-def]
+        client, caplog) -> None:
+    """An operator filtering the listener's log (its "logger" field in --log-format json)
+    sees its preemption with its other lines: they came as blueque.child, the task's side."""
+    preemption = NodePreemption(client.store, "spot-q", "spot-q_1", time.monotonic)
+    with caplog.at_level(logging.INFO):
+        assert preemption.announce(time.time() + 60, "SIGUSR1", lambda message, signum: 0, [])
+    assert [(r.name, r.levelname) for r in caplog.records] == [("blueque.daemon", "WARNING")]
+    assert "spot-q goes away in" in caplog.records[0].getMessage()
 
 
 # --- the README's example -----------------------------------------------------------------
