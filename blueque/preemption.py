@@ -99,6 +99,13 @@ def on_preempt(callback: Callable[[], object]) -> None:
         notice.call(callback)
 
 
+def _number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        return 0.0  # an unreadable request time: as old as can be
+
+
 class NodePreemption:
     """A listener's view of its node's preemption: SIGUSR1 (its own ``grace``), or a request
     for its node name in Redis (read when its message comes, and at every renewal in case the
@@ -113,6 +120,9 @@ class NodePreemption:
         self.signalled = False  # SIGUSR1 arrived
         self.heard = True  # read blueque_preempt_[node name] at the next look
         self._seen = ""  # requested_at of the request acted on (or found stale)
+        #: a request made before this (Unix s) whose deadline has passed is over: the node
+        #: is still here. One made since (--grace 0) is acted on, however late it is read
+        self.started = now()
 
     def news(self) -> tuple[float, str] | None:
         """A deadline to act on, with why, or None."""
@@ -133,7 +143,7 @@ class NodePreemption:
             listener_log.error("listener %s: unreadable preemption request %r ignored",
                                self.listener, request)
             return None
-        if deadline <= now() and self.deadline is None:
+        if deadline <= now() and self.deadline is None and _number(requested) < self.started:
             listener_log.info("listener %s: a preemption of node %s that ended %s ago is "
                               "ignored (the node is still here)", self.listener,
                               self.node_name, format_seconds(now() - deadline))

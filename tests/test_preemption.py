@@ -218,6 +218,25 @@ def test_an_on_preempt_callback_that_raises_preempted_stops_the_task_where_it_is
     assert (task.status, task.result) == ("complete", "resumed")
 
 
+def test_a_preemption_with_no_grace_stops_a_running_listener_at_once(  # type: ignore[no-untyped-def]
+        client, redis_url, started, tmp_path, blueque_cli) -> None:
+    """`blueque preempt --grace 0` (the node goes now) reaches a running listener after its
+    deadline, by a few milliseconds: it is not an old request left over from before the
+    listener started, so the listener acts on it. It used to be ignored as "ended", while
+    the command told the operator that the listener took no more tasks."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    first = listen(started, tmp_path, redis_url, "ignores_preemption", "spot-n")
+    task_id = client.get_queue("work").enqueue(
+        json.dumps({"marker": str(marker), "release": str(release)}), max_attempts=1,
+        kill_grace=1)
+    wait_until(lambda: lines(marker), what="running")
+    assert blueque_cli(redis_url, "preempt", "--node", "spot-n", "--grace", "0").returncode == 0
+    assert first.process.wait(20) == 0
+    task = client.get_task(task_id)
+    assert (task.status, task.attempts, task.data.get("preemptions")) == ("pending", 1, "1"), \
+        task.data
+
+
 def test_a_task_preempted_more_than_its_limit_fails(  # type: ignore[no-untyped-def]
         client, redis_url, started, tmp_path, blueque_cli) -> None:
     marker = tmp_path / "marker"
