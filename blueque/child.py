@@ -99,12 +99,15 @@ def execute(function: TaskFunction, task: Task) -> Outcome:
     """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
     not the child: they are recorded as what they are. Preempted stops it to run again
     elsewhere (PROTOCOL.md 6.3)."""
+    notice.running = True  # from now on an on_preempt callback's Preempted stops it
     try:
         result = function(task)
     except Preempted as error:
         return Outcome("preempted", str(error) or "the task stopped: its node goes away")
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         return Outcome("failed", describe_error(error), traceback.format_exc())
+    finally:
+        notice.running = False
     try:
         return Outcome("complete", encode_result(result))
     except Exception as error:

@@ -335,10 +335,14 @@ class ListenerDaemon:
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
-        working while it is down."""
+        working while it is down; so does SIGUSR1 (a node may be told it goes away while
+        Redis is away): its tasks are told at once and stopped at the deadline."""
+        if self.preemption.signalled:
+            self._check_preemption()
         if self.preemption.due():
-            self.preemption.enforce(lambda: self.supervisor.stop_all("preempted"),
-                                    [pid for pid, _ in self.slots.adopted.values()])
+            self.preemption.enforce(
+                lambda: self.supervisor.stop_all("preempted"),
+                lambda: self.recovery.stop_adopted(self.slots.adopted, "preempted"))
         self.supervisor.enforce_limits()
 
     # --- preemption (PROTOCOL.md 6.3) ------------------------------------------------------
@@ -357,8 +361,11 @@ class ListenerDaemon:
             self._next_renew = 0.0  # blueque status shows it from our next step on
 
     def _preempted_and_done(self) -> bool:
+        # the adopted runs are left once a sweep has recorded them (it empties slots.adopted):
+        # their own listener is dead, and leaving them unrecorded would let another node's
+        # sweep count their stop against an attempt
         return (self.preemption.deadline is not None and not self.children
-                and not self.unrecorded and self.slots.free(0) == self.concurrency)
+                and not self.unrecorded and self.busy() == 0)
 
     # --- waiting ----------------------------------------------------------------------------
     def _wait(self, timeout: float) -> None:

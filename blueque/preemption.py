@@ -18,26 +18,30 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from blueque.display import format_seconds
-from blueque.policy import Policy
-from blueque.process import Stopping
+from blueque.errors import Preempted
 from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.child")
+#: the listener's side logs as the listener daemon does
+listener_log = logging.getLogger("blueque.daemon")
 
 
 class Preemption:
     """The notice that this task's node goes away (PROTOCOL.md 6.3), as a task process gets
     it: SIGUSR1 from its listener, whose frame before it gives the deadline. The handler runs
     in the task's main thread, between two bytecodes: it notes the notice and runs the
-    callbacks registered with ``on_preempt`` (an exception in one is logged, never raised
-    into the task)."""
+    callbacks registered with ``on_preempt``. A callback that raises blueque.Preempted while
+    the task function runs stops it there (``running``: set around the call by
+    blueque.child.execute); any other exception in one is logged, never raised into the
+    task."""
 
     def __init__(self) -> None:
         self.deadline: float | None = None
         self.noticed = False
         self.callbacks: list[Callable[[], object]] = []
         self.link: ParentLink | None = None
+        self.running = False
 
     def install(self, link: ParentLink | None) -> None:
         self.link = link
@@ -58,10 +62,14 @@ class Preemption:
         for callback in list(self.callbacks):
             self.call(callback)
 
-    @staticmethod
-    def call(callback: Callable[[], object]) -> None:
+    def call(self, callback: Callable[[], object]) -> None:
         try:
             callback()
+        except Preempted:
+            if self.running:
+                raise  # out of the task function, where it is: recorded as preempted
+            log.warning("an on_preempt callback raised Preempted after the task function "
+                        "ended; its outcome stands")
         except Exception:
             log.exception("an on_preempt callback raised; the task goes on")
 
@@ -91,6 +99,13 @@ def on_preempt(callback: Callable[[], object]) -> None:
         notice.call(callback)
 
 
+def _number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        return 0.0  # an unreadable request time: as old as can be
+
+
 class NodePreemption:
     """A listener's view of its node's preemption: SIGUSR1 (its own ``grace``), or a request
     for its node name in Redis (read when its message comes, and at every renewal in case the
@@ -105,7 +120,9 @@ class NodePreemption:
         self.signalled = False  # SIGUSR1 arrived
         self.heard = True  # read blueque_preempt_[node name] at the next look
         self._seen = ""  # requested_at of the request acted on (or found stale)
-        self._stopping = Stopping()  # adopted runs stopped at the deadline
+        #: a request made before this (Unix s) whose deadline has passed is over: the node
+        #: is still here. One made since (--grace 0) is acted on, however late it is read
+        self.started = now()
 
     def news(self) -> tuple[float, str] | None:
         """A deadline to act on, with why, or None."""
@@ -123,13 +140,13 @@ class NodePreemption:
         try:
             deadline = float(request.get("deadline") or "")
         except ValueError:
-            log.error("listener %s: unreadable preemption request %r ignored", self.listener,
-                      request)
+            listener_log.error("listener %s: unreadable preemption request %r ignored",
+                               self.listener, request)
             return None
-        if deadline <= now() and self.deadline is None:
-            log.info("listener %s: a preemption of node %s that ended %s ago is ignored (the "
-                     "node is still here)", self.listener, self.node_name,
-                     format_seconds(now() - deadline))
+        if deadline <= now() and self.deadline is None and _number(requested) < self.started:
+            listener_log.info("listener %s: a preemption of node %s that ended %s ago is "
+                              "ignored (the node is still here)", self.listener,
+                              self.node_name, format_seconds(now() - deadline))
             return None
         return deadline, request.get("reason") or "blueque preempt"
 
@@ -156,15 +173,15 @@ class NodePreemption:
             told += 1
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGUSR1)
-        log.warning("listener %s: node %s goes away in %s (%s): taking no more tasks; told "
-                    "%d task(s)", self.listener, self.node_name,
-                    format_seconds(max(0.0, deadline - now())), why, told,
-                    extra={"event": "preempted", "deadline": deadline})
+        listener_log.warning("listener %s: node %s goes away in %s (%s): taking no more "
+                             "tasks; told %d task(s)", self.listener, self.node_name,
+                             format_seconds(max(0.0, deadline - now())), why, told,
+                             extra={"event": "preempted", "deadline": deadline})
         return True
 
-    def enforce(self, stop_all: Callable[[], None], adopted: Iterable[int]) -> None:
-        """The deadline has come: SIGTERM the groups still running (then SIGKILL after their
-        grace, as for any stop); their tasks go back to pending (endings.decide)."""
+    def enforce(self, stop_all: Callable[[], None], stop_adopted: Callable[[], None]) -> None:
+        """The deadline has come: SIGTERM the groups still running, our children's and the
+        adopted runs' (then SIGKILL after their grace, as for any stop); their tasks go back
+        to pending (endings.decide; an adopted run's when a sweep finds it gone)."""
         stop_all()
-        for pid in adopted:
-            self._stopping.step(pid, pid, Policy().kill_grace, "preempted")
+        stop_adopted()

@@ -12,13 +12,14 @@ from blueque.errors import ConfigurationError, InvalidTaskState, TaskNotFound, W
 from blueque.policy import encode_options
 from blueque.protocol import QueueCounts
 from blueque.store import RedisStore, now
-from blueque.task import Task
+from blueque.task import Task, utf8_size
 
 
 def _text(value: object, what: str) -> str:
     """Parameters are strings on the wire (JSON by convention); numbers pass as blueque 1.0.1
     let them (redis-py wrote them as text). Never pickles."""
     if isinstance(value, str):
+        utf8_size(value, what)
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8")

@@ -19,6 +19,7 @@ import random
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from blueque import keys as k
 from blueque.endings import decide
@@ -26,6 +27,7 @@ from blueque.leases import LeaseWatch
 from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy, field_float
 from blueque.process import Stopping, process_alive, signal_group
+from blueque.runs import describe_exit
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.recovery")
@@ -108,7 +110,8 @@ class Recovery:
                 stopped = self._stopping.reason(task_id) or ""
                 self._stopping.forget(task_id, kill=False)
                 verdicts.append(self._started_verdict(
-                    task_id, data, config, self._why(why, stopped, data, config), current))
+                    task_id, data, config, self._why(why, stopped, data, config), current,
+                    preempted=stopped == "preempted"))
             else:
                 verdicts.append((task_id, attempts, "drop", None, ""))
         return verdicts, live
@@ -131,21 +134,25 @@ class Recovery:
         log.warning("task %s: %s while adopted, sending %s to pid %d's group", task_id, reason,
                     signal.Signals(signum).name, pid)
 
-    def stop_adopted(self, runs: dict[str, tuple[int, float | None]]) -> None:
-        """A listener stopping with --on-stop=terminate stops the runs it adopted as it stops
-        its own children: SIGTERM to their groups now, SIGKILL once kill_grace has passed
-        (later sweeps), and a sweep records each once its process is gone."""
+    def stop_adopted(self, runs: dict[str, tuple[int, float | None]],
+                     reason: Literal["shutdown", "preempted"] = "shutdown") -> None:
+        """A listener stopping with --on-stop=terminate, or preempted at its deadline, stops
+        the runs it adopted as it stops its own children: SIGTERM to their groups now, SIGKILL
+        once kill_grace has passed (later sweeps), and a sweep records each once its process
+        is gone (a preempted one as preempted: back to pending, no attempt spent)."""
         for task_id, (pid, created) in runs.items():
             if task_id not in self._stopping and self._alive(pid, created):
-                log.warning("task %s: adopted run (pid %d) stopped with its adopter, sending "
-                            "SIGTERM to its group", task_id, pid)
-                self._stopping.begin(task_id, pid, Policy().kill_grace, "shutdown")
+                log.warning("task %s: adopted run (pid %d) stopped (%s), sending SIGTERM to "
+                            "its group", task_id, pid, reason)
+                self._stopping.begin(task_id, pid, Policy().kill_grace, reason)
 
     @staticmethod
     def _why(why: str, stopped: str, data: dict[str, str], config: dict[str, str]) -> str:
         if stopped == "shutdown":
             return ("terminated because the listener that adopted it shut down "
                     f"(--on-stop=terminate; {why})")
+        if stopped == "preempted":
+            return f"{describe_exit(0, stopped, 0)} (adopted; {why})"
         if stopped != "time limit":
             return why
         limit = Policy.resolve(data, config).time_limit
@@ -153,13 +160,17 @@ class Recovery:
 
     def _started_verdict(
         self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,
-        current: float,
+        current: float, preempted: bool = False,
     ) -> k.Verdict:
+        """A started run that is gone: by endings.decide, as its listener would have recorded
+        it (``preempted``: stopped at its node's preemption deadline)."""
         attempts = data.get("attempts", "")
         error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
         ending = decide(Policy.resolve(data, config), data, "failed", error, current,
+                        stopped="preempted" if preempted else "",
                         rng=self._rng)  # recover.lua stamps a cancelled one `cancelled`
-        verdict: k.VerdictKind = "retry" if ending.outcome == "retry" else "failed"
+        verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else "preempted"
+                                  if ending.outcome == "preempted" else "failed")
         return (task_id, attempts, verdict, ending.eta, ending.text)
 
     def recover_expired(self, queue: str, report: RecoveryReport,

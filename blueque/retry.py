@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -44,9 +45,20 @@ _TRANSIENT = (
 )
 
 
+def certificate_refused(error: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The TLS verification failure behind a connection error (redis-py chains it): a server
+    certificate this client does not accept. Waiting will not change it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def is_transient(error: BaseException) -> bool:
     """True if ``error`` is what a failover, a restart or a resharding looks like."""
-    if isinstance(error, _PERMANENT):
+    if isinstance(error, _PERMANENT) or certificate_refused(error) is not None:
         return False
     if isinstance(error, MasterNotFoundError) and "AuthenticationError" in str(error):
         return False  # the sentinels refused our credentials: waiting will not help

@@ -35,6 +35,20 @@ def _parse(task_id: str, field: str, convert: Callable[[str], T], raw: str | Non
         ) from error
 
 
+def utf8_size(text: str, what: str) -> int:
+    """The size of ``text`` in UTF-8, as Redis stores it; WrongType for text UTF-8 cannot
+    encode (a lone surrogate, as a decode with errors="surrogateescape" leaves), which would
+    otherwise reach the caller as redis-py's UnicodeEncodeError, outside the BluequeError
+    tree."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as error:
+        raise WrongType(
+            f"{what} cannot be stored: it is not valid UTF-8 text ({error.reason} at "
+            f"position {error.start}); encode it with json.dumps, which escapes it"
+        ) from error
+
+
 def _as_int(raw: str) -> int:
     return int(float(raw))
 
@@ -248,7 +262,7 @@ class Task(TaskView):
                 f"task {self._id} is {self.status or 'missing'}: only a reserved or started "
                 "attempt can save a checkpoint (call save_checkpoint from the task function)"
             )
-        size = len(state.encode("utf-8"))
+        size = utf8_size(state, "the checkpoint")
         limit = self._checkpoint_limit()
         if size > limit:
             raise CheckpointTooLarge(

@@ -120,3 +120,39 @@ def ignores_preemption(task: Task) -> str:
     while not os.path.exists(params["release"]):
         time.sleep(0.02)
     return f"done by attempt {task.attempts}"
+
+
+def marks_preemption(task: Task) -> str:
+    """Marks ``running [attempt] [pid]``, then ``told [seconds before the deadline]`` when its
+    node's notice comes (on_preempt), and sleeps until ``release`` exists, whatever it is told:
+    it saves nothing (Redis may be away) and is terminated at the deadline."""
+    params = _params(task)
+    _mark(params, "running", task.attempts, os.getpid())
+
+    def told() -> None:
+        deadline = preempt_deadline()
+        _mark(params, "told", "-" if deadline is None else round(deadline - time.time(), 1))
+
+    on_preempt(told)
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    return f"done by attempt {task.attempts}"
+
+
+def stops_in_its_callback(task: Task) -> str:
+    """Marks ``running [attempt]`` and works (sleeps) until its node's notice; its on_preempt
+    callback saves a checkpoint, marks ``stopping [attempt]`` and raises blueque.Preempted,
+    which stops the task where it is. A run that finds the checkpoint returns ``resumed``."""
+    params = _params(task)
+    _mark(params, "running", task.attempts)
+    if task.checkpoint:
+        return "resumed"
+
+    def stop() -> None:
+        task.save_checkpoint(json.dumps({"stopped at": time.time()}))
+        _mark(params, "stopping", task.attempts)
+        raise Preempted("stopped by its on_preempt callback")
+
+    on_preempt(stop)
+    while True:
+        time.sleep(0.02)

@@ -21,7 +21,7 @@ import redis
 import blueque
 import blueque.aio
 from blueque import protocol
-from blueque.errors import InvalidTaskState, RedisUnavailable, TaskNotFound
+from blueque.errors import ConfigurationError, InvalidTaskState, RedisUnavailable, TaskNotFound
 from blueque.keys import Keys
 from blueque.testing import RedisServer
 
@@ -255,6 +255,22 @@ async def test_closing_the_client_closes_its_connections(redis_url: str,
         assert redis_client.info("clients")["connected_clients"] > before
     await until(lambda: redis_client.info("clients")["connected_clients"] == before,
                 what="every connection closed")
+
+
+async def test_the_sync_clients_checkpoint_option_is_refused_with_where_it_belongs(
+        redis_url: str, redis_client: redis.Redis) -> None:
+    """blueque.Client's checkpoint_max_bytes limits the tasks run with that client; the asyncio
+    client runs none. Given to it, the option said nothing at construction and then failed
+    every operation with redis-py's TypeError: it is refused at once, saying where the limit
+    is set for a service that enqueues (the task's option, the queue's default)."""
+    with pytest.raises(ConfigurationError, match=r"checkpoint_max_bytes=.*enqueue.*configure"):
+        blueque.aio.Client(redis_url, checkpoint_max_bytes=4096)
+    async with blueque.aio.Client(redis_url) as aio:
+        queue = aio.get_queue("q")
+        await queue.enqueue("p", task_id="t", checkpoint_max_bytes=4096)
+        await queue.configure(checkpoint_max_bytes=8192)
+    assert redis_client.hget(K.task("t"), "checkpoint_max_bytes") == "4096"
+    assert redis_client.hget(K.queue_config("q"), "checkpoint_max_bytes") == "8192"
 
 
 # --- outages ---------------------------------------------------------------------------------

@@ -102,6 +102,8 @@ def test_only_text_is_saved(any_client: blueque.Client) -> None:
     for bad in (b"bytes", {"done": 1}, 42, None):
         with pytest.raises(WrongType, match=r"json\.dumps"):
             task.save_checkpoint(bad)  # type: ignore[arg-type]
+    with pytest.raises(WrongType, match="UTF-8"):  # a BluequeError the task may catch
+        task.save_checkpoint('{"name": "caf\udce9"}')
     assert any_client.redis.exists(K.checkpoint(task.id)) == 0
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import blueque
-from blueque.errors import ConfigurationError
+from blueque.errors import ConfigurationError, WrongType
 from blueque.keys import Keys
 from blueque.store import BULK_CHUNK
 
@@ -61,6 +61,18 @@ def test_enqueue_rejects_unknown_options_and_non_text_parameters(
         queue.enqueue("p", priority=1)
     with pytest.raises(TypeError, match=r"json\.dumps"):
         queue.enqueue({"not": "a string"})
+    assert contract_client.redis.llen(K.pending("q")) == 0
+
+
+def test_text_that_utf8_cannot_encode_is_refused_clearly(contract_client: blueque.Client
+                                                         ) -> None:
+    """A lone surrogate (what a bad decode with errors="surrogateescape" leaves) cannot reach
+    Redis as UTF-8: WrongType says so, for one task and for a batch, and nothing is written."""
+    queue = contract_client.get_queue("q")
+    with pytest.raises(WrongType, match="UTF-8"):
+        queue.enqueue("caf\udce9")
+    with pytest.raises(WrongType, match="UTF-8"):
+        queue.enqueue_many(["fine", "caf\udce9"])
     assert contract_client.redis.llen(K.pending("q")) == 0
 
 

@@ -15,7 +15,7 @@ from blueque.errors import (
     TaskNotFound,
 )
 from blueque.store import translate
-from blueque.testing import RedisServer, free_port
+from blueque.testing import RedisServer, TLSFiles, free_port
 from tests.aio_facade import AioClient, LoopThread
 
 
@@ -138,6 +138,33 @@ def test_a_unix_socket_url_works(connect, tmp_path: object) -> None:  # type: ig
             direct = redis.Redis(port=server.port, db=3, decode_responses=True)
             assert direct.hget(f"blueque_task_{task_id}", "status") == "pending"
             direct.close()
+        finally:
+            client.close()
+
+
+def test_a_tls_certificate_the_client_refuses_is_a_configuration_error(  # type: ignore[no-untyped-def]
+        connect, tmp_path) -> None:
+    """A rediss:// URL whose server certificate the client does not accept (no ssl_ca_certs for
+    a private CA, a host name the certificate does not name) will never connect: it is
+    ConfigurationError at once, naming the TLS options, not RedisUnavailable after the whole
+    retry_deadline with advice to check that redis-server is running. The right CA works."""
+    tls = TLSFiles.self_signed(str(tmp_path))
+    port = free_port()
+    settings = tls.server_settings(port)
+    with RedisServer(extra_args=tuple(f"--{item}" if i % 2 == 0 else item
+                                      for i, item in enumerate(settings))):
+        for url, why in ((f"rediss://127.0.0.1:{port}/0", "self-signed certificate"),
+                         (f"rediss://localhost:{port}/0?ssl_ca_certs={tls.ca}",
+                          "Hostname mismatch")):
+            client = connect(url)
+            try:
+                with pytest.raises(ConfigurationError, match=f"TLS.*{why}.*ssl_ca_certs"):
+                    client.get_queue("q").enqueue("p")
+            finally:
+                client.close()
+        client = connect(f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={tls.ca}")
+        try:
+            assert client.get_task(client.get_queue("q").enqueue("p")).status == "pending"
         finally:
             client.close()
 

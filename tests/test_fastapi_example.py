@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import blueque
-from blueque.testing import free_port, stop_process
+from blueque.testing import RedisServer, free_port, stop_process
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 pytest.importorskip("fastapi")
@@ -30,6 +30,12 @@ PYTHONPATH = os.pathsep.join([str(ROOT), str(EXAMPLES)])
 @pytest.fixture
 def service(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[str]:
     """uvicorn serving the example on a free loopback port; its base URL."""
+    with uvicorn_serving(redis_url, tmp_path) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def uvicorn_serving(redis_url: str, tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = open(tmp_path / "uvicorn.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
@@ -102,6 +108,59 @@ def test_post_then_stream_progress_to_the_end_while_a_listener_works(
         assert final["result"] == {"title": "November", "pages": 4, "words": 1400}
         assert (final["status"], final["message"], final["attempts"]) == (
             "complete", "page 4 of 4", 1)
+
+
+def test_a_client_that_goes_away_leaves_no_subscription_behind(
+        service: str, redis_client: Any) -> None:
+    """What the events endpoint promises: a browser that closes the stream cancels it, and
+    the cancelled wait closes its Redis subscription (and gives its connection back): a
+    service whose users leave pages open and closed for hours does not pile up
+    subscribers on blueque_done_reports, nor connections."""
+    channel = blueque.Client(redis_client).keys.done_channel("reports")
+
+    def subscribers() -> int:
+        return int(dict(redis_client.pubsub_numsub(channel))[channel])
+
+    def clients() -> int:
+        return int(redis_client.info("clients")["connected_clients"])
+
+    with httpx.Client(base_url=service, timeout=30) as http:
+        task_id = http.post("/reports", json={"title": "never run"}).json()["task_id"]
+        before = clients()
+        for _ in range(3):
+            with http.stream("GET", f"/reports/{task_id}/events") as response:
+                events = read_events(response)  # held: dropping it would close the stream
+                event, data = next(events)
+                assert (event, data["status"]) == ("progress", "pending")
+                wait_until(lambda: subscribers() == 1, what="the stream subscribed")
+            # closed by the client: the stream is over for the service too
+            wait_until(lambda: subscribers() == 0, what="the subscription closed")
+        wait_until(lambda: clients() <= before + 1, what="the connections given back")
+        assert http.get(f"/reports/{task_id}").json()["status"] == "pending"
+
+
+def test_redis_going_away_is_a_503_and_an_error_event(tmp_path: Path) -> None:
+    """Redis killed under the service: a request answers 503 once the client's bounded
+    patience (5 s) has passed, not a 500 nor a hang, and an open events stream ends with an
+    ``error`` event rather than dying silently."""
+    server = RedisServer().start()
+    try:
+        with uvicorn_serving(server.url, tmp_path) as base, \
+                httpx.Client(base_url=base, timeout=30) as http:
+            task_id = http.post("/reports", json={"title": "x"}).json()["task_id"]
+            with http.stream("GET", f"/reports/{task_id}/events") as response:
+                events = read_events(response)
+                assert next(events)[0] == "progress"
+                server.kill()
+                for path, answer in (("GET", http.get(f"/reports/{task_id}")),
+                                     ("POST", http.post("/reports", json={"title": "y"}))):
+                    assert answer.status_code == 503, (path, answer.text)
+                    assert "unavailable" in answer.json()["detail"]
+                event, data = next(events)
+                assert event == "error" and "unreachable" in data["detail"]
+                assert next(events, None) is None  # and the stream ends
+    finally:
+        server.stop()
 
 
 def test_a_failing_report_and_a_cancelled_one(service: str, redis_url: str,

@@ -61,6 +61,12 @@ class Client:
         durability: Any = None,
         **redis_kwargs: Any,
     ) -> None:
+        if "checkpoint_max_bytes" in redis_kwargs:  # not redis-py's: it would fail at first use
+            raise ConfigurationError(
+                "checkpoint_max_bytes= limits the checkpoints of tasks run with a blueque.Client; "
+                "the asyncio client runs no tasks. Give it per task (enqueue(..., "
+                "checkpoint_max_bytes=N)) or per queue (Queue.configure(checkpoint_max_bytes=N))"
+            )
         hash_tags = hash_tags_option(hash_tags, cluster)
         self.settings: Settings | None = None
         if url is None or isinstance(url, (str, Settings)):

@@ -18,8 +18,8 @@
 -- ARGV[4] queue, ARGV[5] "1" to decrement the queue's listener count in KEYS[8],
 -- ARGV[6] channel, ARGV[7] "1" to release the listener (drop its lease and set membership),
 -- "0" to keep them (some of its processes still run and are being adopted),
--- ARGV[8] seconds KEYS[9] is kept, then 5 values per task: id, attempts seen, verdict (pending | retry | failed | drop),
--- retry eta, error text.
+-- ARGV[8] seconds KEYS[9] is kept, then 5 values per task: id, attempts seen, verdict (pending |
+-- preempted | retry | failed | drop), retry eta, error text (for preempted: why).
 -- A verdict applies only if the task is still in the dead listener's reserved list with the
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
 -- Returns {requeued, retried, failed, skipped}, or {-1} if the claim failed (lease live or
@@ -62,6 +62,14 @@ for i = 11, #KEYS do
       redis.call('HSET', KEYS[i], 'status', 'pending', 'updated', ARGV[2])
       redis.call('HDEL', KEYS[i], 'node', 'pid')
       redis.call('RPUSH', KEYS[4], id)
+      counts[1] = counts[1] + 1
+    elseif verdict == 'preempted' then  -- an adopted run its node's preemption stopped
+      redis.call('HSET', KEYS[i], 'status', 'pending', 'updated', ARGV[2], 'preempted_at',
+                 ARGV[2], 'preempted_reason', ARGV[a + 4])
+      redis.call('HDEL', KEYS[i], 'node', 'pid')
+      redis.call('HINCRBY', KEYS[i], 'preemptions', 1)
+      redis.call('RPUSH', KEYS[4], id)
+      count('preempted')
       counts[1] = counts[1] + 1
     elseif verdict == 'retry' then
       redis.call('HSET', KEYS[i], 'status', 'scheduled', 'eta', ARGV[a + 3], 'error', ARGV[a + 4],

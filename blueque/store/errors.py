@@ -21,7 +21,7 @@ from blueque.errors import (
     TaskNotFound,
     UnsupportedServer,
 )
-from blueque.retry import is_transient
+from blueque.retry import certificate_refused, is_transient
 
 T = TypeVar("T")
 
@@ -87,6 +87,14 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
         )
     if isinstance(error, redis.exceptions.ResponseError) and not is_transient(error):
         return _protocol_error(error, where)
+    refused = certificate_refused(error)
+    if refused is not None:
+        return ConfigurationError(
+            f"TLS to Redis {where} failed: this client does not accept the server's certificate "
+            f"({refused.verify_message or refused}): give the CA that signed it "
+            "(ssl_ca_certs=/path/ca.pem in the URL) and a host name the certificate names, or "
+            "ssl_cert_reqs=none to skip the check"
+        )
     if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
                   ) and not isinstance(error, redis.exceptions.BusyLoadingError):
         return RedisUnavailable(
