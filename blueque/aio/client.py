@@ -31,6 +31,7 @@ from blueque.queue import (
     bulk_submission,
     check_deletable,
     check_queue_name,
+    given_queue_name,
     purge_cutoff,
     submission,
 )
@@ -151,9 +152,7 @@ class Queue:
     """blueque.Queue's operations, awaited; see there for what each one writes."""
 
     def __init__(self, name: str, store: AsyncRedisStore) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"a queue name must be a non-empty string, not {name!r}")
-        self._name = name
+        self._name = given_queue_name(name)
         self._store = store
 
     @property
