@@ -17,7 +17,7 @@ import redis
 import blueque
 import blueque.aio
 from blueque.errors import BluequeError
-from blueque.store import MISSED, Message, Subscription
+from blueque.store import MISSED, Confirmation, Message, Subscription
 from blueque.testing import RedisServer
 from tests.fake_servers import FreezingProxy
 
@@ -57,6 +57,22 @@ def test_a_subscription_hears_its_channels_only_once_confirmed(
     finally:
         subscription.close()
     assert numsub(redis_client, "one") == 0  # closed: unsubscribed
+
+
+def test_a_confirmation_counts_its_channels_and_keeps_what_was_published_meanwhile() -> None:
+    """What both Subscriptions do with the replies to SUBSCRIBE (their one copy): each
+    channel's confirmation counts once, a message published on a channel confirmed already
+    is kept in order, and nothing more is waited for once all are confirmed."""
+    heard: list[Message] = []
+    confirmation = Confirmation(2, heard)
+    assert confirmation.wait() is not None
+    confirmation.take({"type": "subscribe", "channel": "one", "data": 1})
+    confirmation.take(None)  # no reply within the wait
+    confirmation.take({"type": "message", "channel": "one", "data": "early"})
+    assert confirmation.wait() is not None  # "two" is not confirmed yet
+    confirmation.take({"type": "subscribe", "channel": "two", "data": 2})
+    assert confirmation.wait() is None
+    assert heard == [Message("one", "early")]
 
 
 def test_a_subscription_outlives_a_redis_restart_and_says_what_it_missed(

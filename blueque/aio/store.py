@@ -34,9 +34,9 @@ from blueque import protocol
 from blueque.retry import Backoff, NoRetry, is_transient
 from blueque.store import (
     CLOSED_UNDER_US,
-    CONFIRM_WAIT,
     MISSED,
     RESUBSCRIBE_BACKOFF,
+    Confirmation,
     Health,
     Message,
     check_version,
@@ -256,16 +256,9 @@ class AsyncSubscription:
                 return False
         pubsub = self._pubsub = self._store.redis.pubsub()
         await pubsub.subscribe(*self._channels)
-        confirmed, until = 0, time.monotonic() + CONFIRM_WAIT
-        while confirmed < len(self._channels) and time.monotonic() < until:
-            raw = await pubsub.get_message(timeout=max(0.0, until - time.monotonic()))
-            if raw is None:
-                continue
-            if raw.get("type") == "subscribe":
-                confirmed += 1
-            message, _ = published(raw, 0)
-            if message is not None:  # published on a channel confirmed already
-                self._heard.append(message)
+        confirmation = Confirmation(len(self._channels), self._heard)
+        while (patience := confirmation.wait()) is not None:
+            confirmation.take(await pubsub.get_message(timeout=patience))
         if self._subscribed_once:
             self._heard.insert(0, MISSED)
         self._subscribed_once, self._delays = True, None

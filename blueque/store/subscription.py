@@ -58,6 +58,31 @@ def published(raw: dict[str, Any], count: int) -> tuple[Message | None, bool]:
     return None, kind == "subscribe" and raw.get("data") == 1 and count > 0
 
 
+class Confirmation:
+    """A new connection's subscription, until Redis confirms each of its ``channels`` or
+    CONFIRM_WAIT passes; what is published meanwhile joins ``heard`` in order. The sync and
+    the asyncio Subscription read the replies and hand them to ``take``."""
+
+    def __init__(self, channels: int, heard: list[Message]) -> None:
+        self._unconfirmed = channels
+        self._heard = heard
+        self._until = time.monotonic() + CONFIRM_WAIT
+
+    def wait(self) -> float | None:
+        """How long to wait for the next reply; None once all are confirmed or time is up."""
+        left = self._until - time.monotonic()
+        return left if self._unconfirmed > 0 and left > 0 else None
+
+    def take(self, raw: dict[str, Any] | None) -> None:
+        if raw is None:
+            return
+        if raw.get("type") == "subscribe":
+            self._unconfirmed -= 1
+        message, _ = published(raw, 0)
+        if message is not None:  # published on a channel confirmed already
+            self._heard.append(message)
+
+
 class Subscription:
     """A pub/sub subscription to ``channels`` that outlives its connection (RedisStore.subscribe).
 
@@ -111,16 +136,9 @@ class Subscription:
                 return False
         pubsub = self._pubsub = self._store.redis.pubsub()
         pubsub.subscribe(*self._channels)
-        confirmed, until = 0, time.monotonic() + CONFIRM_WAIT
-        while confirmed < len(self._channels) and time.monotonic() < until:
-            raw = pubsub.get_message(timeout=max(0.0, until - time.monotonic()))
-            if raw is None:
-                continue
-            if raw.get("type") == "subscribe":
-                confirmed += 1
-            message, _ = published(raw, 0)
-            if message is not None:  # published on a channel confirmed already
-                self._heard.append(message)
+        confirmation = Confirmation(len(self._channels), self._heard)
+        while (patience := confirmation.wait()) is not None:
+            confirmation.take(pubsub.get_message(timeout=patience))
         if self._subscribed_once:
             self._heard.insert(0, MISSED)
         self._subscribed_once, self._delays = True, None
