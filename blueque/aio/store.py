@@ -23,7 +23,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
@@ -31,14 +31,13 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
-from blueque.retry import Backoff, NoRetry, is_transient
+from blueque.retry import NoRetry, is_transient
 from blueque.store import (
     CLOSED_UNDER_US,
     MISSED,
-    RESUBSCRIBE_BACKOFF,
-    Confirmation,
     Health,
     Message,
+    Resubscribing,
     check_version,
     describe,
     load_script,
@@ -229,19 +228,16 @@ class AsyncSubscription:
 
     def __init__(self, store: AsyncRedisStore, channels: Sequence[str]) -> None:
         self._store = store
-        self._channels = list(channels)
+        self._state = Resubscribing(store, channels)
         self._pubsub: Any = None
-        self._heard: list[Message] = []
-        self._subscribed_once = False
-        self._retry_at = 0.0
-        self._delays: Iterator[float] | None = None
 
     async def get_message(self, timeout: float) -> Message | None:
         deadline = time.monotonic() + max(0.0, timeout)
         try:
             if self._pubsub is None and not await self._subscribe(deadline):
                 return None
-            return self._heard.pop(0) if self._heard else await self._next(deadline)
+            heard = self._state.heard
+            return heard.pop(0) if heard else await self._next(deadline)
         except _REDIS_ERRORS as error:
             await self._lost(error)
         except CLOSED_UNDER_US as error:
@@ -249,19 +245,17 @@ class AsyncSubscription:
         return None
 
     async def _subscribe(self, deadline: float) -> bool:
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
-            if time.monotonic() < self._retry_at:
-                return False
+        pause = self._state.pause(deadline)
+        if pause > 0:
+            await asyncio.sleep(pause)
+        if not self._state.due():
+            return False
         pubsub = self._pubsub = self._store.redis.pubsub()
-        await pubsub.subscribe(*self._channels)
-        confirmation = Confirmation(len(self._channels), self._heard)
+        await pubsub.subscribe(*self._state.channels)
+        confirmation = self._state.confirmation()
         while (patience := confirmation.wait()) is not None:
             confirmation.take(await pubsub.get_message(timeout=patience))
-        if self._subscribed_once:
-            self._heard.insert(0, MISSED)
-        self._subscribed_once, self._delays = True, None
+        self._state.subscribed()
         return True
 
     async def _next(self, deadline: float) -> Message | None:
@@ -269,7 +263,7 @@ class AsyncSubscription:
             raw = await self._pubsub.get_message(
                 timeout=max(0.0, deadline - time.monotonic()))
             if raw is not None:
-                message, again = published(raw, len(self._channels))
+                message, again = published(raw, len(self._state.channels))
                 if message is not None or again:
                     return message or MISSED
             elif time.monotonic() >= deadline:
@@ -278,13 +272,7 @@ class AsyncSubscription:
     async def _lost(self, error: redis.exceptions.RedisError
                     | redis.exceptions.RedisClusterException) -> None:
         await self.close()
-        if self._delays is None:
-            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
-        self._retry_at = time.monotonic() + next(self._delays)
-        if not is_transient(error):
-            raise translate(error, self._store.where) from error
-        self._store.health.disrupted()
-        log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+        self._state.lost(error)
 
     async def close(self) -> None:
         """Unsubscribe and give the connection back (also after a cancellation)."""

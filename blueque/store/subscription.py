@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
@@ -16,7 +16,7 @@ from blueque.retry import Backoff, is_transient
 from blueque.store.errors import translate
 
 if TYPE_CHECKING:
-    from blueque.store.core import StoreCore
+    from blueque.store.core import Health, StoreCore
 
 log = logging.getLogger("blueque.store")
 
@@ -83,6 +83,59 @@ class Confirmation:
             self._heard.append(message)
 
 
+
+class _Watched(Protocol):
+    """What Resubscribing needs of a store (sync or asyncio): where it is, and its Health."""
+
+    @property
+    def where(self) -> str: ...
+
+    @property
+    def health(self) -> Health: ...
+
+
+class Resubscribing:
+    """What the sync and the asyncio Subscription decide without any IO of their own: when a
+    lost connection may be subscribed again (RESUBSCRIBE_BACKOFF), a new one's confirmation,
+    MISSED once subscribed again, and what a loss means (a transient one is counted in the
+    store's Health, another is raised as a Blueque error)."""
+
+    def __init__(self, store: _Watched, channels: Sequence[str]) -> None:
+        self._store = store
+        self.channels = list(channels)
+        self.heard: list[Message] = []  # messages read, not handed out yet
+        self._subscribed_once = False
+        self._retry_at = 0.0
+        self._delays: Iterator[float] | None = None
+
+    def pause(self, deadline: float) -> float:
+        """How long to wait before subscribing: the backoff left, at most until ``deadline``."""
+        return max(0.0, min(self._retry_at, deadline) - time.monotonic())
+
+    def due(self) -> bool:
+        """Whether the backoff after a loss has passed."""
+        return time.monotonic() >= self._retry_at
+
+    def confirmation(self) -> Confirmation:
+        return Confirmation(len(self.channels), self.heard)
+
+    def subscribed(self) -> None:
+        if self._subscribed_once:
+            self.heard.insert(0, MISSED)
+        self._subscribed_once, self._delays = True, None
+
+    def lost(self, error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException
+             ) -> None:
+        """The connection is lost (and closed): subscribe again after the next delay."""
+        if self._delays is None:
+            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
+        self._retry_at = time.monotonic() + next(self._delays)
+        if not is_transient(error):
+            raise translate(error, self._store.where) from error
+        self._store.health.disrupted()
+        log.debug("subscription to %s lost (%s); subscribing again", self.channels, error)
+
+
 class Subscription:
     """A pub/sub subscription to ``channels`` that outlives its connection (RedisStore.subscribe).
 
@@ -104,13 +157,9 @@ class Subscription:
     def __init__(self, store: StoreCore, channels: Sequence[str],
                  keepalive: float | None = None) -> None:
         self._store = store
-        self._channels = list(channels)
+        self._state = Resubscribing(store, channels)
         self._keepalive = keepalive
         self._pubsub: Any = None
-        self._heard: list[Message] = []  # messages read, not handed out yet
-        self._subscribed_once = False
-        self._retry_at = 0.0
-        self._delays: Iterator[float] | None = None
         self._silent_since = 0.0  # the connection's last reply of any kind
         self._pinged: float | None = None  # a PING not answered yet
 
@@ -119,7 +168,8 @@ class Subscription:
         try:
             if self._pubsub is None and not self._subscribe(deadline):
                 return None
-            return self._heard.pop(0) if self._heard else self._next(deadline)
+            heard = self._state.heard
+            return heard.pop(0) if heard else self._next(deadline)
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException
                 ) as error:
             self._lost(error)
@@ -129,19 +179,17 @@ class Subscription:
 
     def _subscribe(self, deadline: float) -> bool:
         """Subscribe on a new connection, unless the backoff says not before ``deadline``."""
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
-            if time.monotonic() < self._retry_at:
-                return False
+        pause = self._state.pause(deadline)
+        if pause > 0:
+            time.sleep(pause)
+        if not self._state.due():
+            return False
         pubsub = self._pubsub = self._store.redis.pubsub()
-        pubsub.subscribe(*self._channels)
-        confirmation = Confirmation(len(self._channels), self._heard)
+        pubsub.subscribe(*self._state.channels)
+        confirmation = self._state.confirmation()
         while (patience := confirmation.wait()) is not None:
             confirmation.take(pubsub.get_message(timeout=patience))
-        if self._subscribed_once:
-            self._heard.insert(0, MISSED)
-        self._subscribed_once, self._delays = True, None
+        self._state.subscribed()
         self._silent_since, self._pinged = time.monotonic(), None
         return True
 
@@ -153,7 +201,7 @@ class Subscription:
             raw = self._pubsub.get_message(timeout=max(0.0, wait))
             if raw is not None:
                 self._silent_since, self._pinged = time.monotonic(), None
-                message, again = published(raw, len(self._channels))
+                message, again = published(raw, len(self._state.channels))
                 if message is not None or again:
                     return message or MISSED
             elif time.monotonic() >= deadline:
@@ -178,13 +226,7 @@ class Subscription:
     def _lost(self, error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException
               ) -> None:
         self.close()
-        if self._delays is None:
-            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
-        self._retry_at = time.monotonic() + next(self._delays)
-        if not is_transient(error):
-            raise translate(error, self._store.where) from error
-        self._store.health.disrupted()
-        log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+        self._state.lost(error)
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
