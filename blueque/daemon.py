@@ -243,7 +243,9 @@ class ListenerDaemon:
         except RedisUnavailable as error:
             if self._redis_down_since is None:
                 self._redis_down_since = self.clock()
-                log.error("listener %s: %s; children keep running, retrying", self.id, error)
+                log.error("listener %s: %s; %s", self.id, error, "children keep running, "
+                          "retrying" if self.membership.registered else "not started yet: "
+                          "it takes no task until Redis answers, retrying")
             timeout = self._outage.next()
             self._enforce_limits()
         self._wait(timeout)
