@@ -110,3 +110,17 @@ def test_python_requirement_matches_what_the_code_uses() -> None:
     assert pyproject["tool"]["mypy"]["python_version"] == "3.11"
     assert not (ROOT / "setup.py").exists() and not (ROOT / "setup.cfg").exists()
     assert sys.version_info >= (3, 11)
+
+
+def test_quick_start_names_every_debian_package_dev_installs() -> None:
+    """A stranger reads what `./dev` will install on the machine before running it."""
+    script = (ROOT / "dev").read_text("utf-8")
+    packages = set(re.findall(r"packages\+=\(([^)]*)\)", script))
+    names = {name for group in packages for name in group.split()
+             if not name.startswith(("python3", '"'))}  # Python's own; the JRE is a variable
+    assert {"redis-server", "redis-sentinel", "chromium", "procps", "openssl"} <= names
+    text = README.read_text("utf-8")
+    quick_start = " ".join(text.split("\n## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    assert [name for name in sorted(names) if f"`{name}`" not in quick_start] == []
+    assert "a Java runtime" in quick_start
+    assert ". .venv-ci/bin/activate" in quick_start  # where `blueque` is, then
