@@ -24,6 +24,8 @@ from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.child")
+#: NodePreemption is the listener's: its lines are the listener daemon's.
+listener_log = logging.getLogger("blueque.daemon")
 
 
 class Preemption:
@@ -123,13 +125,13 @@ class NodePreemption:
         try:
             deadline = float(request.get("deadline") or "")
         except ValueError:
-            log.error("listener %s: unreadable preemption request %r ignored", self.listener,
-                      request)
+            listener_log.error("listener %s: unreadable preemption request %r ignored",
+                               self.listener, request)
             return None
         if deadline <= now() and self.deadline is None:
-            log.info("listener %s: a preemption of node %s that ended %s ago is ignored (the "
-                     "node is still here)", self.listener, self.node_name,
-                     format_seconds(now() - deadline))
+            listener_log.info("listener %s: a preemption of node %s that ended %s ago is "
+                              "ignored (the node is still here)", self.listener,
+                              self.node_name, format_seconds(now() - deadline))
             return None
         return deadline, request.get("reason") or "blueque preempt"
 
@@ -156,10 +158,10 @@ class NodePreemption:
             told += 1
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGUSR1)
-        log.warning("listener %s: node %s goes away in %s (%s): taking no more tasks; told "
-                    "%d task(s)", self.listener, self.node_name,
-                    format_seconds(max(0.0, deadline - now())), why, told,
-                    extra={"event": "preempted", "deadline": deadline})
+        listener_log.warning("listener %s: node %s goes away in %s (%s): taking no more tasks; "
+                             "told %d task(s)", self.listener, self.node_name,
+                             format_seconds(max(0.0, deadline - now())), why, told,
+                             extra={"event": "preempted", "deadline": deadline})
         return True
 
     def enforce(self, stop_all: Callable[[], None], adopted: Iterable[int]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 
 import pytest
 import redis
@@ -128,6 +129,22 @@ def test_retry_policy_rides_through_transient_failures() -> None:
 
     assert policy.call(operation) == "done"
     assert len(fake.sleeps) == 2 and all(0 < s <= 0.5 for s in fake.sleeps)
+
+
+def test_retries_are_logged_under_blueque_retry(caplog: pytest.LogCaptureFixture) -> None:
+    """Where the policy lives (it was logged as blueque.ha, a module it left)."""
+    fake = FakeTime()
+    failures = [redis.exceptions.ConnectionError("down")]
+
+    def operation() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    with caplog.at_level(logging.INFO):
+        assert policy(fake, 10).call(operation) == "done"
+    assert {record.name for record in caplog.records} == {"blueque.retry"}
+    assert [record.levelname for record in caplog.records] == ["WARNING", "INFO"]
 
 
 def test_retry_policy_gives_up_at_its_deadline() -> None:
