@@ -219,6 +219,9 @@ def test_every_option_of_every_command_says_what_it_is_for(blueque_main: Run) ->
               if action.option_strings and not action.help]
     assert silent == []
     assert len(commands.choices) == 17
+    # the usual five fields work: the help said "(6 fields: seconds last)"
+    scheduler = " ".join(blueque_main("scheduler", "--help").stdout.split())
+    assert "(5 fields, or 6 with seconds last)" in scheduler
 
 
 def test_unreachable_redis_exits_3(blueque_main: Run) -> None:

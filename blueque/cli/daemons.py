@@ -68,8 +68,9 @@ def _add_scheduler(commands: Commands) -> None:
     sub = commands.add("scheduler", cmd_scheduler, "move due tasks, fire cron entries, recover "
                        "dead listeners, purge old results", daemon=True)
     _add_cron_arguments(
-        sub, "a periodic task, e.g. 'report=0 3 * * *:reports:{\"kind\": 1}' (6 fields: "
-             "seconds last); repeatable", "periodic tasks from a .toml or .json file; repeatable")
+        sub, "a periodic task, e.g. 'report=0 3 * * *:reports:{\"kind\": 1}' (5 fields, or 6 "
+             "with seconds last); repeatable",
+        "periodic tasks from a .toml or .json file; repeatable")
     sub.add_argument("--interval", type=positive_seconds, default=1.0,
                      help="seconds between steps (default 1)")
     sub.add_argument("--recovery-interval", type=positive_seconds, default=2.0,
