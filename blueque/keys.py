@@ -33,7 +33,7 @@ LeaseMode = Literal["register", "renew", "release"]
 #: gone on its own node (PROTOCOL.md 5.12).
 RecoverMode = Literal["lease", "host"]
 #: What recover.lua does with one task of a dead listener.
-VerdictKind = Literal["pending", "retry", "failed", "drop"]
+VerdictKind = Literal["pending", "retry", "failed", "cancelled", "drop"]
 #: One task's verdict for recover.lua: (task id, attempts seen, verdict, eta, error).
 Verdict = tuple[str, str, VerdictKind, "float | None", str]
 

@@ -158,8 +158,9 @@ class Recovery:
         attempts = data.get("attempts", "")
         error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
         ending = decide(Policy.resolve(data, config), data, "failed", error, current,
-                        rng=self._rng)  # recover.lua stamps a cancelled one `cancelled`
-        verdict: k.VerdictKind = "retry" if ending.outcome == "retry" else "failed"
+                        rng=self._rng)
+        verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else
+                                  "cancelled" if ending.cancelled else "failed")
         return (task_id, attempts, verdict, ending.eta, ending.text)
 
     def recover_expired(self, queue: str, report: RecoveryReport,
