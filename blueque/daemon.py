@@ -92,10 +92,7 @@ class ListenerDaemon:
         self.on_stop = on_stop
         self.interval = interval
         self.poll = poll
-        # an explicit id's host part is its node name: "[node name]_[pid]" stays readable
-        self.node_name = checked_node_name(node_name) if node_name else (
-            parse_listener_id(identity)[0] if identity else hostname())
-        self.id = identity or listener_id(node_name=self.node_name)
+        self.node_name, self.id = daemon_identity(node_name, identity)
         self.node = node_identity(self.node_name)
         self.clock = clock
         self.membership = Membership(self.store, self.id, self.node, self.node_name,
@@ -148,15 +145,7 @@ class ListenerDaemon:
 
     def run(self) -> int:
         self.load_function()
-        if self.on_stop == "keep" and os.getpid() == 1:
-            # the init of a PID namespace (a container's main process): when it exits, the
-            # kernel kills every process in the namespace, so no run can wait for adoption
-            log.warning("listener %s runs as pid 1 of its PID namespace: its task processes "
-                        "end when it exits, so --on-stop=keep cannot leave them to the next "
-                        "listener; it will stop them as --on-stop=terminate does (recorded, "
-                        "retried by their policy). Run it under an init that outlives it "
-                        "to keep them", self.id)
-            self.on_stop = "terminate"
+        self.on_stop = on_stop_here(self.on_stop, self.id)
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
@@ -340,22 +329,15 @@ class ListenerDaemon:
         working while it is down."""
         if self.preemption.due():
             self.preemption.enforce(lambda: self.supervisor.stop_all("preempted"),
-                                    [pid for pid, _ in self.slots.adopted.values()])
+                                    self.slots.adopted_pids())
         self.supervisor.enforce_limits()
 
     # --- preemption (PROTOCOL.md 6.3) ------------------------------------------------------
     def _check_preemption(self) -> None:
-        news = self.preemption.news()
-        if news is not None:
-            self.preempt(*news)
-
-    def preempt(self, deadline: float, why: str) -> None:
-        """This node goes away at ``deadline`` (Unix s): take no more tasks, tell every task
-        process so that it saves and stops; its groups are terminated at the deadline. An
-        earlier deadline replaces a later one (PROTOCOL.md 6.3)."""
-        if self.preemption.announce(deadline, why, self.supervisor.notify,
-                                    [pid for pid, _ in self.slots.adopted.values()]):
-            self.membership.info["preempting_until"] = repr(deadline)
+        """This node goes away: take no more tasks, tell every task process so that it saves
+        and stops; its groups are terminated at the deadline (an earlier one wins)."""
+        if self.preemption.check(self.supervisor.notify, self.slots.adopted_pids()):
+            self.membership.info["preempting_until"] = repr(self.preemption.deadline)
             self._next_renew = 0.0  # blueque status shows it from our next step on
 
     def _preempted_and_done(self) -> bool:
@@ -374,6 +356,27 @@ class ListenerDaemon:
         current = self.clock()
         self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
                          self.supervisor.channels())
+
+
+def daemon_identity(node_name: str | None, identity: str | None) -> tuple[str, str]:
+    """A listener daemon's node name and id. An explicit id's host part is its node name:
+    "[node name]_[pid]" stays readable."""
+    name = checked_node_name(node_name) if node_name else (
+        parse_listener_id(identity)[0] if identity else hostname())
+    return name, identity or listener_id(node_name=name)
+
+
+def on_stop_here(on_stop: str, listener: str) -> str:
+    """--on-stop as it can be kept: the init of a PID namespace (a container's main process)
+    takes every process of the namespace with it when it exits, so no run can wait for
+    adoption there, and "keep" becomes "terminate" (said in the log)."""
+    if on_stop != "keep" or os.getpid() != 1:
+        return on_stop
+    log.warning("listener %s runs as pid 1 of its PID namespace: its task processes end when "
+                "it exits, so --on-stop=keep cannot leave them to the next listener; it will "
+                "stop them as --on-stop=terminate does (recorded, retried by their policy). "
+                "Run it under an init that outlives it to keep them", listener)
+    return "terminate"
 
 
 def _check(queues: dict[str, int], concurrency: int, on_stop: str, interval: float,
