@@ -29,12 +29,11 @@ from blueque.membership import Membership
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
-from blueque.retry import Backoff
 from blueque.runs import Running
 from blueque.slots import Slots
 from blueque.store import RedisStore, now
 from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
-from blueque.wakeup import Wakeup
+from blueque.wakeup import Cadence, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
@@ -111,10 +110,7 @@ class ListenerDaemon:
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
         self.slots = Slots(concurrency)
         self.stopping = False
-        self._next_renew = self._next_sweep = self._next_due = 0.0
-        self._redis_down_since: float | None = None
-        # while Redis is away: at most half an interval, back within a lease's slack once it is
-        self._outage = Backoff(0.1, min(5.0, interval / 2))
+        self.cadence = Cadence(interval, poll)
         self._cancels: deque[str] = deque()
 
     @property
@@ -230,12 +226,11 @@ class ListenerDaemon:
             self._step(self.clock())
             timeout = self.poll
         except RedisUnavailable as error:
-            if self._redis_down_since is None:
-                self._redis_down_since = self.clock()
+            news, timeout = self.cadence.outage(self.clock())
+            if news:
                 log.error("listener %s: %s; %s", self.id, error, "children keep running, "
                           "retrying" if self.membership.registered else "not started yet: "
                           "it takes no task until Redis answers, retrying")
-            timeout = self._outage.next()
             self._enforce_limits()
         self._wait(timeout)
 
@@ -247,27 +242,25 @@ class ListenerDaemon:
         supervisor.begin_waiting()
         supervisor.record_reports()  # first: each of those children waits for the word
         supervisor.record_unrecorded()
-        if current >= self._next_sweep:
+        if self.cadence.due("sweep", current):
             self._sweep()
-            self._next_sweep = current + self.interval
+            self.cadence.done("sweep", current)
         recorder = supervisor.recorder
         if recorder.ended_pids:
             self.store.forget_runs(self.node, recorder.ended_pids)
             recorder.ended_pids = []
-        if current >= self._next_due:
+        if self.cadence.due("due", current):
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
                 self.store.enqueue_due(queue, now())
-            self._next_due = current + self.poll
+            self.cadence.done("due", current)
         supervisor.stop_tasks(self._take_cancels(), "cancelled")
         self._enforce_limits()
         if not self.stopping and self.preemption.deadline is None:
             self._fill_slots()
         supervisor.write_progress()
-        if self._redis_down_since is not None:
+        if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
-            self._redis_down_since = None
-            self._outage.reset()
             self._heal()
 
     def _take_cancels(self) -> list[str]:
@@ -277,15 +270,14 @@ class ListenerDaemon:
         return wanted
 
     def _renew_when_due(self, current: float) -> None:
-        """Every half interval, and first thing after an outage (so that no sweeper takes
-        our lease for lapsed while Redis was away: PROTOCOL.md 6, "Outages")."""
-        if current >= self._next_renew or self._redis_down_since is not None:
+        """Every half interval, and first thing after an outage (Cadence)."""
+        if self.cadence.due("renew", current):
             self.preemption.heard = True  # a request whose message we missed: read it now
             self._renew()
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back
             self._heal()
-            self._next_renew = current + self.interval / 2
+            self.cadence.done("renew", current)
 
     def _renew(self) -> None:
         self.supervisor.defaults.clear()  # an operator's Queue.configure applies from now
@@ -338,7 +330,7 @@ class ListenerDaemon:
         and stops; its groups are terminated at the deadline (an earlier one wins)."""
         if self.preemption.check(self.supervisor.notify, self.slots.adopted_pids()):
             self.membership.info["preempting_until"] = repr(self.preemption.deadline)
-            self._next_renew = 0.0  # blueque status shows it from our next step on
+            self.cadence.soon("renew")  # blueque status shows it from our next step on
 
     def _preempted_and_done(self) -> bool:
         return (self.preemption.deadline is not None and not self.children
@@ -348,9 +340,7 @@ class ListenerDaemon:
     def _wait(self, timeout: float) -> None:
         if self.stopping and self.on_stop == "keep":
             return
-        deadlines = self.supervisor.deadlines()
-        if self._redis_down_since is None:  # overdue while Redis is away: the backoff rules
-            deadlines += [self._next_renew, self._next_sweep, self._next_due]
+        deadlines = self.supervisor.deadlines() + self.cadence.deadlines()
         if self.preemption.deadline is not None and self.preemption.at > self.clock():
             deadlines.append(self.preemption.at)
         current = self.clock()
