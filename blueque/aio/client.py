@@ -22,6 +22,7 @@ from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
+from blueque.ha import Durability
 from blueque.keys import Keys
 from blueque.policy import encode_options
 from blueque.queue import (
@@ -35,6 +36,7 @@ from blueque.queue import (
     purge_cutoff,
     submission,
 )
+from blueque.retry import RetryPolicy
 from blueque.store import now, translate
 from blueque.task import TaskView
 from blueque.waiting import WAIT_REREAD, WaitResult
@@ -58,8 +60,8 @@ class Client:
         *,
         hash_tags: bool = False,
         cluster: bool | None = None,
-        retry_policy: Any = None,
-        durability: Any = None,
+        retry_policy: RetryPolicy | None = None,
+        durability: Durability | None = None,
         **redis_kwargs: Any,
     ) -> None:
         hash_tags = hash_tags_option(hash_tags, cluster)

@@ -31,7 +31,8 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
-from blueque.retry import NoRetry, is_transient
+from blueque.ha import Durability
+from blueque.retry import NoRetry, RetryPolicy, is_transient
 from blueque.store import (
     CLOSED_UNDER_US,
     MISSED,
@@ -57,11 +58,12 @@ _REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExcep
 class AsyncRedisStore:
     """blueque.protocol's operations over one redis.asyncio client and one key layout."""
 
-    def __init__(self, client: Any, keys: k.Keys | None = None, retry: Any = None,
-                 durability: Any = None) -> None:
+    def __init__(self, client: Any, keys: k.Keys | None = None,
+                 retry: RetryPolicy | NoRetry | None = None,
+                 durability: Durability | None = None) -> None:
         self.redis = client
         self.keys = keys or k.Keys()
-        self.retry = retry or NoRetry()
+        self.retry: RetryPolicy | NoRetry = retry or NoRetry()
         #: blueque.ha.Durability: enqueues wait for replicas (WAIT), as in the sync store
         self.durability = durability
         self._scripts: dict[str, Any] = {}
