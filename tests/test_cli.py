@@ -208,6 +208,13 @@ def test_an_unknown_argument_is_refused_with_its_commands_usage(blueque_main: Ru
     assert last == f"blueque {argv[0]}: error: unrecognized arguments: {unknown}"
 
 
+def test_version_says_the_packages_version(blueque_main: Run) -> None:
+    """Not 'the following arguments are required: COMMAND'."""
+    done = blueque_main("--version")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    assert (done.returncode, done.stdout.strip()) == (0, f"blueque {version}")
+
+
 def test_every_option_of_every_command_says_what_it_is_for(blueque_main: Run) -> None:
     """`blueque COMMAND --help`: no bare `--log-level LOG_LEVEL` or `--older-than DURATION`
     without a word on what it takes."""

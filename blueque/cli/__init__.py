@@ -10,6 +10,7 @@ Exit codes: see EXIT_CODES (also in ``blueque --help`` and README.md).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -43,10 +44,18 @@ def build_parser() -> Parser:
         prog="blueque", description="Blueque: a Redis job queue for very long jobs.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(parser, top=True)
+    parser.add_argument("--version", action="version", version=f"blueque {_version()}")
     commands = Commands(parser)
     for group in GROUPS:
         group.register(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("blueque")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run from a source checkout)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
