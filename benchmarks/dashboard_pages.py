@@ -29,7 +29,7 @@ from urllib.parse import urlencode
 import blueque
 from blueque import keys as k
 from blueque.tasklog import TAIL_BYTES
-from blueque.testing import RedisServer
+from blueque.testing import RedisServer, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNING = 8  # tasks per queue left started, held by one registered listener (--running)
@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{times[-1]:8.1f} {figures[-1][1]:8d}")
             print(f"slowest single request: {worst:.1f} ms")
         finally:
-            process.terminate()
-            process.wait(10)
+            stop_process(process)
     return 0
 
 

@@ -13,10 +13,12 @@ from redis.cluster import RedisCluster
 
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
+from blueque.ha import Durability
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.processor import Processor
 from blueque.queue import Queue
+from blueque.retry import RetryPolicy
 from blueque.store import RedisStore, now, translate
 from blueque.task import Task
 
@@ -90,8 +92,8 @@ class Client:
         *,
         hash_tags: bool = False,
         cluster: bool | None = None,
-        retry_policy: Any = None,
-        durability: Any = None,
+        retry_policy: RetryPolicy | None = None,
+        durability: Durability | None = None,
         checkpoint_max_bytes: int | None = None,
         **redis_kwargs: Any,
     ) -> None:

@@ -29,12 +29,11 @@ from blueque.membership import Membership
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
-from blueque.retry import Backoff
 from blueque.runs import Running
 from blueque.slots import Slots
 from blueque.store import RedisStore, now
 from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
-from blueque.wakeup import Wakeup
+from blueque.wakeup import Cadence, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
@@ -92,10 +91,7 @@ class ListenerDaemon:
         self.on_stop = on_stop
         self.interval = interval
         self.poll = poll
-        # an explicit id's host part is its node name: "[node name]_[pid]" stays readable
-        self.node_name = checked_node_name(node_name) if node_name else (
-            parse_listener_id(identity)[0] if identity else hostname())
-        self.id = identity or listener_id(node_name=self.node_name)
+        self.node_name, self.id = daemon_identity(node_name, identity)
         self.node = node_identity(self.node_name)
         self.clock = clock
         self.membership = Membership(self.store, self.id, self.node, self.node_name,
@@ -114,10 +110,7 @@ class ListenerDaemon:
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
         self.slots = Slots(concurrency)
         self.stopping = False
-        self._next_renew = self._next_sweep = self._next_due = 0.0
-        self._redis_down_since: float | None = None
-        # while Redis is away: at most half an interval, back within a lease's slack once it is
-        self._outage = Backoff(0.1, min(5.0, interval / 2))
+        self.cadence = Cadence(interval, poll)
         self._cancels: deque[str] = deque()
 
     @property
@@ -148,15 +141,7 @@ class ListenerDaemon:
 
     def run(self) -> int:
         self.load_function()
-        if self.on_stop == "keep" and os.getpid() == 1:
-            # the init of a PID namespace (a container's main process): when it exits, the
-            # kernel kills every process in the namespace, so no run can wait for adoption
-            log.warning("listener %s runs as pid 1 of its PID namespace: its task processes "
-                        "end when it exits, so --on-stop=keep cannot leave them to the next "
-                        "listener; it will stop them as --on-stop=terminate does (recorded, "
-                        "retried by their policy). Run it under an init that outlives it "
-                        "to keep them", self.id)
-            self.on_stop = "terminate"
+        self.on_stop = on_stop_here(self.on_stop, self.id)
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
@@ -241,10 +226,11 @@ class ListenerDaemon:
             self._step(self.clock())
             timeout = self.poll
         except RedisUnavailable as error:
-            if self._redis_down_since is None:
-                self._redis_down_since = self.clock()
-                log.error("listener %s: %s; children keep running, retrying", self.id, error)
-            timeout = self._outage.next()
+            news, timeout = self.cadence.outage(self.clock())
+            if news:
+                log.error("listener %s: %s; %s", self.id, error, "children keep running, "
+                          "retrying" if self.membership.registered else "not started yet: "
+                          "it takes no task until Redis answers, retrying")
             self._enforce_limits()
         self._wait(timeout)
 
@@ -256,27 +242,25 @@ class ListenerDaemon:
         supervisor.begin_waiting()
         supervisor.record_reports()  # first: each of those children waits for the word
         supervisor.record_unrecorded()
-        if current >= self._next_sweep:
+        if self.cadence.due("sweep", current):
             self._sweep()
-            self._next_sweep = current + self.interval
+            self.cadence.done("sweep", current)
         recorder = supervisor.recorder
         if recorder.ended_pids:
             self.store.forget_runs(self.node, recorder.ended_pids)
             recorder.ended_pids = []
-        if current >= self._next_due:
+        if self.cadence.due("due", current):
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
                 self.store.enqueue_due(queue, now())
-            self._next_due = current + self.poll
+            self.cadence.done("due", current)
         supervisor.stop_tasks(self._take_cancels(), "cancelled")
         self._enforce_limits()
         if not self.stopping and self.preemption.deadline is None:
             self._fill_slots()
         supervisor.write_progress()
-        if self._redis_down_since is not None:
+        if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
-            self._redis_down_since = None
-            self._outage.reset()
             self._heal()
 
     def _take_cancels(self) -> list[str]:
@@ -286,15 +270,14 @@ class ListenerDaemon:
         return wanted
 
     def _renew_when_due(self, current: float) -> None:
-        """Every half interval, and first thing after an outage (so that no sweeper takes
-        our lease for lapsed while Redis was away: PROTOCOL.md 6, "Outages")."""
-        if current >= self._next_renew or self._redis_down_since is not None:
+        """Every half interval, and first thing after an outage (Cadence)."""
+        if self.cadence.due("renew", current):
             self.preemption.heard = True  # a request whose message we missed: read it now
             self._renew()
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back
             self._heal()
-            self._next_renew = current + self.interval / 2
+            self.cadence.done("renew", current)
 
     def _renew(self) -> None:
         self.supervisor.defaults.clear()  # an operator's Queue.configure applies from now
@@ -347,18 +330,11 @@ class ListenerDaemon:
 
     # --- preemption (PROTOCOL.md 6.3) ------------------------------------------------------
     def _check_preemption(self) -> None:
-        news = self.preemption.news()
-        if news is not None:
-            self.preempt(*news)
-
-    def preempt(self, deadline: float, why: str) -> None:
-        """This node goes away at ``deadline`` (Unix s): take no more tasks, tell every task
-        process so that it saves and stops; its groups are terminated at the deadline. An
-        earlier deadline replaces a later one (PROTOCOL.md 6.3)."""
-        if self.preemption.announce(deadline, why, self.supervisor.notify,
-                                    [pid for pid, _ in self.slots.adopted.values()]):
-            self.membership.info["preempting_until"] = repr(deadline)
-            self._next_renew = 0.0  # blueque status shows it from our next step on
+        """This node goes away: take no more tasks, tell every task process so that it saves
+        and stops; its groups are terminated at the deadline (an earlier one wins)."""
+        if self.preemption.check(self.supervisor.notify, self.slots.adopted_pids()):
+            self.membership.info["preempting_until"] = repr(self.preemption.deadline)
+            self.cadence.soon("renew")  # blueque status shows it from our next step on
 
     def _preempted_and_done(self) -> bool:
         # the adopted runs are left once a sweep has recorded them (it empties slots.adopted):
@@ -371,14 +347,33 @@ class ListenerDaemon:
     def _wait(self, timeout: float) -> None:
         if self.stopping and self.on_stop == "keep":
             return
-        deadlines = self.supervisor.deadlines()
-        if self._redis_down_since is None:  # overdue while Redis is away: the backoff rules
-            deadlines += [self._next_renew, self._next_sweep, self._next_due]
+        deadlines = self.supervisor.deadlines() + self.cadence.deadlines()
         if self.preemption.deadline is not None and self.preemption.at > self.clock():
             deadlines.append(self.preemption.at)
         current = self.clock()
         self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
                          self.supervisor.channels())
+
+
+def daemon_identity(node_name: str | None, identity: str | None) -> tuple[str, str]:
+    """A listener daemon's node name and id. An explicit id's host part is its node name:
+    "[node name]_[pid]" stays readable."""
+    name = checked_node_name(node_name) if node_name else (
+        parse_listener_id(identity)[0] if identity else hostname())
+    return name, identity or listener_id(node_name=name)
+
+
+def on_stop_here(on_stop: str, listener: str) -> str:
+    """--on-stop as it can be kept: the init of a PID namespace (a container's main process)
+    takes every process of the namespace with it when it exits, so no run can wait for
+    adoption there, and "keep" becomes "terminate" (said in the log)."""
+    if on_stop != "keep" or os.getpid() != 1:
+        return on_stop
+    log.warning("listener %s runs as pid 1 of its PID namespace: its task processes end when "
+                "it exits, so --on-stop=keep cannot leave them to the next listener; it will "
+                "stop them as --on-stop=terminate does (recorded, retried by their policy). "
+                "Run it under an init that outlives it to keep them", listener)
+    return "terminate"
 
 
 def _check(queues: dict[str, int], concurrency: int, on_stop: str, interval: float,

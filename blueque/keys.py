@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 PREFIX = "blueque"
 
@@ -33,7 +33,7 @@ LeaseMode = Literal["register", "renew", "release"]
 #: gone on its own node (PROTOCOL.md 5.12).
 RecoverMode = Literal["lease", "host"]
 #: What recover.lua does with one task of a dead listener.
-VerdictKind = Literal["pending", "preempted", "retry", "failed", "drop"]
+VerdictKind = Literal["pending", "preempted", "retry", "failed", "cancelled", "drop"]
 #: One task's verdict for recover.lua: (task id, attempts seen, verdict, eta, error).
 Verdict = tuple[str, str, VerdictKind, "float | None", str]
 
@@ -53,9 +53,15 @@ QUEUE_NAME_RULE = (
 )
 
 
+def names_a_queue(name: object) -> TypeGuard[str]:
+    """A non-empty string: enough to read or act on a queue that exists, whatever its name
+    (1.0.1 made queues before QUEUE_NAME_RULE); a new queue must follow the rule too."""
+    return isinstance(name, str) and name != ""
+
+
 def queue_name_problem(name: object) -> str | None:
     """Why ``name`` breaks QUEUE_NAME_RULE, or None if it is a good queue name."""
-    if not isinstance(name, str) or not name:
+    if not names_a_queue(name):
         return f"a queue name must be a non-empty string, not {name!r}"
     bad = sorted({c for c in name if c in ":," or c.isspace() or not c.isprintable()})
     if bad:

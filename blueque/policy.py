@@ -7,6 +7,7 @@ are the point.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -105,7 +106,11 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
             number = float(value)
         except (TypeError, ValueError) as error:
             raise ConfigurationError(f"option {name}={value!r} is not a number") from error
-        if number < 0 or (name in ("max_attempts", "checkpoint_max_bytes") and number < 1):
-            raise ConfigurationError(f"option {name}={value!r} is out of range")
+        if not math.isfinite(number):  # nan would mean "no limit" unsaid; inf is no int
+            raise ConfigurationError(f"option {name}={value!r} is not a finite number")
+        least = 1 if name in ("max_attempts", "checkpoint_max_bytes") else 0
+        if number < least:
+            raise ConfigurationError(f"option {name}={value!r} is out of range: it must be at "
+                                     f"least {least}")
         encoded[name] = str(OPTION_TYPES[name](number))
     return encoded

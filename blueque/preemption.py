@@ -179,6 +179,13 @@ class NodePreemption:
                              extra={"event": "preempted", "deadline": deadline})
         return True
 
+    def check(self, notify: Callable[[dict[str, Any], int], int], adopted: Iterable[int]
+              ) -> bool:
+        """Act on news of this node's preemption (SIGUSR1, or a request in Redis): announce
+        its deadline to our task processes. True if a new (or earlier) deadline now stands."""
+        news = self.news()
+        return news is not None and self.announce(*news, notify, adopted)
+
     def enforce(self, stop_all: Callable[[], None], stop_adopted: Callable[[], None]) -> None:
         """The deadline has come: SIGTERM the groups still running, our children's and the
         adopted runs' (then SIGKILL after their grace, as for any stop); their tasks go back

@@ -20,6 +20,13 @@ def encode_result(value: object) -> str:
     return json.dumps(value)
 
 
+def check_fraction(fraction: float) -> None:
+    """The one rule for a progress value, whoever reports it (a Processor, a task through
+    blueque.report_progress): a fraction from 0 to 1, else ConfigurationError."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
+
+
 class Processor:
     """Runs one attempt of a task: start(pid), then complete(result) or fail(error).
 
@@ -82,6 +89,5 @@ class Processor:
         """Report how far the task has got (0.0 to 1.0) and what it is doing."""
         if self._attempt is None:
             raise InvalidTaskState(f"task {self._task.id} has no attempt number to report on")
-        if not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
+        check_fraction(fraction)
         self._store.progress(self._task.id, self._attempt, fraction, message, now())

@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
-from blueque.processor import Processor
+from blueque.errors import BluequeError, RedisUnavailable
+from blueque.processor import Processor, check_fraction
 from blueque.reporting import ParentLink
 from blueque.retry import Backoff
 
@@ -46,8 +46,7 @@ class ProgressReporter:
         self._thread: threading.Thread | None = None
 
     def report(self, fraction: float, message: str) -> None:
-        if not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
+        check_fraction(fraction)
         with self._lock:
             if self._closed:
                 return
@@ -148,8 +147,7 @@ class ParentProgress:
         self._thread: threading.Thread | None = None
 
     def report(self, fraction: float, message: str) -> None:
-        if not 0.0 <= fraction <= 1.0:
-            raise ConfigurationError(f"progress must be between 0 and 1, not {fraction}")
+        check_fraction(fraction)
         with self._lock:
             if self._closed:
                 return

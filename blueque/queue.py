@@ -40,6 +40,14 @@ def check_queue_name(name: object) -> str:
     return str(name)
 
 
+def given_queue_name(name: object) -> str:
+    """The name of a queue to read or act on: a non-empty string (keys.names_a_queue), else
+    ConfigurationError. Queues made before the rule keep their names."""
+    if not k.names_a_queue(name):
+        raise ConfigurationError(k.queue_name_problem(name))
+    return name
+
+
 def task_id_for(keys: k.Keys, queue: str, task_id: str | None) -> str:
     """A new id for the queue, or the caller's id (checked; hash-tagged in the cluster
     layout)."""
@@ -152,9 +160,7 @@ class QueueStats(QueueCounts):
 
 class Queue:
     def __init__(self, name: str, store: RedisStore) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"a queue name must be a non-empty string, not {name!r}")
-        self._name = name
+        self._name = given_queue_name(name)
         self._store = store
 
     @property

@@ -167,10 +167,10 @@ class Recovery:
         attempts = data.get("attempts", "")
         error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
         ending = decide(Policy.resolve(data, config), data, "failed", error, current,
-                        stopped="preempted" if preempted else "",
-                        rng=self._rng)  # recover.lua stamps a cancelled one `cancelled`
-        verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else "preempted"
-                                  if ending.outcome == "preempted" else "failed")
+                        stopped="preempted" if preempted else "", rng=self._rng)
+        verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else
+                                  "preempted" if ending.outcome == "preempted" else
+                                  "cancelled" if ending.cancelled else "failed")
         return (task_id, attempts, verdict, ending.eta, ending.text)
 
     def recover_expired(self, queue: str, report: RecoveryReport,

@@ -23,7 +23,7 @@ from typing import TypeVar
 import redis
 from redis.sentinel import MasterNotFoundError
 
-log = logging.getLogger("blueque.ha")
+log = logging.getLogger("blueque.retry")
 
 T = TypeVar("T")
 

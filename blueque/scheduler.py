@@ -27,6 +27,7 @@ from typing import Protocol
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry, check_unique
+from blueque.display import format_time
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
 from blueque.retry import Backoff
@@ -177,8 +178,8 @@ class Scheduler:
         if recorded is None:
             # first sight of this entry: it fires the ticks after now, none before
             if store.advance_cron(entry.name, None, int(now)):
-                log.info("cron entry %s registered; next tick at %d", entry.name,
-                         entry.next_tick(now))
+                log.info("cron entry %s registered; next tick at %s", entry.name,
+                         format_time(entry.next_tick(now)))
             return
         while True:
             ticks, capped = entry.due_ticks(_tick(entry, recorded), now)
@@ -186,7 +187,8 @@ class Scheduler:
                 report.skipped_ticks[entry.name] = 1
                 log.warning(
                     "cron entry %s missed more than %d ticks since %s: firing only the last "
-                    "%d", entry.name, entry.catch_up, recorded, entry.catch_up,
+                    "%d", entry.name, entry.catch_up, format_time(_tick(entry, recorded)),
+                    entry.catch_up,
                 )
             for tick in ticks:
                 task_id = self.client.get_queue(entry.queue).enqueue(

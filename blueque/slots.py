@@ -24,6 +24,9 @@ class Slots:
         self.fenced = dict(report.fenced_runs)
         return changed
 
+    def adopted_pids(self) -> list[int]:
+        return [pid for pid, _ in self.adopted.values()]
+
     def busy(self, children: int) -> int:
         return children + len(self.adopted) + len(self.fenced)
 

@@ -15,7 +15,7 @@ import select
 import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from blueque.errors import BluequeError
 from blueque.reporting import ChildChannel
@@ -25,6 +25,52 @@ from blueque.store import RedisStore
 log = logging.getLogger("blueque.daemon")
 
 Handler = Callable[[int, Any], None]
+#: The listener loop's periodic work: lease renewal, the recovery sweep, moving due tasks.
+Timer = Literal["renew", "sweep", "due"]
+
+
+class Cadence:
+    """The listener loop's timers, on its clock: lease renewal every half interval, the
+    recovery sweep every interval, due tasks moved every ``poll``; and a Redis outage, during
+    which the loop waits a backoff instead (the timers are overdue then), and after which the
+    lease is renewed first (so that no sweeper takes it for lapsed: PROTOCOL.md 6,
+    "Outages")."""
+
+    def __init__(self, interval: float, poll: float) -> None:
+        self._periods: dict[Timer, float] = {"renew": interval / 2, "sweep": interval,
+                                             "due": poll}
+        self._next: dict[Timer, float] = dict.fromkeys(self._periods, 0.0)
+        self.down_since: float | None = None
+        # while Redis is away: at most half an interval, back within a lease's slack once it is
+        self._outage = Backoff(0.1, min(5.0, interval / 2))
+
+    def due(self, timer: Timer, current: float) -> bool:
+        return current >= self._next[timer] or (timer == "renew" and self.down_since is not None)
+
+    def done(self, timer: Timer, current: float) -> None:
+        self._next[timer] = current + self._periods[timer]
+
+    def soon(self, timer: Timer) -> None:
+        self._next[timer] = 0.0
+
+    def outage(self, current: float) -> tuple[bool, float]:
+        """A step found Redis away: whether the outage is news, and how long to wait."""
+        news = self.down_since is None
+        if news:
+            self.down_since = current
+        return news, self._outage.next()
+
+    def back(self) -> bool:
+        """A step succeeded: True if it ended an outage."""
+        if self.down_since is None:
+            return False
+        self.down_since = None
+        self._outage.reset()
+        return True
+
+    def deadlines(self) -> list[float]:
+        """When the timers are due (none while Redis is away: the backoff rules then)."""
+        return [] if self.down_since is not None else list(self._next.values())
 
 
 class Wakeup:

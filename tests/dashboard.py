@@ -12,6 +12,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from blueque.testing import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,11 +57,5 @@ class DashboardProcess:
         raise AssertionError(f"dashboard not ready after {timeout} s")
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
         self._log.close()

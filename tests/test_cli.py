@@ -8,6 +8,7 @@ command is run with table and --json output, and the exit codes are checked: 0 o
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.cli import build_parser
 from blueque.keys import Keys
 from blueque.testing import free_port, wait_for
 from tests.conftest import Done
@@ -171,6 +173,62 @@ def test_bad_arguments_exit_2(blueque_main: Run) -> None:
     assert blueque_main("frobnicate").returncode == 2
     done = blueque_main("purge", "q", "--older-than", "soon")
     assert done.returncode == 2 and "bad duration" in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "meant"), [
+    (["lisen", "work", "tests.jobs:echo"], "listen"),
+    (["enqeue", "work", "{}"], "enqueue"),
+    (["tasks", "work", "--status", "complet"], "complete"),
+])
+def test_a_misspelt_command_or_choice_gets_a_suggestion(blueque_main: Run, argv: list[str],
+                                                        meant: str) -> None:
+    done = blueque_main(*argv)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(f"did you mean {meant!r}?"), done.stderr
+
+
+def test_no_suggestion_for_a_word_like_no_command(blueque_main: Run) -> None:
+    done = blueque_main("frobnicate")
+    assert done.returncode == 2 and "invalid choice: 'frobnicate'" in done.stderr
+    assert "did you mean" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "unknown"), [
+    (["status", "--bogus"], "--bogus"), (["enqueue", "work", "{}", "extra"], "extra"),
+    (["tasks", "work", "--limt", "3"], "--limt 3")])
+def test_an_unknown_argument_is_refused_with_its_commands_usage(blueque_main: Run,
+                                                                argv: list[str],
+                                                                unknown: str) -> None:
+    """Not the top-level usage (`blueque [-h] [--url URL] [--json] COMMAND ...`), which does
+    not show the options the command has."""
+    done = blueque_main(*argv)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"usage: blueque {argv[0]} "), done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"blueque {argv[0]}: error: unrecognized arguments: {unknown}"
+
+
+def test_version_says_the_packages_version(blueque_main: Run) -> None:
+    """Not 'the following arguments are required: COMMAND'."""
+    done = blueque_main("--version")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    assert (done.returncode, done.stdout.strip()) == (0, f"blueque {version}")
+
+
+def test_every_option_of_every_command_says_what_it_is_for(blueque_main: Run) -> None:
+    """`blueque COMMAND --help`: no bare `--log-level LOG_LEVEL` or `--older-than DURATION`
+    without a word on what it takes."""
+    parser = build_parser()
+    commands = next(action for action in parser._actions
+                    if isinstance(action, argparse._SubParsersAction))
+    silent = [f"{name} {action.option_strings[0]}"
+              for name, sub in commands.choices.items() for action in sub._actions
+              if action.option_strings and not action.help]
+    assert silent == []
+    assert len(commands.choices) == 17
+    # the usual five fields work: the help said "(6 fields: seconds last)"
+    scheduler = " ".join(blueque_main("scheduler", "--help").stdout.split())
+    assert "(5 fields, or 6 with seconds last)" in scheduler
 
 
 def test_unreachable_redis_exits_3(blueque_main: Run) -> None:

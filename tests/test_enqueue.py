@@ -4,6 +4,7 @@ Each test asserts the Redis state PROTOCOL.md section 5.1-5.3 specifies."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -74,6 +75,27 @@ def test_text_that_utf8_cannot_encode_is_refused_clearly(contract_client: bluequ
     with pytest.raises(WrongType, match="UTF-8"):
         queue.enqueue_many(["fine", "caf\udce9"])
     assert contract_client.redis.llen(K.pending("q")) == 0
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"max_attempts": float("nan")}, "max_attempts=nan is not a finite number"),
+    ({"max_attempts": "inf"}, "max_attempts='inf' is not a finite number"),
+    ({"time_limit": "nan"}, "time_limit='nan' is not a finite number"),
+    ({"time_limit": float("inf")}, "time_limit=inf is not a finite number"),
+    ({"max_attempts": 0}, "max_attempts=0 is out of range: it must be at least 1"),
+    ({"retry_backoff": -1}, "retry_backoff=-1 is out of range: it must be at least 0"),
+])
+def test_options_that_are_no_finite_number_in_range_are_refused(
+        contract_client: blueque.Client, options: dict[str, object], words: str) -> None:
+    """A ConfigurationError that says the range, never a bare ValueError or OverflowError
+    (max_attempts=nan, 'inf'), nor a 'nan' time limit stored that meant no limit unsaid."""
+    queue = contract_client.get_queue("q")
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        queue.enqueue("p", **options)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        queue.configure(**options)  # type: ignore[arg-type]
+    assert contract_client.redis.llen(K.pending("q")) == 0
+    assert contract_client.redis.exists(K.queue_config("q")) == 0
 
 
 def test_pending_tasks_are_taken_first_in_first_out(contract_client: blueque.Client) -> None:

@@ -119,6 +119,16 @@ def test_bad_queue_names_and_task_ids_are_refused(client: blueque.Client) -> Non
         client.get_queue("q").enqueue("p", task_id="has space")
 
 
+@pytest.mark.parametrize("name", ["", None, 3])
+def test_both_clients_refuse_a_queue_name_that_is_no_name(contract_client: blueque.Client,
+                                                          name: object) -> None:
+    """One rule, one message, for the sync and the asyncio Queue; a name made before the
+    queue-name rule (a colon) still names a queue to read."""
+    with pytest.raises(ConfigurationError, match="a queue name must be a non-empty string"):
+        contract_client.get_queue(name)  # type: ignore[arg-type]
+    assert contract_client.get_queue("legacy:queue").name == "legacy:queue"
+
+
 def test_an_unreachable_unix_socket_names_its_path(connect, tmp_path: object) -> None:  # type: ignore[no-untyped-def]
     path = f"{tmp_path}/no-redis.sock"
     client = connect(f"unix://{path}")

@@ -239,6 +239,47 @@ def test_demo_refuses_an_empty_url(blueque_main: Run) -> None:
     refused(blueque_main("demo", "--url", ""), 2, "empty Redis URL")
 
 
+def test_demo_refuses_a_bad_queue_name_before_it_starts_anything(blueque_main: Run) -> None:
+    """It started a redis-server and a listener, which refused the name (exit 2), and then
+    said 'the listener exited with code 2' and exited 1: in-process, nothing may start."""
+    usage_error(blueque_main("demo", "--queue", "bad queue"), "--queue", "contains ' '")
+
+
+def test_demo_help_says_where_it_runs_without_a_url(blueque_main: Run) -> None:
+    """Its --url is not the other commands' (default redis://localhost:6379/0)."""
+    text = " ".join(blueque_main("demo", "--help").stdout.split())
+    assert "--url URL a Redis to run the demo on (default: $BLUEQUE_URL, else a private " \
+           "redis-server the demo starts and stops)" in text
+    assert "localhost:6379" not in text
+
+
+@pytest.mark.parametrize("argv", [["--json", "demo"], ["--json", *LISTEN],
+                                  ["--json", "dashboard"], ["--json", "metrics"]])
+def test_json_where_nothing_prints_json_is_refused(blueque_main: Run, redis_url: str,
+                                                   redis_client: redis.Redis,
+                                                   argv: list[str]) -> None:
+    """Not ignored (a daemon's log stays text; the demo prints its tables): refused before
+    anything starts; the commands' own --help does not offer it."""
+    refused(blueque_main(*argv, "--url", redis_url), 2, "--json", "--log-format json")
+    assert redis_client.dbsize() == 0
+    assert "--json" not in blueque_main(argv[1], "--help").stdout
+    usage_error(blueque_main(*argv[1:], "--json", "--url", redis_url), "--json")
+
+
+def test_a_missing_password_is_named_as_such(blueque_main: Run, password_server: RedisServer
+                                             ) -> None:
+    """redis-py's RESP3 words ('HELLO must be called with the client already authenticated,
+    otherwise the HELLO AUTH <user> <pass> option can be used...') said nothing useful."""
+    url = f"redis://127.0.0.1:{password_server.port}/0"
+    done = blueque_main("status", "--url", url)
+    refused(done, 2, "requires a password and none was given", "redis://:password@")
+    assert "HELLO" not in done.stderr
+    ready = redis.Redis(port=password_server.port, protocol=2, decode_responses=True)
+    with pytest.raises(blueque.AuthenticationFailed, match="requires a password"):
+        blueque.Client(ready).get_queue("work").enqueue("{}")  # a long command: refused as
+    ready.close()  # "Protocol error: unauthenticated multibulk length" by the server
+
+
 def test_library_reports_a_wrong_password_as_authentication(password_server: RedisServer
                                                             ) -> None:
     client = blueque.Client(f"redis://:wrong@127.0.0.1:{password_server.port}/0")

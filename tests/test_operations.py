@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 import blueque
 import blueque.child
 from blueque.keys import Keys
+from blueque.progress import ParentProgress, ProgressReporter
+from blueque.reporting import ParentLink
 from blueque.testing import wait_for
 
 KEYS = Keys()
@@ -124,3 +127,30 @@ def test_report_progress_is_exported_from_blueque() -> None:
     assert "report_progress" in blueque.__all__
     with pytest.raises(blueque.BluequeError, match="only available inside a running task"):
         blueque.report_progress(0.5, "half")
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.5, float("nan")])
+def test_every_progress_reporter_refuses_a_fraction_outside_0_to_1(
+        any_client: blueque.Client, fraction: float) -> None:
+    """One rule for a progress value: the Processor, a task's reporter writing to Redis and a
+    listener daemon's child reporting to its listener all refuse it, and nothing is sent."""
+    task_id = any_client.get_queue("p").enqueue("{}")
+    listener = any_client.get_listener("p")
+    task = listener.reserve()
+    assert task is not None and task.id == task_id
+    processor = any_client.get_processor(task)
+    processor.start(os.getpid())
+    child_end, listener_end = socket.socketpair()
+    with child_end, listener_end:
+        to_listener = ParentProgress(ParentLink(child_end, 5.0),
+                                     lambda: ProgressReporter(processor))
+        for report in (processor.progress, ProgressReporter(processor).report,
+                       to_listener.report):
+            with pytest.raises(blueque.ConfigurationError, match="between 0 and 1"):
+                report(fraction, "too far")
+        to_listener.close()
+        listener_end.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener_end.recv(1)  # no frame reached the listener
+    assert any_client.get_task(task_id).progress is None
+    listener.close()

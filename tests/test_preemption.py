@@ -111,6 +111,9 @@ def test_sigusr1_preempts_and_a_task_that_ignores_it_is_terminated_and_put_back(
     task = client.get_task(task_id)
     assert task.status == "pending" and task.data["preemptions"] == "1"
     assert "SIGUSR1" in first.log() and "preempted" in task.data.get("preempted_reason", "")
+    # the listener's own line, under its logger (it was blueque.child's, the task side's)
+    assert any("blueque.daemon: listener" in line and "node spot-c goes away in" in line
+               for line in first.log().splitlines()), first.log()
     release.touch()
     listen(started, tmp_path, redis_url, "ignores_preemption", "spot-d")
     task = client.get_task(task_id).wait(30)

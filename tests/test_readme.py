@@ -8,13 +8,14 @@ import re
 import subprocess
 import sys
 import tomllib
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.daemons import Daemon, daemons
+from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.test_cli import ROOT, environment
 
 README = ROOT / "README.md"
@@ -110,3 +111,36 @@ def test_python_requirement_matches_what_the_code_uses() -> None:
     assert pyproject["tool"]["mypy"]["python_version"] == "3.11"
     assert not (ROOT / "setup.py").exists() and not (ROOT / "setup.cfg").exists()
     assert sys.version_info >= (3, 11)
+
+
+def test_quick_start_names_every_debian_package_dev_installs() -> None:
+    """A stranger reads what `./dev` will install on the machine before running it."""
+    script = (ROOT / "dev").read_text("utf-8")
+    packages = set(re.findall(r"packages\+=\(([^)]*)\)", script))
+    names = {name for group in packages for name in group.split()
+             if not name.startswith(("python3", '"'))}  # Python's own; the JRE is a variable
+    assert {"redis-server", "redis-sentinel", "chromium", "procps", "openssl"} <= names
+    text = README.read_text("utf-8")
+    quick_start = " ".join(text.split("\n## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    assert [name for name in sorted(names) if f"`{name}`" not in quick_start] == []
+    assert "a Java runtime" in quick_start
+    assert ". .venv-ci/bin/activate" in quick_start  # where `blueque` is, then
+
+
+def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_path: Path,
+                                                          started: list[Daemon]) -> None:
+    """`pidof -s 'blueque listen'` found nothing (the listener is a python process whose
+    title says `blueque listen QUEUES FUNCTION (ID)`), so `kill -USR1 $(...)` signalled none."""
+    line = next(line for line in README.read_text("utf-8").splitlines()
+                if line.startswith("kill -USR1 "))
+    found = re.search(r"\$\(pgrep -f '([^']*)'\)", line)
+    assert found is not None, line
+    queue = f"readme-{uuid.uuid4().hex[:8]}"  # no other listener on this machine serves it
+    pattern = found[1].replace("documents", queue)
+    assert pattern == f"^blueque listen {queue} "
+    listener = Daemon(listen_command(redis_url, queue, "tests.jobs:echo", "--interval", "0.5"),
+                      tmp_path / "listen.log")
+    started.append(listener)
+    wait_until(lambda: "listening on" in listener.log(), what="the listener to start")
+    pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    assert pids.split() == [str(listener.pid)]

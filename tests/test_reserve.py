@@ -14,6 +14,7 @@ import redis
 import blueque
 from blueque.keys import Keys
 from blueque.listener import Listener, hostname
+from blueque.recovery import Recovery, RecoveryReport
 from blueque.testing import wait_for
 
 K = Keys()
@@ -278,6 +279,46 @@ def test_recover_applies_each_verdict(any_client: blueque.Client) -> None:
     assert status[ids[4]]["status"] == "started"  # skipped: attempts did not match
     assert r.lrange(K.reserved("q", dead.id), 0, -1) == [ids[4]]
     assert r.smembers(K.started("q")) == {f"{dead.id} {1000 + len(ids[4])} {ids[4]}"}
+
+
+def test_recover_stamps_cancelled_as_the_caller_decided(any_client: blueque.Client) -> None:
+    """The cancelled stamp is the verdict's (endings.decide, called by Recovery), one rule for
+    finish and recover: recover.lua no longer looks for cancel_requested itself."""
+    r, store = any_client.redis, any_client.store
+    queue = any_client.get_queue("q")
+    dead = listener_as(any_client, "deadhost_98")
+    ids = [queue.enqueue(name) for name in ("cancelled", "failed")]
+    for _ in ids:
+        task = dead.reserve()
+        assert task is not None
+        any_client.get_processor(task).start(4000)
+        r.hset(K.task(task.id), "cancel_requested", "5")
+    counts = store.recover("q", dead.id, [(ids[0], "1", "cancelled", None, "cancelled: x"),
+                                          (ids[1], "1", "failed", None, "died")],
+                           time.time(), mode="host")
+    assert counts == [0, 0, 2, 0]
+    cancelled, failed = (r.hgetall(K.task(i)) for i in ids)
+    assert cancelled["status"] == failed["status"] == "failed"
+    assert "cancelled" in cancelled and "cancelled" not in failed
+    assert r.hgetall(K.outcome_counts("q")) == {"cancelled": "1", "failed": "1"}
+
+
+def test_recovery_turns_a_cancelled_run_of_a_dead_listener_into_a_cancelled_verdict(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    task_id = client.get_queue("work").enqueue("{}", max_attempts=3)
+    listener = client.get_listener("work")
+    client.store.lease("work", listener.id, 1, "register")  # a 1 ms lease, never renewed
+    task = listener.reserve()
+    assert task is not None
+    client.get_processor(task).start(4242)
+    client.cancel_task(task_id, "wrong input")
+    wait_for(lambda: listener.id in client.store.expired_listeners("work"), timeout=5)
+    report = RecoveryReport()
+    Recovery(client.store, host="another-host.example").recover_expired("work", report)
+    data = redis_client.hgetall(K.task(task_id))
+    assert data["status"] == "failed" and "cancelled" in data  # not retried: cancelled wins
+    assert data["error"].startswith("cancelled: wrong input ("), data["error"]
+    assert redis_client.hget(K.outcome_counts("work"), "cancelled") == "1"
 
 
 def test_recover_in_host_mode_backs_off_when_the_listener_was_claimed(

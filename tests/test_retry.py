@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import typing
 
 import pytest
 import redis
 
+import blueque
+import blueque.aio
 import blueque.ha
-from blueque.ha import NotReplicated
+from blueque.aio.store import AsyncRedisStore
+from blueque.ha import Durability, NotReplicated
 from blueque.retry import Backoff, RetryPolicy, is_transient
 
 
@@ -130,6 +135,22 @@ def test_retry_policy_rides_through_transient_failures() -> None:
     assert len(fake.sleeps) == 2 and all(0 < s <= 0.5 for s in fake.sleeps)
 
 
+def test_retries_are_logged_under_blueque_retry(caplog: pytest.LogCaptureFixture) -> None:
+    """Where the policy lives (it was logged as blueque.ha, a module it left)."""
+    fake = FakeTime()
+    failures = [redis.exceptions.ConnectionError("down")]
+
+    def operation() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    with caplog.at_level(logging.INFO):
+        assert policy(fake, 10).call(operation) == "done"
+    assert {record.name for record in caplog.records} == {"blueque.retry"}
+    assert [record.levelname for record in caplog.records] == ["WARNING", "INFO"]
+
+
 def test_retry_policy_gives_up_at_its_deadline() -> None:
     fake = FakeTime()
     policy = RetryPolicy(deadline_s=3, sleep=fake.sleep, clock=fake.clock)
@@ -164,3 +185,14 @@ def test_the_retry_policy_is_still_importable_from_blueque_ha_with_a_warning() -
     assert Moved is RetryPolicy
     with pytest.raises(AttributeError):
         blueque.ha.no_such_name  # noqa: B018 (only the moved names are forwarded)
+
+
+@pytest.mark.parametrize("constructor", [blueque.Client.__init__, blueque.aio.Client.__init__,
+                                         AsyncRedisStore.__init__])
+def test_retry_policy_and_durability_are_typed_where_they_are_given(constructor: object) -> None:
+    """Issue 14 item 3: `Any` there let mypy pass anything (a Retry of redis-py's for a
+    RetryPolicy, a replica count for a Durability)."""
+    hints = typing.get_type_hints(constructor)
+    retry = hints.get("retry_policy", hints.get("retry"))
+    assert RetryPolicy in typing.get_args(retry) and typing.Any not in typing.get_args(retry)
+    assert hints["durability"] == Durability | None

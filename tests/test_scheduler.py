@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import redis
 
 import blueque
 from blueque.cron import CronEntry
+from blueque.display import format_time
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
 from blueque.recovery import Recovery
@@ -134,12 +136,16 @@ def test_a_crash_between_enqueue_and_advance_neither_doubles_nor_skips(redis_url
     assert pending(redis_client, "cronq") == [f"cron-tick-{T0 + 1}", f"cron-tick-{T0 + 2}"]
 
 
-def test_after_downtime_only_the_catch_up_cap_of_missed_ticks_fires(client, redis_client):  # type: ignore[no-untyped-def]
+def test_after_downtime_only_the_catch_up_cap_of_missed_ticks_fires(client, redis_client, caplog):  # type: ignore[no-untyped-def]
     clock = Clock()
     scheduler = Scheduler(client, [every_second(catch_up=3)], clock=clock)
-    scheduler.run_once()
-    clock.now += 100
-    report = scheduler.run_once()
+    with caplog.at_level(logging.INFO, logger="blueque.scheduler"):
+        scheduler.run_once()
+        clock.now += 100
+        report = scheduler.run_once()
+    # times a person reads, not Unix seconds (1795575600)
+    assert f"next tick at {format_time(T0 + 1)}" in caplog.text
+    assert f"missed more than 3 ticks since {format_time(T0)}" in caplog.text
     assert report.fired["tick"] == [f"cron-tick-{T0 + n}" for n in (98, 99, 100)]
     assert report.skipped_ticks == {"tick": 1}
     assert redis_client.llen(KEYS.pending("cronq")) == 3

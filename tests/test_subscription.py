@@ -17,7 +17,7 @@ import redis
 import blueque
 import blueque.aio
 from blueque.errors import BluequeError
-from blueque.store import MISSED, Message, Subscription
+from blueque.store import MISSED, Confirmation, Health, Message, Resubscribing, Subscription
 from blueque.testing import RedisServer
 from tests.fake_servers import FreezingProxy
 
@@ -57,6 +57,52 @@ def test_a_subscription_hears_its_channels_only_once_confirmed(
     finally:
         subscription.close()
     assert numsub(redis_client, "one") == 0  # closed: unsubscribed
+
+
+def test_a_confirmation_counts_its_channels_and_keeps_what_was_published_meanwhile() -> None:
+    """What both Subscriptions do with the replies to SUBSCRIBE (their one copy): each
+    channel's confirmation counts once, a message published on a channel confirmed already
+    is kept in order, and nothing more is waited for once all are confirmed."""
+    heard: list[Message] = []
+    confirmation = Confirmation(2, heard)
+    assert confirmation.wait() is not None
+    confirmation.take({"type": "subscribe", "channel": "one", "data": 1})
+    confirmation.take(None)  # no reply within the wait
+    confirmation.take({"type": "message", "channel": "one", "data": "early"})
+    assert confirmation.wait() is not None  # "two" is not confirmed yet
+    confirmation.take({"type": "subscribe", "channel": "two", "data": 2})
+    assert confirmation.wait() is None
+    assert heard == [Message("one", "early")]
+
+
+class Watched:
+    """Where a Resubscribing's store is, and its Health (all it asks of one)."""
+
+    where = "redis://127.0.0.1:1/0"
+
+    def __init__(self) -> None:
+        self.health = Health()
+
+
+def test_resubscribing_backs_off_after_a_loss_and_says_missed_once_subscribed_again() -> None:
+    """The part both Subscriptions share: a transient loss is counted and delays the next
+    subscription; the one after a loss starts with MISSED (the first never does); an error
+    that is not transient is raised as a Blueque error."""
+    store = Watched()
+    state = Resubscribing(store, ["one"])
+    assert state.due() and state.pause(time.monotonic() + 10) == 0.0
+    state.subscribed()
+    assert state.heard == []
+    state.lost(redis.exceptions.ConnectionError("reset"))
+    assert store.health.disruptions == 1
+    assert not state.due()
+    assert 0.0 < state.pause(time.monotonic() + 10) <= 10
+    assert state.pause(time.monotonic()) == 0.0  # never past the caller's deadline
+    state.subscribed()
+    assert state.heard == [MISSED]
+    with pytest.raises(BluequeError, match="NOPERM"):
+        state.lost(redis.exceptions.ResponseError("NOPERM no permission"))
+    assert store.health.disruptions == 1
 
 
 def test_a_subscription_outlives_a_redis_restart_and_says_what_it_missed(

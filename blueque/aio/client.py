@@ -22,6 +22,7 @@ from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
+from blueque.ha import Durability
 from blueque.keys import Keys
 from blueque.policy import encode_options
 from blueque.queue import (
@@ -31,9 +32,11 @@ from blueque.queue import (
     bulk_submission,
     check_deletable,
     check_queue_name,
+    given_queue_name,
     purge_cutoff,
     submission,
 )
+from blueque.retry import RetryPolicy
 from blueque.store import now, translate
 from blueque.task import TaskView
 from blueque.waiting import WAIT_REREAD, WaitResult
@@ -57,8 +60,8 @@ class Client:
         *,
         hash_tags: bool = False,
         cluster: bool | None = None,
-        retry_policy: Any = None,
-        durability: Any = None,
+        retry_policy: RetryPolicy | None = None,
+        durability: Durability | None = None,
         **redis_kwargs: Any,
     ) -> None:
         if "checkpoint_max_bytes" in redis_kwargs:  # not redis-py's: it would fail at first use
@@ -157,9 +160,7 @@ class Queue:
     """blueque.Queue's operations, awaited; see there for what each one writes."""
 
     def __init__(self, name: str, store: AsyncRedisStore) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"a queue name must be a non-empty string, not {name!r}")
-        self._name = name
+        self._name = given_queue_name(name)
         self._store = store
 
     @property

@@ -23,7 +23,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
@@ -31,14 +31,14 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
-from blueque.retry import Backoff, NoRetry, is_transient
+from blueque.ha import Durability
+from blueque.retry import NoRetry, RetryPolicy, is_transient
 from blueque.store import (
     CLOSED_UNDER_US,
-    CONFIRM_WAIT,
     MISSED,
-    RESUBSCRIBE_BACKOFF,
     Health,
     Message,
+    Resubscribing,
     check_version,
     describe,
     load_script,
@@ -58,11 +58,12 @@ _REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExcep
 class AsyncRedisStore:
     """blueque.protocol's operations over one redis.asyncio client and one key layout."""
 
-    def __init__(self, client: Any, keys: k.Keys | None = None, retry: Any = None,
-                 durability: Any = None) -> None:
+    def __init__(self, client: Any, keys: k.Keys | None = None,
+                 retry: RetryPolicy | NoRetry | None = None,
+                 durability: Durability | None = None) -> None:
         self.redis = client
         self.keys = keys or k.Keys()
-        self.retry = retry or NoRetry()
+        self.retry: RetryPolicy | NoRetry = retry or NoRetry()
         #: blueque.ha.Durability: enqueues wait for replicas (WAIT), as in the sync store
         self.durability = durability
         self._scripts: dict[str, Any] = {}
@@ -229,19 +230,16 @@ class AsyncSubscription:
 
     def __init__(self, store: AsyncRedisStore, channels: Sequence[str]) -> None:
         self._store = store
-        self._channels = list(channels)
+        self._state = Resubscribing(store, channels)
         self._pubsub: Any = None
-        self._heard: list[Message] = []
-        self._subscribed_once = False
-        self._retry_at = 0.0
-        self._delays: Iterator[float] | None = None
 
     async def get_message(self, timeout: float) -> Message | None:
         deadline = time.monotonic() + max(0.0, timeout)
         try:
             if self._pubsub is None and not await self._subscribe(deadline):
                 return None
-            return self._heard.pop(0) if self._heard else await self._next(deadline)
+            heard = self._state.heard
+            return heard.pop(0) if heard else await self._next(deadline)
         except _REDIS_ERRORS as error:
             await self._lost(error)
         except CLOSED_UNDER_US as error:
@@ -249,26 +247,17 @@ class AsyncSubscription:
         return None
 
     async def _subscribe(self, deadline: float) -> bool:
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
-            if time.monotonic() < self._retry_at:
-                return False
+        pause = self._state.pause(deadline)
+        if pause > 0:
+            await asyncio.sleep(pause)
+        if not self._state.due():
+            return False
         pubsub = self._pubsub = self._store.redis.pubsub()
-        await pubsub.subscribe(*self._channels)
-        confirmed, until = 0, time.monotonic() + CONFIRM_WAIT
-        while confirmed < len(self._channels) and time.monotonic() < until:
-            raw = await pubsub.get_message(timeout=max(0.0, until - time.monotonic()))
-            if raw is None:
-                continue
-            if raw.get("type") == "subscribe":
-                confirmed += 1
-            message, _ = published(raw, 0)
-            if message is not None:  # published on a channel confirmed already
-                self._heard.append(message)
-        if self._subscribed_once:
-            self._heard.insert(0, MISSED)
-        self._subscribed_once, self._delays = True, None
+        await pubsub.subscribe(*self._state.channels)
+        confirmation = self._state.confirmation()
+        while (patience := confirmation.wait()) is not None:
+            confirmation.take(await pubsub.get_message(timeout=patience))
+        self._state.subscribed()
         return True
 
     async def _next(self, deadline: float) -> Message | None:
@@ -276,7 +265,7 @@ class AsyncSubscription:
             raw = await self._pubsub.get_message(
                 timeout=max(0.0, deadline - time.monotonic()))
             if raw is not None:
-                message, again = published(raw, len(self._channels))
+                message, again = published(raw, len(self._state.channels))
                 if message is not None or again:
                     return message or MISSED
             elif time.monotonic() >= deadline:
@@ -285,13 +274,7 @@ class AsyncSubscription:
     async def _lost(self, error: redis.exceptions.RedisError
                     | redis.exceptions.RedisClusterException) -> None:
         await self.close()
-        if self._delays is None:
-            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
-        self._retry_at = time.monotonic() + next(self._delays)
-        if not is_transient(error):
-            raise translate(error, self._store.where) from error
-        self._store.health.disrupted()
-        log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+        self._state.lost(error)
 
     async def close(self) -> None:
         """Unsubscribe and give the connection back (also after a cancellation)."""

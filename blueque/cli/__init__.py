@@ -10,6 +10,7 @@ Exit codes: see EXIT_CODES (also in ``blueque --help`` and README.md).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -23,8 +24,10 @@ from blueque.cli.base import (
     EXIT_USAGE,
     Commands,
     Failure,
+    Parser,
     Run,
     add_common,
+    check_json,
     connect,
 )
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable, TaskNotFound
@@ -36,21 +39,29 @@ __all__ = ["EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_UNRE
 GROUPS = (inspecting, changing, wait, listen, daemons)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="blueque", description="Blueque: a Redis job queue for very long jobs.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(parser, top=True)
+    parser.add_argument("--version", action="version", version=f"blueque {_version()}")
     commands = Commands(parser)
     for group in GROUPS:
         group.register(commands)
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("blueque")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run from a source checkout)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_command(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, already explained)
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     try:
@@ -70,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(run: Run, args: argparse.Namespace) -> int:
+    check_json(args)
     if run.standalone is not None:
         return run.standalone(args)
     assert run.handler is not None

@@ -4,16 +4,19 @@ types, and ``Commands``, through which each command module adds its subcommands.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from blueque.client import Client
 from blueque.config import default_url
 from blueque.display import parse_duration, parse_eta
 from blueque.errors import ConfigurationError
+from blueque.queue import check_queue_name
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the operation failed or was refused (e.g. a task failed, cannot cancel)
@@ -81,6 +84,7 @@ def argument_type(parse: Callable[[str], object]) -> Callable[[str], object]:
 
 duration = argument_type(parse_duration)
 eta_time = argument_type(parse_eta)
+queue_name = argument_type(check_queue_name)
 
 
 def positive_duration(text: str) -> float:
@@ -92,6 +96,30 @@ def positive_duration(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, not {text!r}")
     return value
+
+
+# --- the parser -------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a suggestion for a misspelt choice (`blueque lisen`: did you
+    mean 'listen'?), and (parse_command) the command's own usage for an unknown option."""
+
+    def error(self, message: str) -> NoReturn:
+        invalid = re.match(r"argument .*: invalid choice: '([^']*)' \(choose from (.*)\)$",
+                           message)
+        if invalid:
+            choices = re.findall(r"'([^']*)'", invalid[2])
+            close = difflib.get_close_matches(invalid[1], choices, n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+    def parse_command(self, argv: Sequence[str] | None) -> argparse.Namespace:
+        """parse_args, but an argument nobody knows is refused with the command's usage."""
+        parsed, extra = self.parse_known_args(argv)
+        if extra:
+            parser = getattr(parsed, "parser", self)
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -109,15 +137,29 @@ class Run:
     standalone: Standalone | None = None
     #: A daemon waits for Redis with backoff instead of exiting 3 when it is not up yet.
     daemon: bool = False
+    #: It prints something --json can shape (a table, a record); else --json is refused.
+    prints: bool = True
 
 
-def add_common(parser: argparse.ArgumentParser, top: bool) -> None:
+URL_HELP = "Redis URL (default: $BLUEQUE_URL, else redis://localhost:6379/0)"
+
+
+def add_common(parser: argparse.ArgumentParser, top: bool, url_help: str = URL_HELP,
+               json_option: bool = True) -> None:
     # the subcommand's copy must not overwrite a value given before the subcommand
     absent: Any = None if top else argparse.SUPPRESS
-    parser.add_argument("--url", default=absent, help=(
-        "Redis URL (default: $BLUEQUE_URL, else redis://localhost:6379/0)"))
-    parser.add_argument("--json", action="store_true", default=False if top else absent,
-                        help="print JSON for scripts instead of tables")
+    parser.add_argument("--url", default=absent, help=url_help)
+    if json_option:
+        parser.add_argument("--json", action="store_true", default=False if top else absent,
+                            help="print JSON for scripts instead of tables")
+
+
+def check_json(args: argparse.Namespace) -> None:
+    """``blueque --json listen ...``: --json before a command that prints nothing it could
+    shape is a mistake to say, not to ignore (daemons log JSON with --log-format json)."""
+    if args.json and not args.run.prints:
+        raise Failure(f"--json: blueque {args.command} prints no table or record to shape "
+                      "(a daemon logs JSON with --log-format json)", EXIT_USAGE)
 
 
 class Commands:
@@ -128,20 +170,21 @@ class Commands:
         self._subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
                                                  required=True)
 
-    def add(self, name: str, handler: Handler, help_text: str, *, daemon: bool = False
-            ) -> argparse.ArgumentParser:
+    def add(self, name: str, handler: Handler, help_text: str, *, daemon: bool = False,
+            prints: bool = True) -> argparse.ArgumentParser:
         """A command run with a client: PINGed first (exit 3 at once if Redis is not
-        there), except a daemon's."""
-        return self._add(name, Run(handler=handler, daemon=daemon), help_text)
+        there), except a daemon's. ``prints`` False: no --json (it prints nothing to shape)."""
+        return self._add(name, Run(handler=handler, daemon=daemon, prints=prints), help_text)
 
-    def add_standalone(self, name: str, handler: Standalone, help_text: str
-                       ) -> argparse.ArgumentParser:
-        return self._add(name, Run(standalone=handler), help_text)
+    def add_standalone(self, name: str, handler: Standalone, help_text: str, *,
+                       url_help: str = URL_HELP) -> argparse.ArgumentParser:
+        return self._add(name, Run(standalone=handler, prints=False), help_text, url_help)
 
-    def _add(self, name: str, run: Run, help_text: str) -> argparse.ArgumentParser:
+    def _add(self, name: str, run: Run, help_text: str, url_help: str = URL_HELP
+             ) -> argparse.ArgumentParser:
         sub = self._subparsers.add_parser(
             name, help=help_text, description=help_text, epilog=EXIT_CODES,
             formatter_class=argparse.RawDescriptionHelpFormatter)
-        add_common(sub, top=False)
-        sub.set_defaults(run=run)
+        add_common(sub, top=False, url_help=url_help, json_option=run.prints)
+        sub.set_defaults(run=run, parser=sub)
         return sub

@@ -45,7 +45,8 @@ def register(commands: Commands) -> None:
     sub.add_argument("--task-id", help="your own id; enqueueing an existing id does nothing")
     _add_task_options(sub, None)
     sub.add_argument("--wait", action="store_true", help="wait for the task and print it")
-    sub.add_argument("--timeout", type=duration, help="with --wait: give up after this")
+    sub.add_argument("--timeout", type=duration, metavar="DURATION",
+                     help="with --wait: give up after this long (90, 15m, 2h)")
 
     sub = commands.add("cancel", cmd_cancel,
                        "cancel a task (a running one has its processes stopped)")
@@ -59,7 +60,8 @@ def register(commands: Commands) -> None:
                      help="with --failed: oldest N only")
     sub = commands.add("purge", cmd_purge, "delete finished tasks older than a duration")
     sub.add_argument("queue")
-    sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION")
+    sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
+                     help="finished longer ago than this (90, 15m, 2h, 7d)")
     sub.add_argument("--status", choices=k.FINISHED_STATUSES, help="default: both")
     sub = commands.add("configure", cmd_configure,
                        "set or show a queue's defaults (a value of 'none' removes one)")

@@ -8,12 +8,20 @@ import sys
 import threading
 
 from blueque import demo
-from blueque.cli.base import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, Commands, Failure, emit
-from blueque.cli.listen import add_node_name_argument
+from blueque.cli.base import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    Commands,
+    Failure,
+    emit,
+    queue_name,
+)
+from blueque.cli.listen import add_log_arguments, add_node_name_argument
 from blueque.client import Client
 from blueque.config import Settings
 from blueque.cron import CronEntry, check_unique, load_file, parse_spec
-from blueque.display import log_level, port_number, positive_seconds
+from blueque.display import port_number, positive_seconds
 from blueque.logs import configure as configure_logs
 from blueque.metrics import MetricsServer, queue_registry
 from blueque.recovery import Recovery
@@ -23,17 +31,20 @@ from blueque.scheduler import Scheduler
 def register(commands: Commands) -> None:
     _add_scheduler(commands)
     sub = commands.add("metrics", cmd_metrics, "serve every queue's Prometheus metrics (the "
-                       "dashboard's /metrics, without it)", daemon=True)
+                       "dashboard's /metrics, without it)", daemon=True, prints=False)
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default 127.0.0.1; 0.0.0.0 lets a Prometheus "
                           "on another host scrape it)")
     sub.add_argument("--port", type=port_number, default=9309,
                      help="default 9309 (0: any free port, printed)")
     _add_dashboard(commands)
-    sub = commands.add_standalone("demo", cmd_demo, "run a demo: a private redis-server "
-                                  "(unless --url or $BLUEQUE_URL), a listener, a scheduler and "
-                                  "a few tasks")
-    sub.add_argument("--queue", default=demo.QUEUE, help=f"default {demo.QUEUE}")
+    sub = commands.add_standalone(
+        "demo", cmd_demo, "run a demo: a private redis-server (unless --url or $BLUEQUE_URL), "
+        "a listener, a scheduler and a few tasks", url_help=(
+            "a Redis to run the demo on (default: $BLUEQUE_URL, else a private redis-server "
+            "the demo starts and stops)"))
+    sub.add_argument("--queue", type=queue_name, default=demo.QUEUE,
+                     help=f"default {demo.QUEUE}")
 
 
 def _add_cron_arguments(parser: argparse.ArgumentParser, cron: str, cron_file: str) -> None:
@@ -57,17 +68,18 @@ def _add_scheduler(commands: Commands) -> None:
     sub = commands.add("scheduler", cmd_scheduler, "move due tasks, fire cron entries, recover "
                        "dead listeners, purge old results", daemon=True)
     _add_cron_arguments(
-        sub, "a periodic task, e.g. 'report=0 3 * * *:reports:{\"kind\": 1}' (6 fields: "
-             "seconds last); repeatable", "periodic tasks from a .toml or .json file; repeatable")
-    sub.add_argument("--interval", type=positive_seconds, default=1.0, help="seconds between steps")
+        sub, "a periodic task, e.g. 'report=0 3 * * *:reports:{\"kind\": 1}' (5 fields, or 6 "
+             "with seconds last); repeatable",
+        "periodic tasks from a .toml or .json file; repeatable")
+    sub.add_argument("--interval", type=positive_seconds, default=1.0,
+                     help="seconds between steps (default 1)")
     sub.add_argument("--recovery-interval", type=positive_seconds, default=2.0,
                      help="seconds between recovery sweeps (default 2)")
     sub.add_argument("--purge-interval", type=positive_seconds, default=60.0,
                      help="seconds between purges of results past result_ttl (default 60)")
     sub.add_argument("--once", action="store_true", help="run one step and exit")
     add_node_name_argument(sub)
-    sub.add_argument("--log-format", choices=("text", "json"), default="text")
-    sub.add_argument("--log-level", type=log_level, default="INFO")
+    add_log_arguments(sub)
 
 
 def cmd_scheduler(client: Client, args: argparse.Namespace) -> int:
@@ -117,7 +129,7 @@ def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
 
 def _add_dashboard(commands: Commands) -> None:
     sub = commands.add("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
-                       "(read-only unless a token is given)", daemon=True)
+                       "(read-only unless a token is given)", daemon=True, prints=False)
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default 127.0.0.1: this machine only)")
     sub.add_argument("--port", type=port_number, default=8080,

@@ -10,7 +10,13 @@ from pathlib import Path
 from blueque.cli.base import Commands, positive_duration
 from blueque.client import Client
 from blueque.daemon import ON_STOP, ListenerDaemon
-from blueque.display import log_level, port_number, positive_int, positive_seconds
+from blueque.display import (
+    LOG_LEVELS,
+    log_level,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
 from blueque.errors import CallbackError, ConfigurationError
 from blueque.logs import configure as configure_logs
 from blueque.logs import printed_as_logs
@@ -23,7 +29,8 @@ from blueque.tasklog import TaskLogSettings, default_directory
 
 def register(commands: Commands) -> None:
     sub = commands.add("listen", run_listen,
-                       "run the listener daemon: fork one child per task", daemon=True)
+                       "run the listener daemon: fork one child per task", daemon=True,
+                       prints=False)
     add_listen_arguments(sub)
 
 
@@ -81,8 +88,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGUSR1 (this node goes away), how long its tasks have to "
                              "save and stop before they are terminated and put back (90s)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", type=log_level, default="INFO")
+    add_log_arguments(parser)
     parser.add_argument("--metrics-port", type=port_number, metavar="PORT",
                         help="serve this listener's Prometheus metrics on http://HOST:PORT/"
                              "metrics (0: any free port, logged)")
@@ -111,6 +117,15 @@ def _node_name_type(value: str) -> str:
         return checked_node_name(value)
     except ConfigurationError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """--log-format and --log-level, of `listen` and `scheduler`."""
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="text lines (default), or one JSON object a line for a log "
+                             "collector")
+    parser.add_argument("--log-level", type=log_level, default="INFO", metavar="LEVEL",
+                        help=f"{', '.join(LOG_LEVELS)} (default INFO)")
 
 
 def add_node_name_argument(parser: argparse.ArgumentParser) -> None:

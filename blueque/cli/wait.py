@@ -15,7 +15,8 @@ from blueque.waiting import WaitResult, wait_all
 def register(commands: Commands) -> None:
     sub = commands.add("wait", cmd_wait, "wait until tasks finish (progress bar on stderr)")
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
-    sub.add_argument("--timeout", type=duration, help="give up after this long")
+    sub.add_argument("--timeout", type=duration, metavar="DURATION",
+                     help="give up after this long (90, 15m, 2h)")
     sub.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                      help="auto (default): on a terminal, one task's own progress bar "
                           "(fraction and message) or, for several, how many finished")

@@ -19,7 +19,8 @@
 -- ARGV[6] channel, ARGV[7] "1" to release the listener (drop its lease and set membership),
 -- "0" to keep them (some of its processes still run and are being adopted),
 -- ARGV[8] seconds KEYS[9] is kept, then 5 values per task: id, attempts seen, verdict (pending |
--- preempted | retry | failed | drop), retry eta, error text (for preempted: why).
+-- preempted | retry | failed | cancelled | drop; cancelled: failed, stamped cancelled, as
+-- endings.decide says of a cancelled run), retry eta, error text (for preempted: why).
 -- A verdict applies only if the task is still in the dead listener's reserved list with the
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
 -- Returns {requeued, retried, failed, skipped}, or {-1} if the claim failed (lease live or
@@ -78,16 +79,14 @@ for i = 11, #KEYS do
       redis.call('ZADD', KEYS[6], ARGV[a + 3], id)
       count('retry')
       counts[2] = counts[2] + 1
-    elseif verdict == 'failed' then
+    elseif verdict == 'failed' or verdict == 'cancelled' then
       redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
                  'finished_at', ARGV[2])
       redis.call('HDEL', KEYS[i], 'traceback')
-      if redis.call('HEXISTS', KEYS[i], 'cancel_requested') == 1 then
+      if verdict == 'cancelled' then
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
-        count('cancelled')
-      else
-        count('failed')
       end
+      count(verdict)
       redis.call('LPUSH', KEYS[7], id)
       counts[3] = counts[3] + 1
     end

@@ -73,6 +73,13 @@ def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+#: What redis-py says when a server that requires a password got none: NOAUTH (RESP2), or a
+#: refused HELLO (RESP3), whose own words only confuse ("HELLO must be called...").
+#: A long command from a client that gave none is refused as a protocol error instead.
+NO_PASSWORD_GIVEN = ("Authentication required", "HELLO must be called with the client already "
+                     "authenticated", "Protocol error: unauthenticated")
+
+
 def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
               where: str) -> BluequeError:
     """The Blueque error for a redis-py error: refusals, bad credentials or URLs, servers that
@@ -80,7 +87,13 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
     if isinstance(error, redis.exceptions.AuthenticationError) or (
         # the sentinels refused the sentinel_password: redis-py says so in a MasterNotFoundError
         type(error).__name__ == "MasterNotFoundError" and "AuthenticationError" in str(error)
-    ):
+    ) or any(words in str(error) for words in NO_PASSWORD_GIVEN):
+        if any(words in str(error) for words in NO_PASSWORD_GIVEN):
+            return AuthenticationFailed(
+                f"authentication failed at Redis {where}: it requires a password and none "
+                "was given: put it in the URL (redis://:password@host:port/db, or "
+                "redis://user:password@host:port/db)"
+            )
         return AuthenticationFailed(
             f"authentication failed at Redis {where} ({error}): check the user name and "
             "password in the URL (redis://user:password@host:port/db)"

@@ -134,7 +134,8 @@ class RunOperations(StoreCore):
         mode: k.RecoverMode,
         release: bool = True,
     ) -> list[int]:
-        """Apply verdicts (id, attempts seen, pending|preempted|retry|failed|drop, eta, error)
+        """Apply verdicts (id, attempts seen, pending|preempted|retry|failed|cancelled|drop,
+        eta, error)
         to a dead listener's reserved tasks (recover.lua). ``mode`` is "lease" (its lease
         expired) or "host" (death proven on its host). Returns [requeued, retried, failed,
         skipped], or [-1] when the claim failed (the lease is live, or someone else recovered

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
@@ -16,7 +16,7 @@ from blueque.retry import Backoff, is_transient
 from blueque.store.errors import translate
 
 if TYPE_CHECKING:
-    from blueque.store.core import StoreCore
+    from blueque.store.core import Health, StoreCore
 
 log = logging.getLogger("blueque.store")
 
@@ -58,6 +58,84 @@ def published(raw: dict[str, Any], count: int) -> tuple[Message | None, bool]:
     return None, kind == "subscribe" and raw.get("data") == 1 and count > 0
 
 
+class Confirmation:
+    """A new connection's subscription, until Redis confirms each of its ``channels`` or
+    CONFIRM_WAIT passes; what is published meanwhile joins ``heard`` in order. The sync and
+    the asyncio Subscription read the replies and hand them to ``take``."""
+
+    def __init__(self, channels: int, heard: list[Message]) -> None:
+        self._unconfirmed = channels
+        self._heard = heard
+        self._until = time.monotonic() + CONFIRM_WAIT
+
+    def wait(self) -> float | None:
+        """How long to wait for the next reply; None once all are confirmed or time is up."""
+        left = self._until - time.monotonic()
+        return left if self._unconfirmed > 0 and left > 0 else None
+
+    def take(self, raw: dict[str, Any] | None) -> None:
+        if raw is None:
+            return
+        if raw.get("type") == "subscribe":
+            self._unconfirmed -= 1
+        message, _ = published(raw, 0)
+        if message is not None:  # published on a channel confirmed already
+            self._heard.append(message)
+
+
+
+class _Watched(Protocol):
+    """What Resubscribing needs of a store (sync or asyncio): where it is, and its Health."""
+
+    @property
+    def where(self) -> str: ...
+
+    @property
+    def health(self) -> Health: ...
+
+
+class Resubscribing:
+    """What the sync and the asyncio Subscription decide without any IO of their own: when a
+    lost connection may be subscribed again (RESUBSCRIBE_BACKOFF), a new one's confirmation,
+    MISSED once subscribed again, and what a loss means (a transient one is counted in the
+    store's Health, another is raised as a Blueque error)."""
+
+    def __init__(self, store: _Watched, channels: Sequence[str]) -> None:
+        self._store = store
+        self.channels = list(channels)
+        self.heard: list[Message] = []  # messages read, not handed out yet
+        self._subscribed_once = False
+        self._retry_at = 0.0
+        self._delays: Iterator[float] | None = None
+
+    def pause(self, deadline: float) -> float:
+        """How long to wait before subscribing: the backoff left, at most until ``deadline``."""
+        return max(0.0, min(self._retry_at, deadline) - time.monotonic())
+
+    def due(self) -> bool:
+        """Whether the backoff after a loss has passed."""
+        return time.monotonic() >= self._retry_at
+
+    def confirmation(self) -> Confirmation:
+        return Confirmation(len(self.channels), self.heard)
+
+    def subscribed(self) -> None:
+        if self._subscribed_once:
+            self.heard.insert(0, MISSED)
+        self._subscribed_once, self._delays = True, None
+
+    def lost(self, error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException
+             ) -> None:
+        """The connection is lost (and closed): subscribe again after the next delay."""
+        if self._delays is None:
+            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
+        self._retry_at = time.monotonic() + next(self._delays)
+        if not is_transient(error):
+            raise translate(error, self._store.where) from error
+        self._store.health.disrupted()
+        log.debug("subscription to %s lost (%s); subscribing again", self.channels, error)
+
+
 class Subscription:
     """A pub/sub subscription to ``channels`` that outlives its connection (RedisStore.subscribe).
 
@@ -79,13 +157,9 @@ class Subscription:
     def __init__(self, store: StoreCore, channels: Sequence[str],
                  keepalive: float | None = None) -> None:
         self._store = store
-        self._channels = list(channels)
+        self._state = Resubscribing(store, channels)
         self._keepalive = keepalive
         self._pubsub: Any = None
-        self._heard: list[Message] = []  # messages read, not handed out yet
-        self._subscribed_once = False
-        self._retry_at = 0.0
-        self._delays: Iterator[float] | None = None
         self._silent_since = 0.0  # the connection's last reply of any kind
         self._pinged: float | None = None  # a PING not answered yet
 
@@ -94,7 +168,8 @@ class Subscription:
         try:
             if self._pubsub is None and not self._subscribe(deadline):
                 return None
-            return self._heard.pop(0) if self._heard else self._next(deadline)
+            heard = self._state.heard
+            return heard.pop(0) if heard else self._next(deadline)
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException
                 ) as error:
             self._lost(error)
@@ -104,26 +179,17 @@ class Subscription:
 
     def _subscribe(self, deadline: float) -> bool:
         """Subscribe on a new connection, unless the backoff says not before ``deadline``."""
-        wait = self._retry_at - time.monotonic()
-        if wait > 0:
-            time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
-            if time.monotonic() < self._retry_at:
-                return False
+        pause = self._state.pause(deadline)
+        if pause > 0:
+            time.sleep(pause)
+        if not self._state.due():
+            return False
         pubsub = self._pubsub = self._store.redis.pubsub()
-        pubsub.subscribe(*self._channels)
-        confirmed, until = 0, time.monotonic() + CONFIRM_WAIT
-        while confirmed < len(self._channels) and time.monotonic() < until:
-            raw = pubsub.get_message(timeout=max(0.0, until - time.monotonic()))
-            if raw is None:
-                continue
-            if raw.get("type") == "subscribe":
-                confirmed += 1
-            message, _ = published(raw, 0)
-            if message is not None:  # published on a channel confirmed already
-                self._heard.append(message)
-        if self._subscribed_once:
-            self._heard.insert(0, MISSED)
-        self._subscribed_once, self._delays = True, None
+        pubsub.subscribe(*self._state.channels)
+        confirmation = self._state.confirmation()
+        while (patience := confirmation.wait()) is not None:
+            confirmation.take(pubsub.get_message(timeout=patience))
+        self._state.subscribed()
         self._silent_since, self._pinged = time.monotonic(), None
         return True
 
@@ -135,7 +201,7 @@ class Subscription:
             raw = self._pubsub.get_message(timeout=max(0.0, wait))
             if raw is not None:
                 self._silent_since, self._pinged = time.monotonic(), None
-                message, again = published(raw, len(self._channels))
+                message, again = published(raw, len(self._state.channels))
                 if message is not None or again:
                     return message or MISSED
             elif time.monotonic() >= deadline:
@@ -160,13 +226,7 @@ class Subscription:
     def _lost(self, error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException
               ) -> None:
         self.close()
-        if self._delays is None:
-            self._delays = Backoff(*RESUBSCRIBE_BACKOFF, jitter=True)
-        self._retry_at = time.monotonic() + next(self._delays)
-        if not is_transient(error):
-            raise translate(error, self._store.where) from error
-        self._store.health.disrupted()
-        log.debug("subscription to %s lost (%s); subscribing again", self._channels, error)
+        self._state.lost(error)
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None

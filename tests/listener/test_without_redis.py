@@ -85,6 +85,9 @@ def test_listen_started_before_redis_waits_for_it(tmp_path, start):  # type: ign
         wait_until(lambda: "retrying" in daemon.log() or not daemon.alive(),
                    what="the outage noticed")
         assert daemon.alive(), daemon.log()
+        # it has no children yet: not "children keep running"
+        assert "not started yet: it takes no task until Redis answers" in daemon.log()
+        assert "children keep running" not in daemon.log()
         server.start()
         client = blueque.Client(server.url)
         task_id = client.get_queue("work").enqueue(json.dumps({"value": 1}))
