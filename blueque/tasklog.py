@@ -13,6 +13,7 @@ PROTOCOL.md §5.19 specifies the stream.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
@@ -33,6 +34,22 @@ log = logging.getLogger("blueque.tasklog")
 TAIL_BYTES = 64 * 1024
 #: Largest chunk one stream entry holds.
 CHUNK_BYTES = 16 * 1024
+#: Longest file name (one path component, in bytes) most file systems take.
+NAME_MAX = 255
+
+
+def path_component(text: str, room: int = NAME_MAX) -> str:
+    """``text`` (a queue name or task id, which may hold any character) as one path
+    component of at most ``room`` bytes: ``/`` and NUL escaped, ``.`` and ``..`` spelt out,
+    and a longer name cut, with a digest of the whole so that two long names stay apart."""
+    safe = text.replace("/", "%2F").replace("\0", "%00")
+    if safe in ("", ".", ".."):
+        safe = safe.replace(".", "%2E") or "_"
+    encoded = safe.encode("utf-8", "surrogatepass")
+    if len(encoded) <= room:
+        return safe
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return encoded[:room - len(digest) - 1].decode("utf-8", "ignore") + "~" + digest
 
 
 def default_directory() -> Path:
@@ -51,11 +68,11 @@ class TaskLogSettings:
     interval: float = 0.5  # seconds between two shipments to Redis
 
     def path(self, queue: str, task_id: str, attempt: int | None) -> Path:
-        # a task id may hold any character: keep it one path component
-        safe = task_id.replace("/", "%2F").replace("\0", "%00")
-        if safe in (".", ".."):
-            safe = safe.replace(".", "%2E")
-        return self.directory / (queue.replace("/", "%2F") or "_") / f"{safe}.{attempt or 0}.log"
+        """``[directory]/[queue]/[task id].[attempt].log``, each part one path component that
+        leaves room for the ``.1`` of the capped file's older half."""
+        suffix = f".{attempt or 0}.log"
+        name = path_component(task_id, NAME_MAX - len(suffix) - len(".1")) + suffix
+        return self.directory / path_component(queue) / name
 
     def clean(self, current: float | None = None, running: Iterable[Path] = ()) -> int:
         """Remove files older than ``keep``, except those of ``running`` attempts (and their
@@ -108,6 +125,7 @@ class Shipper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warned = False  # an unreadable file is logged once
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="blueque-output", daemon=True)
@@ -164,6 +182,9 @@ class Shipper:
                 return start, handle.read(size - start)
         except FileNotFoundError:
             return self.offset, b""
+        except OSError as error:  # its output is lost, not the process that ships it
+            self._unreadable(error)
+            return self.offset, b""
 
     def _send(self, data: bytes, offset: int, end: bool = False) -> None:
         entry = self.store.append_output(
@@ -186,16 +207,23 @@ class Shipper:
         """Copy-truncate past max_bytes: the file's content moves to ``.1`` (replacing the
         older one) and the file starts again empty; its writers keep their descriptors."""
         try:
-            size = self.path.stat().st_size
+            if self.path.stat().st_size <= self.settings.max_bytes:
+                return
+            rotated = self.path.with_name(self.path.name + ".1")
+            with open(self.path, "rb") as source, open(rotated, "wb") as target:
+                target.write(source.read())
+            os.truncate(self.path, 0)
         except FileNotFoundError:
             return
-        if size <= self.settings.max_bytes:
+        except OSError as error:  # a full disk, a file that cannot be stat'ed
+            self._unreadable(error)
             return
-        rotated = self.path.with_name(self.path.name + ".1")
-        with open(self.path, "rb") as source, open(rotated, "wb") as target:
-            target.write(source.read())
-        os.truncate(self.path, 0)
         self.offset = 0
+
+    def _unreadable(self, error: OSError) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("task %s: output file %s: %s", self.task_id, self.path, error)
 
 
 def ship_reported(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
