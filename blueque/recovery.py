@@ -155,12 +155,7 @@ class Recovery:
         self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,
         current: float,
     ) -> k.Verdict:
-        attempts = data.get("attempts", "")
-        error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
-        ending = decide(Policy.resolve(data, config), data, "failed", error, current,
-                        rng=self._rng)  # recover.lua stamps a cancelled one `cancelled`
-        verdict: k.VerdictKind = "retry" if ending.outcome == "retry" else "failed"
-        return (task_id, attempts, verdict, ending.eta, ending.text)
+        return started_verdict(task_id, data, config, why, current, self._rng)
 
     def recover_expired(self, queue: str, report: RecoveryReport,
                         listeners: Iterable[str] | None = None) -> None:
@@ -308,6 +303,17 @@ class Recovery:
         self.stop_fenced_runs(report, runs)
         self.watch.end()
         return report
+
+
+def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], why: str,
+                    current: float, rng: random.Random | None = None) -> k.Verdict:
+    """recover.lua's verdict for a started task whose run is gone: retried by its policy, or
+    failed (recover.lua stamps a cancelled one `cancelled`), the error saying ``why``."""
+    attempts = data.get("attempts", "")
+    error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
+    ending = decide(Policy.resolve(data, config), data, "failed", error, current, rng=rng)
+    verdict: k.VerdictKind = "retry" if ending.outcome == "retry" else "failed"
+    return (task_id, attempts, verdict, ending.eta, ending.text)
 
 
 def _run_queues(runs: dict[str, str]) -> set[str]:
