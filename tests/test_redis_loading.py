@@ -1,11 +1,13 @@
 """A Redis restarted from an append-only file large enough that it answers LOADING for longer
 than a lease (issue 9 §1: LOADING is unavailability, not a refusal, and an outage is not a
 death), end to end: real `blueque listen` daemons on two nodes, real task processes reporting
-progress, a real redis-server made to load slowly (its key-load-delay debugging setting)."""
+progress, a real redis-server made to load slowly (its key-load-delay debugging setting). One
+node comes back two leases after the other: the first must not take it for dead."""
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -80,6 +82,9 @@ def test_a_restart_loading_for_longer_than_a_lease_kills_no_task(  # type: ignor
         pad_and_rewrite(admin)
 
         server.kill()
+        # node1 comes back last (a listener with the default --interval waits up to 5 s
+        # between tries): frozen through the load and for two leases after it
+        nodes[1].signal(signal.SIGSTOP)
         phase.write_text("loading")
         server.extra_args = (*server.extra_args, "--key-load-delay", str(LOAD_DELAY_US),
                              "--loading-process-events-interval-bytes", "1024")
@@ -96,11 +101,17 @@ def test_a_restart_loading_for_longer_than_a_lease_kills_no_task(  # type: ignor
         assert enqueue.returncode == 3 and "loading" in err and "Traceback" not in err, err
         restart.join(120)
         assert time.monotonic() - loading_since > LEASE_S  # the premise: longer than a lease
+        lapsed = admin.zscore(KEYS.leases("work"), "node1.example_1")
+        assert lapsed is not None and lapsed / 1000 < time.time()  # its lease lapsed meanwhile
+        wait_until(lambda: "Redis is back" in nodes[0].log(), what="node0 back")
+        time.sleep(2 * LEASE_S)  # node1 still away: its lease lapsed, but Redis was not up
+        nodes[1].signal(signal.SIGCONT)  # long enough for it to renew (RECONNECT_GRACE)
 
         wait_until(lambda: all(client.get_task(i).progress_message == "phase loading"
                                for i in ids), what="progress kept and sent after the load")
-        wait_until(lambda: all("Redis is back" in d.log() for d in nodes),
-                   what="both listeners past the outage")
+        wait_until(lambda: all((admin.zscore(KEYS.leases("work"), f"node{n}.example_{n}")
+                                or 0) / 1000 > time.time() for n in range(2)),
+                   what="both listeners renewing again")
         release.touch()
         for task_id in ids:
             task = client.get_task(task_id).wait(30)
