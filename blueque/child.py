@@ -68,9 +68,11 @@ def import_function(spec: str) -> TaskFunction:
         raise CallbackError(f"task function {spec!r} must look like package.module:function")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() at import: the module cannot serve
+        said = (f"its import called sys.exit({error.code!r})" if isinstance(error, SystemExit)
+                else str(error))
         raise CallbackError(
-            f"cannot import module {module_name!r} for task function {spec!r}: {error}"
+            f"cannot import module {module_name!r} for task function {spec!r}: {said}"
         ) from error
     target: Any = module
     for part in attribute.split("."):

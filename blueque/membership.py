@@ -15,10 +15,15 @@ from blueque.errors import ConfigurationError
 from blueque.metrics import ListenerMetrics
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
-from blueque.recovery import Recovery, RecoveryReport
+from blueque.recovery import Recovery, RecoveryReport, started_verdict
 from blueque.store import RedisStore, now
 
 log = logging.getLogger("blueque.daemon")
+
+#: The error of a started task whose listener has no run of it (Membership.heal).
+LOST_RUN = ("listener {listener} has no run of it any more: its ending was lost (Redis came "
+            "back older than it went away: restored from an earlier copy, or a failover lost "
+            "the last writes)")
 
 
 
@@ -148,19 +153,31 @@ class Membership:
         return int(self.interval * 3) + 1
 
     def heal(self, ours: Collection[str]) -> None:
-        """Put back tasks left in our reserved lists that no child of ours runs (``ours``):
-        a reserve cut off between LMOVE and stamp.lua (Redis went away), an LMOVE whose reply
-        a failover lost (the retried one took another task), or a stamp that was refused."""
+        """Settle tasks left in our reserved lists that no child of ours runs (``ours``).
+        Put back: a reserve cut off between LMOVE and stamp.lua (Redis went away), an LMOVE
+        whose reply a failover lost (the retried one took another task), a refused stamp.
+        Retried or failed by their policy: tasks Redis has as started by us, whose run we
+        no longer have (Redis came back older than it went away: restored from an earlier
+        copy, or a failover lost the writes that recorded their ending)."""
         for queue in self.weights:
             ids = [i for i in self.store.reserved_ids(queue, self.id) if i not in ours]
             if not ids:
                 continue
-            verdicts = []
+            verdicts: list[k.Verdict] = []
+            config: dict[str, str] | None = None
             for task_id, data in zip(ids, self.store.task_data_many(ids), strict=True):
+                if data.get("status") == k.STARTED and data.get("node") == self.id:
+                    config = self.store.queue_config(queue) if config is None else config
+                    verdicts.append(started_verdict(task_id, data, config, LOST_RUN.format(
+                        listener=self.id), now()))
+                    continue
                 waiting = data.get("status") in (k.PENDING, k.RESERVED) or not data
                 verdicts.append((task_id, data.get("attempts", ""),
                                  "pending" if waiting else "drop", None, ""))
             counts = self.store.recover(queue, self.id, verdicts, now(), mode="host",
                                         release=False)
-            log.warning("listener %s: put back %s task(s) left in its reserved list on %s",
-                        self.id, counts[0], queue)
+            log.warning("listener %s: put back %s task(s) left in its reserved list on %s"
+                        "%s", self.id, counts[0], queue,
+                        f"; {counts[1] + counts[2]} started task(s) of which it has no run "
+                        "any more retried or failed by their policy (Redis lost their "
+                        "endings)" if counts[1] + counts[2] else "")

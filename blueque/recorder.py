@@ -158,7 +158,14 @@ class Recorder:
         try:
             self.store.progress(running.task_id, running.attempt, fraction, message, now())
         except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
-            log.warning("progress of task %s not recorded: %s", running.task_id, error)
+            fields = self.store.task_fields(running.task_id, ("status", "attempts"))
+            if (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
+                    and fields.get("attempts") == str(running.attempt)):
+                # this attempt has ended (its run recorded that itself when its listener was
+                # silent a lease, as in an outage): its last progress is moot, nothing lost
+                log.debug("progress of task %s not recorded: %s", running.task_id, error)
+            else:
+                log.warning("progress of task %s not recorded: %s", running.task_id, error)
         running.progress = None
         running.progress_due = self.clock() + PROGRESS_SPACING
 

@@ -164,14 +164,7 @@ class Recovery:
     ) -> k.Verdict:
         """A started run that is gone: by endings.decide, as its listener would have recorded
         it (``preempted``: stopped at its node's preemption deadline)."""
-        attempts = data.get("attempts", "")
-        error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
-        ending = decide(Policy.resolve(data, config), data, "failed", error, current,
-                        stopped="preempted" if preempted else "", rng=self._rng)
-        verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else
-                                  "preempted" if ending.outcome == "preempted" else
-                                  "cancelled" if ending.cancelled else "failed")
-        return (task_id, attempts, verdict, ending.eta, ending.text)
+        return started_verdict(task_id, data, config, why, current, self._rng, preempted)
 
     def recover_expired(self, queue: str, report: RecoveryReport,
                         listeners: Iterable[str] | None = None) -> None:
@@ -319,6 +312,23 @@ class Recovery:
         self.stop_fenced_runs(report, runs)
         self.watch.end()
         return report
+
+
+def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], why: str,
+                    current: float, rng: random.Random | None = None, preempted: bool = False
+                    ) -> k.Verdict:
+    """recover.lua's verdict for a started task whose run is gone: retried by its policy,
+    put back as preempted (``preempted``: stopped at its node's preemption deadline), or
+    failed (``cancelled``: failed and stamped so, when a cancel was asked for), the error
+    saying ``why``."""
+    attempts = data.get("attempts", "")
+    error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
+    ending = decide(Policy.resolve(data, config), data, "failed", error, current,
+                    stopped="preempted" if preempted else "", rng=rng)
+    verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else
+                              "preempted" if ending.outcome == "preempted" else
+                              "cancelled" if ending.cancelled else "failed")
+    return (task_id, attempts, verdict, ending.eta, ending.text)
 
 
 def _run_queues(runs: dict[str, str]) -> set[str]:

@@ -14,6 +14,7 @@ PROTOCOL.md §5.19 specifies the stream.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
@@ -34,6 +35,22 @@ log = logging.getLogger("blueque.tasklog")
 TAIL_BYTES = 64 * 1024
 #: Largest chunk one stream entry holds.
 CHUNK_BYTES = 16 * 1024
+#: Longest file name (one path component, in bytes) most file systems take.
+NAME_MAX = 255
+
+
+def path_component(text: str, room: int = NAME_MAX) -> str:
+    """``text`` (a queue name or task id, which may hold any character) as one path
+    component of at most ``room`` bytes: ``/`` and NUL escaped, ``.`` and ``..`` spelt out,
+    and a longer name cut, with a digest of the whole so that two long names stay apart."""
+    safe = text.replace("/", "%2F").replace("\0", "%00")
+    if safe in ("", ".", ".."):
+        safe = safe.replace(".", "%2E") or "_"
+    encoded = safe.encode("utf-8", "surrogatepass")
+    if len(encoded) <= room:
+        return safe
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return encoded[:room - len(digest) - 1].decode("utf-8", "ignore") + "~" + digest
 
 
 def default_directory() -> Path:
@@ -52,7 +69,11 @@ class TaskLogSettings:
     interval: float = 0.5  # seconds between two shipments to Redis
 
     def path(self, queue: str, task_id: str, attempt: int | None) -> Path:
-        return self.directory / _component(queue) / f"{_component(task_id)}.{attempt or 0}.log"
+        """``[directory]/[queue]/[task id].[attempt].log``, each part one path component that
+        leaves room for the ``.1`` of the capped file's older half."""
+        suffix = f".{attempt or 0}.log"
+        name = path_component(task_id, NAME_MAX - len(suffix) - len(".1")) + suffix
+        return self.directory / path_component(queue) / name
 
     def clean(self, current: float | None = None, running: Iterable[Path] = ()) -> int:
         """Remove files older than ``keep``, except those of ``running`` attempts (and their
@@ -69,13 +90,6 @@ class TaskLogSettings:
                         path.unlink()
                         removed += 1
         return removed
-
-
-def _component(name: str) -> str:
-    """A queue name or task id (anyone's text) as one path component: never empty, never
-    '.' or '..' (a queue named '..' wrote beside the log directory), no '/' or NUL."""
-    safe = name.replace("/", "%2F").replace("\0", "%00")
-    return safe.replace(".", "%2E") if safe in (".", "..") else safe or "_"
 
 
 def capture(path: Path) -> None:

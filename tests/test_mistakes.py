@@ -79,6 +79,31 @@ def test_listener_with_unimportable_function_exits_at_start(
     assert redis_client.lrange(KEYS.pending("work"), 0, -1) == ["waiting"]
 
 
+@pytest.mark.parametrize(("body", "said"), [
+    ("import sys\nsys.exit('set JOBS_CONFIG first')\n", "set JOBS_CONFIG first"),
+    ("import sys\nsys.exit(0)\n", "sys.exit(0)"),  # silently 0 before: systemd saw success
+    ("import argparse\nargparse.ArgumentParser().parse_args(['--no-such'])\n", "sys.exit(2)"),
+])
+def test_a_task_module_exiting_at_import_is_a_usage_error(
+        redis_url: str, redis_client: redis.Redis, tmp_path: Path, body: str,
+        said: str) -> None:
+    """A module that calls sys.exit() while it is imported (a missing setting, argparse at
+    module level) cannot serve tasks: exit 2 and the import's own words, as for any module
+    that fails to import, not the module's exit code (0 passed for a clean stop)."""
+    (tmp_path / "exiting_jobs.py").write_text(body + "def run(task):\n    return 'ran'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "blueque.cli", "listen", "work", "exiting_jobs:run",
+         "--url", redis_url, *FAST],
+        capture_output=True, text=True, env=environment(), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    # what the module printed first (argparse's usage) is logged; the error is the last line
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("blueque: error: cannot import module 'exiting_jobs'"), last
+    assert said in last, last
+    assert redis_client.exists(KEYS.listeners("work")) == 0
+
+
 def test_listen_imports_task_functions_from_the_current_directory(
         redis_url: str, client: blueque.Client, tmp_path: Path, started: list[Daemon]) -> None:
     """As `python -m`, RQ and Celery do: run from the project directory, no PYTHONPATH."""

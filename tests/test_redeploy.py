@@ -88,8 +88,11 @@ def starts(marker: Path) -> Counter[str]:
     return Counter(line.split()[1] for line in lines(marker) if line.startswith("start"))
 
 
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_adopted_runs_occupy_slots_across_two_restarts(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
+        client: blueque.Client, redis_url: str, spawn, tmp_path: Path, how: str) -> None:
+    """A redeploy (SIGTERM, --on-stop=keep) or a crash (SIGKILL), then a new listener, twice
+    in a row: the runs it adopts occupy its slots."""
     marker, release = tmp_path / "marker", tmp_path / "release"
     params = json.dumps({"marker": str(marker), "release": str(release)})
     queue = client.get_queue("work")
@@ -100,8 +103,11 @@ def test_adopted_runs_occupy_slots_across_two_restarts(  # type: ignore[no-untyp
     try:
         listener = spawn(command)
         wait_until(lambda: sum(starts(marker).values()) == 2, what="two tasks running")
-        for _ in range(2):  # a redeploy: SIGTERM (--on-stop=keep), then a new listener
-            assert listener.stop() == 0
+        for _ in range(2):  # a redeploy or a crash, then a new listener
+            if how == "SIGTERM":
+                assert listener.stop() == 0
+            else:
+                listener.kill()
             listener = spawn(command)
             wait_until(lambda new=listener: "adopted task(s)" in new.log() or sampler.most > 2,
                        what="the new listener adopting the running tasks")

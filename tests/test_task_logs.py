@@ -637,3 +637,46 @@ def test_the_output_stream_expires_with_the_task(  # type: ignore[no-untyped-def
     assert output is not None and output.ended and "waiting" in output.text
     assert 500 * 1000 < redis_client.pttl(stream) <= 600 * 1000
     assert abs(redis_client.pttl(stream) - redis_client.pttl(Keys().task(task_id))) < 5000
+
+
+def test_a_task_id_too_long_for_a_file_name_neither_stops_the_listener_nor_loses_output(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, start, logs_dir: Path) -> None:
+    """A caller's task id may be longer than a file name may be (255 bytes on most file
+    systems): the attempt's file gets a shortened name that is still the task's own, and the
+    listener goes on (it died of ENAMETOOLONG shipping the rest after the first such task)."""
+    daemon = start("tests.output_jobs:chatty")
+    queue = client.get_queue("work")
+    long_ids = ["x" * 300, "é" * 200, "x" * 299 + "y"]  # the last two: 400 bytes; a twin
+    for task_id in long_ids:
+        queue.enqueue("{}", task_id=task_id, max_attempts=2, retry_backoff=0.01)
+    for task_id in long_ids:
+        task = client.get_task(task_id).wait(30)
+        assert (task.status, task.attempts) == ("complete", 2), daemon.log()
+        shown = blueque_cli(redis_url, "logs", task_id, "--attempt", "1")
+        assert shown.returncode == 0 and "hello from attempt 1" in shown.stdout, shown.stderr
+    assert daemon.alive(), daemon.log()
+    names = sorted(path.name for path in (logs_dir / "work").iterdir())
+    assert len(names) == 6 and all(len(name.encode()) <= 255 for name in names), names
+    assert client.get_task(queue.enqueue("{}")).wait(30).status == "failed"  # still serving
+
+
+@pytest.mark.parametrize("queue", [".", ".."])
+def test_task_log_paths_stay_inside_the_log_directory(tmp_path: Path, queue: str) -> None:
+    settings = TaskLogSettings(tmp_path / "logs")
+    for task_id in (".", "..", "a/../../b", "x" * 1000):
+        path = settings.path(queue, task_id, 1)
+        assert path.parent.parent == settings.directory, path
+        assert len(path.name.encode()) <= 255 and path.parent.name not in (".", "..")
+
+
+def test_a_log_file_that_cannot_be_read_or_capped_is_not_an_error(client: blueque.Client,
+                                                                   tmp_path: Path) -> None:
+    """The listener ships a reported attempt's rest; a file it cannot stat, read or cap (here
+    its directory is a file; a full disk or a removed mount alike) costs that output only,
+    never the listener (every OSError from there ended the daemon)."""
+    settings = TaskLogSettings(tmp_path / "logs", max_bytes=10)
+    settings.directory.parent.mkdir(parents=True, exist_ok=True)
+    settings.directory.write_text("not a directory")
+    path = settings.path("work", "t1", 1)
+    Shipper(client.store, settings, "t1", 1, path, None).ship(end=True)
+    assert read_output(client.store, "t1") is None

@@ -5,6 +5,7 @@ still to be recorded alone when it heals."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import psutil
@@ -118,3 +119,48 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
     task = client.get_task(task_id)
     assert task.status == "failed" and task.error == "process exited with code 9"
     assert redis_client.scard(KEYS.started("work")) == 0
+
+
+def test_a_run_that_ended_during_an_outage_leaves_no_false_warning(tmp_path):  # type: ignore[no-untyped-def]
+    """A task reporting progress ends during an outage longer than the lease: its process
+    records its outcome itself once Redis is back (its listener was silent a lease), and the
+    listener then has its last progress to write. That write is refused (the task is finished
+    on that very attempt): nothing was lost, so nothing is to be warned about (it read
+    "progress of task ... not recorded" for every task that ended during the outage)."""
+    server = RedisServer(directory=str(tmp_path),
+                         extra_args=("--appendonly", "yes", "--appendfsync", "always"))
+    server.start()
+    marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
+    try:
+        with daemons(tmp_path) as running:
+            daemon = Daemon(listen_command(server.url, "work", "tests.jobs:keeps_reporting",
+                                           *FAST), tmp_path / "daemon.log")
+            running.append(daemon)
+            client = blueque.Client(server.url)
+            task_id = client.get_queue("work").enqueue(json.dumps(
+                {"marker": str(marker), "release": str(release), "phase": str(phase)}))
+            wait_until(lambda: client.get_task(task_id).progress_message == "phase none",
+                       what="progress reported")
+            server.kill()
+            phase.write_text("outage")
+            wait_until(lambda: "reported outage" in " ".join(lines(marker)),
+                       what="progress reported during the outage")
+            release.touch()
+            wait_until(lambda: "end" in " ".join(lines(marker)), what="the run's work done")
+            # a lease (1 s) without the listener's word: the process records it itself (it
+            # says so in its output, the attempt's file under the daemon's state directory)
+            output = tmp_path / "state" / "blueque" / "task-logs" / "work" / f"{task_id}.1.log"
+            wait_until(lambda: output.exists() and "is gone or not answering"
+                       in output.read_text(), what="the process recording on its own")
+            daemon.signal(signal.SIGSTOP)  # the process gets to Redis first
+            try:
+                server.start()
+                task = client.get_task(task_id).wait(30)
+                assert (task.status, task.attempts) == ("complete", 1)
+            finally:
+                daemon.signal(signal.SIGCONT)
+            wait_until(lambda: "complete in" in daemon.log(), what="the ending logged")
+            assert "not recorded" not in daemon.log(), daemon.log()
+            assert daemon.alive()
+    finally:
+        server.stop()

@@ -1,0 +1,86 @@
+"""Redis comes back older than it went away: restored from an earlier copy of its files, or a
+replica promoted before the last writes reached it (Redis replication is asynchronous, so a
+failover may lose acknowledged writes). A run that ended meanwhile is still `started` there, in
+the reserved list of a listener that is alive and has no such run any more: the listener must
+settle it by the task's retry policy instead of holding it for ever (issue 9: no task lost).
+End to end: a real `blueque listen`, a real redis-server restarted from an older AOF."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import blueque
+from blueque.keys import Keys
+from blueque.testing import RedisServer
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+KEYS = Keys()
+FAST = ("--interval", "0.5", "--poll", "0.1")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
+                               directory=str(tmp_path / "redis"))
+    (tmp_path / "redis").mkdir()
+    redis_server.start()
+    yield redis_server
+    redis_server.stop()
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def test_a_run_whose_ending_redis_lost_is_settled_by_its_listener(  # type: ignore[no-untyped-def]
+        server, tmp_path):
+    client = blueque.Client(server.url)
+    queue = client.get_queue("work")
+    admin = redis.Redis(port=server.port, decode_responses=True)
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    params = json.dumps({"marker": str(marker), "release": str(release)})
+    with daemons(tmp_path) as started:
+        daemon = Daemon(listen_command(server.url, "work", "tests.jobs:hold", *FAST,
+                                       "--concurrency", "2"), tmp_path / "listen.log")
+        started.append(daemon)
+        again = queue.enqueue(params, max_attempts=2, retry_backoff=0.01)
+        once = queue.enqueue(params, max_attempts=1)
+        wait_until(lambda: len(lines(marker)) == 2, what="both tasks running")
+        listener = client.get_task(again).node
+        admin.bgrewriteaof()
+        wait_until(lambda: not (persistence := admin.info("persistence"))[
+            "aof_rewrite_in_progress"] and not persistence["aof_rewrite_scheduled"],
+            what="the AOF rewritten")
+        older = tmp_path / "older"
+        shutil.copytree(tmp_path / "redis", older, ignore=shutil.ignore_patterns("*.log"))
+        release.touch()  # both runs end and are recorded...
+        for task_id in (again, once):
+            assert client.get_task(task_id).wait(30).status == "complete"
+        wait_until(lambda: admin.llen(KEYS.reserved("work", listener)) == 0,
+                   what="the listener's reserved list empty")
+        release.unlink()
+        server.kill()  # ...and Redis comes back without those writes
+        shutil.rmtree(tmp_path / "redis")
+        shutil.copytree(older, tmp_path / "redis")
+        server.start()
+        assert {client.get_task(i).status for i in (again, once)} == {"started"}  # the premise
+
+        wait_until(lambda: len(lines(marker)) == 5, timeout=30,
+                   what="the task with an attempt left running again")
+        release.touch()
+        task = client.get_task(again).wait(30)
+        assert (task.status, task.attempts) == ("complete", 2), task.error
+        task = client.get_task(once).wait(30)
+        assert task.status == "failed" and task.attempts == 1
+        assert f"listener {listener} has no run of it" in (task.error or ""), task.error
+        assert admin.llen(KEYS.reserved("work", listener)) == 0
+        assert admin.scard(KEYS.started("work")) == 0
+        assert daemon.alive(), daemon.log()
