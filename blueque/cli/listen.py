@@ -161,7 +161,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name,
     )
-    daemon.supervisor.task_logs = task_log_settings(args)
+    daemon.supervisor.recorder.task_logs = task_log_settings(args)
     daemon.preemption.grace = args.preempt_grace
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
@@ -178,7 +178,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
                                   busy=daemon.busy)
-        daemon.supervisor.metrics = metrics
+        daemon.supervisor.recorder.metrics = metrics
         try:
             server = serve_listener_metrics(metrics, args.metrics_port,
                                             args.metrics_host)
