@@ -5,8 +5,9 @@ lease, record every ending, recover dead listeners, and stop without losing work
 lease, sweep for dead listeners, enforce time limits and cancellations, fill free slots, then
 wait for something to happen (a child's frame or exit, an enqueue published on a queue's
 channel, a cancel message, a signal, a timer). The children are the Supervisor's
-(supervisor.py), the listener's presence in Redis the Membership's (membership.py), what wakes
-the loop the Wakeup's (wakeup.py).
+(supervisor.py), the listener's presence in Redis the Membership's (membership.py), what a
+lease renewal does the Renewal's (renewal.py), what wakes the loop the Wakeup's and the
+Inbox's (wakeup.py).
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
 
 
 class ListenerDaemon:
-    """The loop: what to run and when. It composes its presence in Redis (Membership), its
-    children (Supervisor), what wakes it (Wakeup), recovery of dead listeners (Recovery) and
-    its node's preemption (NodePreemption); ``run()`` repeats ``run_once()``."""
+    """The loop: what to run and when. It composes its presence in Redis (Membership) and
+    what each renewal does (Renewal), its children (Supervisor), what wakes it (Wakeup, Inbox),
+    its slots and recovery (Slots, Recovery) and its node's preemption (NodePreemption)."""
 
     def __init__(
         self,

@@ -3,7 +3,8 @@
 Signals arrive through the signal wakeup fd (SIGCHLD, SIGTERM, SIGINT, SIGUSR1: handlers only
 note them; the loop acts); messages on its channels (enqueues, cancels, this node's
 preemption) through a pipe a subscriber thread writes; its children's frames on their
-sockets. ``wait`` selects on all of them, bounded by the loop's next deadline.
+sockets. ``wait`` selects on all of them, bounded by the loop's next deadline. The Inbox
+sorts what the messages say; Cadence keeps the loop's timers.
 """
 
 from __future__ import annotations
