@@ -5,8 +5,9 @@ lease, record every ending, recover dead listeners, and stop without losing work
 lease, sweep for dead listeners, enforce time limits and cancellations, fill free slots, then
 wait for something to happen (a child's frame or exit, an enqueue published on a queue's
 channel, a cancel message, a signal, a timer). The children are the Supervisor's
-(supervisor.py), the listener's presence in Redis the Membership's (membership.py), what wakes
-the loop the Wakeup's (wakeup.py).
+(supervisor.py), the listener's presence in Redis the Membership's (membership.py), what a
+lease renewal does the Renewal's (renewal.py), what wakes the loop the Wakeup's and the
+Inbox's (wakeup.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import os
 import random
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Literal
 
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
@@ -29,11 +30,11 @@ from blueque.membership import Membership
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
-from blueque.runs import Running
+from blueque.renewal import Renewal
 from blueque.slots import Slots
 from blueque.store import RedisStore, now
-from blueque.supervisor import NODE_RUNS_TTL, Owner, Supervisor
-from blueque.wakeup import Cadence, Wakeup
+from blueque.supervisor import Owner, Supervisor
+from blueque.wakeup import Cadence, Inbox, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
@@ -63,9 +64,9 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
 
 
 class ListenerDaemon:
-    """The loop: what to run and when. It composes its presence in Redis (Membership), its
-    children (Supervisor), what wakes it (Wakeup), recovery of dead listeners (Recovery) and
-    its node's preemption (NodePreemption); ``run()`` repeats ``run_once()``."""
+    """The loop: what to run and when. It composes its presence in Redis (Membership) and
+    what each renewal does (Renewal), its children (Supervisor), what wakes it (Wakeup, Inbox),
+    its slots and recovery (Slots, Recovery) and its node's preemption (NodePreemption)."""
 
     def __init__(
         self,
@@ -106,20 +107,13 @@ class ListenerDaemon:
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             self.lease_ms / 1000), clock, self.rng)
+        self.renewal = Renewal(self.store, self.membership, self.supervisor)
         self.wakeup = Wakeup(self.store, interval)
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
+        self.inbox = Inbox(self.store.keys, self.id, queues, self.preemption)
         self.slots = Slots(concurrency)
         self.stopping = False
         self.cadence = Cadence(interval, poll)
-        self._cancels: deque[str] = deque()
-
-    @property
-    def children(self) -> dict[int, Running]:
-        return self.supervisor.children
-
-    @property
-    def unrecorded(self) -> list[tuple[Running, str]]:
-        return self.supervisor.unrecorded
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -135,10 +129,6 @@ class ListenerDaemon:
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
 
-    def release(self) -> None:
-        """Leave cleanly: nothing of ours is left to recover."""
-        self.membership.release()
-
     def run(self) -> int:
         self.load_function()
         self.on_stop = on_stop_here(self.on_stop, self.id)
@@ -147,7 +137,7 @@ class ListenerDaemon:
         gc.freeze()
         self.wakeup.install_signals({signal.SIGTERM: self._request_stop,
                                      signal.SIGINT: self._request_stop,
-                                     signal.SIGUSR1: self._request_preempt})
+                                     signal.SIGUSR1: self.preemption.on_signal})
         try:
             while True:
                 self.run_once()
@@ -164,10 +154,7 @@ class ListenerDaemon:
     def start_subscriber(self) -> None:
         """Hear enqueues on our queues' channels, cancels on our control channel and this
         node's preemption (PROTOCOL.md 6 step 7)."""
-        keys = self.store.keys
-        self.wakeup.subscribe([*(keys.channel(q) for q in self.weights),
-                               keys.preemption_channel(self.node_name), keys.control(self.id)],
-                              self._heard)
+        self.wakeup.subscribe(self.inbox.channels, self.inbox.heard)
 
     def _request_stop(self, signum: int, frame: object) -> None:
         if not self.stopping:
@@ -175,36 +162,25 @@ class ListenerDaemon:
                      self.on_stop)
         self.stopping = True
 
-    def _request_preempt(self, signum: int, frame: object) -> None:
-        self.preemption.signalled = True  # acted on in run_once (the wakeup fd wakes it)
-
-    def _heard(self, channel: str, data: str) -> None:
-        """A message (in the subscriber thread): a cancel, or this node's preemption."""
-        if channel == self.store.keys.control(self.id):
-            self._cancels.append(data)
-        elif channel == self.store.keys.preemption_channel(self.node_name):
-            self.preemption.heard = True
-
     def _may_exit(self) -> bool:
         if self.on_stop == "keep":
             return True
         if self.on_stop == "terminate":
-            self.supervisor.stop_all("shutdown")
-            self.recovery.stop_adopted(self.slots.adopted)
+            self._stop_all("shutdown")
         # adopted runs occupy our slots too: leaving them would end the renewal of their
         # lease, and another node would run their tasks again beside them; a sweep empties
         # slots.adopted once their processes are gone and records them
-        return not self.children and not self.unrecorded and not self.slots.adopted
+        return self.supervisor.done() and not self.slots.adopted
 
     def _finish(self) -> None:
         self.supervisor.let_go()
         try:
-            if self.children:
+            if self.supervisor.children:
                 log.info("listener %s exiting; %d task(s) keep running and will be adopted by "
-                         "the next listener on this host", self.id, len(self.children))
+                         "the next listener on this host", self.id, len(self.supervisor.children))
                 self._renew()
             elif self.membership.registered:
-                self.release()
+                self.membership.release()  # leave cleanly: nothing of ours to recover
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
         self.supervisor.close()
@@ -220,7 +196,7 @@ class ListenerDaemon:
                 if not self.membership.claim(self.recovery, lambda: self.stopping):
                     return
                 self.register()
-                self._heal()
+                self.renewal.heal()
                 if self.wakeup.subscriber is None:  # once the server is known to be usable
                     self.start_subscriber()
             self._step(self.clock())
@@ -241,33 +217,24 @@ class ListenerDaemon:
         self._check_preemption()
         supervisor.begin_waiting()
         supervisor.record_reports()  # first: each of those children waits for the word
-        supervisor.record_unrecorded()
+        supervisor.recorder.record_unrecorded()
         if self.cadence.due("sweep", current):
             self._sweep()
             self.cadence.done("sweep", current)
-        recorder = supervisor.recorder
-        if recorder.ended_pids:
-            self.store.forget_runs(self.node, recorder.ended_pids)
-            recorder.ended_pids = []
+        supervisor.recorder.forget_ended()
         if self.cadence.due("due", current):
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
                 self.store.enqueue_due(queue, now())
             self.cadence.done("due", current)
-        supervisor.stop_tasks(self._take_cancels(), "cancelled")
+        supervisor.stop_tasks(self.inbox.cancels(), "cancelled")
         self._enforce_limits()
         if not self.stopping and self.preemption.deadline is None:
             self._fill_slots()
         supervisor.write_progress()
         if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
-            self._heal()
-
-    def _take_cancels(self) -> list[str]:
-        wanted = []
-        while self._cancels:
-            wanted.append(self._cancels.popleft())
-        return wanted
+            self.renewal.heal()
 
     def _renew_when_due(self, current: float) -> None:
         """Every half interval, and first thing after an outage (Cadence)."""
@@ -276,44 +243,31 @@ class ListenerDaemon:
             self._renew()
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back
-            self._heal()
+            self.renewal.heal()
             self.cadence.done("renew", current)
 
     def _renew(self) -> None:
-        self.supervisor.defaults.clear()  # an operator's Queue.configure applies from now
-        self.membership.renew(self.busy(), self.supervisor.metrics)
-        self.store.record_runs(self.node, self.supervisor.records(), NODE_RUNS_TTL)
-        checked = self.supervisor.checked()
-        if checked:
-            datas = self.store.task_data_many([r.task_id for r in checked])
-            self._cancels.extend(self.supervisor.check(zip(checked, datas, strict=True)))
-
-    def _heal(self) -> None:
-        self.membership.heal(self.supervisor.task_ids())
+        self.inbox.cancel(self.renewal.renew(self.busy()))
 
     def _sweep(self) -> None:
-        """Recovery, as adopter: the live runs of dead listeners we adopt take our slots."""
-        report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
-        logs = self.supervisor.task_logs
-        if logs is not None:  # a quiet running attempt's file is not an old one
-            logs.clean(running=self.supervisor.running_paths())
-        if self.slots.take(report):
-            log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
-                     self.id, len(self.slots.adopted))
-        if self.supervisor.metrics:
-            self.supervisor.metrics.swept(report)
+        """Recovery, as adopter (Slots.sweep), and the cleanup of old output files."""
+        report = self.slots.sweep(self.recovery, self.weights, self.id)
+        self.supervisor.clean_logs()
+        metrics = self.supervisor.recorder.metrics
+        if metrics:
+            metrics.swept(report)
 
     def busy(self) -> int:
         """Slots in use: our children, the runs we adopted, the fenced runs we are stopping."""
-        return self.slots.busy(len(self.children))
+        return self.slots.busy(len(self.supervisor.children))
 
     def _fill_slots(self) -> None:
-        while self.slots.free(len(self.children)) > 0 and not self.stopping:
+        while self.slots.free(len(self.supervisor.children)) > 0 and not self.stopping:
             moved = reserve(self.store, self.weights, self.id, self.rng)
             if moved is None:
                 return
             if not self.supervisor.fork(*moved, self.load_function()):
-                self._heal()
+                self.renewal.heal()
                 return
 
     def _enforce_limits(self) -> None:
@@ -323,10 +277,16 @@ class ListenerDaemon:
         if self.preemption.signalled:
             self._check_preemption()
         if self.preemption.due():
-            self.preemption.enforce(
-                lambda: self.supervisor.stop_all("preempted"),
-                lambda: self.recovery.stop_adopted(self.slots.adopted, "preempted"))
+            # their tasks go back to pending (endings.decide; an adopted run's when a sweep
+            # finds it gone)
+            self._stop_all("preempted")
         self.supervisor.enforce_limits()
+
+    def _stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
+        """SIGTERM the groups still running, our children's and the adopted runs' (then
+        SIGKILL after their grace, as for any stop)."""
+        self.supervisor.stop_all(reason)
+        self.recovery.stop_adopted(self.slots.adopted, reason)
 
     # --- preemption (PROTOCOL.md 6.3) ------------------------------------------------------
     def _check_preemption(self) -> None:
@@ -340,16 +300,15 @@ class ListenerDaemon:
         # the adopted runs are left once a sweep has recorded them (it empties slots.adopted):
         # their own listener is dead, and leaving them unrecorded would let another node's
         # sweep count their stop against an attempt
-        return (self.preemption.deadline is not None and not self.children
-                and not self.unrecorded and self.busy() == 0)
+        return (self.preemption.deadline is not None and self.supervisor.done()
+                and self.busy() == 0)
 
     # --- waiting ----------------------------------------------------------------------------
     def _wait(self, timeout: float) -> None:
         if self.stopping and self.on_stop == "keep":
             return
-        deadlines = self.supervisor.deadlines() + self.cadence.deadlines()
-        if self.preemption.deadline is not None and self.preemption.at > self.clock():
-            deadlines.append(self.preemption.at)
+        deadlines = [*self.supervisor.deadlines(), *self.cadence.deadlines(),
+                     *self.preemption.deadlines()]
         current = self.clock()
         self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
                          self.supervisor.channels())

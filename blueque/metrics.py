@@ -20,9 +20,11 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
@@ -30,16 +32,21 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from blueque import keys as k
 from blueque.errors import BluequeError, ConfigurationError
+from blueque.hosts import HostRule
 from blueque.recovery import RecoveryReport
 from blueque.store import RedisStore, now
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger("blueque.metrics")
 
@@ -225,17 +232,29 @@ class ListenerMetrics:
 
 
 class MetricsServer:
-    """``/metrics`` over HTTP in a thread of the listener daemon. Its socket is closed in
-    forked children (os.register_at_fork), so a task process never holds the port after its
-    listener is gone."""
+    """``/metrics`` over HTTP in a thread (of the listener daemon, or of ``blueque metrics``),
+    answering only to the host names ``allowed`` (blueque.hosts; None: any). Its socket is
+    closed in forked children (os.register_at_fork), so a task process never holds the port
+    after its listener is gone."""
 
-    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
+    def __init__(self, registry: CollectorRegistry, port: int, host: str,
+                 allowed: Sequence[str] | None = None) -> None:
         if not 0 <= port <= 65535:
             raise ConfigurationError(f"--metrics-port must be a port number from 0 to 65535, "
                                      f"not {port}")
-        self.server: Any
-        self.thread: threading.Thread
-        self.server, self.thread = start_http_server(port, host, registry=registry)
+        app = make_wsgi_app(registry)
+        if allowed is not None:
+            app = host_checked(app, HostRule.of(allowed, "metrics server"))
+        # IPv4 or IPv6, as the host resolves (the server class names its family)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, address = found[0][0], str(found[0][4][0])
+        server_class = type("MetricsHTTPServer", (ThreadingWSGIServer,),
+                            {"address_family": family})
+        self.server: WSGIServer = make_server(address, port, app, server_class,
+                                              handler_class=_QuietHandler)
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       name="blueque-metrics", daemon=True)
+        self.thread.start()
         _SERVERS.append(self.server)
 
     @property
@@ -249,7 +268,28 @@ class MetricsServer:
             _SERVERS.remove(self.server)
 
 
-_SERVERS: list[Any] = []
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged, one line each to stderr (prometheus_client's are not)."""
+
+
+def host_checked(app: WSGIApplication, rule: HostRule) -> WSGIApplication:
+    """``app``, answering 400 to a request whose Host header ``rule`` refuses."""
+    def checked(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        host = environ.get("HTTP_HOST")
+        message = rule.refusal(host)
+        if message is None:
+            return app(environ, start_response)
+        log.warning("metrics: refused a request for host %r", host or "")
+        body = message.encode()
+        start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8"),
+                                           ("Content-Length", str(len(body)))])
+        return [body]
+
+    return checked
+
+
+_SERVERS: list[WSGIServer] = []
 
 
 def _close_in_child() -> None:
@@ -262,8 +302,9 @@ def _close_in_child() -> None:
 os.register_at_fork(after_in_child=_close_in_child)
 
 
-def serve_listener_metrics(metrics: ListenerMetrics, port: int, host: str) -> MetricsServer:
-    server = MetricsServer(metrics.registry, port, host)
+def serve_listener_metrics(metrics: ListenerMetrics, port: int, host: str,
+                           allowed: Sequence[str] | None = None) -> MetricsServer:
+    server = MetricsServer(metrics.registry, port, host, allowed)
     log.info("metrics on http://%s:%d/metrics", host, server.port)
     return server
 

@@ -124,6 +124,10 @@ class NodePreemption:
         #: is still here. One made since (--grace 0) is acted on, however late it is read
         self.started = now()
 
+    def on_signal(self, signum: int, frame: object) -> None:
+        """SIGUSR1's handler: acted on at the loop's next step (the wakeup fd wakes it)."""
+        self.signalled = True
+
     def news(self) -> tuple[float, str] | None:
         """A deadline to act on, with why, or None."""
         if self.signalled:
@@ -186,9 +190,7 @@ class NodePreemption:
         news = self.news()
         return news is not None and self.announce(*news, notify, adopted)
 
-    def enforce(self, stop_all: Callable[[], None], stop_adopted: Callable[[], None]) -> None:
-        """The deadline has come: SIGTERM the groups still running, our children's and the
-        adopted runs' (then SIGKILL after their grace, as for any stop); their tasks go back
-        to pending (endings.decide; an adopted run's when a sweep finds it gone)."""
-        stop_all()
-        stop_adopted()
+    def deadlines(self) -> list[float]:
+        """When the deadline comes (on ``clock``), while it is ahead: the loop's wait ends
+        then."""
+        return [self.at] if self.deadline is not None and self.at > self.clock() else []

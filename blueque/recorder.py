@@ -220,3 +220,10 @@ class Recorder:
             return data.get("attempts") == str(running.attempt)
         return data.get("pid") == str(running.pid) and data.get("node") == self.listener
 
+
+    def forget_ended(self) -> None:
+        """Drop the runs that ended from blueque_node_[node]. Raises RedisUnavailable (they
+        are dropped at a later step)."""
+        if self.ended_pids:
+            self.store.forget_runs(self.node, self.ended_pids)
+            self.ended_pids = []

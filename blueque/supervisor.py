@@ -13,11 +13,9 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from blueque import failpoints
-from blueque import keys as k
 from blueque.child import (
     Assignment,
     TaskFunction,
@@ -25,14 +23,12 @@ from blueque.child import (
 )
 from blueque.endings import Stopped
 from blueque.errors import BluequeError, RedisUnavailable
-from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time
 from blueque.recorder import Recorder
 from blueque.reporting import ChildChannel
 from blueque.runs import Running
 from blueque.store import RedisStore, now
-from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
@@ -81,30 +77,6 @@ class Supervisor:
         self.stopping = Stopping()
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults)
 
-    @property
-    def unrecorded(self) -> list[tuple[Running, str]]:
-        """Endings of children gone, still to be recorded (Redis was away)."""
-        return self.recorder.unrecorded
-
-    @property
-    def metrics(self) -> ListenerMetrics | None:
-        return self.recorder.metrics
-
-    @metrics.setter
-    def metrics(self, metrics: ListenerMetrics | None) -> None:
-        self.recorder.metrics = metrics
-
-    def record_unrecorded(self) -> None:
-        self.recorder.record_unrecorded()
-
-    @property
-    def task_logs(self) -> TaskLogSettings | None:
-        return self.recorder.task_logs
-
-    @task_logs.setter
-    def task_logs(self, settings: TaskLogSettings | None) -> None:
-        self.recorder.task_logs = settings
-
     # --- forking and starting ---------------------------------------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
         """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
@@ -124,7 +96,7 @@ class Supervisor:
             self.close()  # its siblings' sockets are not its own
             run_reporting_child(self.task_store, theirs,
                                 Assignment(task_id, queue, self.owner.id, self.owner.lease_s),
-                                function, self.task_logs)
+                                function, self.recorder.task_logs)
         theirs.close()
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
                           Policy(), pid, created=create_time(pid), channel=ChildChannel(ours),
@@ -273,29 +245,6 @@ class Supervisor:
                 self.stop(running, "time limit")
         self.stopping.escalate()
 
-    def check(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
-        """At a lease renewal, with each running child's task as it is now: stop the runs
-        that were taken back or reserved again (superseded: they could record nothing);
-        returns the tasks whose cancel was asked for (their message may have been missed)."""
-        cancels = []
-        for running, data in fields:
-            if data.get("cancel_requested"):
-                cancels.append(running.task_id)
-            elif self._superseded(running, data):
-                self.stop(running, "superseded")
-        return cancels
-
-    def checked(self) -> list[Running]:
-        """The children whose task a renewal looks at: running, and not yet reported (one
-        whose outcome we took in is only exiting, not superseded by its own end)."""
-        return [r for r in self.children.values() if r.report is None and r.state == "running"]
-
-    def _superseded(self, running: Running, data: dict[str, str]) -> bool:
-        if not data or running.attempt is None:
-            return False
-        return (data.get("attempts") != str(running.attempt) or data.get("node") != self.owner.id
-                or data.get("status") not in (k.RESERVED, k.STARTED))
-
     def notify(self, message: dict[str, Any], signum: int) -> int:
         """Tell every running child ``message``, then send it ``signum`` (a preemption's
         notice); returns how many were told."""
@@ -319,18 +268,23 @@ class Supervisor:
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         return due
 
-    def running_paths(self) -> list[Path]:
-        """The output files of the attempts running now (the log cleanup spares them)."""
-        if self.task_logs is None:
-            return []
-        return [self.task_logs.path(r.queue, r.task_id, r.attempt)
-                for r in self.children.values() if r.attempt is not None]
+    def clean_logs(self) -> None:
+        """Remove old output files (--log-keep), sparing those of the attempts
+        running now: a quiet running attempt's file is not an old one."""
+        logs = self.recorder.task_logs
+        if logs is not None:
+            logs.clean(running=[logs.path(r.queue, r.task_id, r.attempt)
+                                for r in self.children.values() if r.attempt is not None])
 
     def task_ids(self) -> set[str]:
         """Tasks whose ids our reserved lists rightly hold: running, or with an ending still
         to be recorded."""
         return ({r.task_id for r in self.children.values()}
-                | {r.task_id for r, _ in self.unrecorded})
+                | {r.task_id for r, _ in self.recorder.unrecorded})
+
+    def done(self) -> bool:
+        """No child left, and no ending still to record."""
+        return not self.children and not self.recorder.unrecorded
 
     def close(self) -> None:
         """Close our ends of the children's sockets: they see their listener gone and record

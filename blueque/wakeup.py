@@ -3,7 +3,8 @@
 Signals arrive through the signal wakeup fd (SIGCHLD, SIGTERM, SIGINT, SIGUSR1: handlers only
 note them; the loop acts); messages on its channels (enqueues, cancels, this node's
 preemption) through a pipe a subscriber thread writes; its children's frames on their
-sockets. ``wait`` selects on all of them, bounded by the loop's next deadline.
+sockets. ``wait`` selects on all of them, bounded by the loop's next deadline. The Inbox
+sorts what the messages say; Cadence keeps the loop's timers.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from blueque.errors import BluequeError
+from blueque.keys import Keys
+from blueque.preemption import NodePreemption
 from blueque.reporting import ChildChannel
 from blueque.retry import Backoff
 from blueque.store import RedisStore
@@ -71,6 +75,39 @@ class Cadence:
     def deadlines(self) -> list[float]:
         """When the timers are due (none while Redis is away: the backoff rules then)."""
         return [] if self.down_since is not None else list(self._next.values())
+
+
+class Inbox:
+    """What a listener hears on its channels (PROTOCOL.md 6 step 7): enqueues on its queues'
+    channels (they only wake the loop), cancels on its control channel, and news of its
+    node's preemption (``preemption.heard``: read at the next look). ``heard`` runs in the
+    subscriber thread; the loop takes the cancels."""
+
+    def __init__(self, keys: Keys, listener: str, queues: Iterable[str],
+                 preemption: NodePreemption) -> None:
+        self._control = keys.control(listener)
+        self._preemption_channel = keys.preemption_channel(preemption.node_name)
+        self.channels = [*(keys.channel(q) for q in queues), self._preemption_channel,
+                         self._control]
+        self._preemption = preemption
+        self._cancels: deque[str] = deque()
+
+    def heard(self, channel: str, data: str) -> None:
+        if channel == self._control:
+            self._cancels.append(data)
+        elif channel == self._preemption_channel:
+            self._preemption.heard = True
+
+    def cancel(self, task_ids: Iterable[str]) -> None:
+        """Cancels found otherwise (a renewal reads each running task's cancel_requested)."""
+        self._cancels.extend(task_ids)
+
+    def cancels(self) -> list[str]:
+        """The tasks to cancel heard of since the last call."""
+        wanted = []
+        while self._cancels:
+            wanted.append(self._cancels.popleft())
+        return wanted
 
 
 class Wakeup:

@@ -258,7 +258,7 @@ def test_a_dashboard_on_loopback_answers_to_its_own_names_only(
 ])
 def test_which_host_names_a_dashboard_answers_to(host: str, named: list[str],
                                                  allowed: list[str] | None) -> None:
-    from blueque.web.server import allowed_hosts
+    from blueque.hosts import allowed_hosts
 
     assert allowed_hosts(host, named) == allowed
 

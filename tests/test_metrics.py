@@ -3,6 +3,7 @@ queue collector (dashboard /metrics) and a real listener daemon's --metrics-port
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -22,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import blueque
 from blueque import keys as k
 from blueque.endings import RunEnd
-from blueque.metrics import queue_registry, scrape
+from blueque.hosts import allowed_hosts
+from blueque.metrics import MetricsServer, queue_registry, scrape
 from blueque.store import now
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
@@ -150,6 +152,47 @@ def fetch(url: str) -> bytes:
         return bytes(response.read())
 
 
+def ask(port: int, host: str | None) -> tuple[int, str]:
+    """GET /metrics with this very Host header (None: none at all), as a browser sent here
+    under another name (DNS rebinding) sends it."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest("GET", "/metrics", skip_host=True)
+        if host is not None:
+            connection.putheader("Host", host)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_a_metrics_server_on_loopback_answers_to_its_own_names_only(
+        client: blueque.Client) -> None:
+    """The dashboard's rule (blueque.hosts): on 127.0.0.1 a web page that points its own
+    name here must not read the figures (queue names, listeners, hosts) as its own."""
+    client.get_queue("secret-project").enqueue("{}")
+    server = MetricsServer(queue_registry(client.store), 0, "127.0.0.1",
+                           allowed_hosts("127.0.0.1", ["ops.example"]))
+    try:
+        for host in (f"127.0.0.1:{server.port}", "localhost", f"[::1]:{server.port}",
+                     "LOCALHOST", "ops.example", f"ops.example:{server.port}"):
+            status, page = ask(server.port, host)
+            assert status == 200 and "secret-project" in page, host
+        for host in (f"rebound.evil.example:{server.port}", "127.0.0.1.evil.example", "",
+                     "[not-an-address", None):
+            status, page = ask(server.port, host)
+            assert status == 400 and "secret-project" not in page, host
+            assert "--allowed-host" in page, host
+    finally:
+        server.close()
+    opened = MetricsServer(queue_registry(client.store), 0, "127.0.0.1", None)  # 0.0.0.0's
+    try:
+        assert ask(opened.port, "rebound.evil.example")[0] == 200
+    finally:
+        opened.close()
+
+
 @pytest.mark.slow
 def test_listener_serves_its_own_metrics(client: blueque.Client, redis_url: str,
                                          redis_client: redis.Redis, tmp_path: Path) -> None:
@@ -175,6 +218,7 @@ def test_listener_serves_its_own_metrics(client: blueque.Client, redis_url: str,
                     and found.get(("blueque_listener_slots", labels)) == 2)
 
         wait_until(busy, what="busy slots on the listener's /metrics")
+        assert ask(port, f"rebound.evil.example:{port}")[0] == 400  # on 127.0.0.1 by default
         child = psutil.Process(client.get_task(running).pid or 0)
         assert not [c for c in child.net_connections() if c.status == psutil.CONN_LISTEN], \
             "the task process inherited the metrics port: it would hold it after its listener"
@@ -370,8 +414,9 @@ def test_blueque_metrics_serves_every_queue_without_the_dashboard(
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "blueque.cli", "metrics", "--url", redis_url, "--port",
-         str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         str(port), "--allowed-host", "ops.example"], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
 
@@ -387,6 +432,8 @@ def test_blueque_metrics_serves_every_queue_without_the_dashboard(
         assert found[("blueque_tasks", (("queue", "jobs"), ("state", "pending")))] == 1
         assert found[("blueque_tasks_finished_total", (("outcome", "failed"),
                                                        ("queue", "jobs")))] == 1
+        assert ask(port, "ops.example")[0] == 200
+        assert ask(port, f"rebound.evil.example:{port}")[0] == 400
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=20)
     finally:

@@ -93,6 +93,38 @@ def test_logs_of_unknown_task_and_of_missing_attempt(  # type: ignore[no-untyped
     assert silent.returncode == 1 and "no output" in silent.stderr
 
 
+def test_logs_json_is_the_attempts_output_as_one_record(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, blueque_main) -> None:
+    """--json gives the attempt's output, its number and whether it ended; with --follow
+    (which streams text as it comes) it is refused as a usage error."""
+    task_id = client.get_queue("work").enqueue("{}", max_attempts=2)
+    task = client.get_listener("work").reserve()
+    assert task is not None
+    client.get_processor(task).start(4242)
+    client.store.append_output(task_id, "1", "a line\n", 7)
+    done = blueque_main("logs", task_id, "--json", "--url", redis_url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"id": task_id, "attempt": "1", "text": "a line\n",
+                                       "ended": False}
+    client.store.append_output(task_id, "1", "the end\n", 15, end=True)
+    ended = json.loads(blueque_main("--json", "logs", task_id, "--url", redis_url).stdout)
+    assert ended["text"] == "a line\nthe end\n" and ended["ended"] is True
+    refused = blueque_main("--json", "logs", task_id, "--follow", "--url", redis_url)
+    assert refused.returncode == 2 and "--follow" in refused.stderr and refused.stdout == ""
+
+
+def test_logs_of_a_task_cancelled_before_it_ran_say_so(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, blueque_main) -> None:
+    """Not "no output" (which would send one looking for --no-task-logs): it never ran."""
+    task_id = client.get_queue("work").enqueue("{}")
+    assert client.cancel_task(task_id, "not needed after all") == "cancelled"
+    for follow in ((), ("--follow",)):
+        done = blueque_main("logs", task_id, *follow, "--url", redis_url)
+        assert done.returncode == 1, follow
+        assert "was cancelled before it ran" in done.stderr, done.stderr
+        assert "not needed after all" in done.stderr and "no output of" not in done.stderr
+
+
 def test_follow_streams_a_running_task_until_it_ends(  # type: ignore[no-untyped-def]
         client: blueque.Client, redis_url: str, start, tmp_path: Path) -> None:
     start("tests.output_jobs:ticking")

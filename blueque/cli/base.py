@@ -154,6 +154,16 @@ def add_common(parser: argparse.ArgumentParser, top: bool, url_help: str = URL_H
                             help="print JSON for scripts instead of tables")
 
 
+def add_allowed_host(parser: argparse.ArgumentParser, what: str,
+                     flag: str = "--allowed-host") -> None:
+    """The names an HTTP server of ours answers to besides its own (blueque.hosts)."""
+    parser.add_argument(flag, action="append", default=[], metavar="NAME",
+                        help=f"a host name the {what} may be reached as (a reverse proxy's, "
+                             "passing the Host header on); repeatable. On 127.0.0.1 it answers "
+                             "to localhost, 127.0.0.1 and ::1 only, so that no web page can "
+                             "read it by pointing its own name here (DNS rebinding)")
+
+
 def check_json(args: argparse.Namespace) -> None:
     """``blueque --json listen ...``: --json before a command that prints nothing it could
     shape is a mistake to say, not to ignore (daemons log JSON with --log-format json)."""

@@ -14,6 +14,7 @@ from blueque.cli.base import (
     EXIT_USAGE,
     Commands,
     Failure,
+    add_allowed_host,
     emit,
     queue_name,
 )
@@ -22,6 +23,7 @@ from blueque.client import Client
 from blueque.config import Settings
 from blueque.cron import CronEntry, check_unique, load_file, parse_spec
 from blueque.display import port_number, positive_seconds
+from blueque.hosts import allowed_hosts
 from blueque.logs import configure as configure_logs
 from blueque.metrics import MetricsServer, queue_registry
 from blueque.recovery import Recovery
@@ -37,6 +39,7 @@ def register(commands: Commands) -> None:
                           "on another host scrape it)")
     sub.add_argument("--port", type=port_number, default=9309,
                      help="default 9309 (0: any free port, printed)")
+    add_allowed_host(sub, "metrics server")
     _add_dashboard(commands)
     sub = commands.add_standalone(
         "demo", cmd_demo, "run a demo: a private redis-server (unless --url or $BLUEQUE_URL), "
@@ -110,7 +113,8 @@ def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
     Redis at each scrape."""
     configure_logs("text", "INFO")
     try:
-        server = MetricsServer(queue_registry(client.store), args.port, args.host)
+        server = MetricsServer(queue_registry(client.store), args.port, args.host,
+                               allowed_hosts(args.host, args.allowed_host))
     except OSError as error:
         raise Failure(f"cannot serve metrics on {args.host}:{args.port}: {error}",
                       EXIT_USAGE) from error
@@ -134,11 +138,7 @@ def _add_dashboard(commands: Commands) -> None:
                      help="address to listen on (default 127.0.0.1: this machine only)")
     sub.add_argument("--port", type=port_number, default=8080,
                      help="default 8080 (0: any free port, logged)")
-    sub.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                     help="a host name the dashboard may be reached as (a reverse proxy's, "
-                          "passing the Host header on); repeatable. On 127.0.0.1 it answers "
-                          "to localhost, 127.0.0.1 and ::1 only, so that no web page can "
-                          "read it by pointing its own name here (DNS rebinding)")
+    add_allowed_host(sub, "dashboard")
     sub.add_argument("--token-file", metavar="FILE",
                      help="enable actions (cancel, retry, purge) for requests that carry "
                           "the token in this file (or in $BLUEQUE_DASHBOARD_TOKEN); "

@@ -10,7 +10,15 @@ import time
 from dataclasses import asdict
 
 from blueque import keys as k
-from blueque.cli.base import EXIT_FAILURE, EXIT_OK, Commands, Failure, emit, unknown_queue
+from blueque.cli.base import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    Commands,
+    Failure,
+    emit,
+    unknown_queue,
+)
 from blueque.client import Client, ListenerStatus
 from blueque.display import (
     format_bytes,
@@ -168,6 +176,9 @@ def _show_checkpoint(task: Task, args: argparse.Namespace) -> int:
 
 # --- logs -------------------------------------------------------------------------------------
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    if args.json and args.follow:
+        raise Failure("--json: blueque logs --follow streams the text as it comes; without "
+                      "--follow, --json prints the attempt's output as one record", EXIT_USAGE)
     task = client.get_task(args.task_id)
 
     def finished() -> bool:
@@ -180,9 +191,11 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     if output is None:
         if not task.refresh().data:
             raise TaskNotFound(args.task_id)
-        which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
-        raise Failure(f"no output of {which} of task {args.task_id} in Redis (listeners keep "
-                      "the last 64 KiB of each attempt; --no-task-logs keeps none)", EXIT_FAILURE)
+        raise Failure(_no_output(args, task.data), EXIT_FAILURE)
+    if args.json:
+        print(json.dumps({"id": args.task_id, "attempt": output.attempt, "text": output.text,
+                          "ended": output.ended}, indent=2))
+        return EXIT_OK
     sys.stdout.write(output.text)
     sys.stdout.flush()
     if args.follow:
@@ -194,3 +207,19 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
                   f"process died unwatched); attempt {output.superseded_by} has begun: "
                   f"blueque logs {args.task_id} --follow", file=sys.stderr)
     return EXIT_OK
+
+
+def _no_output(args: argparse.Namespace, data: dict[str, str]) -> str:
+    """Why `blueque logs` has nothing to show: the task never ran, or its output is not kept."""
+    if data.get("status") in k.FINISHED_STATUSES and data.get("attempts", "0") in ("", "0"):
+        how = ("was cancelled before it ran" if data.get("cancelled")
+               else f"ended ({data.get('status')}) without running")
+        return (f"task {visible(args.task_id)} {how}: it has no output"
+                f"{_reason(data.get('error', ''))}")
+    which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
+    return (f"no output of {which} of task {visible(args.task_id)} in Redis (listeners keep "
+            "the last 64 KiB of each attempt; --no-task-logs keeps none)")
+
+
+def _reason(error: str) -> str:
+    return f" ({shorten(last_line(error), 200)})" if error else ""

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from blueque.cli.base import Commands, positive_duration
+from blueque.cli.base import Commands, add_allowed_host, positive_duration
 from blueque.client import Client
 from blueque.daemon import ON_STOP, ListenerDaemon
 from blueque.display import (
@@ -18,6 +18,7 @@ from blueque.display import (
     positive_seconds,
 )
 from blueque.errors import CallbackError, ConfigurationError
+from blueque.hosts import allowed_hosts
 from blueque.logs import configure as configure_logs
 from blueque.logs import printed_as_logs
 from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
@@ -95,6 +96,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="address of the metrics server (default 127.0.0.1; 0.0.0.0 "
                              "lets a Prometheus on another host scrape it)")
+    add_allowed_host(parser, "metrics server", "--metrics-allowed-host")
 
 
 def _byte_count(text: str) -> int:
@@ -161,7 +163,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name,
     )
-    daemon.supervisor.task_logs = task_log_settings(args)
+    daemon.supervisor.recorder.task_logs = task_log_settings(args)
     daemon.preemption.grace = args.preempt_grace
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
@@ -178,10 +180,11 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
                                   busy=daemon.busy)
-        daemon.supervisor.metrics = metrics
+        daemon.supervisor.recorder.metrics = metrics
         try:
-            server = serve_listener_metrics(metrics, args.metrics_port,
-                                            args.metrics_host)
+            server = serve_listener_metrics(
+                metrics, args.metrics_port, args.metrics_host,
+                allowed_hosts(args.metrics_host, args.metrics_allowed_host))
         except OSError as error:
             raise ConfigurationError(f"cannot serve metrics on {args.metrics_host}:"
                                      f"{args.metrics_port}: {error}") from error

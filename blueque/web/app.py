@@ -39,6 +39,7 @@ from blueque.client import Client
 from blueque.cron import CronEntry
 from blueque.display import format_bytes, format_seconds
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
+from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.store import now
 from blueque.web import views
@@ -304,22 +305,19 @@ def _int(raw: str | None, default: int) -> int:
 
 
 class HostCheck:
-    """ASGI wrapper answering only requests whose ``Host`` names one of ``allowed`` (ports
-    aside). A dashboard on 127.0.0.1 is otherwise readable by any web page its user opens
-    that points its own name at 127.0.0.1 (DNS rebinding): the browser then sends that name,
-    and counts the dashboard's pages as that page's own."""
+    """ASGI wrapper answering only requests whose ``Host`` names one of ``allowed`` (the rule
+    of blueque.hosts: a dashboard on 127.0.0.1 is otherwise readable by any web page its user
+    opens that points its own name at 127.0.0.1, DNS rebinding)."""
 
     def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
-        self.app, self.allowed = app, {name.lower().strip("[]") for name in allowed}
+        self.app, self.rule = app, HostRule.of(allowed, "dashboard")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             host = Headers(scope=scope).get("host", "")
-            name = urlsplit(f"//{host}").hostname if host else None
-            if name not in self.allowed:
+            message = self.rule.refusal(host)
+            if message is not None:
                 log.warning("dashboard: refused a request for host %r", host)
-                message = (f"this dashboard answers to {', '.join(sorted(self.allowed))}, not "
-                           f"{host!r}: start it with --allowed-host NAME to reach it as NAME")
                 await PlainTextResponse(message, 400, headers=SECURITY_HEADERS)(
                     scope, receive, send)
                 return

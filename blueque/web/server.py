@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Sequence
 
 import uvicorn
 
 from blueque.client import Client
 from blueque.cron import CronEntry
+from blueque.hosts import allowed_hosts
 from blueque.web.app import create_app
 
 log = logging.getLogger("blueque.web")
@@ -30,23 +29,6 @@ def read_token(path: str | None) -> str | None:
             raise ValueError(f"the token file {path} is empty")
         return token
     return os.environ.get(TOKEN_ENV) or None
-
-
-#: the names a dashboard on a loopback address answers to, besides its --allowed-host ones
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-def allowed_hosts(host: str, named: Sequence[str]) -> list[str] | None:
-    """The host names requests may name: on a loopback address, its own names and ``named``
-    (a web page elsewhere must not read it through DNS rebinding); elsewhere ``named``, or
-    any when none is given (it was opened up on purpose, behind its own authentication)."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:
-        return [*LOOPBACK_NAMES, *named]
-    return list(named) or None
 
 
 def serve(client: Client, args: argparse.Namespace, cron_entries: list[CronEntry]) -> int:

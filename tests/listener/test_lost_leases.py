@@ -143,9 +143,9 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
             return data
 
         monkeypatch.setattr(daemon.store, "task_data", read_then_recovered)
-        daemon.unrecorded.append((running, "process exited with code 4"))
-        daemon.supervisor.record_unrecorded()
-        assert report.requeued == 1 and daemon.unrecorded == []
+        daemon.supervisor.recorder.unrecorded.append((running, "process exited with code 4"))
+        daemon.supervisor.recorder.record_unrecorded()
+        assert report.requeued == 1 and daemon.supervisor.recorder.unrecorded == []
     finally:
         daemon._finish()
     assert client.get_task(task_id).status == "pending"

@@ -110,7 +110,7 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
     daemon.load_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
     try:
         daemon.supervisor.fork("work", task_id, daemon.load_function())
-        (pid,) = daemon.children
+        (pid,) = daemon.supervisor.children
         holder.join()
 
         def recorded() -> bool:
@@ -118,7 +118,7 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
             return redis_client.hget(KEYS.task(task_id), "status") == "complete"
 
         wait_until(recorded, timeout=10, what="the forked child's result recorded")
-        wait_until(lambda: (daemon.run_once(), not daemon.children)[1], timeout=10,
+        wait_until(lambda: (daemon.run_once(), not daemon.supervisor.children)[1], timeout=10,
                    what="the child reaped")
         pid = 0
     finally:
@@ -145,7 +145,7 @@ def test_failed_fork_puts_the_task_back_and_the_daemon_goes_on(  # type: ignore[
     monkeypatch.setattr(os, "fork", no_more_processes)
     try:
         daemon.run_once()
-        assert daemon.children == {}
+        assert daemon.supervisor.children == {}
     finally:
         monkeypatch.undo()
         daemon._finish()

@@ -16,7 +16,9 @@ import pytest
 import blueque
 from blueque.daemon import ListenerDaemon
 from blueque.keys import Keys
+from blueque.preemption import NodePreemption
 from blueque.testing import RedisServer
+from blueque.wakeup import Inbox
 from tests import jobs
 from tests.daemons import Daemon, daemons, listen_command, subscribed, wait_until
 
@@ -216,3 +218,21 @@ def test_a_refused_subscriber_backs_off_and_the_listener_keeps_working(  # type:
         daemon._finish()
         client.close()
         redis_client.acl_deluser(user)
+
+
+def test_the_inbox_sorts_what_the_channels_say(client: blueque.Client) -> None:
+    """Enqueues only wake the loop; cancels (heard, or found by a renewal) are taken once, in
+    order; a message on the node's preemption channel makes the next look read the request."""
+    keys = client.store.keys
+    preemption = NodePreemption(client.store, "node-a", "node-a_1", time.monotonic)
+    preemption.heard = False
+    inbox = Inbox(keys, "node-a_1", ["work", "mail"], preemption)
+    assert inbox.channels == [keys.channel("work"), keys.channel("mail"),
+                              keys.preemption_channel("node-a"), keys.control("node-a_1")]
+    inbox.heard(keys.channel("work"), "an enqueue")
+    assert inbox.cancels() == [] and not preemption.heard
+    inbox.heard(keys.control("node-a_1"), "task-1")
+    inbox.cancel(["task-2"])
+    inbox.heard(keys.preemption_channel("node-a"), "requested")
+    assert preemption.heard
+    assert inbox.cancels() == ["task-1", "task-2"] and inbox.cancels() == []

@@ -110,10 +110,10 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
         assert task is not None
         client.get_processor(task).start(4242)
         running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242, exit_code=9)
-        daemon.unrecorded.append((running, "process exited with code 9"))
-        daemon._heal()
+        daemon.supervisor.recorder.unrecorded.append((running, "process exited with code 9"))
+        daemon.renewal.heal()
         assert redis_client.lrange(KEYS.reserved("work", "healer.example_1"), 0, -1) == [task_id]
-        daemon.supervisor.record_unrecorded()
+        daemon.supervisor.recorder.record_unrecorded()
     finally:
         daemon._finish()
     task = client.get_task(task_id)
