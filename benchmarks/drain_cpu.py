@@ -21,6 +21,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,13 +106,14 @@ def blueque_system(server: RedisServer, n: int, extra: list[str]) -> dict[str, f
     env = dict(os.environ, BENCH_REDIS_URL=server.url,
                PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPTS),
                                                         os.environ.get("PYTHONPATH")])))
-    argv = [sys.executable, "-m", "blueque.cli", "listen", "--url", server.url, QUEUE,
-            "bench_tasks:noop", "--log-level", "WARNING", *extra]
-    try:
-        return measure(server, argv, env, lambda k: queue.enqueue_many([PARAMETERS] * k),
-                       lambda: queue.stats().complete, n)
-    finally:
-        client.close()
+    with tempfile.TemporaryDirectory(prefix="blueque-bench-task-logs-") as logs:
+        argv = [sys.executable, "-m", "blueque.cli", "listen", "--url", server.url, QUEUE,
+                "bench_tasks:noop", "--log-level", "WARNING", "--log-dir", logs, *extra]
+        try:
+            return measure(server, argv, env, lambda k: queue.enqueue_many([PARAMETERS] * k),
+                           lambda: queue.stats().complete, n)
+        finally:
+            client.close()
 
 
 def original_system(server: RedisServer, n: int, python: str) -> dict[str, float]:

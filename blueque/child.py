@@ -10,6 +10,7 @@ its whole process group), reseeds random, and always leaves through ``os._exit``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -186,7 +187,11 @@ def _ship_output(store: RedisStore, task: Task, policy: Policy,
 def _end_output(shipper: Shipper, trace: str | None, ship: bool = True) -> None:
     if trace:
         sys.stderr.write(trace)  # the task's own log shows why it failed, where it failed
-        sys.stderr.flush()
+    # before the attempt's end is shipped: a last line printed without its newline (still in
+    # the stream's buffer) is output too, and would otherwise reach the file only at exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken by the task
+            stream.flush()
     shipper.close(ship=ship)  # with ship: the rest of its output and the attempt's end
 
 

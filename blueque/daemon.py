@@ -252,7 +252,7 @@ class ListenerDaemon:
     def _sweep(self) -> None:
         """Recovery, as adopter (Slots.sweep), and the cleanup of old output files."""
         report = self.slots.sweep(self.recovery, self.weights, self.id)
-        self.supervisor.clean_logs()
+        self.supervisor.clean_logs(self.interval)
         metrics = self.supervisor.recorder.metrics
         if metrics:
             metrics.swept(report)

@@ -12,13 +12,18 @@ from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")
 
-__all__ = ["RECONNECT_GRACE", "LeaseWatch"]
+__all__ = ["RECONNECT_GRACE", "STALL", "LeaseWatch"]
 
 
 #: How long a sweeper lets every listener renew after Redis came back (a restart, or an
 #: outage the sweeper itself noticed) before it judges their leases: a listener daemon waits
 #: at most 5 s between tries while Redis is away (PROTOCOL.md 6, "Outages").
 RECONNECT_GRACE = 10.0
+#: A sweeper sweeps every interval, half its lease: it was frozen or stalled when its sweeps
+#: are a whole lease later than that. (Judged at one lease, a loop whose sweeps came a little
+#: late, for instance behind a slow cleanup of old task output, took itself for stalled at
+#: every sweep and never recovered a dead listener.)
+STALL = 1.5
 
 
 class LeaseWatch:
@@ -30,7 +35,8 @@ class LeaseWatch:
       (every sweeper applies this, even one started after the restart); and
     - after an interruption this sweeper saw (an operation failed transiently, the server's
       run id changed, or its sweeps stalled longer than its own lease), it saw the lease
-      live since, or the grace has passed since it saw Redis back.
+      live since, or the grace has passed since it saw Redis back. Its sweeps stalled when
+      one began more than STALL leases after the previous one ended.
     The grace is the longest of the sweeper's own lease, the listener's lease (2 of its
     intervals, when its info is there) and RECONNECT_GRACE."""
 
@@ -55,7 +61,7 @@ class LeaseWatch:
             interrupted = "Redis was unavailable"
         elif self._run_id is not None and run_id != self._run_id:
             interrupted = "Redis restarted or failed over"
-        elif self._last_sweep is not None and current - self._last_sweep > self.lease_s:
+        elif self._last_sweep is not None and current - self._last_sweep > STALL * self.lease_s:
             interrupted = (f"this sweeper was paused or stalled for "
                            f"{current - self._last_sweep:.1f} s")
         else:

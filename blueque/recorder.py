@@ -18,7 +18,7 @@ from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
 from blueque.runs import ENDING_FIELDS, Running, describe_ending, describe_exit
 from blueque.store import RedisStore, now
-from blueque.tasklog import TaskLogSettings, ship_reported, ship_rest
+from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
 log = logging.getLogger("blueque.daemon")
 
@@ -59,6 +59,9 @@ class Recorder:
             self.record_unrecorded()
         elif running.state == "refused":
             self.ended_pids.append(str(pid))
+        if self.task_logs is not None and running.attempt is not None:
+            # its writer is gone: an attempt that wrote nothing leaves no file (5.19)
+            drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))
         if self.metrics and running.state != "refused":
             self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
         self._log_end(pid, running, duration)

@@ -76,6 +76,7 @@ class Supervisor:
         self.children: dict[int, Running] = {}
         self.stopping = Stopping()
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults)
+        self._next_clean = 0.0  # the clock's time of the next look for old output files
 
     # --- forking and starting ---------------------------------------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
@@ -268,11 +269,15 @@ class Supervisor:
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         return due
 
-    def clean_logs(self) -> None:
-        """Remove old output files (--log-keep), sparing those of the attempts
-        running now: a quiet running attempt's file is not an old one."""
+    def clean_logs(self, interval: float) -> None:
+        """Remove old output files (--log-keep), sparing those of the attempts running now
+        (a quiet running attempt's file is not an old one); at start, then once every
+        cleaning period (TaskLogSettings.cleaning_period) of a listener sweeping every
+        ``interval``."""
         logs = self.recorder.task_logs
-        if logs is not None:
+        current = self.clock()
+        if logs is not None and current >= self._next_clean:
+            self._next_clean = current + logs.cleaning_period(interval)
             logs.clean(running=[logs.path(r.queue, r.task_id, r.attempt)
                                 for r in self.children.values() if r.attempt is not None])
 

@@ -75,6 +75,12 @@ class TaskLogSettings:
         name = path_component(task_id, NAME_MAX - len(suffix) - len(".1")) + suffix
         return self.directory / path_component(queue) / name
 
+    def cleaning_period(self, interval: float) -> float:
+        """How often a listener sweeping every ``interval`` looks for old files: a tenth of
+        ``keep``, between one interval and 5 minutes (a look lists every file: at every sweep
+        it held the listener's loop up on a node with many files)."""
+        return min(max(interval, self.keep / 10), 300.0)
+
     def clean(self, current: float | None = None, running: Iterable[Path] = ()) -> int:
         """Remove files older than ``keep``, except those of ``running`` attempts (and their
         ``.1``); returns how many. Never raises."""
@@ -270,6 +276,15 @@ def _whole(data: bytes) -> int:
                 4 if 0xF0 <= byte < 0xF8 else 1)
             return len(data) - back if size > back else len(data)
     return len(data)
+
+
+def drop_if_empty(path: Path) -> None:
+    """Once an attempt's process has ended: an attempt that wrote nothing leaves no file (a
+    node running millions of quiet tasks would otherwise keep millions of empty files for
+    ``keep`` seconds, and list them all at every cleanup). Never raises."""
+    with contextlib.suppress(OSError):  # gone already, or not ours to remove: kept
+        if path.stat().st_size == 0 and not path.with_name(path.name + ".1").exists():
+            path.unlink()
 
 
 def ship_reported(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,

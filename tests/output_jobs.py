@@ -98,3 +98,10 @@ def chatty_waits(task: Task) -> str:
     """Prints a line, then waits for its release file."""
     print("waiting", flush=True)
     return waits(task)
+
+
+def unfinished_line(task: Task) -> str:
+    """Prints a line, then a last one without its newline (left in the stream's buffer)."""
+    print("first line")
+    sys.stdout.write("50% and no newline")
+    return "ok"

@@ -80,6 +80,21 @@ def test_a_stalled_sweeper_starts_watching_afresh(client: blueque.Client,
     assert watch.expired("work") == []
 
 
+def test_sweeps_a_little_late_are_no_stall(client: blueque.Client,
+                                           redis_client: redis.Redis) -> None:
+    """A loop whose sweeps come somewhat later than its lease (a slow step) is not frozen:
+    taken for stalled at every sweep, it never acted on a dead listener's lease."""
+    clock = Clock()
+    watch = LeaseWatch(client.store, lease_ms=1000, clock=clock)
+    for _ in range(3):
+        watch.begin()
+        watch.end()
+        clock.now += 1.2  # later than its 1-s lease, short of STALL leases
+    lapsed(redis_client, "gone_1")
+    watch.begin()
+    assert watch.expired("work") == ["gone_1"]
+
+
 def test_a_lease_that_lapsed_before_the_server_started_waits_for_the_grace(
         client: blueque.Client, redis_client: redis.Redis) -> None:
     """Its deadline is older than the server's start (a restart from AOF): even a sweeper

@@ -240,6 +240,26 @@ def test_an_attempt_that_writes_nothing_costs_no_stream_writes(  # type: ignore[
     assert read_output(client.store, task_id) is None
 
 
+def test_a_quiet_attempt_leaves_no_file_and_a_last_unfinished_line_is_output(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, start, logs_dir: Path) -> None:
+    """A node running millions of quiet tasks keeps no million empty files; and a last line
+    printed without its newline reaches the file, and Redis, before the attempt's end."""
+    first = start("tests.jobs:text")
+    quiet = client.get_queue("work").enqueue("quiet")
+    assert client.get_task(quiet).wait(20).status == "complete"
+    # the listener removes the quiet attempt's empty file once it reaped its process
+    quiet_file = logs_dir / "work" / f"{quiet}.1.log"
+    wait_until(lambda: not quiet_file.exists(), what="the quiet attempt's file removed")
+    first.stop()  # the next task is the next listener's
+    start("tests.output_jobs:unfinished_line")
+    ended = client.get_queue("work").enqueue("{}")
+    assert client.get_task(ended).wait(20).status == "complete"
+    assert (logs_dir / "work" / f"{ended}.1.log").read_text() == (
+        "first line\n50% and no newline")
+    shown = blueque_cli(redis_url, "logs", ended)
+    assert shown.returncode == 0 and shown.stdout.endswith("50% and no newline"), shown
+
+
 def test_file_cap_moves_the_older_output_aside_and_old_files_are_cleaned(  # type: ignore[no-untyped-def]
         client: blueque.Client, tmp_path: Path) -> None:
     settings = TaskLogSettings(tmp_path / "logs", max_bytes=4096, keep=3600)

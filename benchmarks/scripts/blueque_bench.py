@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 import time
 
 import benchcommon as bc
@@ -22,6 +23,9 @@ import blueque
 import blueque.aio
 
 QUEUE = "bench"
+#: The listeners' task output directory: this run's own, so that no file left by earlier runs
+#: (or by anything else on the machine) weighs on the figures; removed when the script exits.
+TASK_LOGS = tempfile.TemporaryDirectory(prefix="blueque-bench-task-logs-")
 
 
 def enqueue(url: str, n: int) -> dict[str, float]:
@@ -149,7 +153,7 @@ def listen_command(url: str, function: str, concurrency: int, extra: list[str]) 
     """``blueque listen bench bench_tasks:FUNCTION`` in this interpreter."""
     return [sys.executable, "-m", "blueque.cli", "listen", "--url", url, QUEUE,
             f"bench_tasks:{function}", "--concurrency", str(concurrency), "--log-level",
-            "WARNING", *extra]
+            "WARNING", "--log-dir", TASK_LOGS.name, *extra]
 
 
 def start_listener(url: str, function: str, concurrency: int = 1,

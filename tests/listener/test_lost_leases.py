@@ -119,6 +119,37 @@ def test_dead_host_with_three_running_tasks_is_recovered(  # type: ignore[no-unt
     assert survivor.alive()
 
 
+def test_a_crowded_log_directory_does_not_keep_a_dead_listener_unrecovered(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client):
+    """A node's log directory with tens of thousands of files (a week of output kept): the
+    sweeper listed them all at every sweep, its sweeps came later than its lease, it took
+    itself for stalled each time, and a dead listener's task was never run again."""
+    logs = tmp_path / "task-logs"
+    crowd = logs / "work"
+    crowd.mkdir(parents=True)
+    for n in range(40_000):
+        (crowd / f"old-{n}.1.log").touch()
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    dead = start("work", "tests.jobs:waits_for_release", "--interval", "0.2", "--poll", "0.05",
+                 "--identity", "gone.example_4444", "--no-task-logs")
+    queue = client.get_queue("work")
+    params = json.dumps({"marker": str(marker), "release": str(release), "seconds": 600})
+    task_id = queue.enqueue(params, max_attempts=2, retry_backoff=0.01)
+    wait_until(lambda: len(lines(marker)) == 1, what="running on the doomed host")
+    survivor = start("work", "tests.jobs:waits_for_release", "--interval", "0.2", "--poll",
+                     "0.05", "--log-dir", str(logs))
+    wait_until(lambda: len(redis_client.zrange(KEYS.leases("work"), 0, -1)) == 2,
+               what="both listeners registered")
+    kill_session_children([client.get_task(task_id).pid])
+    dead.kill()
+    wait_until(lambda: client.get_task(task_id).attempts == 2, timeout=15,
+               what="the dead listener's task running again")
+    release.touch()
+    assert client.get_task(task_id).wait(20).status == "complete"
+    assert survivor.alive()
+    assert "stalled" not in survivor.log()
+
+
 def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ignore[no-untyped-def]
         client, redis_client, monkeypatch):
     """A child died before starting its task (its start() met a Redis outage, exit 4); the
