@@ -150,15 +150,17 @@ def last_line(text: str | None) -> str | None:
     return lines[-1].strip() if lines else text
 
 
-#: C0 and C1 control characters but tab and newline: escape sequences among them
+#: C0 and C1 control characters but tab, with or without newline: escape sequences among them
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_OR_NEWLINE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
-def visible(text: str) -> str:
-    """``text`` with control characters written out (``\\x1b``): what Redis holds, which
-    whoever enqueues writes, never drives the terminal that prints it (its title, its
-    screen)."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+def visible(text: str, newlines: bool = True) -> str:
+    """``text`` with control characters written out (``\\x1b``; without ``newlines``, a
+    newline too: ``\\x0a``): what Redis holds, which whoever enqueues writes, never drives the
+    terminal that prints it (its title, its screen), nor forges a line of a log."""
+    pattern = _CONTROL if newlines else _CONTROL_OR_NEWLINE
+    return pattern.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

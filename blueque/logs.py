@@ -6,9 +6,10 @@ import contextlib
 import io
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterator
+
+from blueque.display import visible
 
 #: Fields the daemons attach to task transition records (``extra=``).
 TASK_FIELDS = ("event", "task_id", "queue", "pid", "attempt", "duration", "outcome", "node",
@@ -31,18 +32,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-#: control characters but tab: a newline among them
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
 class TextFormatter(logging.Formatter):
     """One line a record (an exception's traceback aside): control characters in the message
-    (task ids, reasons, errors: anyone's text) written out as ``\\x0a``, ``\\x1b``, so that
-    none forges a line of the log or drives the terminal of whoever tails it."""
+    (task ids, reasons, errors: anyone's text) written out as ``\\x0a``, ``\\x1b``
+    (display.visible), so that none forges a line of the log or drives the terminal of
+    whoever tails it."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}",
-                            super().formatMessage(record))
+        return visible(super().formatMessage(record), newlines=False)
 
 
 def configure(log_format: str = "text", level: str = "INFO") -> None:

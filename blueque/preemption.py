@@ -19,6 +19,7 @@ from typing import Any
 
 from blueque.display import format_seconds
 from blueque.errors import Preempted
+from blueque.policy import field_float
 from blueque.reporting import ParentLink
 from blueque.store import RedisStore, now
 
@@ -99,13 +100,6 @@ def on_preempt(callback: Callable[[], object]) -> None:
         notice.call(callback)
 
 
-def _number(raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        return 0.0  # an unreadable request time: as old as can be
-
-
 class NodePreemption:
     """A listener's view of its node's preemption: SIGUSR1 (its own ``grace``), or a request
     for its node name in Redis (read when its message comes, and at every renewal in case the
@@ -147,7 +141,8 @@ class NodePreemption:
             listener_log.error("listener %s: unreadable preemption request %r ignored",
                                self.listener, request)
             return None
-        if deadline <= now() and self.deadline is None and _number(requested) < self.started:
+        made = field_float(requested) or 0.0  # unreadable: as old as can be
+        if deadline <= now() and self.deadline is None and made < self.started:
             listener_log.info("listener %s: a preemption of node %s that ended %s ago is "
                               "ignored (the node is still here)", self.listener,
                               self.node_name, format_seconds(now() - deadline))

@@ -223,7 +223,6 @@ class Recorder:
             return data.get("attempts") == str(running.attempt)
         return data.get("pid") == str(running.pid) and data.get("node") == self.listener
 
-
     def forget_ended(self) -> None:
         """Drop the runs that ended from blueque_node_[node]. Raises RedisUnavailable (they
         are dropped at a later step)."""

@@ -84,16 +84,16 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
               where: str) -> BluequeError:
     """The Blueque error for a redis-py error: refusals, bad credentials or URLs, servers that
     are not (a recent enough) Redis, and unreachable ones each get their own."""
+    if any(words in str(error) for words in NO_PASSWORD_GIVEN):
+        return AuthenticationFailed(
+            f"authentication failed at Redis {where}: it requires a password and none was "
+            "given: put it in the URL (redis://:password@host:port/db, or "
+            "redis://user:password@host:port/db)"
+        )
     if isinstance(error, redis.exceptions.AuthenticationError) or (
         # the sentinels refused the sentinel_password: redis-py says so in a MasterNotFoundError
         type(error).__name__ == "MasterNotFoundError" and "AuthenticationError" in str(error)
-    ) or any(words in str(error) for words in NO_PASSWORD_GIVEN):
-        if any(words in str(error) for words in NO_PASSWORD_GIVEN):
-            return AuthenticationFailed(
-                f"authentication failed at Redis {where}: it requires a password and none "
-                "was given: put it in the URL (redis://:password@host:port/db, or "
-                "redis://user:password@host:port/db)"
-            )
+    ):
         return AuthenticationFailed(
             f"authentication failed at Redis {where} ({error}): check the user name and "
             "password in the URL (redis://user:password@host:port/db)"

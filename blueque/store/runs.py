@@ -135,11 +135,10 @@ class RunOperations(StoreCore):
         release: bool = True,
     ) -> list[int]:
         """Apply verdicts (id, attempts seen, pending|preempted|retry|failed|cancelled|drop,
-        eta, error)
-        to a dead listener's reserved tasks (recover.lua). ``mode`` is "lease" (its lease
-        expired) or "host" (death proven on its host). Returns [requeued, retried, failed,
-        skipped], or [-1] when the claim failed (the lease is live, or someone else recovered
-        it)."""
+        eta, error) to a dead listener's reserved tasks (recover.lua). ``mode`` is "lease"
+        (its lease expired) or "host" (death proven on its host). Returns [requeued, retried,
+        failed, skipped], or [-1] when the claim failed (the lease is live, or someone else
+        recovered it)."""
         queues_key, use_queues = self._queues_key(queue)
         keys = [self.keys.leases(queue), self.keys.listeners(queue),
                 self.keys.reserved(queue, listener_id), self.keys.pending(queue),

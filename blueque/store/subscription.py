@@ -83,7 +83,6 @@ class Confirmation:
             self._heard.append(message)
 
 
-
 class _Watched(Protocol):
     """What Resubscribing needs of a store (sync or asyncio): where it is, and its Health."""
 
