@@ -6,6 +6,7 @@ import io
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
@@ -22,6 +23,19 @@ def redis_server() -> Iterator[RedisServer]:
     """A redis-server on a free loopback port, stopped by pid at the end of the session."""
     with RedisServer(extra_args=("--databases", "64")) as server:
         yield server
+
+
+@pytest.fixture
+def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server of the test's own that keeps every write in its append-only
+    file (appendfsync always): SIGKILLed and started again, it has lost nothing. For the
+    scenarios that take Redis away under real daemons."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
+                         directory=str(tmp_path / "redis"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

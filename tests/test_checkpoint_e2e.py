@@ -20,7 +20,6 @@ import blueque
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.keys import Keys
 from blueque.listener import Listener
-from blueque.testing import RedisServer
 from tests.daemons import Daemon, daemons, kill_session_children, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
@@ -172,34 +171,22 @@ def refusals(marker: Path) -> int:
 
 
 # --- Redis restarts -----------------------------------------------------------------------
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server that keeps everything in its AOF, so it can be SIGKILLed and
-    restarted without losing a write."""
-    (tmp_path / "redis").mkdir()
-    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                               directory=str(tmp_path / "redis"))
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
-
-
-def test_a_save_rides_through_a_redis_restart(server, started, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_save_rides_through_a_redis_restart(aof_server, started, tmp_path):  # type: ignore[no-untyped-def]
     """The task process calls save_checkpoint while Redis is down, for longer than the
     listener's own bounded retries (a quarter second here): the save waits (the client's
     retry_deadline, 30 s) and succeeds once Redis is back; the task goes on and completes."""
     marker, phase, release = tmp_path / "marker", tmp_path / "phase", tmp_path / "release"
-    client = blueque.Client(server.url)
-    listen(started, tmp_path, server.url, "save_when_told")
+    client = blueque.Client(aof_server.url)
+    listen(started, tmp_path, aof_server.url, "save_when_told")
     task_id = client.get_queue("work").enqueue(json.dumps(
         {"marker": str(marker), "phase": str(phase), "release": str(release)}))
     wait_until(lambda: lines(marker) == ["waiting"], what="the task running")
-    server.kill()
+    aof_server.kill()
     phase.write_text("save")
     wait_until(lambda: "saving" in lines(marker), what="the save begun while Redis is down")
     time.sleep(1.0)  # an outage longer than the listener's bounded retry (interval / 2)
     assert lines(marker)[-1] == "saving"  # still waiting for Redis, not failed
-    server.start()
+    aof_server.start()
     wait_until(lambda: lines(marker)[-1].startswith("saved"), timeout=30, what="saved")
     release.touch()
     task = client.get_task(task_id).wait(30)
@@ -209,16 +196,16 @@ def test_a_save_rides_through_a_redis_restart(server, started, tmp_path):  # typ
     print(f"\nsave during a Redis restart: {lines(marker)[-1].split()[1]} s")
 
 
-def test_past_the_retry_deadline_a_save_raises_redis_unavailable(server):  # type: ignore[no-untyped-def]
+def test_past_the_retry_deadline_a_save_raises_redis_unavailable(aof_server):  # type: ignore[no-untyped-def]
     """A Redis away for longer than retry_deadline: save_checkpoint raises RedisUnavailable (a
     BluequeError the task may catch), writes nothing, and a later save succeeds."""
-    client = blueque.Client(server.url + "?retry_deadline=0.5")
+    client = blueque.Client(aof_server.url + "?retry_deadline=0.5")
     client.get_queue("work").enqueue("{}")
     task = Listener("work", client.store).reserve()
     assert task is not None
     client.get_processor(task).start(4242)
     task.save_checkpoint("before")
-    server.kill()
+    aof_server.kill()
     outcome: dict[str, BaseException] = {}
 
     def save() -> None:
@@ -233,9 +220,9 @@ def test_past_the_retry_deadline_a_save_raises_redis_unavailable(server):  # typ
     assert isinstance(outcome.get("error"), RedisUnavailable), outcome
     assert isinstance(outcome["error"], BluequeError)
     assert "unreachable" in str(outcome["error"])
-    server.start()
+    aof_server.start()
     assert task.checkpoint == "before"  # nothing of the refused save was kept, here or there
-    stored = redis.Redis(port=server.port, decode_responses=True).hget(
+    stored = redis.Redis(port=aof_server.port, decode_responses=True).hget(
         KEYS.checkpoint(task.id), "state")
     assert stored == "before"
     task.save_checkpoint("after")

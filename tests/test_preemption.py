@@ -20,7 +20,6 @@ import pytest
 import blueque
 from blueque.keys import Keys
 from blueque.preemption import NodePreemption
-from blueque.testing import RedisServer
 from tests.conftest import Done
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 
@@ -153,35 +152,23 @@ def test_an_adopted_run_that_ignores_the_preemption_is_put_back_not_failed(  # t
     assert task.status == "complete" and task.result == "done by attempt 2"
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server keeping every write in its AOF: SIGKILLed and restarted, it
-    loses nothing."""
-    (tmp_path / "redis").mkdir()
-    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                               directory=str(tmp_path / "redis"))
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
-
-
 def test_sigusr1_while_redis_is_away_warns_the_tasks_and_keeps_the_deadline(  # type: ignore[no-untyped-def]
-        server, started, tmp_path) -> None:
+        aof_server, started, tmp_path) -> None:
     """A spot machine's notice may come while Redis is away (a restart, a failover). SIGUSR1
     needs no Redis: the listener tells its tasks at once and terminates them at the deadline
     by its own clock, then records them as preempted once Redis is back. It used to act on
     the signal only when Redis answered again: its tasks heard nothing of the notice, and
     nothing stopped them at the deadline."""
     marker, release = tmp_path / "marker", tmp_path / "release"
-    client = blueque.Client(server.url)
-    first = listen(started, tmp_path, server.url, "marks_preemption", "spot-u",
+    client = blueque.Client(aof_server.url)
+    first = listen(started, tmp_path, aof_server.url, "marks_preemption", "spot-u",
                    "--preempt-grace", "2s")
     task_id = client.get_queue("work").enqueue(
         json.dumps({"marker": str(marker), "release": str(release)}), max_attempts=1,
         kill_grace=1)
     wait_until(lambda: lines(marker), what="running")
     pid = int(lines(marker)[0].split()[2])
-    server.kill()
+    aof_server.kill()
     wait_until(lambda: "children keep running, retrying" in first.log(),
                what="the listener in its outage loop")
     first.signal(signal.SIGUSR1)
@@ -193,7 +180,7 @@ def test_sigusr1_while_redis_is_away_warns_the_tasks_and_keeps_the_deadline(  # 
                or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
                what="the task terminated at the deadline, Redis away")
     assert first.alive()  # it cannot hand the task back yet
-    server.start()
+    aof_server.start()
     assert first.process.wait(30) == 0
     task = client.get_task(task_id)
     assert (task.status, task.attempts, task.data.get("preemptions")) == ("pending", 1, "1"), \

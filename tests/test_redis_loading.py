@@ -11,8 +11,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
@@ -21,7 +19,6 @@ import redis
 import blueque
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
-from blueque.testing import RedisServer
 from tests.daemons import daemons, wait_until
 from tests.test_redis_outages import cli, lines, listener
 
@@ -31,16 +28,6 @@ KEYS = Keys()
 LEASE_S = 1.0  # the listeners' --interval 0.5
 #: 1,500 keys at 2 ms each: the restarted server answers LOADING for about 3 s (3 leases)
 PADDING_KEYS, LOAD_DELAY_US = 1500, 2000
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                               directory=str(tmp_path / "redis"))
-    (tmp_path / "redis").mkdir()
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
 
 
 def answers_loading(port: int) -> bool:
@@ -64,13 +51,13 @@ def pad_and_rewrite(admin: redis.Redis) -> None:
 
 
 def test_a_restart_loading_for_longer_than_a_lease_kills_no_task(  # type: ignore[no-untyped-def]
-        server, tmp_path):
+        aof_server, tmp_path):
     marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
-    client = blueque.Client(server.url)
+    client = blueque.Client(aof_server.url)
     queue = client.get_queue("work")
-    admin = redis.Redis(port=server.port, decode_responses=True)
+    admin = redis.Redis(port=aof_server.port, decode_responses=True)
     with daemons(tmp_path) as started:
-        nodes = [listener(started, tmp_path, server.url, "--identity", f"node{n}.example_{n}")
+        nodes = [listener(started, tmp_path, aof_server.url, "--identity", f"node{n}.example_{n}")
                  for n in range(2)]
         ids = [queue.enqueue(json.dumps({"marker": str(marker), "release": str(release),
                                          "phase": str(phase), "n": n}),
@@ -81,19 +68,19 @@ def test_a_restart_loading_for_longer_than_a_lease_kills_no_task(  # type: ignor
         assert len({client.get_task(i).node for i in ids}) == 2  # one on each node
         pad_and_rewrite(admin)
 
-        server.kill()
+        aof_server.kill()
         # node1 comes back last (a listener with the default --interval waits up to 5 s
         # between tries): frozen through the load and for two leases after it
         nodes[1].signal(signal.SIGSTOP)
         phase.write_text("loading")
-        server.extra_args = (*server.extra_args, "--key-load-delay", str(LOAD_DELAY_US),
+        aof_server.extra_args = (*aof_server.extra_args, "--key-load-delay", str(LOAD_DELAY_US),
                              "--loading-process-events-interval-bytes", "1024")
-        restart = threading.Thread(target=server.start, kwargs={"timeout": 120})
+        restart = threading.Thread(target=aof_server.start, kwargs={"timeout": 120})
         restart.start()  # returns once the server answers PONG, its data loaded
-        wait_until(lambda: answers_loading(server.port), what="the server answering LOADING")
+        wait_until(lambda: answers_loading(aof_server.port), what="the server answering LOADING")
         loading_since = time.monotonic()
         # a client past its retry bound: RedisUnavailable that says why, exit 3 on the CLI
-        short = server.url + "?retry_deadline=0.2"
+        short = aof_server.url + "?retry_deadline=0.2"
         with pytest.raises(RedisUnavailable, match="loading"):
             blueque.Client(short).get_queue("work").enqueue("{}")
         enqueue = cli("enqueue", "work", "{}", "--url", short)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -29,18 +28,6 @@ pytestmark = pytest.mark.slow
 
 FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server that keeps everything in its AOF, so it can be SIGKILLed and
-    restarted without losing a write."""
-    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                               directory=str(tmp_path / "redis"))
-    (tmp_path / "redis").mkdir()
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
 
 
 def lines(path: Path) -> list[str]:
@@ -61,24 +48,24 @@ def listener(started: list[Daemon], tmp_path: Path, url: str, *options: str,
 
 
 def test_a_task_reporting_progress_survives_a_redis_restart(  # type: ignore[no-untyped-def]
-        server, tmp_path):
+        aof_server, tmp_path):
     """report_progress() never fails the task: while Redis is away it keeps the latest value
     (and returns at once), and sends it when Redis is back; start and finish ride it out."""
     marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
-    client = blueque.Client(server.url)
+    client = blueque.Client(aof_server.url)
     with daemons(tmp_path) as started:
-        daemon = listener(started, tmp_path, server.url)
+        daemon = listener(started, tmp_path, aof_server.url)
         task_id = client.get_queue("work").enqueue(
             json.dumps({"marker": str(marker), "release": str(release), "phase": str(phase)}),
             max_attempts=3, retry_backoff=0.01)
         wait_until(lambda: client.get_task(task_id).progress_message == "phase none",
                    what="progress reported")
         child = client.get_task(task_id).pid
-        server.kill()
+        aof_server.kill()
         phase.write_text("outage")
         # it reported during the outage and went on: nothing raised, nothing blocked it
         wait_until(lambda: "reported outage" in " ".join(lines(marker)), what="reported")
-        server.start()
+        aof_server.start()
         # the kept value reaches Redis while the task still runs
         wait_until(lambda: client.get_task(task_id).progress_message == "phase outage",
                    what="kept progress sent once Redis was back")
@@ -91,16 +78,16 @@ def test_a_task_reporting_progress_survives_a_redis_restart(  # type: ignore[no-
         assert task.pid == child and daemon.alive()
 
 
-def test_client_calls_ride_through_a_short_restart(server, tmp_path):  # type: ignore[no-untyped-def]
+def test_client_calls_ride_through_a_short_restart(aof_server, tmp_path):  # type: ignore[no-untyped-def]
     """enqueue, Task.wait, `blueque wait` and `blueque enqueue --wait` do not notice a
     restart shorter than retry_deadline (30 s by default)."""
     marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
     params = json.dumps({"marker": str(marker), "release": str(release), "phase": str(phase)})
-    client = blueque.Client(server.url)
+    client = blueque.Client(aof_server.url)
     queue = client.get_queue("work")
-    watcher = redis.Redis(port=server.port, decode_responses=True)
+    watcher = redis.Redis(port=aof_server.port, decode_responses=True)
     with daemons(tmp_path) as started:
-        listener(started, tmp_path, server.url, "--concurrency", "3")
+        listener(started, tmp_path, aof_server.url, "--concurrency", "3")
         first = queue.enqueue(params)
         waited: dict[str, object] = {}
 
@@ -112,19 +99,19 @@ def test_client_calls_ride_through_a_short_restart(server, tmp_path):  # type: i
 
         thread = threading.Thread(target=wait_in_thread)
         thread.start()
-        waiting_cli = cli("wait", first, "--url", server.url, "--timeout", "60")
-        enqueue_cli = cli("enqueue", "work", params, "--url", server.url, "--wait",
+        waiting_cli = cli("wait", first, "--url", aof_server.url, "--timeout", "60")
+        enqueue_cli = cli("enqueue", "work", params, "--url", aof_server.url, "--wait",
                           "--timeout", "60", "--json")
         channel = KEYS.done_channel("work")
         wait_until(lambda: dict(watcher.pubsub_numsub(channel))[channel] >= 3, timeout=30,
                    what="three waiters subscribed")
         wait_until(lambda: len(lines(marker)) == 2, what="both tasks running")
-        server.kill()
+        aof_server.kill()
         enqueued: dict[str, object] = {}
         during = threading.Thread(target=lambda: enqueued.update(id=queue.enqueue(params)))
         during.start()  # retried until Redis is back
         time.sleep(2.0)  # the outage: Redis stays down for 2 s
-        server.start()
+        aof_server.start()
         during.join(30)
         release.touch()
         thread.join(60)
@@ -141,10 +128,10 @@ def test_client_calls_ride_through_a_short_restart(server, tmp_path):  # type: i
     assert len([line for line in lines(marker) if line.startswith("start")]) == 3
 
 
-def test_calls_raise_redis_unavailable_after_the_bound(server, tmp_path):  # type: ignore[no-untyped-def]
+def test_calls_raise_redis_unavailable_after_the_bound(aof_server, tmp_path):  # type: ignore[no-untyped-def]
     """Past retry_deadline every public call raises RedisUnavailable (a BluequeError), never a
     redis-py error: Task.wait, enqueue, the CLI's wait (exit 3)."""
-    url = server.url + "?retry_deadline=0.5"
+    url = aof_server.url + "?retry_deadline=0.5"
     client = blueque.Client(url)
     task_id = client.get_queue("work").enqueue("{}")
     outcome: dict[str, BaseException] = {}
@@ -158,11 +145,11 @@ def test_calls_raise_redis_unavailable_after_the_bound(server, tmp_path):  # typ
     thread = threading.Thread(target=wait_in_thread)
     thread.start()
     waiting_cli = cli("wait", task_id, "--url", url, "--timeout", "60")
-    watcher = redis.Redis(port=server.port, decode_responses=True)
+    watcher = redis.Redis(port=aof_server.port, decode_responses=True)
     channel = KEYS.done_channel("work")
     wait_until(lambda: dict(watcher.pubsub_numsub(channel))[channel] >= 2, timeout=30,
                what="two waiters subscribed")
-    server.kill()
+    aof_server.kill()
     thread.join(30)
     assert isinstance(outcome.get("error"), RedisUnavailable), repr(outcome.get("error"))
     with pytest.raises(RedisUnavailable, match="unreachable"):
@@ -218,17 +205,17 @@ def test_listener_waits_out_a_server_made_replica(tmp_path):  # type: ignore[no-
 
 
 def test_a_restart_longer_than_a_lease_kills_no_listener(  # type: ignore[no-untyped-def]
-        server, tmp_path):
+        aof_server, tmp_path):
     """Four listeners on four nodes (interval 0.5 s: 1-s leases) each run a task; Redis is
     SIGKILLed for 4 s, and one node dies meanwhile. After the restart no live listener is
     taken for dead: their tasks run once, their processes are never stopped; the dead
     node's task is taken back (by a listener started after the restart) and runs again."""
     marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
-    client = blueque.Client(server.url)
+    client = blueque.Client(aof_server.url)
     queue = client.get_queue("work")
-    watcher = redis.Redis(port=server.port, decode_responses=True)
+    watcher = redis.Redis(port=aof_server.port, decode_responses=True)
     with daemons(tmp_path) as started:
-        nodes = [listener(started, tmp_path, server.url, "--identity", f"node{n}.example_{n}")
+        nodes = [listener(started, tmp_path, aof_server.url, "--identity", f"node{n}.example_{n}")
                  for n in range(4)]
         wait_until(lambda: len(watcher.smembers(KEYS.listeners("work"))) == 4,
                    what="four listeners")
@@ -245,18 +232,18 @@ def test_a_restart_longer_than_a_lease_kills_no_listener(  # type: ignore[no-unt
         assert len({t.node for t in tasks.values()}) == 4  # one per node
         doomed = next(i for i, t in tasks.items() if t.node == "node3.example_3")
         survivors = {i: t.pid for i, t in tasks.items() if i != doomed}
-        server.kill()
+        aof_server.kill()
         outage_started = time.monotonic()
         nodes[3].kill()  # a node dies during the outage, with its task process
         kill_session_children([tasks[doomed].pid or 0])
         wait_until(lambda: all("unreachable" in d.log() for d in nodes[:3]),
                    what="every listener noticed the outage")
         time.sleep(max(0.0, 4.0 - (time.monotonic() - outage_started)))  # 4 s: 4 leases
-        server.start()
+        aof_server.start()
         # each live listener ran a whole step (renewal, heal, sweep) after the restart
         wait_until(lambda: all("Redis is back" in d.log() for d in nodes[:3]),
                    what="every listener back")
-        late = listener(started, tmp_path, server.url, "--identity", "late.example_9")
+        late = listener(started, tmp_path, aof_server.url, "--identity", "late.example_9")
         wait_until(lambda: client.get_task(doomed).attempts == 2, timeout=40,
                    what="the dead node's task taken back after the restart")
         release.touch()

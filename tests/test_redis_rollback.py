@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 import blueque
 from blueque.keys import Keys
-from blueque.testing import RedisServer
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -26,29 +23,15 @@ KEYS = Keys()
 FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                               directory=str(tmp_path / "redis"))
-    (tmp_path / "redis").mkdir()
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
 def test_a_run_whose_ending_redis_lost_is_settled_by_its_listener(  # type: ignore[no-untyped-def]
-        server, tmp_path):
-    client = blueque.Client(server.url)
+        aof_server, tmp_path):
+    client = blueque.Client(aof_server.url)
     queue = client.get_queue("work")
-    admin = redis.Redis(port=server.port, decode_responses=True)
+    admin = redis.Redis(port=aof_server.port, decode_responses=True)
     marker, release = tmp_path / "marker", tmp_path / "release"
     params = json.dumps({"marker": str(marker), "release": str(release)})
     with daemons(tmp_path) as started:
-        daemon = Daemon(listen_command(server.url, "work", "tests.jobs:hold", *FAST,
+        daemon = Daemon(listen_command(aof_server.url, "work", "tests.jobs:hold", *FAST,
                                        "--concurrency", "2"), tmp_path / "listen.log")
         started.append(daemon)
         again = queue.enqueue(params, max_attempts=2, retry_backoff=0.01)
@@ -67,10 +50,10 @@ def test_a_run_whose_ending_redis_lost_is_settled_by_its_listener(  # type: igno
         wait_until(lambda: admin.llen(KEYS.reserved("work", listener)) == 0,
                    what="the listener's reserved list empty")
         release.unlink()
-        server.kill()  # ...and Redis comes back without those writes
+        aof_server.kill()  # ...and Redis comes back without those writes
         shutil.rmtree(tmp_path / "redis")
         shutil.copytree(older, tmp_path / "redis")
-        server.start()
+        aof_server.start()
         assert {client.get_task(i).status for i in (again, once)} == {"started"}  # the premise
 
         wait_until(lambda: len(lines(marker)) == 5, timeout=30,

@@ -17,7 +17,6 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
-from blueque.testing import RedisServer
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
@@ -129,25 +128,14 @@ def test_every_stamp_the_listener_made_runs_the_task_of_that_very_process(  # ty
     assert outcomes(redis_client, "complete") == 30
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server with everything in its AOF, to be SIGKILLed and restarted."""
-    (tmp_path / "redis").mkdir()
-    redis_server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                               directory=str(tmp_path / "redis"))
-    redis_server.start()
-    yield redis_server
-    redis_server.stop()
-
-
 def test_redis_away_at_the_stamp_the_child_waits_and_runs_once(  # type: ignore[no-untyped-def]
-        server, started, tmp_path) -> None:
+        aof_server, started, tmp_path) -> None:
     """The listener forked the child and Redis went away before the stamp (or took its
     reply along): the child waits while the listener repeats the idempotent stamp, then runs
     the task, once, at attempt 1."""
     marker = tmp_path / "marker"
-    client = blueque.Client(server.url)
-    daemon = start(started, tmp_path, server.url, failpoints="listener-before-stamp:1.5")
+    client = blueque.Client(aof_server.url)
+    daemon = start(started, tmp_path, aof_server.url, failpoints="listener-before-stamp:1.5")
     wait_until(lambda: client.store.listener_ids("work"), what="the listener")
     task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker), "value": 1}))
 
@@ -157,9 +145,9 @@ def test_redis_away_at_the_stamp_the_child_waits_and_runs_once(  # type: ignore[
 
     wait_until(forked, what="the child forked, waiting for its stamp")
     waiting = psutil.Process(daemon.pid).children()[0].pid
-    server.kill()
+    aof_server.kill()
     time.sleep(3.0)  # the outage itself, not a wait for a state
-    server.start()
+    aof_server.start()
     task = client.get_task(task_id).wait(30)
     assert task.status == "complete" and task.result == "1"
     assert len(lines(marker)) == 1 and task.attempts == 1
