@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Literal
 
+from blueque import eviction
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
@@ -80,6 +81,7 @@ class ListenerDaemon:
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         node_name: str | None = None,
+        allow_eviction: bool | None = None,
     ) -> None:
         _check(queues, concurrency, on_stop, interval, poll)
         self.client = client
@@ -114,6 +116,9 @@ class ListenerDaemon:
         self.slots = Slots(concurrency)
         self.stopping = False
         self.cadence = Cadence(interval, poll)
+        #: start on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
+        self.allow_eviction = allow_eviction
+        self._memory_checked = False
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -193,6 +198,10 @@ class ListenerDaemon:
         try:
             if not self.membership.registered:
                 self.store.check_server()  # once: before the identity check's first command
+                if not self._memory_checked:  # refuses a Redis that may evict our keys
+                    eviction.check(self.store.memory_policy(), f"listener {self.id}",
+                                   self.allow_eviction, log)
+                    self._memory_checked = True
                 if not self.membership.claim(self.recovery, lambda: self.stopping):
                     return
                 self.register()
