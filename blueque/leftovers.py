@@ -311,14 +311,15 @@ class Leftovers:
                    else _orphans(table, children))
         for leader, ending in self._unscanned.items():
             found = find(ending.run, table, orphans)
-            new = {pid: created for pid, created in found.items()
-                   if pid not in ending.processes}
+            new = {pid: created for pid, created in found.items()  # its group had SIGTERM
+                   if pid not in ending.processes and table[pid].pgid != leader}
             if not new:
                 continue
             ending.processes.update(new)
             self._ending[leader] = ending
-            log.warning("task %s: %d process(es) it started outlived it (pids %s); sending "
-                        "SIGTERM, SIGKILL after %g s", ending.run.mark, len(new),
+            log.warning("task %s: %d process(es) it started outlived it outside its process "
+                        "group (pids %s); sending SIGTERM, SIGKILL after %g s", ending.run.mark,
+                        len(new),
                         " ".join(map(str, sorted(new))), ending.grace)
             signal_processes(new, signal.SIGKILL if ending.killed else signal.SIGTERM)
         self._unscanned.clear()
