@@ -34,6 +34,7 @@ from blueque.errors import (
     Preempted,
     RedisUnavailable,
 )
+from blueque.leftovers import TASK_VARIABLE, RunMark, stop_own, task_mark, task_title
 from blueque.policy import Policy
 from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
 from blueque.process import create_time, set_title
@@ -135,13 +136,15 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
     except BluequeError as error:
         log.warning("task %s not started: %s", task.id, error)
         return EXIT_NOT_STARTED
-    return _run_orphan(store, _refreshed(task), function, policy, task_logs)
+    return _run_orphan(store, _refreshed(task), task.queue or "", function, policy, task_logs)
 
 
-def _run_orphan(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
-                task_logs: TaskLogSettings | None) -> int:
-    """Run a started task and record its outcome in Redis (no listener records it)."""
+def _run_orphan(store: RedisStore, task: Task, queue: str, function: TaskFunction,
+                policy: Policy, task_logs: TaskLogSettings | None) -> int:
+    """Run a started task and record its outcome in Redis (no listener records it); then stop
+    what it left behind itself (no listener does)."""
     notice.install(None)  # an adopter's notice comes without a deadline
+    _mark(task, queue)
     reporter = ProgressReporter(Processor(task, store.bounded(0.0)))
     progress.install(reporter)
     shipper = _ship_output(store, task, policy, task_logs)
@@ -149,7 +152,32 @@ def _run_orphan(store: RedisStore, task: Task, function: TaskFunction, policy: P
     reporter.close()
     if shipper is not None:
         _end_output(shipper, outcome.traceback)
-    return _record_itself(Processor(task, store), policy, outcome)
+    code = _record_itself(Processor(task, store), policy, outcome)
+    _leave_nothing(task, queue, policy)
+    return code
+
+
+def _mark(task: Task, queue: str) -> None:
+    """The task process's title, and the mark (BLUEQUE_TASK) everything it starts inherits:
+    how the run's processes are told once they leave its group (blueque.leftovers)."""
+    set_title(task_title(queue, task.id, task.attempts or 0))
+    os.environ[TASK_VARIABLE] = task_mark(task.id, task.attempts or 0)
+
+
+def _leave_nothing(task: Task, queue: str, policy: Policy) -> None:
+    """A run that records its own outcome stops the processes it started (SIGTERM, SIGKILL
+    after its kill_grace), unless its task keeps them (keep_processes)."""
+    if policy.keep_processes:
+        return
+    run = RunMark.of(os.getpid(), queue, task.id, task.attempts or 0)
+    try:
+        left = stop_own(run, policy.kill_grace)
+    except OSError as error:
+        log.error("task %s: could not stop the processes it left: %s", task.id, error)
+        return
+    if left:
+        log.warning("task %s: %d process(es) it started were still there after its kill_grace "
+                    "of %g s: killed", task.id, left, policy.kill_grace)
 
 
 def _record_itself(processor: Processor, policy: Policy, outcome: Outcome) -> int:
@@ -320,7 +348,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     notice.install(link)
     task = Task(assignment.task_id, store, dict(word["go"]))
     policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
-    set_title(f"blueque: {assignment.queue} {task.id} attempt {task.attempts}")
+    _mark(task, assignment.queue)
     task_logs = _capture(task_logs, task)
     reporter = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
     progress.install(reporter)
@@ -343,7 +371,9 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
                 "itself", task.id, assignment.listener)
     if shipper is not None:
         shipper.ship(end=True)
-    return _record_itself(Processor(task, store), policy, outcome)
+    code = _record_itself(Processor(task, store), policy, outcome)
+    _leave_nothing(task, assignment.queue, policy)
+    return code
 
 
 def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFunction,
@@ -368,8 +398,7 @@ def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFu
         policy = Policy.resolve(data, store.queue_config(assignment.queue))
     except BluequeError:
         policy = Policy.resolve(data, {})
-    set_title(f"blueque: {assignment.queue} {task.id} attempt {task.attempts}")
     task_logs = _capture(task_logs, task)
     log.warning("task %s: its listener %s died after starting it; running it as an orphan",
                 task.id, assignment.listener)
-    return _run_orphan(store, task, function, policy, task_logs)
+    return _run_orphan(store, task, assignment.queue, function, policy, task_logs)

@@ -22,9 +22,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Literal
 
+from blueque import eviction
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
+from blueque.leftovers import child_subreaper
 from blueque.listener import Listener, listener_id
 from blueque.membership import Membership
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
@@ -80,6 +82,7 @@ class ListenerDaemon:
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         node_name: str | None = None,
+        allow_eviction: bool | None = None,
     ) -> None:
         _check(queues, concurrency, on_stop, interval, poll)
         self.client = client
@@ -114,6 +117,9 @@ class ListenerDaemon:
         self.slots = Slots(concurrency)
         self.stopping = False
         self.cadence = Cadence(interval, poll)
+        #: start on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
+        self.allow_eviction = allow_eviction
+        self._memory_checked = False
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -138,6 +144,9 @@ class ListenerDaemon:
         self.wakeup.install_signals({signal.SIGTERM: self._request_stop,
                                      signal.SIGINT: self._request_stop,
                                      signal.SIGUSR1: self.preemption.on_signal})
+        # the orphans of our runs (what they started and left) come to us: we reap them, and
+        # stop those of runs that ended (blueque.leftovers)
+        subreaper = child_subreaper(True)
         try:
             while True:
                 self.run_once()
@@ -149,6 +158,8 @@ class ListenerDaemon:
                     break
         finally:
             self._finish()
+            if subreaper is False:  # ForkingRunner.run() returns to its caller
+                child_subreaper(False)
         return 0
 
     def start_subscriber(self) -> None:
@@ -174,6 +185,8 @@ class ListenerDaemon:
 
     def _finish(self) -> None:
         self.supervisor.let_go()
+        # what ended runs left is not left to anyone (runs still running are: --on-stop=keep)
+        self.supervisor.leftovers.finish(self.supervisor.children)
         try:
             if self.supervisor.children:
                 log.info("listener %s exiting; %d task(s) keep running and will be adopted by "
@@ -193,6 +206,10 @@ class ListenerDaemon:
         try:
             if not self.membership.registered:
                 self.store.check_server()  # once: before the identity check's first command
+                if not self._memory_checked:  # refuses a Redis that may evict our keys
+                    eviction.check(self.store.memory_policy(), f"listener {self.id}",
+                                   self.allow_eviction, log)
+                    self._memory_checked = True
                 if not self.membership.claim(self.recovery, lambda: self.stopping):
                     return
                 self.register()
@@ -258,11 +275,12 @@ class ListenerDaemon:
             metrics.swept(report)
 
     def busy(self) -> int:
-        """Slots in use: our children, the runs we adopted, the fenced runs we are stopping."""
-        return self.slots.busy(len(self.supervisor.children))
+        """Slots in use: our children (and what ended runs left that we are stopping), the
+        runs we adopted, the fenced runs we are stopping."""
+        return self.slots.busy(self.supervisor.occupied())
 
     def _fill_slots(self) -> None:
-        while self.slots.free(len(self.supervisor.children)) > 0 and not self.stopping:
+        while self.slots.free(self.supervisor.occupied()) > 0 and not self.stopping:
             moved = reserve(self.store, self.weights, self.id, self.rng)
             if moved is None:
                 return

@@ -57,6 +57,11 @@ class AuthenticationFailed(ConfigurationError):
     """Redis refused the URL's user name or password (never retried: waiting cannot fix it)."""
 
 
+class EvictingServer(ConfigurationError):
+    """A Redis whose maxmemory-policy lets it delete Blueque's keys when it is full (anything
+    but noeviction): a daemon refuses to start on it unless told to accept it."""
+
+
 class UnsupportedServer(ConfigurationError):
     """The server is not a Redis Blueque can use: not Redis at all, or older than 6.2."""
 

@@ -23,6 +23,8 @@ OPTION_TYPES: dict[str, type] = {
     "kill_grace": float,
     "result_ttl": float,
     "max_preemptions": int,
+    # 1: the processes a run started are left running when it ends (leftovers.py)
+    "keep_processes": int,
     # read by Task.save_checkpoint, not by Policy: the largest checkpoint, in bytes
     "checkpoint_max_bytes": int,
 }
@@ -41,6 +43,9 @@ class Policy:
     result_ttl: float = 0.0  # 0: finished tasks stay until deleted
     #: runs stopped by a preemption that do not count as attempts, before the task fails
     max_preemptions: int = 10
+    #: 1: what a run started is left running when it ends (a task that starts a daemon on
+    #: purpose); 0: stopped with it, SIGTERM then SIGKILL after kill_grace (blueque.leftovers)
+    keep_processes: int = 0
 
     def result_ttl_ms(self) -> int | None:
         """The result TTL in milliseconds for PEXPIRE, None to keep the result."""
@@ -112,5 +117,8 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
         if number < least:
             raise ConfigurationError(f"option {name}={value!r} is out of range: it must be at "
                                      f"least {least}")
+        if name == "keep_processes" and number not in (0, 1):
+            raise ConfigurationError(f"option keep_processes={value!r} must be 0 (stop what a "
+                                     "run started when it ends, the default) or 1 (keep it)")
         encoded[name] = str(OPTION_TYPES[name](number))
     return encoded

@@ -30,16 +30,21 @@ def _boot_time(minute: int) -> float:
     return float(psutil.boot_time())
 
 
+def created_from_stat(data: bytes) -> float:
+    """The create time in a /proc/[pid]/stat line, as psutil computes it. Raises ValueError
+    or IndexError for a line that is not one."""
+    # the name, in parentheses, may hold spaces: fields count from the last ")"
+    ticks = int(data[data.rfind(b")") + 2:].split()[19])
+    return ticks / _CLOCK_TICKS + _boot_time(int(time.monotonic() // 60))
+
+
 def create_time(pid: int) -> float | None:
     """The process's create time, as psutil computes it (so values compare with psutil's),
     read straight from /proc where there is one: the listener asks for every child it forks,
     and psutil.Process costs ten times as much."""
     try:
         with open(_PROC_STAT.format(pid), "rb") as handle:
-            data = handle.read()
-        # the name, in parentheses, may hold spaces: fields count from the last ")"
-        ticks = int(data[data.rfind(b")") + 2:].split()[19])
-        return ticks / _CLOCK_TICKS + _boot_time(int(time.monotonic() // 60))
+            return created_from_stat(handle.read())
     except (OSError, ValueError, IndexError):
         pass
     try:

@@ -176,7 +176,8 @@ class Queue:
         False if the task already existed). With ``task_id``, enqueueing the same id again
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
-        time_limit, kill_grace, result_ttl."""
+        time_limit, kill_grace, result_ttl, max_preemptions, keep_processes,
+        checkpoint_max_bytes (blueque.policy)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
         created = self._store.submit(self._name, task_id, text, now(), fields=fields)

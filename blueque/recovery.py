@@ -24,6 +24,7 @@ from typing import Literal
 from blueque import keys as k
 from blueque.endings import decide
 from blueque.leases import LeaseWatch
+from blueque.leftovers import Leftovers, RunMark, signal_escaped
 from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy, field_float
 from blueque.process import Stopping, process_alive, signal_group
@@ -81,9 +82,32 @@ class Recovery:
         # a sweeper's runs are not its children: it says SIGTERM again at each sweep until
         # the grace has passed. Adopted runs stopped by task id (why: cancelled, time limit,
         # shutdown), fenced runs by pid.
-        self._stopping = Stopping(kill, repeat=True)
-        self._fenced = Stopping(kill, repeat=True)
+        self._stopping = Stopping(self._signal_run, repeat=True)
+        self._fenced = Stopping(self._signal_run, repeat=True)
+        #: how the runs being stopped are told (by pid): their processes outside their
+        #: group are signalled too, unless their task keeps its processes (blueque.leftovers)
+        self._marks: dict[int, RunMark] = {}
+        #: what adopted runs that died left behind, being stopped
+        self.leftovers = Leftovers(everywhere=True)
         self.watch = LeaseWatch(store, lease_ms)
+
+    def _signal_run(self, pid: int, signum: int) -> None:
+        self._kill(pid, signum)
+        run = self._marks.get(pid)
+        if run is not None:
+            signal_escaped(run, signum)
+
+    def _mark(self, pid: int, data: dict[str, str], policy: Policy,
+              attempt: str | None = None) -> RunMark | None:
+        """Note how run ``pid`` of the task ``data`` is told; None if its task keeps its
+        processes."""
+        if policy.keep_processes:
+            self._marks.pop(pid, None)
+            return None
+        run = RunMark.of(pid, data.get("queue", ""), data.get("id", ""),
+                         data.get("attempts", "") if attempt is None else attempt)
+        self._marks[pid] = run
+        return run
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
@@ -109,11 +133,15 @@ class Recovery:
                     continue
                 stopped = self._stopping.reason(task_id) or ""
                 self._stopping.forget(task_id, kill=False)
+                if adopt and pid and pid.isdigit():
+                    self._ended(task_id, int(pid), data, Policy.resolve(data, config), stopped)
                 verdicts.append(self._started_verdict(
                     task_id, data, config, self._why(why, stopped, data, config), current,
                     preempted=stopped == "preempted"))
             else:
                 verdicts.append((task_id, attempts, "drop", None, ""))
+                if pid and pid.isdigit():
+                    self._marks.pop(int(pid), None)
         return verdicts, live
 
     def _enforce(self, task_id: str, pid: int, data: dict[str, str], policy: Policy,
@@ -130,9 +158,20 @@ class Recovery:
             reason = self._stopping.reason(task_id) or "shutdown"  # stop_adopted began it
         else:
             return
+        self._mark(pid, {**data, "id": task_id}, policy)
         signum = self._stopping.step(task_id, pid, policy.kill_grace, reason)
         log.warning("task %s: %s while adopted, sending %s to pid %d's group", task_id, reason,
                     signal.Signals(signum).name, pid)
+
+    def _ended(self, task_id: str, pid: int, data: dict[str, str], policy: Policy,
+               stopped: str) -> None:
+        """An adopted run's process died unrecorded (a run that returns records itself and
+        stops what it left): what it left is stopped, SIGTERM now and SIGKILL after its
+        kill_grace (at later sweeps; at the next one if we were stopping it already)."""
+        run = self._mark(pid, {**data, "id": task_id}, policy)
+        self._marks.pop(pid, None)
+        if run is not None:  # SIGTERM now, SIGKILL at a later sweep
+            self.leftovers.ended(run, 0.0 if stopped else policy.kill_grace)
 
     def stop_adopted(self, runs: dict[str, tuple[int, float | None]],
                      reason: Literal["shutdown", "preempted"] = "shutdown") -> None:
@@ -261,6 +300,7 @@ class Recovery:
             if not self._alive(pid, created):
                 ended.append(field_)
                 self._fenced.forget(pid)  # SIGKILL: grandchildren left in its group
+                self._marks.pop(pid, None)
                 continue
             owner = self._run_owner(run, listener)
             if owner is not None and self._alive(*owner):
@@ -275,6 +315,8 @@ class Recovery:
             if not data or current:
                 continue
             policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
+            self._mark(pid, {"queue": str(run.get("queue", "")), "id": task_id}, policy,
+                       attempt=attempt or "")
             signum = self._fenced.step(pid, pid, policy.kill_grace)
             log.warning("task %s: attempt %s (pid %d) of dead listener %s was taken back "
                         "(now %s, attempt %s); sending %s to its group", task_id, attempt, pid,
@@ -310,6 +352,7 @@ class Recovery:
         for queue in sorted(_run_queues(runs) - set(swept)):
             self.recover_local(queue, report, excluded, adopter)
         self.stop_fenced_runs(report, runs)
+        self.leftovers.step()
         self.watch.end()
         return report
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from blueque import keys as k
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Stopped
+from blueque.leftovers import RunMark
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel
 from blueque.store import now
@@ -48,6 +49,13 @@ class Running:
     progress: tuple[float, str] | None = None  # the latest report, not written yet
     progress_due: float = 0.0  # monotonic: no progress write for this child before
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
+
+    def mark(self) -> RunMark | None:
+        """How its other processes are told (blueque.leftovers); None before the stamp told it
+        its attempt (nothing of the task ran yet)."""
+        if self.attempt is None:
+            return None
+        return RunMark.of(self.pid, self.queue, self.task_id, self.attempt)
 
     def record(self, listener: str, listener_pid: int, listener_created: float | None) -> str:
         """This run's entry in blueque_node_[node] (PROTOCOL.md): with its listener process,

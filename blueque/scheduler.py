@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from blueque import eviction
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry, check_unique
@@ -83,6 +84,7 @@ class Scheduler:
         purge_interval: float = 60.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] | None = None,
+        allow_eviction: bool | None = None,
     ) -> None:
         if not min(interval, recovery_interval, purge_interval) > 0:
             raise ConfigurationError(
@@ -100,6 +102,9 @@ class Scheduler:
         self.sleep = sleep or self._stopping.wait
         self._next_recovery = 0.0
         self._next_purge = 0.0
+        #: run on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
+        self.allow_eviction = allow_eviction
+        self._memory_checked = False
 
     def stop(self) -> None:
         """Ask run() to return after the current step (safe from a signal handler)."""
@@ -131,9 +136,14 @@ class Scheduler:
 
     def run_once(self) -> StepReport:
         """One step. A queue or entry whose data is bad is logged and skipped; an unreachable
-        Redis raises RedisUnavailable (run() retries with backoff)."""
+        Redis raises RedisUnavailable (run() retries with backoff). The first step refuses a
+        Redis that may evict keys (EvictingServer) unless ``allow_eviction``."""
         report = StepReport()
         self.client.store.check_server()
+        if not self._memory_checked:  # refuses a Redis that may evict our keys
+            eviction.check(self.client.store.memory_policy(), "scheduler", self.allow_eviction,
+                           log)
+            self._memory_checked = True
         queues = self.client.queue_names()
         for queue in queues:
             self._guard(report, f"due tasks of {queue}", self._move_due, queue, report)

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import random
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -23,8 +24,9 @@ from blueque.child import (
 )
 from blueque.endings import Stopped
 from blueque.errors import BluequeError, RedisUnavailable
+from blueque.leftovers import Leftovers
 from blueque.policy import Policy
-from blueque.process import Stopping, create_time
+from blueque.process import Stopping, create_time, signal_group
 from blueque.recorder import Recorder
 from blueque.reporting import ChildChannel
 from blueque.runs import Running
@@ -74,7 +76,9 @@ class Supervisor:
         #: each lease renewal (the listener clears them then) rather than for every task
         self.defaults = Defaults(store)
         self.children: dict[int, Running] = {}
-        self.stopping = Stopping()
+        #: what runs start besides their task process (blueque.leftovers)
+        self.leftovers = Leftovers(clock)
+        self.stopping = Stopping(kill=self._signal_run)
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
 
@@ -203,22 +207,44 @@ class Supervisor:
 
     # --- children that end ------------------------------------------------------------------
     def reap(self) -> None:
-        while self.children:
+        """Reap every child that exited, and the orphans of our runs that came to us (a
+        child subreaper: blueque.leftovers). A run's ending is recorded, and what it started
+        besides its task process is stopped (its group at once; what left the group once
+        found), unless its task keeps it (keep_processes)."""
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            running = self.children.pop(pid, None)
+            running = self.children.get(pid)
             if running is None:
-                continue
+                continue  # an orphan of one of our runs, reaped
             if running.channel is not None:
                 running.channel.close()
-            self.stopping.forget(pid)  # a group we stopped: its grandchildren too
+            stopped = self.stopping.forget(pid)  # a group we stopped: SIGKILL what is left
+            del self.children[pid]
+            run = running.mark()
+            if run is not None and running.state == "running" \
+                    and not running.policy.keep_processes:
+                self.leftovers.ended(run, running.kill_grace, stopped=stopped)
             self.recorder.settle(pid, status, running, self.clock() - running.started)
 
     # --- stopping ---------------------------------------------------------------------------
+    def _signal_run(self, pid: int, signum: int) -> None:
+        """How Stopping signals a run: its process group, and what left the group (setsid,
+        a daemon's double fork), unless its task keeps its processes (then its group only)."""
+        running = self.children.get(pid)
+        run = None if running is None or running.policy.keep_processes else running.mark()
+        if run is None:
+            signal_group(pid, signum)
+            return
+        escaped = self.leftovers.signal(run, signum, self.children)
+        if escaped:
+            log.info("task %s: sent %s to %d process(es) it started outside its process group",
+                     running.task_id if running else pid, signal.Signals(signum).name, escaped)
+
     def stop(self, running: Running, reason: Stopped) -> None:
         """SIGTERM its process group now, SIGKILL after its kill_grace (enforce_limits)."""
         if not running.reason:
@@ -245,6 +271,7 @@ class Supervisor:
             if running.time_limit and current - running.started > running.time_limit:
                 self.stop(running, "time limit")
         self.stopping.escalate()
+        self.leftovers.step(self.children)
 
     def notify(self, message: dict[str, Any], signum: int) -> int:
         """Tell every running child ``message``, then send it ``signum`` (a preemption's
@@ -265,7 +292,7 @@ class Supervisor:
         """When something is due for a child: a time limit, a SIGKILL, a progress write."""
         due = [r.started + r.time_limit for r in self.children.values()
                if r.time_limit and not r.reason]
-        due += self.stopping.deadlines()
+        due += self.stopping.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         return due
 
@@ -287,9 +314,14 @@ class Supervisor:
         return ({r.task_id for r in self.children.values()}
                 | {r.task_id for r, _ in self.recorder.unrecorded})
 
+    def occupied(self) -> int:
+        """Slots our runs take: children, and ended runs whose processes are being stopped
+        (one that ignores SIGTERM may take its whole kill_grace)."""
+        return len(self.children) + len(self.leftovers)
+
     def done(self) -> bool:
-        """No child left, and no ending still to record."""
-        return not self.children and not self.recorder.unrecorded
+        """No child left, no ending still to record, nothing left behind being stopped."""
+        return not self.children and not self.recorder.unrecorded and self.leftovers.idle()
 
     def close(self) -> None:
         """Close our ends of the children's sockets: they see their listener gone and record

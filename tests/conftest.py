@@ -39,6 +39,15 @@ def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def evicting_server() -> Iterator[RedisServer]:
+    """A private redis-server of the test's own with ``maxmemory-policy allkeys-lru``: once
+    full it deletes any key, which Blueque's daemons refuse to start on (blueque.eviction)."""
+    with RedisServer(extra_args=("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
+                     ) as server:
+        yield server
+
+
+@pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 

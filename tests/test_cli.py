@@ -381,7 +381,10 @@ def test_status_shows_counts_and_listener_leases(run: Run, run_json: Callable[..
 
 def test_status_with_no_queues(run: Run, run_json: Callable[..., Any]) -> None:
     assert "no queues" in run("status").stdout
-    assert run_json("status") == {"queues": [], "listeners": []}
+    status = run_json("status")
+    assert (status["queues"], status["listeners"]) == ([], [])
+    assert (status["redis"]["maxmemory_policy"], status["redis"]["evicts"]) == ("noeviction",
+                                                                                False)
 
 
 # --- cancel, retry, purge, configure ----------------------------------------------------------

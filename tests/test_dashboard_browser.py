@@ -327,3 +327,27 @@ def test_pages_ride_out_a_redis_outage(page: Any, shots: Path, tmp_path: Path) -
         if process is not None:
             process.close()
         server.stop()
+
+
+def test_an_evicting_redis_is_shown_on_every_page_until_fixed(
+        evicting_server: RedisServer, page: Any, shots: Path, tmp_path: Path) -> None:
+    """Redis' maxmemory-policy lets it delete keys (the dashboard was started with
+    --allow-eviction): a warning in plain sight on every page, gone without a reload once an
+    operator runs CONFIG SET maxmemory-policy noeviction."""
+    process = DashboardProcess(evicting_server.url, tmp_path / "dashboard.log",
+                               options=("--allow-eviction",))
+    try:
+        for path in ("/", "/nodes", "/schedule"):
+            page.goto(process.url + path)
+            warning = page.locator("#redis-warning [role=alert]")
+            assert warning.is_visible(), path
+            assert "Redis may delete Blueque's tasks." in warning.inner_text()
+            assert "allkeys-lru" in warning.inner_text()
+        page.screenshot(path=str(shots / "evicting-redis.png"), full_page=True)
+        page.evaluate("window.notReloaded = true")
+        redis.Redis.from_url(evicting_server.url).config_set("maxmemory-policy", "noeviction")
+        wait_until(lambda: page.locator("#redis-warning [role=alert]").count() == 0,
+                   timeout=30, what="the warning gone once the policy is noeviction")
+        assert page.evaluate("window.notReloaded") is True
+    finally:
+        process.close()

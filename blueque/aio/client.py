@@ -174,7 +174,7 @@ class Queue:
                       ) -> TaskId:
         """Create a pending task; a ``TaskId`` whose ``created`` is False if it existed.
         ``options``: max_attempts, retry_backoff, retry_backoff_max, time_limit,
-        kill_grace, result_ttl."""
+        kill_grace, result_ttl, max_preemptions, keep_processes, checkpoint_max_bytes."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
         created = await self._store.perform(protocol.submit, self._name, task_id, text, now(),

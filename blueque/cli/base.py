@@ -16,6 +16,7 @@ from blueque.client import Client
 from blueque.config import default_url
 from blueque.display import parse_duration, parse_eta
 from blueque.errors import ConfigurationError
+from blueque.eviction import ALLOW_VARIABLE
 from blueque.queue import check_queue_name
 
 EXIT_OK = 0
@@ -162,6 +163,15 @@ def add_allowed_host(parser: argparse.ArgumentParser, what: str,
                              "passing the Host header on); repeatable. On 127.0.0.1 it answers "
                              "to localhost, 127.0.0.1 and ::1 only, so that no web page can "
                              "read it by pointing its own name here (DNS rebinding)")
+
+
+def add_allow_eviction(parser: argparse.ArgumentParser, role: str) -> None:
+    """--allow-eviction, of `listen`, `scheduler` and `dashboard` (blueque.eviction)."""
+    parser.add_argument(
+        "--allow-eviction", action="store_true", default=None,
+        help=f"start the {role} even if Redis' maxmemory-policy lets it delete keys when it "
+             "is full (anything but noeviction: tasks would be lost without a word); logged "
+             f"as a warning. Also ${ALLOW_VARIABLE}=1")
 
 
 def check_json(args: argparse.Namespace) -> None:

@@ -118,6 +118,11 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         type=int if default is None else _attempts_value, metavar="N",
                         help="runs a preemption may stop without spending an attempt before "
                              "the task fails (default 10)")
+    parser.add_argument("--keep-processes", dest="keep_processes", default=default,
+                        type=int if default is None else _attempts_value, metavar="0|1",
+                        help="1: leave running what a run started when it ends (a task that "
+                             "starts a daemon on purpose); 0 (default): stop it, SIGTERM then "
+                             "SIGKILL after kill_grace")
 
 
 # --- handlers ---------------------------------------------------------------------------------

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
 
-from blueque import demo
+from blueque import demo, eviction
 from blueque.cli.base import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
     Commands,
     Failure,
+    add_allow_eviction,
     add_allowed_host,
     emit,
     queue_name,
@@ -23,11 +25,14 @@ from blueque.client import Client
 from blueque.config import Settings
 from blueque.cron import CronEntry, check_unique, load_file, parse_spec
 from blueque.display import port_number, positive_seconds
+from blueque.errors import RedisUnavailable
 from blueque.hosts import allowed_hosts
 from blueque.logs import configure as configure_logs
 from blueque.metrics import MetricsServer, queue_registry
 from blueque.recovery import Recovery
 from blueque.scheduler import Scheduler
+
+log = logging.getLogger("blueque.web")
 
 
 def register(commands: Commands) -> None:
@@ -81,6 +86,7 @@ def _add_scheduler(commands: Commands) -> None:
     sub.add_argument("--purge-interval", type=positive_seconds, default=60.0,
                      help="seconds between purges of results past result_ttl (default 60)")
     sub.add_argument("--once", action="store_true", help="run one step and exit")
+    add_allow_eviction(sub, "scheduler")
     add_node_name_argument(sub)
     add_log_arguments(sub)
 
@@ -94,7 +100,7 @@ def cmd_scheduler(client: Client, args: argparse.Namespace) -> int:
         client, cron_entries(args), interval=args.interval,
         recovery=Recovery(client.store, host=args.node_name),
         recovery_interval=args.recovery_interval,
-        purge_interval=args.purge_interval,
+        purge_interval=args.purge_interval, allow_eviction=args.allow_eviction,
     )
     if args.once:
         report = scheduler.run_once()
@@ -145,6 +151,7 @@ def _add_dashboard(commands: Commands) -> None:
                           "without one the dashboard is read-only")
     sub.add_argument("--refresh", type=positive_seconds, default=2.0,
                      help="seconds between live updates of a page (default 2)")
+    add_allow_eviction(sub, "dashboard")
     _add_cron_arguments(sub, "the scheduler's cron entries, to show their next runs; "
                              "repeatable", "the scheduler's cron file(s), to show their next runs")
 
@@ -156,10 +163,23 @@ def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
         raise Failure(f"the dashboard needs the web extra: pip install 'blueque[web]' "
                       f"({error})", EXIT_USAGE) from error
     configure_logs("text", "INFO")
+    _check_memory_policy(client, args.allow_eviction)
     try:
         return server.serve(client, args, cron_entries(args))
     except (OSError, ValueError) as error:
         raise Failure(f"cannot serve the dashboard: {error}", EXIT_USAGE) from error
+
+
+def _check_memory_policy(client: Client, allow: bool | None) -> None:
+    """Refuse a Redis that may evict Blueque's keys (blueque.eviction); one that does not
+    answer yet is checked by every page instead (the dashboard waits for its Redis)."""
+    try:
+        policy = client.store.bounded(1.0).memory_policy()
+    except RedisUnavailable as error:
+        log.warning("dashboard: cannot check Redis' maxmemory-policy now (%s); every page will "
+                    "say so if it lets Redis evict keys", error)
+        return
+    eviction.check(policy, "dashboard", allow, log)
 
 
 # --- demo -------------------------------------------------------------------------------------

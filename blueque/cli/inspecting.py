@@ -43,7 +43,8 @@ TIME_FIELDS = ("created", "updated", "eta", "started_at", "finished_at", "cancel
 
 def register(commands: Commands) -> None:
     commands.add("status", cmd_status,
-                 "queues with counts per state, listeners with their leases")
+                 "queues with counts per state, listeners with their leases, and whether "
+                 "Redis may evict Blueque's keys (its maxmemory-policy)")
     sub = commands.add("tasks", cmd_tasks, "list the tasks of a queue")
     sub.add_argument("queue")
     sub.add_argument("--status", choices=k.STATUSES, help="only tasks in this state")
@@ -76,7 +77,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
              _state_text(item)) for item in listeners]
     text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "LEASE", "RENEWED", "STATE"),
                             rows) if rows else "no listeners")
-    emit(args, {"queues": stats, "listeners": [asdict(item) for item in listeners]}, text)
+    policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
+    text += "\n\n" + policy.summary()
+    emit(args, {"queues": stats, "listeners": [asdict(item) for item in listeners],
+                "redis": policy.as_dict()}, text)
     return EXIT_OK
 
 

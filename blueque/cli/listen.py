@@ -7,7 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-from blueque.cli.base import Commands, add_allowed_host, positive_duration
+from blueque.cli.base import (
+    Commands,
+    add_allow_eviction,
+    add_allowed_host,
+    positive_duration,
+)
 from blueque.client import Client
 from blueque.daemon import ON_STOP, ListenerDaemon
 from blueque.display import (
@@ -89,6 +94,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGUSR1 (this node goes away), how long its tasks have to "
                              "save and stop before they are terminated and put back (90s)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
+    add_allow_eviction(parser, "listener")
     add_log_arguments(parser)
     parser.add_argument("--metrics-port", type=port_number, metavar="PORT",
                         help="serve this listener's Prometheus metrics on http://HOST:PORT/"
@@ -161,7 +167,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
     daemon = ListenerDaemon(
         client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
-        node_name=args.node_name,
+        node_name=args.node_name, allow_eviction=args.allow_eviction,
     )
     daemon.supervisor.recorder.task_logs = task_log_settings(args)
     daemon.preemption.grace = args.preempt_grace

@@ -3,10 +3,13 @@ run records, the server's clock and restarts, cron ticks and preemption requests
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import redis
+
 from blueque import keys as k
+from blueque.eviction import MemoryPolicy
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
 
@@ -58,6 +61,33 @@ class ListenerOperations(StoreCore):
         run_ids = sorted(str(node.get("run_id", "")) for node in nodes)
         uptime = min((float(node.get("uptime_in_seconds", 0)) for node in nodes), default=0.0)
         return ",".join(run_ids), clock - uptime - 1.0  # whole seconds: the earliest start
+
+    @translate_errors
+    def memory_policy(self) -> MemoryPolicy:
+        """The server's maxmemory-policy and maxmemory (blueque.eviction), from ``CONFIG GET
+        maxmemory*``, else (CONFIG renamed or refused, as managed Redis services do) from
+        ``INFO memory``; unknown when neither tells. For a cluster, each master's: the first
+        that evicts, else the first."""
+        target: dict[str, Any] = {}
+        if hasattr(self.redis, "get_nodes"):  # a RedisCluster: ask every master
+            target["target_nodes"] = self.redis.get_primaries()
+        asked: tuple[tuple[str, str, Callable[[], Any]], ...] = (
+            ("CONFIG GET", "maxmemory-policy",
+             lambda: self.redis.config_get("maxmemory*", **target)),
+            ("INFO memory", "maxmemory_policy", lambda: self.redis.info("memory", **target)))
+        why = []
+        for source, field, ask in asked:
+            try:
+                replies = _per_node(ask(), self.where)
+            except redis.exceptions.ResponseError as refused:  # renamed, disabled, ACL
+                why.append(f"{source}: {refused}")
+                continue
+            found = [MemoryPolicy(where, str(reply[field]), _bytes(reply.get("maxmemory")),
+                                  source) for where, reply in replies if reply.get(field)]
+            if found and len(found) == len(replies):
+                return next((policy for policy in found if policy.evicts), found[0])
+            why.append(f"{source} did not say")
+        return MemoryPolicy(self.where, None, why="; ".join(why))
 
     @translate_errors
     def server_time(self) -> float:
@@ -139,3 +169,17 @@ class ListenerOperations(StoreCore):
         return bool(self._run("cron_advance", [self.keys.cron()],
                               [name, expected or "", str(tick)]))
 
+
+
+def _per_node(reply: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """A reply of one server, or a cluster's {node name: reply}, as (server, reply) pairs."""
+    if isinstance(reply, dict) and reply and all(isinstance(v, dict) for v in reply.values()):
+        return [(str(node), value) for node, value in reply.items()]
+    return [(where, reply if isinstance(reply, dict) else {})]
+
+
+def _bytes(raw: Any) -> int | None:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None

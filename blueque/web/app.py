@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +40,7 @@ from blueque.client import Client
 from blueque.cron import CronEntry
 from blueque.display import format_bytes, format_seconds
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
+from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.store import now
@@ -49,6 +51,9 @@ log = logging.getLogger("blueque.web")
 TOKEN_HEADER = "X-Blueque-Token"
 #: Seconds between live refreshes of a page (the page script polls it with fetch).
 DEFAULT_REFRESH = 2.0
+#: Seconds a reading of Redis' maxmemory-policy is shown before it is read again (pages of
+#: every open tab refresh every few seconds; the policy seldom changes).
+POLICY_KEPT = 10.0
 #: Seconds a page (or a /metrics scrape) keeps retrying a Redis that went away before it
 #: answers 503: the client's whole retry_deadline would hold the request for 30 s.
 PAGE_RETRY = 1.0
@@ -106,12 +111,29 @@ class Dashboard:
         self.refresh = refresh
         self.templates = Jinja2Templates(env=_environment())
         self.registry = queue_registry(self.store)
+        self._policy: tuple[float, MemoryPolicy | None] = (-POLICY_KEPT, None)
+
+    def memory_policy(self) -> MemoryPolicy | None:
+        """Redis' maxmemory-policy (blueque.eviction), read at most every POLICY_KEPT
+        seconds; None while Redis does not answer."""
+        read_at, policy = self._policy
+        current = time.monotonic()
+        if current - read_at >= POLICY_KEPT:
+            try:
+                policy = self.store.memory_policy()
+            except BluequeError:
+                policy = None
+            self._policy = (current, policy)
+        return policy
 
     # --- pages ---------------------------------------------------------------------------------
     async def render(self, request: Request, name: str, context: dict[str, Any],
                      status: int = 200) -> Response:
         at = now()
+        policy = await run_in_threadpool(self.memory_policy)
         context.update(at=at, actions=self.token is not None, refresh=self.refresh,
+                       evicting=policy if policy is not None and policy.evicts else None,
+                       fix=FIX,
                        states=views.STATES, page_name=name.removesuffix(".html"),
                        **_links(request))
         response = self.templates.TemplateResponse(request, name, context, status_code=status)
