@@ -283,6 +283,55 @@ def test_retry_retry_all_and_purge_actions(client: blueque.Client,
     assert queue.stats().failed == 0
 
 
+def test_retry_all_failed_leaves_cancelled_tasks_alone_and_the_task_page_asks_first(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue("{}")
+    run(client, "jobs", fail="broken")
+    never = queue.enqueue("{}")
+    client.cancel_task(never, "never run this")
+    good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
+    status, reply = post(dashboard.url + "/actions/retry-failed", {"queue": "jobs"}, good)
+    assert status == 200, reply
+    assert reply["message"] == ("1 failed task(s) of jobs are pending again; 1 cancelled "
+                                "task(s) left alone")
+    assert client.get_task(never).state == "cancelled" and queue.stats().cancelled == 1
+    # its page says so; its button asks before it runs what was meant never to run
+    _, page = get(f"{dashboard.url}/task?id={never}")
+    assert 'id="cancelled-note"' in page and "bulk retries" in page
+    button = re.search(r'<button type="button" id="retry"[^>]*>', page)
+    assert button is not None and 'data-confirm="This task was cancelled (cancelled: never ' \
+        'run this): cancelled means it should never run. Run it after all?"' in button.group()
+    # the queue lists it under cancelled, not failed
+    _, listed = get(f"{dashboard.url}/queue?name=jobs&state=cancelled")
+    assert f'data-task="{never}"' in listed and "Run anyway" in listed
+    _, failed = get(f"{dashboard.url}/queue?name=jobs&state=failed")
+    assert f'data-task="{never}"' not in failed
+    status, _ = post(dashboard.url + "/actions/retry", {"task_id": never}, good)
+    assert status == 200 and client.get_task(never).status == "pending"
+
+
+def test_the_overview_counts_cancelled_tasks_apart(client: blueque.Client,
+                                                   dashboard: DashboardProcess) -> None:
+    """The issue's figure: after 1,000 cancels the overview read "0 ok · 1001 failed"."""
+    queue = client.get_queue("jobs")
+    for task_id in queue.enqueue_many(["{}"] * 1000).task_ids:
+        client.cancel_task(task_id, "wrong batch")
+    queue.enqueue("{}")
+    run(client, "jobs", fail="broken")
+    _, page = get(dashboard.url + "/")
+    row = page[page.index('data-queue="jobs"'):]
+    row = row[: row.index("</tr>")]
+    assert re.search(r'state-failed"><a [^>]*>1</a>', row) and re.search(
+        r'state-cancelled"><a [^>]*>1000</a>', row), row
+    assert "0 ok · 1 failed · 1000 cancelled · 0 retried" in row
+    assert '<rect class="cancelled"' in row
+    _, text = get(dashboard.url + "/metrics")
+    assert 'blueque_tasks{queue="jobs",state="failed"} 1.0' in text
+    assert 'blueque_tasks{queue="jobs",state="cancelled"} 1000.0' in text
+    assert 'blueque_tasks_finished_total{outcome="cancelled",queue="jobs"} 1000.0' in text
+
+
 def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
         client: blueque.Client, dashboard: DashboardProcess) -> None:
     queue = client.get_queue("jobs")
@@ -472,7 +521,8 @@ def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque
     _, text = get(dashboard.url + "/")
     row = text[text.index('data-queue="jobs"'):]
     # a bar for each minute of the last hour in which something ended: here, one
-    bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, (\d+) retried</title>"
+    bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, \d+ cancelled, (\d+) "
+                      r"retried</title>"
                       r'<rect class="ok" x="([\d.]+)" width="2.4" y="[\d.]+" height="([\d.]+)"/>'
                       r"</g>", row[: row.index("</tr>")])
     assert len(bars) == 1 and bars[0][:3] == ("1", "0", "0"), row[:3000]

@@ -171,6 +171,24 @@ def test_failed_task_shows_its_traceback_and_log_tail(
     page.screenshot(path=str(shots / "task-failed.png"), full_page=True)
 
 
+def test_a_task_done_on_its_second_attempt_shows_its_history_not_its_first_error(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path) -> None:
+    listen("work", "tests.jobs:flaky")
+    task_id = client.get_queue("work").enqueue(json.dumps({"succeed_on": 2}), max_attempts=2,
+                                               retry_backoff=0.2)
+    assert client.get_task(task_id).wait(30).status == "complete"
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    assert page.locator("#status").inner_text() == "complete"
+    assert page.locator("#error").count() == 0 and page.locator("pre.error").count() == 0
+    rows = page.locator("#history tbody tr")
+    assert rows.count() == 2
+    first, second = (rows.nth(n).locator("td").all_inner_texts() for n in range(2))
+    assert first[0] == "1" and first[1].startswith("retry") and "attempt 1 failed" in first[5]
+    assert second[0] == "2" and second[1] == "complete" and second[5] == ""
+    page.screenshot(path=str(shots / "task-history.png"), full_page=True)
+
+
 def test_cancel_through_the_page_needs_the_token(
         client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
         shots: Path, tmp_path: Path) -> None:
@@ -241,12 +259,15 @@ def test_queues_overview_screenshot(
     for n in range(4):
         documents.enqueue(json.dumps({"interval": 2}), task_id=f"waiting-{n}")
     documents.schedule("{}", time.time() + 3600, task_id="tonight")
+    client.cancel_task(documents.enqueue("{}", task_id="wrong-input"), "wrong input")
     wait_until(lambda: all(client.get_task(i).status == "started" for i in long_ones),
                what="two running")
     page.goto(dashboard.url + "/")
     wait_until(lambda: page.locator('tr[data-queue="documents"]').count() == 1,
                what="the documents row")
     assert page.locator('tr[data-queue="reports"] td.state-failed').inner_text() == "3"
+    assert page.locator('tr[data-queue="documents"] td.state-cancelled').inner_text() == "1"
+    assert page.locator('tr[data-queue="documents"] td.state-failed').inner_text() == "0"
     target = shots / "queues.png"
     page.screenshot(path=str(target), full_page=True)
     if os.environ.get("BLUEQUE_README_SCREENSHOT") == "1":

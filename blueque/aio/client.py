@@ -31,6 +31,7 @@ from blueque.queue import (
     TaskId,
     bulk_submission,
     check_deletable,
+    check_limit,
     check_queue_name,
     given_queue_name,
     purge_cutoff,
@@ -145,7 +146,8 @@ class Client:
 
     async def retry_task(self, task_id: str) -> None:
         """Put a failed task back in its queue's pending list, its attempts kept
-        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        (retry_failed.lua); a cancelled one too, since it is asked for by its id. Raises
+        TaskNotFound or InvalidTaskState (not failed)."""
         queue = (await self.get_task(task_id)).queue
         if queue is None:
             raise TaskNotFound(task_id)
@@ -206,17 +208,27 @@ class Queue:
                                                                 now()))
 
     async def delete_task(self, task: TaskView) -> None:
-        """Delete a complete or failed task (its hash and its finished-list entry)."""
-        status = check_deletable(self._name, task.id, task.queue, task.status)
-        await self._store.perform(protocol.delete, self._name, task.id, status)
+        """Delete a complete or failed task (its hash and its entry in the complete, failed
+        or cancelled list)."""
+        state = check_deletable(self._name, task.id, task.queue, task.status, task.cancelled)
+        await self._store.perform(protocol.delete, self._name, task.id, state)
 
     async def stats(self) -> QueueStats:
-        """Counts per state and listeners, from O(1) commands."""
+        """Counts per state and listeners, from O(1) commands; cancelled tasks apart from
+        failed ones."""
         counts = await self._store.perform(protocol.counts, self._name)
         return QueueStats(**vars(counts), name=self._name)
 
     async def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
+        """Ids of the tasks in one state: a status, or ``cancelled`` (keys.STATES)."""
         return await self._store.perform(protocol.task_ids, self._name, status, start, stop)
+
+    async def retry_failed(self, limit: int | None = None, include_cancelled: bool = False
+                           ) -> list[str]:
+        """Make this queue's failed tasks pending again, oldest first; cancelled ones only
+        with ``include_cancelled``. See blueque.Queue.retry_failed."""
+        return await self._store.run(protocol.retry_failed_tasks(
+            self._store.keys, self._name, now, check_limit(limit), include_cancelled))
 
     async def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a

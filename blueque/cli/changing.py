@@ -54,15 +54,19 @@ def register(commands: Commands) -> None:
     sub.add_argument("--reason", default="by operator", help="recorded in the task's error")
     _add_preempt(commands)
     sub = commands.add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
-    sub.add_argument("task_id", nargs="?")
-    sub.add_argument("--failed", metavar="QUEUE", help="every failed task of QUEUE")
+    sub.add_argument("task_id", nargs="?", help="a failed task (a cancelled one too: it is "
+                                                "asked for by its id)")
+    sub.add_argument("--failed", metavar="QUEUE",
+                     help="every failed task of QUEUE (not the cancelled ones)")
     sub.add_argument("--limit", type=positive_int, default=None,
                      help="with --failed: oldest N only")
+    sub.add_argument("--include-cancelled", action="store_true",
+                     help="with --failed: the cancelled tasks too (after the failed ones)")
     sub = commands.add("purge", cmd_purge, "delete finished tasks older than a duration")
     sub.add_argument("queue")
     sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
                      help="finished longer ago than this (90, 15m, 2h, 7d)")
-    sub.add_argument("--status", choices=k.FINISHED_STATUSES, help="default: both")
+    sub.add_argument("--status", choices=k.ENDED_LISTS, help="default: all three")
     sub = commands.add("configure", cmd_configure,
                        "set or show a queue's defaults (a value of 'none' removes one)")
     sub.add_argument("queue")
@@ -176,20 +180,29 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
     if (args.task_id is None) == (args.failed is None):
         raise Failure("give either a TASK_ID or --failed QUEUE", EXIT_USAGE)
     if args.task_id is not None:
+        if args.limit is not None or args.include_cancelled:
+            raise Failure("--limit and --include-cancelled go with --failed QUEUE", EXIT_USAGE)
+        was_cancelled = client.get_task(args.task_id).cancelled
         client.retry_task(args.task_id)
-        emit(args, {"retried": [args.task_id]}, f"task {args.task_id} is pending again")
+        emit(args, {"retried": [args.task_id]},
+             f"task {args.task_id} is pending again"
+             + (" (it had been cancelled)" if was_cancelled else ""))
         return EXIT_OK
     if args.failed not in client.queue_names():  # a typo must not read as "0 retried"
         raise unknown_queue(args.failed)
-    retried = client.get_queue(args.failed).retry_failed(args.limit)
+    queue = client.get_queue(args.failed)
+    retried = queue.retry_failed(args.limit, include_cancelled=args.include_cancelled)
+    left = 0 if args.include_cancelled else queue.stats().cancelled
     emit(args, {"retried": retried},
-         f"{len(retried)} failed task(s) of {args.failed} are pending again")
+         f"{len(retried)} failed task(s) of {args.failed} are pending again"
+         + (f"; {left} cancelled task(s) left alone (--include-cancelled retries them)"
+            if left else ""))
     return EXIT_OK
 
 
 def cmd_purge(client: Client, args: argparse.Namespace) -> int:
     queue = client.get_queue(args.queue)
-    statuses = [args.status] if args.status else list(k.FINISHED_STATUSES)
+    statuses = [args.status] if args.status else list(k.ENDED_LISTS)
     deleted = {status: queue.purge(status, args.older_than) for status in statuses}
     emit(args, {"queue": args.queue, "deleted": deleted},
          ", ".join(f"{n} {status}" for status, n in deleted.items())

@@ -1,15 +1,15 @@
 """The dashboard's ASGI application (Starlette + Jinja2), mountable in any ASGI service.
 
 Read-only unless a token is configured. With one, actions (cancel, retry, retry all failed,
-purge) are JSON POSTs that must carry the token in the ``X-Blueque-Token`` header and come
-from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site form cannot set
-the header nor the JSON content type without a CORS preflight, which is never granted, and a
-cross-site page cannot read the token (kept in the tab's sessionStorage). Every value from
-Redis goes through Jinja2's autoescaping; the page script only moves server-rendered nodes and
-sets text, and the Content-Security-Policy allows scripts and styles from the dashboard only.
-With ``allowed_hosts`` (``blueque dashboard`` on a loopback address), requests that name
-another host are refused: a web page that points its own name at 127.0.0.1 (DNS rebinding)
-cannot read the dashboard.
+purge) are JSON POSTs that must carry the token in the ``X-Blueque-Token``
+header and come from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site
+form cannot set the header nor the JSON content type without a CORS preflight, which is never
+granted, and a cross-site page cannot read the token (kept in the tab's sessionStorage). Every
+value from Redis goes through Jinja2's autoescaping; the page script only moves server-
+rendered nodes and sets text, and the Content-Security-Policy allows scripts and styles from
+the dashboard only. With ``allowed_hosts`` (``blueque dashboard`` on a loopback address),
+requests that name another host are refused: a web page that points its own name at 127.0.0.1
+(DNS rebinding) cannot read the dashboard.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from blueque.display import format_bytes, format_seconds
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
+from blueque.queue import Queue
 from blueque.store import now
 from blueque.web import views
 
@@ -244,15 +245,12 @@ class Dashboard:
         return f"task {task_id} is pending again"
 
     def retry_failed(self, body: dict[str, Any]) -> str:
-        queue = _text(body, "queue")
-        retried = 0
-        for task_id in self.store.task_ids(queue, k.FAILED)[::-1]:  # oldest first
-            try:
-                self.store.retry_failed(queue, task_id, now())
-            except (InvalidTaskState, TaskNotFound):
-                continue  # retried, deleted or expired meanwhile
-            retried += 1
-        return f"{retried} failed task(s) of {queue} are pending again"
+        """Every failed task, oldest first; the cancelled ones are left alone."""
+        queue = Queue(_text(body, "queue"), self.store)
+        retried = queue.retry_failed()
+        left = queue.stats().cancelled
+        return (f"{len(retried)} failed task(s) of {queue.name} are pending again"
+                + (f"; {left} cancelled task(s) left alone" if left else ""))
 
     def purge(self, body: dict[str, Any]) -> str:
         queue = _text(body, "queue")
@@ -260,7 +258,7 @@ class Dashboard:
         older_than = body.get("older_than", 0)
         if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
             raise ValueError(f"older_than must be a number of seconds, not {older_than!r}")
-        deleted = self.client.get_queue(queue).purge(status, float(older_than))
+        deleted = Queue(queue, self.store).purge(status, float(older_than))
         return f"{deleted} {status} task(s) of {queue} deleted"
 
 
