@@ -18,6 +18,7 @@ of RedisStore only: the asyncio client does not run tasks.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -33,6 +34,9 @@ DELETE_WINDOW = 512
 BULK_CHUNK = 1000
 #: Scheduled tasks moved per enqueue_due call.
 DUE_BATCH = 1000
+#: Tasks looked at per cancel_pending / cancel_scheduled call: a call cancelling that many
+#: runs for a few milliseconds, so a bulk cancel of a million tasks never holds Redis long.
+CANCEL_BATCH = 200
 #: Entries a task's ``history`` keeps (the newest), and bytes of an error kept in an entry:
 #: the Lua scripts that end runs write both as constants (tests/test_history.py holds them
 #: to these).
@@ -284,6 +288,75 @@ def cancel(keys: k.Keys, queue: str, task_id: str, now: float, error: str
     if verdict == "requested" and detail:
         yield command("publish", keys.control(detail), task_id)
     return str(verdict), str(detail)
+
+
+@dataclass(frozen=True)
+class CancelledWaiting:
+    """What a bulk cancel (``Queue.cancel_waiting``) did: tasks cancelled from the pending
+    list and from the scheduled zset, and the script calls it took."""
+
+    pending: int = 0
+    scheduled: int = 0
+    calls: int = 0
+
+    @property
+    def cancelled(self) -> int:
+        return self.pending + self.scheduled
+
+
+def id_matches(keys: k.Keys, queue: str, task_id: str, pattern: str | None) -> bool:
+    """Whether a task id matches a shell-style pattern (``fnmatchcase``: ``*``, ``?``,
+    ``[...]``), written with or without the queue's hash tag in the hash-tagged layout."""
+    if pattern is None:
+        return True
+    tag = keys.task_id_for(queue, "")
+    bare = task_id[len(tag):] if tag and task_id.startswith(tag) else task_id
+    return fnmatch.fnmatchcase(task_id, pattern) or fnmatch.fnmatchcase(bare, pattern)
+
+
+def cancel_batch(keys: k.Keys, queue: str, source: str, now: float, error: str,
+                 cutoff: float | None, anchor: tuple[str, str], batch: Sequence[str],
+                 pattern: str | None, size: int = CANCEL_BATCH
+                 ) -> Operation[tuple[int, tuple[str, str], list[str]]]:
+    """One call of cancel_pending.lua (``source`` pending) or cancel_scheduled.lua
+    (scheduled): cancel what of ``batch`` still waits (and matches), read the next batch.
+    ``anchor``: where the looked-at part ends (pending: anchor id and how many were kept;
+    scheduled: anchor id and its eta). Returns (cancelled, the new anchor, the next batch)."""
+    waiting = keys.pending(queue) if source == k.PENDING else keys.scheduled(queue)
+    args: list[Any] = [repr(now), error, k.FINISHED_MINUTE_TTL, keys.done_channel(queue),
+                       "" if cutoff is None else repr(cutoff), *anchor, size]
+    for task_id in batch:
+        args += (task_id, "1" if id_matches(keys, queue, task_id, pattern) else "0")
+    reply = yield Script(
+        f"cancel_{source}",
+        [waiting, keys.cancelled(queue), *outcome_keys(keys, queue, now),
+         *(keys.task(task_id) for task_id in batch)],
+        args)
+    return int(reply[0]), (str(reply[1]), str(reply[2])), [str(i) for i in reply[3:]]
+
+
+def cancel_waiting(keys: k.Keys, queue: str, clock: Callable[[], float], error: str,
+                   cutoff: float | None = None, pattern: str | None = None,
+                   sources: Sequence[str] = (k.PENDING, k.SCHEDULED),
+                   size: int = CANCEL_BATCH) -> Procedure[CancelledWaiting]:
+    """Cancel every pending and scheduled task of a queue (``sources``), or those created at
+    or before ``cutoff`` and/or whose id matches ``pattern``: cancel_pending.lua and
+    cancel_scheduled.lua, ``size`` tasks per call, until each has looked at its whole list
+    (PROTOCOL.md 5.9b). Each call is an operation of its own (retried alone)."""
+    found = {k.PENDING: 0, k.SCHEDULED: 0}
+    calls = 0
+    for source in sources:
+        anchor = ("", "0") if source == k.PENDING else ("", "")
+        batch: list[str] = []
+        while True:
+            cancelled, anchor, batch = yield _bind(
+                cancel_batch, keys, queue, source, clock(), error, cutoff, anchor, batch,
+                pattern, size)
+            found[source] += cancelled
+            calls += 1
+            if not batch:
+                break
+    return CancelledWaiting(found[k.PENDING], found[k.SCHEDULED], calls)
 
 
 def retry_failed(keys: k.Keys, queue: str, task_id: str, now: float,

@@ -10,7 +10,7 @@ from blueque import keys as k
 from blueque import protocol
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
-from blueque.protocol import QueueCounts
+from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.store import RedisStore, now
 from blueque.task import Task, utf8_size
 
@@ -122,6 +122,21 @@ def seconds_ago(value: float, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ConfigurationError(f"{name} must be a number of seconds >= 0, not {value!r}")
     return float(value)
+
+
+def bulk_cancel(older_than: float | None, match: str | None, reason: str,
+                scheduled: bool) -> tuple[float | None, str | None, str, tuple[str, ...]]:
+    """What cancel_waiting passes to protocol.cancel_waiting, checked: (created cutoff, id
+    pattern, error text, lists)."""
+    cutoff = None if older_than is None else time.time() - seconds_ago(older_than,
+                                                                        "older_than")
+    if match is not None and (not isinstance(match, str) or not match):
+        raise ConfigurationError(f"match must be a non-empty pattern such as 'batch-7-*', "
+                                 f"not {match!r}")
+    if not isinstance(reason, str):
+        raise ConfigurationError(f"reason must be a string, not {reason!r}")
+    sources = (k.PENDING, k.SCHEDULED) if scheduled else (k.PENDING,)
+    return cutoff, match, f"cancelled: {reason}", sources
 
 
 def check_limit(limit: int | None) -> int | None:
@@ -247,6 +262,21 @@ class Queue:
         expired meanwhile is skipped."""
         return self._store.run(protocol.retry_failed_tasks(
             self._store.keys, self._name, now, check_limit(limit), include_cancelled))
+
+    def cancel_waiting(self, older_than: float | None = None, match: str | None = None,
+                       reason: str = "cancelled", scheduled: bool = True) -> CancelledWaiting:
+        """Cancel every pending and (unless ``scheduled`` is False) scheduled task of this
+        queue, or only those created more than ``older_than`` seconds ago and/or whose id
+        matches the shell-style pattern ``match`` (``batch-7-*``). Each is recorded as
+        ``Client.cancel_task`` records one (failed, stamped cancelled, counted cancelled, its
+        waiters woken) with the error ``cancelled: <reason>``. Running tasks are not touched
+        (cancel them by id). Works through the lists CANCEL_BATCH tasks per script call
+        (cancel_pending.lua, cancel_scheduled.lua), so Redis is never held for long; a task a
+        listener takes meanwhile runs. Tasks that become pending while it works (recovered,
+        retried) may be left. Returns how many were cancelled from each list."""
+        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled)
+        return self._store.run(protocol.cancel_waiting(
+            self._store.keys, self._name, now, error, cutoff, match, sources))
 
     def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a value

@@ -33,6 +33,7 @@ from starlette.routing import Mount, Route
 import blueque
 from blueque import keys as k
 from blueque.errors import ConfigurationError
+from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
@@ -332,6 +333,42 @@ def test_the_overview_counts_cancelled_tasks_apart(client: blueque.Client,
     assert 'blueque_tasks_finished_total{outcome="cancelled",queue="jobs"} 1000.0' in text
 
 
+def test_empty_a_queue_and_purge_by_age(client: blueque.Client, redis_client: redis.Redis,
+                                        dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue_many(["{}"] * 450)
+    later = queue.schedule("{}", time.time() + 3600)
+    queue.enqueue("{}")
+    assert client.get_listener("jobs").reserve() is not None  # one is reserved: it goes on
+    good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
+    status, reply = post(dashboard.url + "/actions/cancel-waiting", {"queue": "jobs"},
+                         {"X-Blueque-Token": "wrong", "Origin": dashboard.url})
+    assert status == 403 and queue.stats().pending == 450
+    status, reply = post(dashboard.url + "/actions/cancel-waiting", {"queue": "jobs"}, good)
+    assert status == 200, reply
+    assert reply["message"] == ("450 pending and 1 scheduled task(s) of jobs cancelled; "
+                                "running tasks go on")
+    stats = queue.stats()
+    assert (stats.pending, stats.scheduled, stats.reserved, stats.cancelled) == (0, 0, 1, 451)
+    assert client.get_task(later).error == "cancelled: the queue was emptied from the dashboard"
+    # purge by age: an hour old ones only, then every one ("0")
+    old = queue.task_ids("cancelled", -50, -1)
+    for task_id in old:
+        redis_client.hset(Keys().task(task_id), "finished_at", repr(time.time() - 7200))
+    status, reply = post(dashboard.url + "/actions/purge",
+                         {"queue": "jobs", "status": "cancelled", "older_than": "1h"}, good)
+    assert status == 200, reply
+    assert reply["message"] == ("50 cancelled task(s) of jobs that finished more than 1h00m "
+                                "ago deleted")
+    assert queue.stats().cancelled == 401 and not redis_client.exists(Keys().task(old[0]))
+    status, reply = post(dashboard.url + "/actions/purge",
+                         {"queue": "jobs", "status": "cancelled", "older_than": "0"}, good)
+    assert status == 200 and queue.stats().cancelled == 0
+    _, page = get(dashboard.url + "/queue?name=jobs")
+    assert 'id="empty-queue"' in page and 'name="older_than" value="7d"' in page
+    assert '<option value="cancelled">cancelled</option>' in page
+
+
 def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
         client: blueque.Client, dashboard: DashboardProcess) -> None:
     queue = client.get_queue("jobs")
@@ -344,7 +381,7 @@ def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
     good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
     # json.loads takes NaN and Infinity: NaN compared with anything is False, so "older than
     # NaN seconds" once slipped past the check and deleted every finished task
-    for older_than in (float("nan"), -1, True, "3600"):
+    for older_than in (float("nan"), -1, True, "soon", "-5m", None):
         status, reply = post(dashboard.url + "/actions/purge",
                              {"queue": "jobs", "status": "complete", "older_than": older_than},
                              good)

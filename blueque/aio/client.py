@@ -25,10 +25,12 @@ from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
 from blueque.keys import Keys
 from blueque.policy import encode_options
+from blueque.protocol import CancelledWaiting
 from blueque.queue import (
     BulkEnqueue,
     QueueStats,
     TaskId,
+    bulk_cancel,
     bulk_submission,
     check_deletable,
     check_limit,
@@ -229,6 +231,16 @@ class Queue:
         with ``include_cancelled``. See blueque.Queue.retry_failed."""
         return await self._store.run(protocol.retry_failed_tasks(
             self._store.keys, self._name, now, check_limit(limit), include_cancelled))
+
+    async def cancel_waiting(self, older_than: float | None = None, match: str | None = None,
+                             reason: str = "cancelled", scheduled: bool = True
+                             ) -> CancelledWaiting:
+        """Cancel the queue's pending and scheduled tasks (or those older than
+        ``older_than`` seconds and/or whose id matches ``match``), a batch per script call:
+        see blueque.Queue.cancel_waiting."""
+        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled)
+        return await self._store.run(protocol.cancel_waiting(
+            self._store.keys, self._name, now, error, cutoff, match, sources))
 
     async def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a
