@@ -193,7 +193,9 @@ class Client:
 
     def retry_task(self, task_id: str) -> None:
         """Put a failed task back in its queue's pending list, its attempts kept
-        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        (retry_failed.lua); a cancelled one too, since it is asked for by its id (bulk
+        retries leave cancelled tasks alone). Raises TaskNotFound or InvalidTaskState (not
+        failed)."""
         task = self.get_task(task_id)
         if task.queue is None:
             raise TaskNotFound(task_id)

@@ -148,7 +148,7 @@ def _summary(result: WaitResult, ids: list[str], long_id: str, out: TextIO) -> i
     for task_id, data in result.tasks.items():
         failed = data.get("status") == k.FAILED
         outcome = last_line(data.get("error")) if failed else data.get("result")
-        rows.append((task_id, data.get("status", "(missing)"), data.get("attempts", "-"),
+        rows.append((task_id, k.state_of(data) or "(missing)", data.get("attempts", "-"),
                      shorten(outcome, 50)))
     print("\n" + table(("TASK", "STATUS", "ATTEMPTS", "RESULT/ERROR"), rows), file=out)
     complete = [i for i in ids if result.tasks[i].get("status") == k.COMPLETE]

@@ -12,6 +12,7 @@ lives in one hash slot; task ids then carry the same tag.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeGuard
 
@@ -26,6 +27,29 @@ COMPLETE = "complete"
 FAILED = "failed"
 STATUSES = (SCHEDULED, PENDING, RESERVED, STARTED, COMPLETE, FAILED)
 FINISHED_STATUSES = (COMPLETE, FAILED)
+#: Not a status: a task that was cancelled has status ``failed`` and a ``cancelled`` stamp
+#: (what blueque 1.0.1 can read), and its id is kept in the queue's cancelled list, not in
+#: its failed list, so that it is counted, listed and retried apart (PROTOCOL.md 2, 4).
+CANCELLED = "cancelled"
+#: Where a task can be: its status, or cancelled (shown, counted and listed on its own).
+STATES = (*STATUSES, CANCELLED)
+#: The lists of ended tasks: complete, failed, cancelled (newest at the left).
+ENDED_LISTS = (COMPLETE, FAILED, CANCELLED)
+
+
+def state_of(data: Mapping[str, str]) -> str | None:
+    """A task hash's state: its status, except ``cancelled`` for a failed task stamped
+    cancelled; None for a missing hash (no status)."""
+    status = data.get("status")
+    if status == FAILED and data.get("cancelled"):
+        return CANCELLED
+    return status
+
+
+def status_of_list(state: str) -> str:
+    """The status a task in an ended list has: complete, or failed (the cancelled list's
+    tasks are failed too)."""
+    return FAILED if state == CANCELLED else state
 
 #: lease.lua's modes (PROTOCOL.md 5.12).
 LeaseMode = Literal["register", "renew", "release"]
@@ -117,6 +141,12 @@ class Keys:
         """List of failed task ids, newest at the left."""
         return _key("failed_tasks", self._q(queue))
 
+    def cancelled(self, queue: str) -> str:
+        """List of cancelled task ids (status failed, stamped cancelled), newest at the left:
+        kept apart from the failed list so that cancelled tasks are counted on their own and
+        never re-run by a bulk retry."""
+        return _key("cancelled_tasks", self._q(queue))
+
     def scheduled(self, queue: str) -> str:
         """Sorted set: task id -> eta (Unix time, seconds)."""
         return _key("scheduled_tasks", self._q(queue))
@@ -189,13 +219,15 @@ class Keys:
         """Channel on which the listeners of node ``node_name`` hear of its preemption."""
         return _key("preempt_channel", node_name)
 
-    def finished(self, queue: str, status: str) -> str:
-        """The complete or failed list, by status."""
-        if status == COMPLETE:
+    def finished(self, queue: str, state: str) -> str:
+        """The complete, failed or cancelled list (ENDED_LISTS), by state."""
+        if state == COMPLETE:
             return self.complete(queue)
-        if status == FAILED:
+        if state == FAILED:
             return self.failed(queue)
-        raise ValueError(f"{status!r} is not a finished status")
+        if state == CANCELLED:
+            return self.cancelled(queue)
+        raise ValueError(f"{state!r} is not a finished state")
 
     # --- task ids -------------------------------------------------------------------------
     def new_task_id(self, queue: str) -> str:
@@ -219,6 +251,7 @@ KEY_BUILDERS = (
     "started",
     "complete",
     "failed",
+    "cancelled",
     "scheduled",
     "listeners",
     "leases",

@@ -110,8 +110,9 @@ class QueueCollector(Collector):
         yield from families
 
     def _families(self) -> list[Metric]:
-        tasks = GaugeMetricFamily("blueque_tasks", "Tasks per queue and state",
-                                  labels=["queue", "state"])
+        tasks = GaugeMetricFamily(
+            "blueque_tasks", "Tasks per queue and state (cancelled tasks are not counted as "
+            "failed)", labels=["queue", "state"])
         age = GaugeMetricFamily(
             "blueque_queue_oldest_pending_age_seconds",
             "How long the next pending task of the queue has waited (0 when none is pending)",
@@ -136,7 +137,7 @@ class QueueCollector(Collector):
         for queue, counts, oldest, done in zip(
                 queues, self.store.counts_many(queues), self.store.oldest_pending_many(queues),
                 self.store.outcome_counts_many(queues), strict=True):
-            for state in k.STATUSES:
+            for state in k.STATES:  # cancelled apart from failed
                 tasks.add_metric([queue, state], getattr(counts, state))
             listeners.add_metric([queue], counts.listeners)
             age.add_metric([queue], pending_age(oldest, at))

@@ -18,12 +18,13 @@ of RedisStore only: the asyncio client does not run tasks.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from blueque import keys as k
-from blueque.errors import InvalidTaskState
+from blueque.errors import InvalidTaskState, TaskNotFound
 
 T = TypeVar("T")
 
@@ -33,6 +34,14 @@ DELETE_WINDOW = 512
 BULK_CHUNK = 1000
 #: Scheduled tasks moved per enqueue_due call.
 DUE_BATCH = 1000
+#: Tasks looked at per cancel_pending / cancel_scheduled call: a call cancelling that many
+#: runs for a few milliseconds, so a bulk cancel of a million tasks never holds Redis long.
+CANCEL_BATCH = 200
+#: Entries a task's ``history`` keeps (the newest), and bytes of an error kept in an entry:
+#: the Lua scripts that end runs write both as constants (tests/test_history.py holds them
+#: to these).
+HISTORY_KEEP = 20
+HISTORY_ERROR_BYTES = 500
 #: How long a checkpoint is kept after its last save when nothing else ends it first (delete,
 #: purge, result TTL): it bounds the life of one whose task blueque 1.0.1 deleted (its delete
 #: knows no checkpoint key), and is far longer than a task waits between two attempts.
@@ -196,6 +205,8 @@ class QueueCounts:
     started: int
     complete: int
     failed: int
+    #: failed tasks that were cancelled: counted apart, not in ``failed`` (PROTOCOL.md 5.15)
+    cancelled: int
     listeners: int
 
 
@@ -218,26 +229,30 @@ def counts_many(keys: k.Keys, queues: Sequence[str]) -> Operation[list[QueueCoun
             command("scard", keys.started(queue)),
             command("llen", keys.complete(queue)),
             command("llen", keys.failed(queue)),
+            command("llen", keys.cancelled(queue)),
             *(command("llen", keys.reserved(queue, listener)) for listener in listeners),
         )))))
     found = []
     for listeners in listener_sets:
-        pending, scheduled, started, complete, failed = (next(replies) for _ in range(5))
+        pending, scheduled, started, complete, failed, cancelled = (
+            next(replies) for _ in range(6))
         reserved = sum(next(replies) for _ in listeners)
         found.append(QueueCounts(pending=pending, scheduled=scheduled,
                                  reserved=max(0, reserved - started), started=started,
-                                 complete=complete, failed=failed, listeners=len(listeners)))
+                                 complete=complete, failed=failed, listeners=len(listeners),
+                                 cancelled=cancelled))
     return found
 
 
 def task_ids(keys: k.Keys, queue: str, status: str, start: int = 0, stop: int = -1
              ) -> Operation[list[str]]:
-    """Ids of a queue's tasks in one state, from the list, set or zset that holds them."""
+    """Ids of a queue's tasks in one state (a status, or cancelled: keys.STATES), from the
+    list, set or zset that holds them."""
     if status == k.PENDING:
         return cast(list[str], (yield command("lrange", keys.pending(queue), start, stop)))
     if status == k.SCHEDULED:
         return cast(list[str], (yield command("zrange", keys.scheduled(queue), start, stop)))
-    if status in k.FINISHED_STATUSES:
+    if status in k.ENDED_LISTS:
         finished = keys.finished(queue, status)
         return cast(list[str], (yield command("lrange", finished, start, stop)))
     if status == k.STARTED:
@@ -251,7 +266,7 @@ def task_ids(keys: k.Keys, queue: str, status: str, start: int = 0, stop: int = 
         for listener in listeners:
             reserved += yield command("lrange", keys.reserved(queue, listener), 0, -1)
         return [i for i in reserved if i not in started]
-    raise InvalidTaskState(f"unknown status {status!r}; expected one of {k.STATUSES}")
+    raise InvalidTaskState(f"unknown status {status!r}; expected one of {k.STATES}")
 
 
 def known_queues(keys: k.Keys) -> Operation[list[tuple[str, float]]]:
@@ -266,47 +281,143 @@ def cancel(keys: k.Keys, queue: str, task_id: str, now: float, error: str
     """cancel.lua; for a running task also PUBLISH its id on its listener's channel."""
     verdict, detail = yield Script(
         "cancel",
-        [keys.task(task_id), keys.pending(queue), keys.scheduled(queue), keys.failed(queue),
+        [keys.task(task_id), keys.pending(queue), keys.scheduled(queue), keys.cancelled(queue),
          *outcome_keys(keys, queue, now)],
-        [task_id, repr(now), error, k.FINISHED_MINUTE_TTL],
+        [task_id, repr(now), error, k.FINISHED_MINUTE_TTL, keys.done_channel(queue)],
     )
     if verdict == "requested" and detail:
         yield command("publish", keys.control(detail), task_id)
     return str(verdict), str(detail)
 
 
-def retry_failed(keys: k.Keys, queue: str, task_id: str, now: float) -> Operation[None]:
-    """Failed -> pending again, attempts kept (retry_failed.lua). Keys: task hash, failed
-    list, pending list, checkpoint (kept: the re-run resumes from it). Raises TaskNotFound or
-    InvalidTaskState (not failed)."""
-    yield Script("retry_failed",
-                 [keys.task(task_id), keys.failed(queue), keys.pending(queue),
-                  keys.checkpoint(task_id)],
-                 [task_id, repr(now), queue, keys.channel(queue), DELETE_WINDOW,
-                  int(CHECKPOINT_KEEP * 1000)])
+@dataclass(frozen=True)
+class CancelledWaiting:
+    """What a bulk cancel (``Queue.cancel_waiting``) did: tasks cancelled from the pending
+    list and from the scheduled zset, and the script calls it took."""
+
+    pending: int = 0
+    scheduled: int = 0
+    calls: int = 0
+
+    @property
+    def cancelled(self) -> int:
+        return self.pending + self.scheduled
+
+
+def id_matches(keys: k.Keys, queue: str, task_id: str, pattern: str | None) -> bool:
+    """Whether a task id matches a shell-style pattern (``fnmatchcase``: ``*``, ``?``,
+    ``[...]``), written with or without the queue's hash tag in the hash-tagged layout."""
+    if pattern is None:
+        return True
+    tag = keys.task_id_for(queue, "")
+    bare = task_id[len(tag):] if tag and task_id.startswith(tag) else task_id
+    return fnmatch.fnmatchcase(task_id, pattern) or fnmatch.fnmatchcase(bare, pattern)
+
+
+def cancel_batch(keys: k.Keys, queue: str, source: str, now: float, error: str,
+                 cutoff: float | None, anchor: tuple[str, str], batch: Sequence[str],
+                 pattern: str | None, size: int = CANCEL_BATCH
+                 ) -> Operation[tuple[int, tuple[str, str], list[str]]]:
+    """One call of cancel_pending.lua (``source`` pending) or cancel_scheduled.lua
+    (scheduled): cancel what of ``batch`` still waits (and matches), read the next batch.
+    ``anchor``: where the looked-at part ends (pending: anchor id and how many were kept;
+    scheduled: anchor id and its eta). Returns (cancelled, the new anchor, the next batch)."""
+    waiting = keys.pending(queue) if source == k.PENDING else keys.scheduled(queue)
+    args: list[Any] = [repr(now), error, k.FINISHED_MINUTE_TTL, keys.done_channel(queue),
+                       "" if cutoff is None else repr(cutoff), *anchor, size]
+    for task_id in batch:
+        args += (task_id, "1" if id_matches(keys, queue, task_id, pattern) else "0")
+    reply = yield Script(
+        f"cancel_{source}",
+        [waiting, keys.cancelled(queue), *outcome_keys(keys, queue, now),
+         *(keys.task(task_id) for task_id in batch)],
+        args)
+    return int(reply[0]), (str(reply[1]), str(reply[2])), [str(i) for i in reply[3:]]
+
+
+def cancel_waiting(keys: k.Keys, queue: str, clock: Callable[[], float], error: str,
+                   cutoff: float | None = None, pattern: str | None = None,
+                   sources: Sequence[str] = (k.PENDING, k.SCHEDULED),
+                   size: int = CANCEL_BATCH) -> Procedure[CancelledWaiting]:
+    """Cancel every pending and scheduled task of a queue (``sources``), or those created at
+    or before ``cutoff`` and/or whose id matches ``pattern``: cancel_pending.lua and
+    cancel_scheduled.lua, ``size`` tasks per call, until each has looked at its whole list
+    (PROTOCOL.md 5.9b). Each call is an operation of its own (retried alone)."""
+    found = {k.PENDING: 0, k.SCHEDULED: 0}
+    calls = 0
+    for source in sources:
+        anchor = ("", "0") if source == k.PENDING else ("", "")
+        batch: list[str] = []
+        while True:
+            cancelled, anchor, batch = yield _bind(
+                cancel_batch, keys, queue, source, clock(), error, cutoff, anchor, batch,
+                pattern, size)
+            found[source] += cancelled
+            calls += 1
+            if not batch:
+                break
+    return CancelledWaiting(found[k.PENDING], found[k.SCHEDULED], calls)
+
+
+def retry_failed(keys: k.Keys, queue: str, task_id: str, now: float,
+                 skip_cancelled: bool = False) -> Operation[bool]:
+    """Failed -> pending again, attempts kept (retry_failed.lua); False when the task was
+    cancelled and ``skip_cancelled`` (a bulk retry leaves it). Keys: task hash, failed and
+    cancelled lists, pending list, checkpoint (kept: the re-run resumes from it). Raises
+    TaskNotFound or InvalidTaskState (not failed)."""
+    return bool((yield Script(
+        "retry_failed",
+        [keys.task(task_id), keys.failed(queue), keys.pending(queue), keys.checkpoint(task_id),
+         keys.cancelled(queue)],
+        [task_id, repr(now), queue, keys.channel(queue), DELETE_WINDOW,
+         int(CHECKPOINT_KEEP * 1000), "1" if skip_cancelled else ""])))
+
+
+def retry_failed_tasks(keys: k.Keys, queue: str, clock: Callable[[], float],
+                       limit: int | None = None, include_cancelled: bool = False
+                       ) -> Procedure[list[str]]:
+    """Make a queue's failed tasks pending again, oldest first (the ``limit`` oldest only);
+    cancelled ones only with ``include_cancelled`` (then the failed ones first). A task
+    retried, deleted or expired meanwhile is skipped. Returns the ids retried."""
+    retried: list[str] = []
+    for state in (k.FAILED, k.CANCELLED) if include_cancelled else (k.FAILED,):
+        left = None if limit is None else limit - len(retried)
+        if left == 0:
+            break
+        # the lists have the newest at the left: the oldest are at their end
+        ids: list[str] = yield _bind(task_ids, keys, queue, state,
+                                     -left if left is not None else 0, -1)
+        for task_id in ids[::-1]:
+            try:
+                if (yield _bind(retry_failed, keys, queue, task_id, clock(),
+                                not include_cancelled)):
+                    retried.append(task_id)
+            except (InvalidTaskState, TaskNotFound):
+                continue
+    return retried
 
 
 # --- finished tasks ---------------------------------------------------------------------------
-def delete(keys: k.Keys, queue: str, task_id: str, status: str) -> Operation[bool]:
-    """DEL the task hash, its output stream and checkpoint, and its complete/failed list
-    entry (delete.lua)."""
+def delete(keys: k.Keys, queue: str, task_id: str, state: str) -> Operation[bool]:
+    """DEL the task hash, its output stream and checkpoint, and its entry in the complete,
+    failed or cancelled list (``state``) (delete.lua)."""
     return bool((yield Script(
-        "delete", [keys.task(task_id), keys.finished(queue, status), keys.task_log(task_id),
+        "delete", [keys.task(task_id), keys.finished(queue, state), keys.task_log(task_id),
                    keys.checkpoint(task_id)],
-        [task_id, status, DELETE_WINDOW])))
+        [task_id, k.status_of_list(state), DELETE_WINDOW])))
 
 
-def drop_finished_entry(keys: k.Keys, queue: str, status: str, task_id: str
+def drop_finished_entry(keys: k.Keys, queue: str, state: str, task_id: str
                         ) -> Operation[None]:
-    """LREM one entry from the old (right) end of a finished list, leaving the hash alone:
+    """LREM one entry from the old (right) end of an ended list, leaving the hash alone:
     for an entry whose task has since moved to another status."""
-    yield command("lrem", keys.finished(queue, status), -1, task_id)
+    yield command("lrem", keys.finished(queue, state), -1, task_id)
 
 
-def oldest_finished(keys: k.Keys, queue: str, status: str, count: int
+def oldest_finished(keys: k.Keys, queue: str, state: str, count: int
                     ) -> Operation[list[str]]:
-    """The ``count`` oldest ids of a finished list, oldest first (from its right end)."""
-    ids = cast(list[str], (yield command("lrange", keys.finished(queue, status), -count, -1)))
+    """The ``count`` oldest ids of an ended list, oldest first (from its right end)."""
+    ids = cast(list[str], (yield command("lrange", keys.finished(queue, state), -count, -1)))
     return ids[::-1]
 
 
@@ -318,24 +429,26 @@ def finished_time(data: Mapping[str, str]) -> float:
         return 0.0
 
 
-def purge(keys: k.Keys, queue: str, status: str, cutoff: float, batch: int = 500
+def purge(keys: k.Keys, queue: str, state: str, cutoff: float, batch: int = 500
           ) -> Procedure[int]:
-    """Delete finished tasks of ``status`` that finished before ``cutoff`` (Unix s), oldest
-    first; each deletion finds its entry at the list's old end, so the cost is O(deleted)."""
+    """Delete the tasks of an ended list (``state``: complete, failed or cancelled) that
+    finished before ``cutoff`` (Unix s), oldest first; each deletion finds its entry at the
+    list's old end, so the cost is O(deleted)."""
+    status = k.status_of_list(state)
     deleted = 0
     while True:
-        ids: list[str] = yield _bind(oldest_finished, keys, queue, status, batch)
+        ids: list[str] = yield _bind(oldest_finished, keys, queue, state, batch)
         if not ids:
             return deleted
         datas = yield _bind(task_data_many, keys, ids)
         for task_id, data in zip(ids, datas, strict=True):
             if data.get("status") not in (None, status):
                 # a stale entry: the task lives in another list now; only the entry goes
-                yield _bind(drop_finished_entry, keys, queue, status, task_id)
+                yield _bind(drop_finished_entry, keys, queue, state, task_id)
                 continue
             if data and finished_time(data) > cutoff:
                 return deleted
-            yield _bind(delete, keys, queue, task_id, status)
+            yield _bind(delete, keys, queue, task_id, state)
             deleted += 1
 
 

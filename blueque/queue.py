@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from blueque import keys as k
 from blueque import protocol
-from blueque.errors import ConfigurationError, InvalidTaskState, TaskNotFound, WrongType
+from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
-from blueque.protocol import QueueCounts
+from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.store import RedisStore, now
 from blueque.task import Task, utf8_size
 
@@ -94,9 +94,10 @@ def bulk_submission(keys: k.Keys, queue: str, parameters: Sequence[object],
     return list(zip(bulk_ids(keys, queue, len(texts), task_ids), texts, strict=True))
 
 
-def check_deletable(queue: str, task_id: str, task_queue: str | None, status: str | None
-                    ) -> str:
-    """The status of a task delete_task may delete (complete or failed, in this queue)."""
+def check_deletable(queue: str, task_id: str, task_queue: str | None, status: str | None,
+                    cancelled: bool = False) -> str:
+    """The list of a task delete_task may delete (complete or failed, in this queue): its
+    status, or cancelled for a failed task stamped cancelled."""
     if task_queue != queue:
         raise InvalidTaskState(f"Task {task_id} is not in queue {queue}")
     if status not in k.FINISHED_STATUSES:
@@ -104,18 +105,45 @@ def check_deletable(queue: str, task_id: str, task_queue: str | None, status: st
             f"Cannot delete task with status {status}: only complete or failed tasks "
             "can be deleted (cancel it first)"
         )
-    return status
+    return k.CANCELLED if status == k.FAILED and cancelled else status
 
 
-def purge_cutoff(status: str, older_than: float) -> float:
-    """The finish time (Unix s) before which purge deletes tasks of ``status``."""
-    if status not in k.FINISHED_STATUSES:
-        raise InvalidTaskState(f"only complete or failed tasks can be purged, not {status!r}")
-    # NaN compares False with everything: unchecked, its cutoff deleted every finished task
-    if not older_than >= 0:
-        raise ConfigurationError(
-            f"older_than must be a number of seconds >= 0, not {older_than!r}")
-    return time.time() - older_than
+def purge_cutoff(state: str, older_than: float) -> float:
+    """The finish time (Unix s) before which purge deletes tasks of ``state``."""
+    if state not in k.ENDED_LISTS:
+        raise InvalidTaskState(
+            f"only complete, failed or cancelled tasks can be purged, not {state!r}")
+    return time.time() - seconds_ago(older_than, "older_than")
+
+
+def seconds_ago(value: float, name: str) -> float:
+    """An age in seconds, checked: a number >= 0 (NaN compares False with everything:
+    unchecked, its cutoff would take every task)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigurationError(f"{name} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+def bulk_cancel(older_than: float | None, match: str | None, reason: str,
+                scheduled: bool) -> tuple[float | None, str | None, str, tuple[str, ...]]:
+    """What cancel_waiting passes to protocol.cancel_waiting, checked: (created cutoff, id
+    pattern, error text, lists)."""
+    cutoff = None if older_than is None else time.time() - seconds_ago(older_than,
+                                                                        "older_than")
+    if match is not None and (not isinstance(match, str) or not match):
+        raise ConfigurationError(f"match must be a non-empty pattern such as 'batch-7-*', "
+                                 f"not {match!r}")
+    if not isinstance(reason, str):
+        raise ConfigurationError(f"reason must be a string, not {reason!r}")
+    sources = (k.PENDING, k.SCHEDULED) if scheduled else (k.PENDING,)
+    return cutoff, match, f"cancelled: {reason}", sources
+
+
+def check_limit(limit: int | None) -> int | None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise ConfigurationError(f"limit must be a whole number >= 1, not {limit!r}")
+    return limit
 
 
 class TaskId(str):
@@ -211,35 +239,45 @@ class Queue:
         return self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name, now()))
 
     def delete_task(self, task: Task) -> None:
-        """Delete a complete or failed task (its hash and its finished-list entry)."""
-        status = check_deletable(self._name, task.id, task.queue, task.status)
-        self._store.delete(self._name, task.id, status)
+        """Delete a complete or failed task (its hash and its entry in the complete, failed
+        or cancelled list)."""
+        state = check_deletable(self._name, task.id, task.queue, task.status, task.cancelled)
+        self._store.delete(self._name, task.id, state)
 
     def stats(self) -> QueueStats:
-        """Counts per state and listeners, from O(1) commands: fine every second."""
+        """Counts per state and listeners, from O(1) commands: fine every second.
+        ``cancelled`` tasks (failed, stamped cancelled) are counted apart from ``failed``."""
         counts = self._store.counts(self._name)
         return QueueStats(**vars(counts), name=self._name)
 
     def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
+        """Ids of the tasks in one state: a status, or ``cancelled`` (keys.STATES)."""
         return self._store.task_ids(self._name, status, start, stop)
 
-    def retry_failed(self, limit: int | None = None) -> list[str]:
+    def retry_failed(self, limit: int | None = None, include_cancelled: bool = False
+                     ) -> list[str]:
         """Make this queue's failed tasks pending again, oldest first (the ``limit`` oldest
         only), their attempts kept: retry_failed.lua per task, as ``Client.retry_task``.
-        Returns the ids retried; a task retried, deleted or expired meanwhile is skipped."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or limit < 1):
-            raise ConfigurationError(f"limit must be a whole number >= 1, not {limit!r}")
-        # blueque_failed_tasks_[queue] has the newest at the left: the oldest are at its end
-        oldest = self.task_ids(k.FAILED, -limit if limit is not None else 0, -1)[::-1]
-        retried = []
-        for task_id in oldest:
-            try:
-                self._store.retry_failed(self._name, task_id, now())
-            except (InvalidTaskState, TaskNotFound):
-                continue
-            retried.append(task_id)
-        return retried
+        Cancelled tasks are left alone (cancelled means never) unless ``include_cancelled``
+        (then after the failed ones). Returns the ids retried; a task retried, deleted or
+        expired meanwhile is skipped."""
+        return self._store.run(protocol.retry_failed_tasks(
+            self._store.keys, self._name, now, check_limit(limit), include_cancelled))
+
+    def cancel_waiting(self, older_than: float | None = None, match: str | None = None,
+                       reason: str = "cancelled", scheduled: bool = True) -> CancelledWaiting:
+        """Cancel every pending and (unless ``scheduled`` is False) scheduled task of this
+        queue, or only those created more than ``older_than`` seconds ago and/or whose id
+        matches the shell-style pattern ``match`` (``batch-7-*``). Each is recorded as
+        ``Client.cancel_task`` records one (failed, stamped cancelled, counted cancelled, its
+        waiters woken) with the error ``cancelled: <reason>``. Running tasks are not touched
+        (cancel them by id). Works through the lists CANCEL_BATCH tasks per script call
+        (cancel_pending.lua, cancel_scheduled.lua), so Redis is never held for long; a task a
+        listener takes meanwhile runs. Tasks that become pending while it works (recovered,
+        retried) may be left. Returns how many were cancelled from each list."""
+        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled)
+        return self._store.run(protocol.cancel_waiting(
+            self._store.keys, self._name, now, error, cutoff, match, sources))
 
     def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a value
@@ -252,9 +290,10 @@ class Queue:
         return self._store.queue_config(self._name)
 
     def purge(self, status: str, older_than: float, batch: int = 500) -> int:
-        """Delete finished tasks of ``status`` that finished more than ``older_than`` seconds
-        ago, oldest first; each deletion finds its entry at the list's old end, so the cost
-        is O(deleted), not O(list length)."""
+        """Delete the tasks of ``status`` (complete, failed, or cancelled: the failed tasks
+        that were cancelled) that finished more than ``older_than`` seconds ago, oldest
+        first; each deletion finds its entry at the list's old end, so the cost is
+        O(deleted), not O(list length)."""
         cutoff = purge_cutoff(status, older_than)
         return self._store.run(protocol.purge(self._store.keys, self._name, status, cutoff,
                                               batch))

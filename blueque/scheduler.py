@@ -221,7 +221,7 @@ class Scheduler:
         ttl = Policy.resolve({}, q.config()).result_ttl
         if ttl <= 0:
             return
-        deleted = sum(q.purge(status, ttl) for status in k.FINISHED_STATUSES)
+        deleted = sum(q.purge(state, ttl) for state in k.ENDED_LISTS)  # cancelled too
         if deleted:
             report.purged[queue] = deleted
             log.info("purged %d finished task(s) older than %g s from %s", deleted, ttl, queue)

@@ -3,6 +3,7 @@ checkpoint (save_checkpoint, checkpoint)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -73,6 +74,20 @@ class CheckpointInfo:
                 f"the checkpoint of task {task_id!r} is corrupt ({fields!r} without its "
                 f"state); delete {k.Keys().checkpoint(task_id)!r}"
             ) from error
+
+
+def readable_history(raw: str | None) -> list[dict[str, Any]]:
+    """The ``history`` field of a task hash (PROTOCOL.md 3.2): a JSON list of how each run
+    ended, oldest first ({attempt, outcome, at, node, pid, started, error, eta, was}). Entries
+    that are not JSON objects are left out, and a field that is not a JSON list reads as no
+    history: a display never fails on it."""
+    try:
+        entries = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    if not isinstance(entries, list):
+        return []
+    return [entry for entry in entries if isinstance(entry, dict)]
 
 
 _UNREAD: Any = object()
@@ -160,6 +175,21 @@ class TaskView:
     @property
     def cancelled(self) -> bool:
         return bool(self._get("cancelled"))
+
+    @property
+    def state(self) -> str | None:
+        """The status, or ``cancelled`` for a failed task that was cancelled (how it is
+        counted and listed); None for a missing task."""
+        return k.state_of(self._data)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """How each earlier run (and an operator's retry) ended, oldest first, the last 20
+        (PROTOCOL.md 3.2): dicts with ``attempt``, ``outcome`` (complete, failed, retry,
+        cancelled, preempted, requeued, retried), ``at`` (Unix s), ``node`` (the listener),
+        ``pid``, ``started``, ``error``, ``eta`` (of a retry), ``was`` (the status a cancel
+        or a retry found). The current fields describe the current attempt only."""
+        return readable_history(self._get("history"))
 
 
 class Task(TaskView):

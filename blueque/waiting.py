@@ -188,7 +188,11 @@ class WaitResult:
         return [i for i, d in self.tasks.items() if d.get("status") in k.FINISHED_STATUSES]
 
     def failed(self) -> list[str]:
-        return [i for i, d in self.tasks.items() if d.get("status") == k.FAILED]
+        """The tasks that failed (not those cancelled: see ``cancelled``)."""
+        return [i for i, d in self.tasks.items() if k.state_of(d) == k.FAILED]
+
+    def cancelled(self) -> list[str]:
+        return [i for i, d in self.tasks.items() if k.state_of(d) == k.CANCELLED]
 
     def missing(self) -> list[str]:
         return [i for i, d in self.tasks.items() if not d and i not in self._unread]
@@ -274,8 +278,10 @@ class WaitProgress:
         elapsed = format_seconds(time.monotonic() - self._started)
         if self._one is None:
             finished, total = len(result.finished()), len(result.tasks)
+            cancelled = len(result.cancelled())
             self._line.update(f"{bar(finished / max(1, total))} {finished}/{total} finished, "
-                              f"{len(result.failed())} failed, {elapsed}")
+                              f"{len(result.failed())} failed, "
+                              + (f"{cancelled} cancelled, " if cancelled else "") + elapsed)
             return
         data = result.tasks[self._one]
         try:
@@ -285,7 +291,7 @@ class WaitProgress:
         status = data.get("status") or ""
         if status in k.FINISHED_STATUSES:  # its last bar says how it ended, not its last step
             fraction = 1.0 if status == k.COMPLETE else fraction
-            message = status
+            message = k.state_of(data) or status
         else:
             message = shorten(data.get("progress_message") or status, 40)
         self._line.update(f"{bar(fraction)} {fraction * 100:3.0f}% {message}, {elapsed}")

@@ -18,9 +18,16 @@ def _assert_cancelled(client: blueque.Client, task_id: str) -> None:
     assert data["status"] == "failed"
     assert data["error"].startswith("cancelled")
     assert float(data["cancelled"]) == float(data["finished_at"])
-    assert client.redis.lrange(K.failed("q"), 0, -1) == [task_id]
+    assert "eta" not in data  # it is no longer scheduled
+    # listed and counted apart from the failed tasks; 1.0.1 reads status failed
+    assert client.redis.lrange(K.cancelled("q"), 0, -1) == [task_id]
+    assert client.redis.llen(K.failed("q")) == 0
+    stats = client.get_queue("q").stats()
+    assert (stats.failed, stats.cancelled) == (0, 1)
     task = client.get_task(task_id)
-    assert task.cancelled and task.finished
+    assert task.cancelled and task.finished and task.state == "cancelled"
+    assert task.history[-1]["outcome"] == "cancelled"
+    assert task.history[-1]["error"] == data["error"]
 
 
 def test_cancel_a_pending_task(contract_client: blueque.Client) -> None:
@@ -72,7 +79,7 @@ def test_cancel_a_started_task_asks_its_listener(client: blueque.Client) -> None
     assert (message.channel, message.data) == (K.control(listener.id), task.id)
     data = r.hgetall(K.task(task.id))
     assert data["status"] == "started" and "cancel_requested" in data
-    assert r.llen(K.failed("q")) == 0
+    assert r.llen(K.failed("q")) == 0 and r.llen(K.cancelled("q")) == 0
 
 
 def test_cancel_records_the_request_without_a_subscriber(contract_client: blueque.Client) -> None:

@@ -261,7 +261,7 @@ def test_enqueue_then_show_and_tasks(run: Run, run_json: Callable[..., Any],
     assert task_id in shown.stdout and "pending" in shown.stdout
     created = datetime.fromtimestamp(float(data["created"]), UTC)
     assert created.strftime("%Y-%m-%d %H:%M") in shown.stdout  # times are readable
-    assert run_json("show", task_id) == {"id": task_id, **data, "checkpoint": None}
+    assert run_json("show", task_id) == {"id": task_id, **data, "history": [], "checkpoint": None}
 
     listed = run("tasks", "mail")
     assert listed.returncode == 0

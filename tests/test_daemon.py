@@ -160,7 +160,8 @@ def test_sigkill_child_retries_by_policy(client, start, tmp_path):  # type: igno
                what="second attempt")
     task = client.get_task(task_id)
     assert task.attempts == 2 and task.status == "started"
-    assert "SIGKILL" in (task.error or "")  # the first attempt's ending is kept
+    assert task.error is None  # the second attempt's field; the first's ending is its history
+    assert task.history[-1]["outcome"] == "retry" and "SIGKILL" in task.history[-1]["error"]
     second_pid = task.pid
     psutil.Process(second_pid).kill()
     task = client.get_task(task_id).wait(20)
@@ -187,8 +188,10 @@ def test_dead_host_is_recovered_by_another_host_within_bound(  # type: ignore[no
                what="second attempt on the surviving host")
     release.touch()
     task = client.get_task(running).wait(30)
-    assert task.status == "complete" and task.attempts == 2
-    assert "deadhost.example_4242 stopped renewing its lease" in task.error
+    assert task.status == "complete" and task.attempts == 2 and task.error is None
+    assert [(h["attempt"], h["outcome"], h["node"]) for h in task.history] == [
+        (1, "retry", "deadhost.example_4242"), (2, "complete", task.node)]
+    assert "deadhost.example_4242 stopped renewing its lease" in task.history[0]["error"]
     assert redis_client.zscore(KEYS.leases("work"), "deadhost.example_4242") is None
     assert "deadhost.example_4242" not in redis_client.smembers(KEYS.listeners("work"))
     assert not redis_client.exists(KEYS.reserved("work", "deadhost.example_4242"))

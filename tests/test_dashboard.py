@@ -33,6 +33,7 @@ from starlette.routing import Mount, Route
 import blueque
 from blueque import keys as k
 from blueque.errors import ConfigurationError
+from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
@@ -283,6 +284,91 @@ def test_retry_retry_all_and_purge_actions(client: blueque.Client,
     assert queue.stats().failed == 0
 
 
+def test_retry_all_failed_leaves_cancelled_tasks_alone_and_the_task_page_asks_first(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue("{}")
+    run(client, "jobs", fail="broken")
+    never = queue.enqueue("{}")
+    client.cancel_task(never, "never run this")
+    good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
+    status, reply = post(dashboard.url + "/actions/retry-failed", {"queue": "jobs"}, good)
+    assert status == 200, reply
+    assert reply["message"] == ("1 failed task(s) of jobs are pending again; 1 cancelled "
+                                "task(s) left alone")
+    assert client.get_task(never).state == "cancelled" and queue.stats().cancelled == 1
+    # its page says so; its button asks before it runs what was meant never to run
+    _, page = get(f"{dashboard.url}/task?id={never}")
+    assert 'id="cancelled-note"' in page and "bulk retries" in page
+    button = re.search(r'<button type="button" id="retry"[^>]*>', page)
+    assert button is not None and 'data-confirm="This task was cancelled (cancelled: never ' \
+        'run this): cancelled means it should never run. Run it after all?"' in button.group()
+    # the queue lists it under cancelled, not failed
+    _, listed = get(f"{dashboard.url}/queue?name=jobs&state=cancelled")
+    assert f'data-task="{never}"' in listed and "Run anyway" in listed
+    _, failed = get(f"{dashboard.url}/queue?name=jobs&state=failed")
+    assert f'data-task="{never}"' not in failed
+    status, _ = post(dashboard.url + "/actions/retry", {"task_id": never}, good)
+    assert status == 200 and client.get_task(never).status == "pending"
+
+
+def test_the_overview_counts_cancelled_tasks_apart(client: blueque.Client,
+                                                   dashboard: DashboardProcess) -> None:
+    """The issue's figure: after 1,000 cancels the overview read "0 ok · 1001 failed"."""
+    queue = client.get_queue("jobs")
+    for task_id in queue.enqueue_many(["{}"] * 1000).task_ids:
+        client.cancel_task(task_id, "wrong batch")
+    queue.enqueue("{}")
+    run(client, "jobs", fail="broken")
+    _, page = get(dashboard.url + "/")
+    row = page[page.index('data-queue="jobs"'):]
+    row = row[: row.index("</tr>")]
+    assert re.search(r'state-failed"><a [^>]*>1</a>', row) and re.search(
+        r'state-cancelled"><a [^>]*>1000</a>', row), row
+    assert "0 ok · 1 failed · 1000 cancelled · 0 retried" in row
+    assert '<rect class="cancelled"' in row
+    _, text = get(dashboard.url + "/metrics")
+    assert 'blueque_tasks{queue="jobs",state="failed"} 1.0' in text
+    assert 'blueque_tasks{queue="jobs",state="cancelled"} 1000.0' in text
+    assert 'blueque_tasks_finished_total{outcome="cancelled",queue="jobs"} 1000.0' in text
+
+
+def test_empty_a_queue_and_purge_by_age(client: blueque.Client, redis_client: redis.Redis,
+                                        dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue_many(["{}"] * 450)
+    later = queue.schedule("{}", time.time() + 3600)
+    queue.enqueue("{}")
+    assert client.get_listener("jobs").reserve() is not None  # one is reserved: it goes on
+    good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
+    status, reply = post(dashboard.url + "/actions/cancel-waiting", {"queue": "jobs"},
+                         {"X-Blueque-Token": "wrong", "Origin": dashboard.url})
+    assert status == 403 and queue.stats().pending == 450
+    status, reply = post(dashboard.url + "/actions/cancel-waiting", {"queue": "jobs"}, good)
+    assert status == 200, reply
+    assert reply["message"] == ("450 pending and 1 scheduled task(s) of jobs cancelled; "
+                                "running tasks go on")
+    stats = queue.stats()
+    assert (stats.pending, stats.scheduled, stats.reserved, stats.cancelled) == (0, 0, 1, 451)
+    assert client.get_task(later).error == "cancelled: the queue was emptied from the dashboard"
+    # purge by age: an hour old ones only, then every one ("0")
+    old = queue.task_ids("cancelled", -50, -1)
+    for task_id in old:
+        redis_client.hset(Keys().task(task_id), "finished_at", repr(time.time() - 7200))
+    status, reply = post(dashboard.url + "/actions/purge",
+                         {"queue": "jobs", "status": "cancelled", "older_than": "1h"}, good)
+    assert status == 200, reply
+    assert reply["message"] == ("50 cancelled task(s) of jobs that finished more than 1h00m "
+                                "ago deleted")
+    assert queue.stats().cancelled == 401 and not redis_client.exists(Keys().task(old[0]))
+    status, reply = post(dashboard.url + "/actions/purge",
+                         {"queue": "jobs", "status": "cancelled", "older_than": "0"}, good)
+    assert status == 200 and queue.stats().cancelled == 0
+    _, page = get(dashboard.url + "/queue?name=jobs")
+    assert 'id="empty-queue"' in page and 'name="older_than" value="7d"' in page
+    assert '<option value="cancelled">cancelled</option>' in page
+
+
 def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
         client: blueque.Client, dashboard: DashboardProcess) -> None:
     queue = client.get_queue("jobs")
@@ -295,7 +381,7 @@ def test_a_purge_cutoff_that_is_no_number_is_refused_and_deletes_nothing(
     good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
     # json.loads takes NaN and Infinity: NaN compared with anything is False, so "older than
     # NaN seconds" once slipped past the check and deleted every finished task
-    for older_than in (float("nan"), -1, True, "3600"):
+    for older_than in (float("nan"), -1, True, "soon", "-5m", None):
         status, reply = post(dashboard.url + "/actions/purge",
                              {"queue": "jobs", "status": "complete", "older_than": older_than},
                              good)
@@ -472,7 +558,8 @@ def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque
     _, text = get(dashboard.url + "/")
     row = text[text.index('data-queue="jobs"'):]
     # a bar for each minute of the last hour in which something ended: here, one
-    bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, (\d+) retried</title>"
+    bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, \d+ cancelled, (\d+) "
+                      r"retried</title>"
                       r'<rect class="ok" x="([\d.]+)" width="2.4" y="[\d.]+" height="([\d.]+)"/>'
                       r"</g>", row[: row.index("</tr>")])
     assert len(bars) == 1 and bars[0][:3] == ("1", "0", "0"), row[:3000]

@@ -171,6 +171,24 @@ def test_failed_task_shows_its_traceback_and_log_tail(
     page.screenshot(path=str(shots / "task-failed.png"), full_page=True)
 
 
+def test_a_task_done_on_its_second_attempt_shows_its_history_not_its_first_error(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
+        shots: Path) -> None:
+    listen("work", "tests.jobs:flaky")
+    task_id = client.get_queue("work").enqueue(json.dumps({"succeed_on": 2}), max_attempts=2,
+                                               retry_backoff=0.2)
+    assert client.get_task(task_id).wait(30).status == "complete"
+    page.goto(f"{dashboard.url}/task?id={task_id}")
+    assert page.locator("#status").inner_text() == "complete"
+    assert page.locator("#error").count() == 0 and page.locator("pre.error").count() == 0
+    rows = page.locator("#history tbody tr")
+    assert rows.count() == 2
+    first, second = (rows.nth(n).locator("td").all_inner_texts() for n in range(2))
+    assert first[0] == "1" and first[1].startswith("retry") and "attempt 1 failed" in first[5]
+    assert second[0] == "2" and second[1] == "complete" and second[5] == ""
+    page.screenshot(path=str(shots / "task-history.png"), full_page=True)
+
+
 def test_cancel_through_the_page_needs_the_token(
         client: blueque.Client, dashboard: DashboardProcess, listen: Any, page: Any,
         shots: Path, tmp_path: Path) -> None:
@@ -200,6 +218,81 @@ def test_cancel_through_the_page_needs_the_token(
                what="the page to show the cancel without a reload")
     assert "told to stop it" in message.inner_text()
     page.screenshot(path=str(shots / "cancelled.png"), full_page=True)
+
+
+def test_empty_a_queue_then_purge_what_was_cancelled(
+        client: blueque.Client, dashboard: DashboardProcess, listen: Any, browser: Any,
+        shots: Path, tmp_path: Path) -> None:
+    """The queue page's "Empty queue" cancels every waiting task (the running one goes on),
+    after a confirmation; the purge form deletes the cancelled tasks older than its age; a
+    cancelled task's page asks before running it after all."""
+    listen("documents", "tests.jobs:waits_for_release")
+    queue = client.get_queue("documents")
+    release = tmp_path / "release"
+    running = queue.enqueue(json.dumps({"release": str(release)}))
+    wait_until(lambda: client.get_task(running).status == "started", what="one running")
+    queue.enqueue_many([json.dumps({"release": str(release)})] * 300)
+    for n in range(2):
+        queue.schedule("{}", time.time() + 3600 + n)
+    context = browser.new_context(viewport={"width": 1360, "height": 860})
+    page = context.new_page()
+    asked: list[str] = []
+    answers = iter([True, False, True, True])
+
+    def answer(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if next(answers) else dialog.dismiss()
+
+    page.on("dialog", answer)
+    try:
+        page.goto(f"{dashboard.url}/queue?name=documents")
+        page.locator("#token").fill(TOKEN)
+        assert page.locator("#tabs").inner_text().split() == [
+            "pending", "300", "scheduled", "2", "reserved", "0", "started", "1", "complete",
+            "0", "failed", "0", "cancelled", "0"]
+        page.screenshot(path=str(shots / "before-empty.png"), full_page=True)
+        page.locator("#empty-queue").click()
+        message = page.locator("#message")
+        wait_until(lambda: message.is_visible(), what="the action's answer")
+        assert asked[0].startswith("Empty this queue: cancel every pending and scheduled task "
+                                   "of documents?")
+        assert message.inner_text() == ("300 pending and 2 scheduled task(s) of documents "
+                                        "cancelled; running tasks go on")
+        stats = queue.stats()
+        assert (stats.pending, stats.scheduled, stats.started, stats.cancelled) == (0, 0, 1, 302)
+        wait_until(lambda: "cancelled 302" in " ".join(page.locator("#tabs").inner_text().split()),
+                   what="the tabs to count them without a reload")
+        page.screenshot(path=str(shots / "emptied.png"), full_page=True)
+
+        # a cancelled task's page: "Run it after all" asks first; dismissed, nothing happens
+        cancelled = queue.task_ids("cancelled", 0, 0)[0]
+        page.goto(f"{dashboard.url}/task?id={cancelled}")
+        assert "bulk retries" in page.locator("#cancelled-note").inner_text()
+        page.screenshot(path=str(shots / "cancelled-task.png"), full_page=True)
+        page.locator("#retry").click()
+        wait_until(lambda: len(asked) == 2, what="the confirmation")
+        assert "cancelled means it should never run. Run it after all?" in asked[1]
+        assert client.get_task(cancelled).state == "cancelled"
+        page.locator("#retry").click()
+        wait_until(lambda: client.get_task(cancelled).status in ("pending", "started"),
+                   what="it runs after all")
+
+        # purge: the age field says which; 7d (the default) keeps these new ones
+        page.goto(f"{dashboard.url}/queue?name=documents&state=cancelled")
+        assert page.locator("#purge-status").input_value() == "cancelled"  # the tab's
+        assert page.locator("#purge-age").input_value() == "7d"
+        page.locator("#purge-age").fill("0")
+        page.locator("#purge button").click()
+        wait_until(lambda: queue.stats().cancelled == 0, what="the purge")
+        assert asked[-1] == ("Delete every cancelled task of documents that finished more "
+                             "than 0 ago?")
+        wait_until(lambda: "deleted" in page.locator("#message").inner_text(), what="its answer")
+        assert page.locator("#message").inner_text() == (
+            "301 cancelled task(s) of documents deleted (every one)")
+        page.screenshot(path=str(shots / "purged.png"), full_page=True)
+    finally:
+        context.close()
+        release.touch()
 
 
 def test_xss_payload_in_parameters_renders_as_text(
@@ -241,12 +334,15 @@ def test_queues_overview_screenshot(
     for n in range(4):
         documents.enqueue(json.dumps({"interval": 2}), task_id=f"waiting-{n}")
     documents.schedule("{}", time.time() + 3600, task_id="tonight")
+    client.cancel_task(documents.enqueue("{}", task_id="wrong-input"), "wrong input")
     wait_until(lambda: all(client.get_task(i).status == "started" for i in long_ones),
                what="two running")
     page.goto(dashboard.url + "/")
     wait_until(lambda: page.locator('tr[data-queue="documents"]').count() == 1,
                what="the documents row")
     assert page.locator('tr[data-queue="reports"] td.state-failed').inner_text() == "3"
+    assert page.locator('tr[data-queue="documents"] td.state-cancelled').inner_text() == "1"
+    assert page.locator('tr[data-queue="documents"] td.state-failed').inner_text() == "0"
     target = shots / "queues.png"
     page.screenshot(path=str(target), full_page=True)
     if os.environ.get("BLUEQUE_README_SCREENSHOT") == "1":

@@ -197,7 +197,7 @@ def test_a_dead_holder_of_the_id_on_another_node_is_waited_out_and_recovered(  #
     wait_until(lambda: len(lines(marker)) == 2, what="attempt 2 run by the new listener")
     task = client.get_task(task_id)
     assert (task.status, task.attempts, task.node) == ("started", 2, "twin.example_1")
-    assert "twin.example_1 stopped renewing its lease" in (task.error or "")
+    assert "twin.example_1 stopped renewing its lease" in task.history[-1]["error"]
     assert "waiting for its lease to lapse" in restarted.log()
     release.touch()
     assert client.get_task(task_id).wait(20).status == "complete"

@@ -190,7 +190,7 @@ def test_stamp_skips_a_task_cancelled_during_the_reserved_window(
     assert r.llen(K.reserved("q", "L_1")) == 0
     assert r.hget(K.task(task_id), "status") == "failed"
     assert r.hget(K.task(task_id), "cancelled")
-    assert r.lrange(K.failed("q"), 0, -1) == [task_id]
+    assert r.lrange(K.cancelled("q"), 0, -1) == [task_id] and r.llen(K.failed("q")) == 0
 
 
 def test_listener_reserve_passes_over_bad_ids_to_the_next_task(

@@ -156,7 +156,7 @@ def test_demo_runs_to_the_end_and_leaves_no_process_behind(tmp_path: Path) -> No
     assert re.search(r"stopped the listener \(pid \d+, exit code 0\)", out)
     assert re.search(r"stopped the scheduler \(pid \d+, exit code 0\)", out)
     assert "stopped the redis-server" in out
-    assert "8/8 finished, 1 failed" in err  # the progress bar
+    assert "8/8 finished, 0 failed, 1 cancelled" in err  # the progress bar: cancelled apart
     leftovers = _processes_with(marker)
     for leftover in leftovers:  # clean up before failing
         leftover.kill()
@@ -171,5 +171,6 @@ def test_demo_on_a_given_url(redis_url: str, redis_client: redis.Redis, tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "redis-server" not in done.stdout  # no private server: the given one was used
     assert redis_client.llen(KEYS.complete("my-demo")) == 7
-    assert redis_client.llen(KEYS.failed("my-demo")) == 1
+    assert redis_client.llen(KEYS.failed("my-demo")) == 0
+    assert redis_client.llen(KEYS.cancelled("my-demo")) == 1  # the long task: cancelled
     assert blueque.Client(redis_url).get_queue("my-demo").stats().listeners == 0

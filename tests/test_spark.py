@@ -359,6 +359,38 @@ def test_read_tasks_types_every_field_and_filters_statuses(
         read_tasks(spark, url, "q", statuses=["done"])
 
 
+def test_read_tasks_groups_cancelled_tasks_apart(spark: SparkSession, url: str,
+                                                 client: blueque.Client) -> None:
+    """A cancelled task is failed in its hash; its row's status says cancelled, so a
+    ``groupBy("status")`` counts it apart, and ``statuses`` may name it."""
+    queue = client.get_queue("q")
+    ids = [queue.enqueue("{}", task_id=f"t{n}") for n in range(4)]
+    broken = finish(client, "q", "failed")
+    assert broken.id == ids[0]
+    for task_id in ids[1:3]:
+        client.cancel_task(task_id)
+    counts = {r["status"]: r["count"]
+              for r in read_tasks(spark, url, "q").groupBy("status").count().collect()}
+    assert counts == {"failed": 1, "cancelled": 2, "pending": 1}
+    cancelled = read_tasks(spark, url, "q", statuses="cancelled").collect()
+    assert sorted(r["id"] for r in cancelled) == ["t1", "t2"]
+    assert cancelled[0]["error"] == "cancelled: cancelled"
+    assert [r["id"] for r in read_tasks(spark, url, "q", statuses="failed").collect()] == ["t0"]
+
+
+def test_wait_for_tasks_counts_cancelled_ones_as_finished_apart(client: blueque.Client
+                                                                ) -> None:
+    queue = client.get_queue("q")
+    ids = queue.enqueue_many(["{}"] * 3, task_ids=["a", "b", "c"]).task_ids
+    finish(client, "q", "complete")
+    for task_id in ids[1:]:
+        client.cancel_task(task_id)
+    last = wait_for_tasks(client, "q", task_ids=ids, progress=False)
+    assert last.done and last.counts == {"complete": 1, "cancelled": 2} and last.finished == 3
+    assert "3/3 finished (complete 1, failed 0, cancelled 2)" in last.line()
+    assert wait_for_tasks(client, "q", count=3, progress=False).finished == 3
+
+
 def test_wait_for_task_ids_reports_counts_until_all_finish(client: blueque.Client) -> None:
     queue = client.get_queue("q")
     ids = queue.enqueue_many(["{}"] * 3, task_ids=["a", "b", "c"]).task_ids

@@ -25,12 +25,15 @@ from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
 from blueque.keys import Keys
 from blueque.policy import encode_options
+from blueque.protocol import CancelledWaiting
 from blueque.queue import (
     BulkEnqueue,
     QueueStats,
     TaskId,
+    bulk_cancel,
     bulk_submission,
     check_deletable,
+    check_limit,
     check_queue_name,
     given_queue_name,
     purge_cutoff,
@@ -145,7 +148,8 @@ class Client:
 
     async def retry_task(self, task_id: str) -> None:
         """Put a failed task back in its queue's pending list, its attempts kept
-        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
+        (retry_failed.lua); a cancelled one too, since it is asked for by its id. Raises
+        TaskNotFound or InvalidTaskState (not failed)."""
         queue = (await self.get_task(task_id)).queue
         if queue is None:
             raise TaskNotFound(task_id)
@@ -206,17 +210,37 @@ class Queue:
                                                                 now()))
 
     async def delete_task(self, task: TaskView) -> None:
-        """Delete a complete or failed task (its hash and its finished-list entry)."""
-        status = check_deletable(self._name, task.id, task.queue, task.status)
-        await self._store.perform(protocol.delete, self._name, task.id, status)
+        """Delete a complete or failed task (its hash and its entry in the complete, failed
+        or cancelled list)."""
+        state = check_deletable(self._name, task.id, task.queue, task.status, task.cancelled)
+        await self._store.perform(protocol.delete, self._name, task.id, state)
 
     async def stats(self) -> QueueStats:
-        """Counts per state and listeners, from O(1) commands."""
+        """Counts per state and listeners, from O(1) commands; cancelled tasks apart from
+        failed ones."""
         counts = await self._store.perform(protocol.counts, self._name)
         return QueueStats(**vars(counts), name=self._name)
 
     async def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
+        """Ids of the tasks in one state: a status, or ``cancelled`` (keys.STATES)."""
         return await self._store.perform(protocol.task_ids, self._name, status, start, stop)
+
+    async def retry_failed(self, limit: int | None = None, include_cancelled: bool = False
+                           ) -> list[str]:
+        """Make this queue's failed tasks pending again, oldest first; cancelled ones only
+        with ``include_cancelled``. See blueque.Queue.retry_failed."""
+        return await self._store.run(protocol.retry_failed_tasks(
+            self._store.keys, self._name, now, check_limit(limit), include_cancelled))
+
+    async def cancel_waiting(self, older_than: float | None = None, match: str | None = None,
+                             reason: str = "cancelled", scheduled: bool = True
+                             ) -> CancelledWaiting:
+        """Cancel the queue's pending and scheduled tasks (or those older than
+        ``older_than`` seconds and/or whose id matches ``match``), a batch per script call:
+        see blueque.Queue.cancel_waiting."""
+        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled)
+        return await self._store.run(protocol.cancel_waiting(
+            self._store.keys, self._name, now, error, cutoff, match, sources))
 
     async def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a

@@ -31,6 +31,7 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
+from blueque.errors import BluequeError
 from blueque.ha import Durability
 from blueque.retry import NoRetry, RetryPolicy, is_transient
 from blueque.store import (
@@ -91,13 +92,20 @@ class AsyncRedisStore:
         return await self._perform(lambda: operation(self.keys, *args, **kwargs))
 
     async def run(self, procedure: protocol.Procedure[T]) -> T:
-        """A procedure of blueque.protocol (purge, enqueue_due_tasks): each operation it
-        yields runs under the retry policy on its own."""
+        """A procedure of blueque.protocol (purge, enqueue_due_tasks, cancel_waiting...): each
+        operation it yields runs under the retry policy on its own; its error (a Blueque
+        error) is thrown into the procedure."""
         reply: Any = None
+        error: BluequeError | None = None
         try:
             while True:
-                factory = procedure.send(reply)
-                reply = await self._perform(factory)
+                # a refusal goes back into the procedure, which may step over it (a task
+                # retried or deleted meanwhile); if it does not, it leaves from here
+                factory = procedure.send(reply) if error is None else procedure.throw(error)
+                try:
+                    reply, error = await self._perform(factory), None
+                except BluequeError as refused:
+                    reply, error = None, refused
         except StopIteration as done:
             result: T = done.value
             return result

@@ -49,20 +49,35 @@ def register(commands: Commands) -> None:
                      help="with --wait: give up after this long (90, 15m, 2h)")
 
     sub = commands.add("cancel", cmd_cancel,
-                       "cancel a task (a running one has its processes stopped)")
-    sub.add_argument("task_id")
+                       "cancel a task (a running one has its processes stopped), or with "
+                       "--all every pending and scheduled task of a queue")
+    sub.add_argument("task_id", nargs="?")
     sub.add_argument("--reason", default="by operator", help="recorded in the task's error")
+    sub.add_argument("--all", metavar="QUEUE", dest="all_of",
+                     help="cancel every pending and scheduled task of QUEUE (running ones go "
+                          "on: cancel them by id), a few hundred per server-side step")
+    sub.add_argument("--older-than", type=duration, metavar="DURATION",
+                     help="with --all: only tasks created longer ago than this (90, 15m, 2h)")
+    sub.add_argument("--match", metavar="PATTERN",
+                     help="with --all: only tasks whose id matches this shell pattern "
+                          "('batch-7-*', quoted)")
+    sub.add_argument("--pending-only", action="store_true",
+                     help="with --all: leave the scheduled tasks alone")
     _add_preempt(commands)
     sub = commands.add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
-    sub.add_argument("task_id", nargs="?")
-    sub.add_argument("--failed", metavar="QUEUE", help="every failed task of QUEUE")
+    sub.add_argument("task_id", nargs="?", help="a failed task (a cancelled one too: it is "
+                                                "asked for by its id)")
+    sub.add_argument("--failed", metavar="QUEUE",
+                     help="every failed task of QUEUE (not the cancelled ones)")
     sub.add_argument("--limit", type=positive_int, default=None,
                      help="with --failed: oldest N only")
+    sub.add_argument("--include-cancelled", action="store_true",
+                     help="with --failed: the cancelled tasks too (after the failed ones)")
     sub = commands.add("purge", cmd_purge, "delete finished tasks older than a duration")
     sub.add_argument("queue")
     sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
                      help="finished longer ago than this (90, 15m, 2h, 7d)")
-    sub.add_argument("--status", choices=k.FINISHED_STATUSES, help="default: both")
+    sub.add_argument("--status", choices=k.ENDED_LISTS, help="default: all three")
     sub = commands.add("configure", cmd_configure,
                        "set or show a queue's defaults (a value of 'none' removes one)")
     sub.add_argument("queue")
@@ -150,10 +165,38 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    if (args.task_id is None) == (args.all_of is None):
+        raise Failure("give either a TASK_ID or --all QUEUE", EXIT_USAGE)
+    if args.all_of is not None:
+        return _cancel_all(client, args)
+    if args.older_than is not None or args.match is not None or args.pending_only:
+        raise Failure("--older-than, --match and --pending-only go with --all QUEUE",
+                      EXIT_USAGE)
     outcome = client.cancel_task(args.task_id, args.reason)
     text = {"cancelled": f"task {args.task_id} cancelled: it will not run",
             "requested": f"task {args.task_id} is running: its listener was told to stop it"}
     emit(args, {"task_id": args.task_id, "outcome": outcome}, text.get(outcome, outcome))
+    return EXIT_OK
+
+
+def _cancel_all(client: Client, args: argparse.Namespace) -> int:
+    queue = args.all_of
+    if queue not in client.queue_names():  # a typo must not read as "0 cancelled"
+        raise unknown_queue(queue)
+    started = time.monotonic()
+    done = client.get_queue(queue).cancel_waiting(
+        args.older_than, args.match, args.reason, scheduled=not args.pending_only)
+    which = []
+    if args.older_than is not None:
+        which.append(f"created more than {format_seconds(args.older_than)} ago")
+    if args.match is not None:
+        which.append(f"whose id matches {args.match!r}")
+    emit(args, {"queue": queue, "cancelled": {"pending": done.pending,
+                                              "scheduled": done.scheduled},
+                "seconds": round(time.monotonic() - started, 3)},
+         f"{done.pending} pending and {done.scheduled} scheduled task(s) of {queue}"
+         + (" " + " and ".join(which) if which else "")
+         + " cancelled; running tasks go on (cancel them by id)")
     return EXIT_OK
 
 
@@ -181,20 +224,29 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
     if (args.task_id is None) == (args.failed is None):
         raise Failure("give either a TASK_ID or --failed QUEUE", EXIT_USAGE)
     if args.task_id is not None:
+        if args.limit is not None or args.include_cancelled:
+            raise Failure("--limit and --include-cancelled go with --failed QUEUE", EXIT_USAGE)
+        was_cancelled = client.get_task(args.task_id).cancelled
         client.retry_task(args.task_id)
-        emit(args, {"retried": [args.task_id]}, f"task {args.task_id} is pending again")
+        emit(args, {"retried": [args.task_id]},
+             f"task {args.task_id} is pending again"
+             + (" (it had been cancelled)" if was_cancelled else ""))
         return EXIT_OK
     if args.failed not in client.queue_names():  # a typo must not read as "0 retried"
         raise unknown_queue(args.failed)
-    retried = client.get_queue(args.failed).retry_failed(args.limit)
+    queue = client.get_queue(args.failed)
+    retried = queue.retry_failed(args.limit, include_cancelled=args.include_cancelled)
+    left = 0 if args.include_cancelled else queue.stats().cancelled
     emit(args, {"retried": retried},
-         f"{len(retried)} failed task(s) of {args.failed} are pending again")
+         f"{len(retried)} failed task(s) of {args.failed} are pending again"
+         + (f"; {left} cancelled task(s) left alone (--include-cancelled retries them)"
+            if left else ""))
     return EXIT_OK
 
 
 def cmd_purge(client: Client, args: argparse.Namespace) -> int:
     queue = client.get_queue(args.queue)
-    statuses = [args.status] if args.status else list(k.FINISHED_STATUSES)
+    statuses = [args.status] if args.status else list(k.ENDED_LISTS)
     deleted = {status: queue.purge(status, args.older_than) for status in statuses}
     emit(args, {"queue": args.queue, "deleted": deleted},
          ", ".join(f"{n} {status}" for status, n in deleted.items())

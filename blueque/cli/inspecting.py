@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 from blueque import keys as k
 from blueque.cli.base import (
@@ -33,7 +34,7 @@ from blueque.display import (
 from blueque.errors import TaskNotFound
 from blueque.policy import field_float
 from blueque.store import now
-from blueque.task import Task
+from blueque.task import Task, readable_history
 from blueque.tasklog import follow_output, read_output, wait_for_output
 
 #: Timestamp fields of a task hash, shown as dates by `blueque show`.
@@ -47,7 +48,9 @@ def register(commands: Commands) -> None:
                  "Redis may evict Blueque's keys (its maxmemory-policy)")
     sub = commands.add("tasks", cmd_tasks, "list the tasks of a queue")
     sub.add_argument("queue")
-    sub.add_argument("--status", choices=k.STATUSES, help="only tasks in this state")
+    sub.add_argument("--status", choices=k.STATES,
+                     help="only tasks in this state (cancelled: failed tasks that were "
+                          "cancelled, listed apart)")
     sub.add_argument("--limit", type=positive_int, default=20,
                      help="at most N per state (default 20)")
     sub = commands.add("show", cmd_show,
@@ -69,7 +72,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     queues = client.queue_names()
     stats = [vars(client.get_queue(name).stats()) for name in queues]
     listeners = client.listeners(queues)
-    counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "listeners")
+    counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "cancelled",
+              "listeners")
     text = table(("QUEUE", *(c.upper() for c in counts)),
                  [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
@@ -114,12 +118,12 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
         raise unknown_queue(args.queue)
     queue = client.get_queue(args.queue)
     ids: list[str] = []
-    for status in [args.status] if args.status else list(k.STATUSES):
+    for status in [args.status] if args.status else list(k.STATES):
         ids += queue.task_ids(status, 0, args.limit - 1)[: args.limit]
     datas = client.store.task_data_many(ids)
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
     current = now()
-    rows = [(t["id"], t.get("status", "(missing)"), t.get("attempts", "-"),
+    rows = [(t["id"], k.state_of(t) or "(missing)", t.get("attempts", "-"),
              format_time(field_float(t.get("updated"))), _eta_text(t, current),
              t.get("node") or "-",
              shorten(last_line(t.get("error")) or t.get("result") or t.get("parameters"),
@@ -150,7 +154,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     if args.checkpoint:
         return _show_checkpoint(task, args)
     rows = []
-    for name in sorted(data):
+    for name in sorted(set(data) - {"history"}):  # the history is shown as a table below
         value = data[name]
         stamp = field_float(value) if name in TIME_FIELDS else None
         rows.append((name, f"{format_time(stamp)} ({value})" if stamp else value))
@@ -161,9 +165,28 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         saved = (f"checkpoint: {format_bytes(info.size)} saved {format_time(info.saved_at)} "
                  f"({format_seconds(now() - info.saved_at)} ago) by attempt {info.attempt}; "
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
-    emit(args, {"id": args.task_id, **data, "checkpoint": info and vars(info)},
-         f"task {visible(args.task_id)}\n" + table(("FIELD", "VALUE"), rows) + "\n" + saved)
+    history = readable_history(data.get("history"))
+    emit(args, {"id": args.task_id, **data, "history": history,
+                "checkpoint": info and vars(info)},
+         f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "") + "\n"
+         + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved)
     return EXIT_OK
+
+
+def _history_text(history: list[dict[str, Any]]) -> str:
+    """How each earlier run ended: the ``history`` field (PROTOCOL.md 3.2), oldest first."""
+    if not history:
+        return "history: none (no run has ended yet)"
+    rows = [(entry.get("attempt") or "-", entry.get("outcome") or "?",
+             format_time(field_float(entry.get("at"))), _ran(entry),
+             entry.get("node") or "-", shorten(last_line(entry.get("error")), 60))
+            for entry in history]
+    return "history:\n" + table(("ATTEMPT", "ENDED", "AT", "RAN", "WHERE", "WHY"), rows)
+
+
+def _ran(entry: dict[str, Any]) -> str:
+    started, at = field_float(entry.get("started")), field_float(entry.get("at"))
+    return "-" if started is None or at is None else format_seconds(max(0.0, at - started))
 
 
 def _show_checkpoint(task: Task, args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
 def report_waited(args: argparse.Namespace, result: WaitResult,
                   extra: dict[str, object] | None = None) -> int:
     tasks = [{"id": i, **d} for i, d in result.tasks.items()]
-    rows = [(t["id"], t.get("status", "(missing)"),
+    rows = [(t["id"], k.state_of(t) or "(missing)",
              shorten(last_line(t.get("error")) if t.get("status") == k.FAILED
                      else t.get("result"), 60))
             for t in tasks]
@@ -42,6 +42,8 @@ def report_waited(args: argparse.Namespace, result: WaitResult,
         raise Failure(f"no such task: {', '.join(result.missing())}", EXIT_NOT_FOUND)
     if result.timed_out:
         raise Failure(f"timed out: {len(tasks) - len(result.finished())} task(s) unfinished")
-    if result.failed():
-        raise Failure(f"{len(result.failed())} task(s) failed")
+    failed, cancelled = len(result.failed()), len(result.cancelled())
+    if failed or cancelled:
+        raise Failure(", ".join(f"{n} task(s) {what}" for n, what in (
+            (failed, "failed"), (cancelled, "cancelled")) if n))
     return EXIT_OK

@@ -4,7 +4,7 @@
 -- KEYS[2] pending list         blueque_pending_tasks_[queue]
 -- KEYS[3..] task hashes        blueque_task_[id], in ARGV order
 -- ARGV[1] now, ARGV[2] channel, ARGV[3] queue, ARGV[4..] task ids (read by ZRANGEBYSCORE)
--- Returns the ids this call moved.
+-- Returns the ids this call moved (their `eta` removed: they are no longer scheduled).
 local moved = {}
 for i = 4, #ARGV do
   local key = KEYS[i - 1]
@@ -15,6 +15,7 @@ for i = 4, #ARGV do
     if status == 'scheduled' or status == false then
       if status == 'scheduled' then
         redis.call('HSET', key, 'status', 'pending', 'updated', ARGV[1])
+        redis.call('HDEL', key, 'eta')  -- no longer scheduled (the ZSET had its eta)
       end
       -- a missing hash still goes to pending: the listener records it as failed (stamp.lua)
       redis.call('LPUSH', KEYS[2], ARGV[i])

@@ -3,8 +3,8 @@
 -- KEYS[1] task hash            blueque_task_[id]
 -- KEYS[2] reserved list        blueque_reserved_tasks_[queue]_[listener id]
 -- KEYS[3] started set          blueque_started_tasks_[queue]
--- KEYS[4] target               complete list, failed list, scheduled zset (retry), or
---                              pending list (preempted)
+-- KEYS[4] target               complete list, failed list (cancelled list for a cancelled
+--                              run), scheduled zset (retry), or pending list (preempted)
 -- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
 -- KEYS[7] checkpoint hash      blueque_checkpoint_[id] (follows the result TTL)
@@ -19,7 +19,41 @@
 -- ARGV[15] the queue's channel, ARGV[16] the queue (preempted: published, the task is pending)
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
 -- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
-local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node')
+-- The ending is appended to the task's `history` (PROTOCOL.md 3.2); the current fields then
+-- describe the current attempt only: complete drops `error` and `traceback`, retry and
+-- preempted (the task waits for its next attempt) drop the run's node, pid and progress.
+local function history()
+  local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
+  local list = {}
+  if ok and type(old) == 'table' then
+    for i = 1, #old do
+      list[i] = old[i]
+    end
+  end
+  return list
+end
+local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
+  if not text or text == '' then
+    return nil
+  end
+  if #text <= 500 then
+    return text
+  end
+  local n = 500
+  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
+    n = n - 1
+  end
+  return string.sub(text, 1, n) .. '...'
+end
+local function remember(entry)  -- the history: one JSON entry per ending, the last 20
+  local list = history()
+  list[#list + 1] = entry
+  while #list > 20 do
+    table.remove(list, 1)
+  end
+  redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
+end
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at')
 local status = cur[1]
 if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
   return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
@@ -27,8 +61,19 @@ if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
 end
 local recorded = {complete = 'complete', failed = 'failed', retry = 'scheduled',
                   preempted = 'pending'}
-if ARGV[7] ~= '' and status == recorded[ARGV[4]] and cur[4] == ARGV[2] then
-  return status
+local counted = ARGV[4]
+if counted == 'failed' and ARGV[11] == 'cancelled' then
+  counted = 'cancelled'
+end
+-- our own earlier try: by its listener (kept on a finished task) or, for a task put back
+-- (its node removed), by the history's last entry: this attempt, ended so by this listener
+if ARGV[7] ~= '' and status == recorded[ARGV[4]] then
+  local last = history()
+  last = last[#last]
+  if cur[4] == ARGV[2] or (type(last) == 'table' and last.node == ARGV[2]
+      and last.outcome == counted and tostring(last.attempt) == ARGV[7]) then
+    return status
+  end
 end
 if status ~= 'reserved' and status ~= 'started' then
   return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. tostring(status)
@@ -41,18 +86,24 @@ end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
 local outcome = ARGV[4]
+remember({attempt = tonumber(cur[2]), outcome = counted, at = tonumber(ARGV[6]),
+          node = ARGV[2], pid = tonumber(pid), started = tonumber(cur[5]),
+          error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
+          eta = outcome == 'retry' and tonumber(ARGV[8]) or nil})
 if outcome == 'complete' then
   redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
              'finished_at', ARGV[6])
+  redis.call('HDEL', KEYS[1], 'error', 'traceback')  -- an earlier attempt's: in the history
   redis.call('LPUSH', KEYS[4], ARGV[1])
 elseif outcome == 'failed' then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[5], 'updated', ARGV[6],
              'finished_at', ARGV[6])
   redis.call('LPUSH', KEYS[4], ARGV[1])
-elseif outcome == 'preempted' then  -- node kept: a repeat after a lost reply is told apart
+elseif outcome == 'preempted' then
   redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[6], 'preempted_at', ARGV[6],
              'preempted_reason', ARGV[5])
-  redis.call('HDEL', KEYS[1], 'pid')
+  redis.call('HDEL', KEYS[1], 'node', 'pid', 'pid_created', 'started_at', 'progress',
+             'progress_message')
   redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
   redis.call('RPUSH', KEYS[4], ARGV[1])
   redis.call('PUBLISH', ARGV[15], ARGV[16])
@@ -60,6 +111,8 @@ elseif outcome == 'preempted' then  -- node kept: a repeat after a lost reply is
 else
   redis.call('HSET', KEYS[1], 'status', 'scheduled', 'error', ARGV[5], 'updated', ARGV[6],
              'eta', ARGV[8])
+  redis.call('HDEL', KEYS[1], 'node', 'pid', 'pid_created', 'started_at', 'progress',
+             'progress_message')
   redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
   outcome = 'scheduled'
 end
@@ -79,10 +132,6 @@ if ARGV[9] ~= '' and final then
 end
 if ARGV[9] ~= '' and final and KEYS[7] then
   redis.call('PEXPIRE', KEYS[7], ARGV[9])  -- the checkpoint goes with its task
-end
-local counted = ARGV[4]
-if counted == 'failed' and ARGV[11] == 'cancelled' then
-  counted = 'cancelled'
 end
 if redis.call('HINCRBY', KEYS[5], counted, 1) == 1 then  -- the minute's first of them
   redis.call('EXPIRE', KEYS[5], ARGV[13])

@@ -9,15 +9,16 @@
 -- KEYS[8] queue config hash    blueque_queue_config_[queue]
 -- KEYS[9] outcome counts hash  blueque_outcome_counts_[queue]
 -- KEYS[10] queues              blueque_queues, or (cluster layout) KEYS[1] again: see ARGV[2]
+-- KEYS[11] cancelled list      blueque_cancelled_tasks_[queue]
 -- ARGV[1] queue, ARGV[2] "1" if KEYS[10] is blueque_queues, "0" if the caller removes it
 -- Returns 1 if the queue was known, 0 if not; an error "BLUEQUE_STATE ..." (nothing changed)
 -- if it still holds tasks or has listeners.
 local held = {}
-local names = {'pending', 'scheduled', 'started', 'complete', 'failed'}
+local names = {'pending', 'scheduled', 'started', 'complete', 'failed', 'cancelled'}
 local counts = {redis.call('LLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]),
                 redis.call('SCARD', KEYS[3]), redis.call('LLEN', KEYS[4]),
-                redis.call('LLEN', KEYS[5])}
-for i = 1, 5 do
+                redis.call('LLEN', KEYS[5]), redis.call('LLEN', KEYS[11])}
+for i = 1, 6 do
   if counts[i] > 0 then
     held[#held + 1] = counts[i] .. ' ' .. names[i]
   end

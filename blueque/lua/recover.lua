@@ -9,7 +9,8 @@
 -- KEYS[8] queues zset          blueque_queues (or any same-slot key when ARGV[5] == "0")
 -- KEYS[9] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[10] outcomes ever       blueque_outcome_counts_[queue]
--- KEYS[11..] task hashes       blueque_task_[id], one per verdict, in ARGV order
+-- KEYS[11] cancelled list      blueque_cancelled_tasks_[queue]
+-- KEYS[12..] task hashes       blueque_task_[id], one per verdict, in ARGV order
 -- ARGV[1] dead listener id, ARGV[2] now (s), ARGV[3] mode:
 --   "lease": the listener's lease must exist and have expired by the server clock; removing it
 --            is the claim (a second recoverer finds no lease and does nothing);
@@ -25,6 +26,9 @@
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
 -- Returns {requeued, retried, failed, skipped}, or {-1} if the claim failed (lease live or
 -- gone, or the listener already claimed).
+-- Each verdict but drop (and pending for a task no stamp counted an attempt of) is added to
+-- the task's `history` (PROTOCOL.md 3.2); a task put back (pending, preempted, retry) loses
+-- the run's node, pid and progress: its current fields describe its next attempt.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[3] == 'lease' then
@@ -41,16 +45,44 @@ if ARGV[7] == '1' then
     redis.call('ZINCRBY', KEYS[8], -1, ARGV[4])
   end
 end
+local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
+  if not text or text == '' then
+    return nil
+  end
+  if #text <= 500 then
+    return text
+  end
+  local n = 500
+  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
+    n = n - 1
+  end
+  return string.sub(text, 1, n) .. '...'
+end
+local function remember(key, entry)  -- the history: one JSON entry per ending, the last 20
+  local ok, old = pcall(cjson.decode, redis.call('HGET', key, 'history') or '[]')
+  local list = {}
+  if ok and type(old) == 'table' then
+    for i = 1, #old do
+      list[i] = old[i]
+    end
+  end
+  list[#list + 1] = entry
+  while #list > 20 do
+    table.remove(list, 1)
+  end
+  redis.call('HSET', key, 'history', cjson.encode(list))
+end
+local RUN_FIELDS = {'node', 'pid', 'pid_created', 'started_at', 'progress', 'progress_message'}
 local counts = {0, 0, 0, 0}
 local function count(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
   redis.call('HINCRBY', KEYS[9], outcome, 1)
   redis.call('EXPIRE', KEYS[9], ARGV[8])
   redis.call('HINCRBY', KEYS[10], outcome, 1)
 end
-for i = 11, #KEYS do
-  local a = 9 + (i - 11) * 5
+for i = 12, #KEYS do
+  local a = 9 + (i - 12) * 5
   local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local cur = redis.call('HMGET', KEYS[i], 'status', 'attempts', 'pid')
+  local cur = redis.call('HMGET', KEYS[i], 'status', 'attempts', 'pid', 'started_at')
   local attempts = cur[2] or ''
   if not redis.call('LPOS', KEYS[3], id) or attempts ~= seen then
     counts[4] = counts[4] + 1
@@ -59,15 +91,26 @@ for i = 11, #KEYS do
     if cur[3] then
       redis.call('SREM', KEYS[5], ARGV[1] .. ' ' .. cur[3] .. ' ' .. id)
     end
+    local stamped = cur[1] == 'reserved' or cur[1] == 'started'  -- an attempt was counted
+    if verdict ~= 'drop' and (verdict ~= 'pending' or stamped) then
+      remember(KEYS[i], {attempt = tonumber(cur[2]),
+                         outcome = verdict == 'pending' and 'requeued' or verdict,
+                         at = tonumber(ARGV[2]), node = ARGV[1], pid = tonumber(cur[3]),
+                         started = tonumber(cur[4]),
+                         error = cut(verdict == 'pending'
+                                     and 'its listener ' .. ARGV[1] .. ' did not run it'
+                                     or ARGV[a + 4]),
+                         eta = verdict == 'retry' and tonumber(ARGV[a + 3]) or nil})
+    end
     if verdict == 'pending' then
       redis.call('HSET', KEYS[i], 'status', 'pending', 'updated', ARGV[2])
-      redis.call('HDEL', KEYS[i], 'node', 'pid')
+      redis.call('HDEL', KEYS[i], unpack(RUN_FIELDS))
       redis.call('RPUSH', KEYS[4], id)
       counts[1] = counts[1] + 1
     elseif verdict == 'preempted' then  -- an adopted run its node's preemption stopped
       redis.call('HSET', KEYS[i], 'status', 'pending', 'updated', ARGV[2], 'preempted_at',
                  ARGV[2], 'preempted_reason', ARGV[a + 4])
-      redis.call('HDEL', KEYS[i], 'node', 'pid')
+      redis.call('HDEL', KEYS[i], unpack(RUN_FIELDS))
       redis.call('HINCRBY', KEYS[i], 'preemptions', 1)
       redis.call('RPUSH', KEYS[4], id)
       count('preempted')
@@ -75,7 +118,7 @@ for i = 11, #KEYS do
     elseif verdict == 'retry' then
       redis.call('HSET', KEYS[i], 'status', 'scheduled', 'eta', ARGV[a + 3], 'error', ARGV[a + 4],
                  'updated', ARGV[2])
-      redis.call('HDEL', KEYS[i], 'traceback')
+      redis.call('HDEL', KEYS[i], 'traceback', unpack(RUN_FIELDS))
       redis.call('ZADD', KEYS[6], ARGV[a + 3], id)
       count('retry')
       counts[2] = counts[2] + 1
@@ -87,7 +130,7 @@ for i = 11, #KEYS do
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
       end
       count(verdict)
-      redis.call('LPUSH', KEYS[7], id)
+      redis.call('LPUSH', verdict == 'cancelled' and KEYS[11] or KEYS[7], id)
       counts[3] = counts[3] + 1
     end
   end

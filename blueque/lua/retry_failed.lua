@@ -3,14 +3,20 @@
 -- KEYS[2] failed list          blueque_failed_tasks_[queue]
 -- KEYS[3] pending list         blueque_pending_tasks_[queue]
 -- KEYS[4] checkpoint hash      blueque_checkpoint_[id] (kept, so the re-run resumes from it)
+-- KEYS[5] cancelled list       blueque_cancelled_tasks_[queue]
 -- ARGV[1] task id, ARGV[2] now (Unix s), ARGV[3] queue, ARGV[4] channel to publish the queue
 -- name on, ARGV[5] window: how far LPOS looks from each end of the failed list before a full LREM
 -- ARGV[6] ms the checkpoint is kept (what a save sets: it replaces the result TTL's expiry)
--- Returns 1; error "BLUEQUE_MISSING ..." if the hash is gone, "BLUEQUE_STATE ..." unless failed,
--- except for a repeat of this very call after a lost reply (`retried_at` is ARGV[2]): 1 again.
+-- ARGV[7] "1" to leave a cancelled task alone (a bulk retry: cancelled means never), "" to
+-- retry it too (asked for by its id, or with include_cancelled)
+-- Returns 1, or 0 for a cancelled task left alone (ARGV[7]); error "BLUEQUE_MISSING ..." if
+-- the hash is gone, "BLUEQUE_STATE ..." unless failed, except for a repeat of this very call
+-- after a lost reply (`retried_at` is ARGV[2]): 1 again.
 -- The run's error moves to `last_error`; the fields of the finished run (result, node, pid,
--- finish and cancel stamps, progress, eta) are removed, and so is any expiry the result TTL set.
-local status = redis.call('HGET', KEYS[1], 'status')
+-- finish and cancel stamps, progress, eta) are removed, and so is any expiry the result TTL set;
+-- the retry is added to the task's `history` (PROTOCOL.md 3.2).
+local cur = redis.call('HMGET', KEYS[1], 'status', 'cancelled', 'attempts')
+local status = cur[1]
 if not status then
   return redis.error_reply('BLUEQUE_MISSING task ' .. ARGV[1] .. ' does not exist')
 end
@@ -21,16 +27,47 @@ if status ~= 'failed' then
   return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. status
     .. ': only a failed task can be retried')
 end
+if cur[2] and ARGV[7] == '1' then
+  return 0
+end
 local window = tonumber(ARGV[5])
-if redis.call('LPOS', KEYS[2], ARGV[1], 'RANK', -1, 'MAXLEN', window) then
-  redis.call('LREM', KEYS[2], -1, ARGV[1])
-else
-  redis.call('LREM', KEYS[2], 1, ARGV[1])
+local function remove_near_an_end(list)  -- the common cases cost O(window), not O(length)
+  if redis.call('LPOS', list, ARGV[1], 'RANK', -1, 'MAXLEN', window) then
+    return redis.call('LREM', list, -1, ARGV[1]) > 0
+  end
+  if redis.call('LPOS', list, ARGV[1], 'MAXLEN', window) then
+    return redis.call('LREM', list, 1, ARGV[1]) > 0
+  end
+  return false
+end
+-- a cancelled task is in the cancelled list; one cancelled before that list existed, in the
+-- failed list
+local home, other = KEYS[2], nil
+if cur[2] then
+  home, other = KEYS[5], KEYS[2]
+end
+if not remove_near_an_end(home) and not (other and remove_near_an_end(other)) then
+  if redis.call('LREM', home, 1, ARGV[1]) == 0 and other then
+    redis.call('LREM', other, 1, ARGV[1])
+  end
 end
 local error_text = redis.call('HGET', KEYS[1], 'error')
 if error_text then
   redis.call('HSET', KEYS[1], 'last_error', error_text)
 end
+local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
+local list = {}
+if ok and type(old) == 'table' then
+  for i = 1, #old do
+    list[i] = old[i]
+  end
+end
+list[#list + 1] = {attempt = tonumber(cur[3]), outcome = 'retried', at = tonumber(ARGV[2]),
+                   was = cur[2] and 'cancelled' or 'failed'}
+while #list > 20 do  -- the history: one JSON entry per ending, the last 20
+  table.remove(list, 1)
+end
+redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
 redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'eta',
            'started_at', 'finished_at', 'cancelled', 'cancel_requested', 'progress',
            'progress_message', 'traceback', 'cancel_reason')

@@ -43,7 +43,7 @@ class BatchProgress:
 
     @property
     def finished(self) -> int:
-        return self.counts.get(k.COMPLETE, 0) + self.counts.get(k.FAILED, 0)
+        return sum(self.counts.get(state, 0) for state in k.ENDED_LISTS)
 
     @property
     def active(self) -> int:
@@ -52,9 +52,11 @@ class BatchProgress:
     def line(self) -> str:
         """``queue pages: 812/1000 finished (complete 800, failed 12) | pending 150 ...``"""
         of = f"/{self.total}" if self.total is not None else ""
+        cancelled = self.counts.get(k.CANCELLED, 0)
         parts = [
             f"queue {self.queue}: {self.finished}{of} finished "
-            f"(complete {self.counts.get(k.COMPLETE, 0)}, failed {self.counts.get(k.FAILED, 0)})"
+            f"(complete {self.counts.get(k.COMPLETE, 0)}, failed {self.counts.get(k.FAILED, 0)}"
+            + (f", cancelled {cancelled})" if cancelled else ")")
         ]
         parts += [f"{s} {self.counts[s]}" for s in (*ACTIVE, MISSING) if self.counts.get(s)]
         if self.seconds > 0 and self.finished:
@@ -105,14 +107,14 @@ class TaskFollower:
             else:
                 self._counts[last] -= 1
             self._counts[status or MISSING] += 1
-            if status in k.FINISHED_STATUSES:
+            if status in k.ENDED_LISTS:
                 del self._open[task_id]
             else:
                 self._open[task_id] = status or MISSING
 
 
 def read_statuses(store: RedisStore, task_ids: list[str]) -> list[str | None]:
-    """HGET status of each id, STATUS_CHUNK per pipeline."""
+    """The state of each id (its status, or cancelled), STATUS_CHUNK per pipeline."""
     return [status for start in range(0, len(task_ids), STATUS_CHUNK)
             for status in store.task_statuses(task_ids[start : start + STATUS_CHUNK])]
 
@@ -134,7 +136,7 @@ class QueueFollower:
             return False
         if self.total is None:
             return not any(self._counts[status] for status in ACTIVE)
-        return self._counts[k.COMPLETE] + self._counts[k.FAILED] >= self.total
+        return sum(self._counts[state] for state in k.ENDED_LISTS) >= self.total
 
     def queues(self) -> list[str]:
         return [self._queue]
@@ -143,7 +145,7 @@ class QueueFollower:
         return self._queue
 
     def took(self, queue: str, counts: QueueCounts) -> None:
-        self._counts = {status: getattr(counts, status) for status in k.STATUSES}
+        self._counts = {state: getattr(counts, state) for state in k.STATES}
 
 
 def _follower(queue: str, task_ids: Iterable[str] | None, count: int | None
@@ -178,7 +180,7 @@ def wait_for_tasks(
 
     The wait of blueque.waiting: listens on blueque_done_[queue], reading again as soon as a
     task of the queue ends, and at least every ``interval`` seconds. Keys read:
-    blueque_task_[id] (HGET status) for ids; otherwise the queue's lists and sets
+    blueque_task_[id] (HMGET status cancelled) for ids; otherwise the queue's lists and sets
     (store.counts)."""
     follower = _follower(queue, task_ids, count)
     client = url if isinstance(url, Client) else Client(url)

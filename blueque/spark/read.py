@@ -62,10 +62,11 @@ def _time(raw: str | None) -> datetime | None:
 def task_row(task_id: str, data: dict[str, str]) -> tuple[Any, ...]:
     """One task hash as a TASK_SCHEMA row. A field that is absent or does not parse is null
     (a corrupt hash should not stop a read of a whole queue); ``attempts`` is null when the
-    hash has no count (never reserved, or run by blueque 1.0.1)."""
+    hash has no count (never reserved, or run by blueque 1.0.1). ``status`` is the task's
+    state: its status, or ``cancelled`` for a failed task that was cancelled."""
     return (
         task_id,
-        data["status"],
+        k.state_of(data),
         data.get("parameters"),
         data.get("result"),
         data.get("error"),
@@ -80,16 +81,16 @@ def task_row(task_id: str, data: dict[str, str]) -> tuple[Any, ...]:
 
 
 def statuses_wanted(statuses: Iterable[str] | str | None) -> tuple[str, ...]:
-    """The requested statuses in workflow order (all of them by default)."""
+    """The requested states (a status, or cancelled) in workflow order (all by default)."""
     if statuses is None:
-        return k.STATUSES
+        return k.STATES
     wanted = {statuses} if isinstance(statuses, str) else set(statuses)
-    unknown = wanted - set(k.STATUSES)
+    unknown = wanted - set(k.STATES)
     if unknown:
         raise ConfigurationError(
-            f"unknown status {sorted(unknown)}; choose among {', '.join(k.STATUSES)}"
+            f"unknown status {sorted(unknown)}; choose among {', '.join(k.STATES)}"
         )
-    return tuple(status for status in k.STATUSES if status in wanted)
+    return tuple(status for status in k.STATES if status in wanted)
 
 
 def _ids_of(store: RedisStore, queue: str, status: str, chunk: int) -> Iterator[str]:
@@ -154,7 +155,7 @@ class TaskFetcher:
         for task_id, data in zip(batch, client.store.task_data_many(batch), strict=True):
             # the hash is the truth: a task that moved on since it was listed shows its new
             # status (and is left out if that status was not asked for); deleted ones vanish
-            if data.get("status") in self.statuses:
+            if k.state_of(data) in self.statuses:
                 yield task_row(task_id, data)
 
 
@@ -175,11 +176,13 @@ def read_tasks(
 
     The driver lists the ids now; the task hashes are read by the executors, in partitions of
     ``partition_size`` ids, each time an action runs; ``cache()`` the DataFrame to keep one
-    reading. A row's status is the hash's status when it was read.
+    reading. A row's status is the hash's status when it was read, ``cancelled`` for a failed
+    task that was cancelled (``statuses`` may name it: cancelled tasks are listed apart).
 
     Keys read: blueque_scheduled_tasks_, blueque_pending_tasks_, blueque_listeners_ and
-    blueque_reserved_tasks_, blueque_started_tasks_, blueque_complete_tasks_ and
-    blueque_failed_tasks_ of the queue (driver); blueque_task_[id] (executors).
+    blueque_reserved_tasks_, blueque_started_tasks_, blueque_complete_tasks_,
+    blueque_failed_tasks_ and blueque_cancelled_tasks_ of the queue (driver);
+    blueque_task_[id] (executors).
     Raises ConfigurationError or RedisUnavailable on the driver; an executor that cannot reach
     Redis fails the Spark job with RedisUnavailable's message."""
     if partition_size < 1:

@@ -17,6 +17,7 @@ from redis.commands.core import Script
 
 from blueque import keys as k
 from blueque import protocol
+from blueque.errors import BluequeError
 from blueque.ha import Durability
 from blueque.retry import NoRetry, RetryPolicy
 from blueque.store.errors import (
@@ -168,13 +169,20 @@ class StoreCore:
         return self._execute(make())  # a fresh generator for every try
 
     def run(self, procedure: protocol.Procedure[T]) -> T:
-        """A procedure of blueque.protocol (purge, enqueue_due_tasks): each operation it
-        yields runs under the retry policy on its own."""
+        """A procedure of blueque.protocol (purge, enqueue_due_tasks, cancel_waiting...): each
+        operation it yields runs under the retry policy on its own; its error (a Blueque
+        error) is thrown into the procedure."""
         reply: Any = None
+        error: BluequeError | None = None
         try:
             while True:
-                factory = procedure.send(reply)
-                reply = self._perform(factory)
+                # a refusal goes back into the procedure, which may step over it (a task
+                # retried or deleted meanwhile); if it does not, it leaves from here
+                factory = procedure.send(reply) if error is None else procedure.throw(error)
+                try:
+                    reply, error = self._perform(factory), None
+                except BluequeError as refused:
+                    reply, error = None, refused
         except StopIteration as done:
             result: T = done.value
             return result

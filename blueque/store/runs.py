@@ -94,8 +94,8 @@ class RunOperations(StoreCore):
         queue = end.queue
         if end.outcome == "complete":
             target = self.keys.complete(queue)
-        elif end.outcome == "failed":
-            target = self.keys.failed(queue)
+        elif end.outcome == "failed":  # a cancelled run's task is listed with the cancelled
+            target = self.keys.cancelled(queue) if end.cancelled else self.keys.failed(queue)
         elif end.outcome == "retry" and end.retry_eta is not None:
             target = self.keys.scheduled(queue)
         elif end.outcome == "preempted":
@@ -143,7 +143,7 @@ class RunOperations(StoreCore):
         keys = [self.keys.leases(queue), self.keys.listeners(queue),
                 self.keys.reserved(queue, listener_id), self.keys.pending(queue),
                 self.keys.started(queue), self.keys.scheduled(queue), self.keys.failed(queue),
-                queues_key, *self._outcome_keys(queue, now)]
+                queues_key, *self._outcome_keys(queue, now), self.keys.cancelled(queue)]
         args: list[Any] = [listener_id, repr(now), mode, queue, use_queues,
                            self.keys.channel(queue), "1" if release else "0",
                            k.FINISHED_MINUTE_TTL]

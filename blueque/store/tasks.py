@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+from blueque import keys as k
 from blueque import protocol
 from blueque.protocol import CHECKPOINT_KEEP, QueueCounts
 from blueque.store.core import StoreCore
@@ -65,12 +66,15 @@ class TaskOperations(StoreCore):
 
     @translate_errors
     def task_statuses(self, task_ids: Sequence[str]) -> list[str | None]:
-        """HGET status of many task hashes in one pipeline (None where the hash is missing):
-        how blueque.spark.wait_for_tasks follows a batch without reading results."""
+        """The state of many tasks (HMGET status cancelled, one pipeline): the status, or
+        cancelled for a failed task stamped so; None where the hash is missing. How
+        blueque.spark.wait_for_tasks follows a batch without reading results."""
         pipe = self.redis.pipeline(transaction=False)
         for task_id in task_ids:
-            pipe.hget(self.keys.task(task_id), "status")
-        return cast(list["str | None"], pipe.execute())
+            pipe.hmget(self.keys.task(task_id), ["status", "cancelled"])
+        return [k.state_of({"status": status, "cancelled": cancelled or ""})
+                if status is not None else None
+                for status, cancelled in cast(list[list[str | None]], pipe.execute())]
 
     @translate_errors
     def counts(self, queue: str) -> QueueCounts:
@@ -105,17 +109,20 @@ class TaskOperations(StoreCore):
         return self._execute(protocol.cancel(self.keys, queue, task_id, now, error))
 
     @translate_errors
-    def retry_failed(self, queue: str, task_id: str, now: float) -> None:
+    def retry_failed(self, queue: str, task_id: str, now: float,
+                     skip_cancelled: bool = False) -> bool:
         """Failed -> pending again, attempts kept, checkpoint kept for the re-run
-        (retry_failed.lua). Raises TaskNotFound or InvalidTaskState (not failed)."""
-        self._execute(protocol.retry_failed(self.keys, queue, task_id, now))
+        (retry_failed.lua); False for a cancelled task with ``skip_cancelled``. Raises
+        TaskNotFound or InvalidTaskState (not failed)."""
+        return self._execute(protocol.retry_failed(self.keys, queue, task_id, now,
+                                                   skip_cancelled))
 
     # --- finished tasks -------------------------------------------------------------------
     @translate_errors
-    def delete(self, queue: str, task_id: str, status: str) -> bool:
-        """DEL the task hash, its output stream and checkpoint, and its complete/failed list
-        entry (delete.lua)."""
-        return self._execute(protocol.delete(self.keys, queue, task_id, status))
+    def delete(self, queue: str, task_id: str, state: str) -> bool:
+        """DEL the task hash, its output stream and checkpoint, and its entry in the
+        complete, failed or cancelled list (``state``) (delete.lua)."""
+        return self._execute(protocol.delete(self.keys, queue, task_id, state))
 
     @translate_errors
     def drop_finished_entry(self, queue: str, status: str, task_id: str) -> None:
@@ -146,7 +153,7 @@ class TaskOperations(StoreCore):
         k_ = self.keys
         keys = [k_.pending(queue), k_.scheduled(queue), k_.started(queue), k_.complete(queue),
                 k_.failed(queue), k_.listeners(queue), k_.leases(queue), k_.queue_config(queue),
-                k_.outcome_counts(queue), queues_key]
+                k_.outcome_counts(queue), queues_key, k_.cancelled(queue)]
         known = bool(self._run("forget_queue", keys, [queue, use_queues]))
         if self.keys.hash_tags:
             known = bool(self.redis.zrem(self.keys.queues(), queue))

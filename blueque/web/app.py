@@ -1,15 +1,15 @@
 """The dashboard's ASGI application (Starlette + Jinja2), mountable in any ASGI service.
 
 Read-only unless a token is configured. With one, actions (cancel, retry, retry all failed,
-purge) are JSON POSTs that must carry the token in the ``X-Blueque-Token`` header and come
-from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site form cannot set
-the header nor the JSON content type without a CORS preflight, which is never granted, and a
-cross-site page cannot read the token (kept in the tab's sessionStorage). Every value from
-Redis goes through Jinja2's autoescaping; the page script only moves server-rendered nodes and
-sets text, and the Content-Security-Policy allows scripts and styles from the dashboard only.
-With ``allowed_hosts`` (``blueque dashboard`` on a loopback address), requests that name
-another host are refused: a web page that points its own name at 127.0.0.1 (DNS rebinding)
-cannot read the dashboard.
+empty a queue, purge) are JSON POSTs that must carry the token in the ``X-Blueque-Token``
+header and come from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site
+form cannot set the header nor the JSON content type without a CORS preflight, which is never
+granted, and a cross-site page cannot read the token (kept in the tab's sessionStorage). Every
+value from Redis goes through Jinja2's autoescaping; the page script only moves server-
+rendered nodes and sets text, and the Content-Security-Policy allows scripts and styles from
+the dashboard only. With ``allowed_hosts`` (``blueque dashboard`` on a loopback address),
+requests that name another host are refused: a web page that points its own name at 127.0.0.1
+(DNS rebinding) cannot read the dashboard.
 """
 
 from __future__ import annotations
@@ -38,11 +38,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry
-from blueque.display import format_bytes, format_seconds
-from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
+from blueque.display import format_bytes, format_seconds, parse_duration
+from blueque.errors import (
+    BluequeError,
+    ConfigurationError,
+    InvalidTaskState,
+    RedisUnavailable,
+    TaskNotFound,
+)
 from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
+from blueque.queue import Queue
 from blueque.store import now
 from blueque.web import views
 
@@ -266,32 +273,50 @@ class Dashboard:
         return f"task {task_id} is pending again"
 
     def retry_failed(self, body: dict[str, Any]) -> str:
-        queue = _text(body, "queue")
-        retried = 0
-        for task_id in self.store.task_ids(queue, k.FAILED)[::-1]:  # oldest first
-            try:
-                self.store.retry_failed(queue, task_id, now())
-            except (InvalidTaskState, TaskNotFound):
-                continue  # retried, deleted or expired meanwhile
-            retried += 1
-        return f"{retried} failed task(s) of {queue} are pending again"
+        """Every failed task, oldest first; the cancelled ones are left alone."""
+        queue = Queue(_text(body, "queue"), self.store)
+        retried = queue.retry_failed()
+        left = queue.stats().cancelled
+        return (f"{len(retried)} failed task(s) of {queue.name} are pending again"
+                + (f"; {left} cancelled task(s) left alone" if left else ""))
+
+    def cancel_waiting(self, body: dict[str, Any]) -> str:
+        """Empty the queue: cancel every pending and scheduled task (running ones go on)."""
+        queue = Queue(_text(body, "queue"), self.store)
+        done = queue.cancel_waiting(reason="the queue was emptied from the dashboard")
+        return (f"{done.pending} pending and {done.scheduled} scheduled task(s) of "
+                f"{queue.name} cancelled; running tasks go on")
 
     def purge(self, body: dict[str, Any]) -> str:
         queue = _text(body, "queue")
         status = _text(body, "status")
-        older_than = body.get("older_than", 0)
-        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
-            raise ValueError(f"older_than must be a number of seconds, not {older_than!r}")
-        deleted = self.client.get_queue(queue).purge(status, float(older_than))
-        return f"{deleted} {status} task(s) of {queue} deleted"
+        older_than = _age(body.get("older_than", 0))
+        deleted = Queue(queue, self.store).purge(status, older_than)
+        if older_than == 0:
+            return f"{deleted} {status} task(s) of {queue} deleted (every one)"
+        return (f"{deleted} {status} task(s) of {queue} that finished more than "
+                f"{format_seconds(older_than)} ago deleted")
 
 
 ACTIONS: dict[str, Callable[[Dashboard, dict[str, Any]], str]] = {
     "cancel": Dashboard.cancel,
     "retry": Dashboard.retry,
     "retry-failed": Dashboard.retry_failed,
+    "cancel-waiting": Dashboard.cancel_waiting,
     "purge": Dashboard.purge,
 }
+
+
+def _age(value: object) -> float:
+    """An age: seconds as a number, or a duration as text (``7d``, ``90``, ``15m``)."""
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ConfigurationError as error:
+            raise ValueError(f"older_than: {error}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"older_than must be seconds or a duration such as 7d, not {value!r}")
+    return float(value)
 
 
 def _links(request: Request) -> dict[str, Callable[..., str]]:

@@ -14,7 +14,7 @@ from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
 from blueque.metrics import pending_age
 from blueque.store import RedisStore
-from blueque.task import CheckpointInfo
+from blueque.task import CheckpointInfo, readable_history
 from blueque.tasklog import read_outputs
 
 #: Tasks per page of a queue's task list.
@@ -27,8 +27,10 @@ SCHEDULE_QUEUES_PER_PAGE = 20
 CHART_MINUTES = 60
 #: Queues per page of the queues page (each costs 60 reads for its chart).
 QUEUES_PER_PAGE = 100
-#: States in the order a task moves through them.
-STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED)
+#: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
+STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED, k.CANCELLED)
+#: Outcomes of the queues page's chart and totals, per minute.
+CHART_OUTCOMES = ("complete", "failed", "cancelled", "retry")
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
 #: again at every live refresh; `blueque show ID --json` prints everything).
 SHOWN_CHARS = 65536
@@ -64,7 +66,7 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
     return {
         "id": task_id,
         "data": data,
-        "status": data.get("status") or "(missing)",
+        "status": k.state_of(data) or "(missing)",
         "progress": progress_fraction(data),
         "run_time": run_time(data, at),
         "updated": number(data.get("updated")),
@@ -86,18 +88,16 @@ def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any
     for queue, counts, oldest, per_minute in zip(
             queues, store.counts_many(queues), store.oldest_pending_many(queues),
             store.outcomes_per_minute_many(queues, minutes), strict=True):
-        bars = [{"minute": m, "complete": c.get("complete", 0),
-                 "failed": c.get("failed", 0) + c.get("cancelled", 0),
-                 "retry": c.get("retry", 0)} for m, c in zip(minutes, per_minute, strict=True)]
+        bars = [{"minute": m, **{name: c.get(name, 0) for name in CHART_OUTCOMES}}
+                for m, c in zip(minutes, per_minute, strict=True)]
         rows.append({
             "name": queue,
             "counts": {state: getattr(counts, state) for state in STATES},
             "listeners": counts.listeners,
             "oldest_pending_age": pending_age(oldest, at),
             "bars": bars,
-            "peak": max([1, *(b["complete"] + b["failed"] + b["retry"] for b in bars)]),
-            "last_hour": {name: sum(b[name] for b in bars)
-                          for name in ("complete", "failed", "retry")},
+            "peak": max([1, *(sum(b[name] for name in CHART_OUTCOMES) for b in bars)]),
+            "last_hour": {name: sum(b[name] for b in bars) for name in CHART_OUTCOMES},
         })
     return {"queues": rows, "page": page}
 
@@ -161,7 +161,7 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
     if not data:
         return None
     fields = []
-    for name in sorted(data):
+    for name in sorted(set(data) - {"history"}):  # the history has a table of its own
         stamp = number(data[name]) if name in TIME_FIELDS else None
         fields.append({"name": name, "value": data[name], "time": stamp})
     row = task_row(task_id, data, at)
@@ -179,6 +179,7 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
         node=data.get("node") or "",
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
+        history=[history_row(entry) for entry in readable_history(data.get("history"))],
     )
     try:  # its size, time and attempt (HMGET): the state itself stays in Redis (5.20)
         row.update(checkpoint=CheckpointInfo.parse(task_id, store.checkpoint_info(task_id)))
@@ -192,6 +193,22 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
                output_ended=output.ended if output else False,
                output_attempts=list(outputs), newest_output=newest)
     return row
+
+
+def history_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """One entry of a task's history (PROTOCOL.md 3.2) as the task page shows it."""
+    at, started = _entry_number(entry.get("at")), _entry_number(entry.get("started"))
+    return {"attempt": entry.get("attempt"), "outcome": str(entry.get("outcome") or "?"),
+            "at": at, "ran": None if at is None or started is None else max(0.0, at - started),
+            "node": entry.get("node") or "", "pid": entry.get("pid"),
+            "error": str(entry.get("error") or ""), "eta": _entry_number(entry.get("eta")),
+            "was": entry.get("was") or ""}
+
+
+def _entry_number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _shown(text: str | None) -> str | None:

@@ -112,8 +112,10 @@ def test_dead_host_with_three_running_tasks_is_recovered(  # type: ignore[no-unt
     tasks = [client.get_task(task_id).wait(20) for task_id in [*ids, waiting]]
     # started ones were retried (attempt 2, the error says why); the reserved one was requeued
     assert [(t.status, t.attempts) for t in tasks] == [("complete", 2)] * 4
-    assert all("gone.example_4343 stopped renewing its lease" in t.error for t in tasks[:3])
-    assert tasks[3].error is None
+    assert all("gone.example_4343 stopped renewing its lease" in t.history[0]["error"]
+               for t in tasks[:3])  # the first attempt's ending, kept in the history
+    assert all(t.error is None for t in tasks)  # complete: no earlier attempt's error left
+    assert [h["outcome"] for h in tasks[3].history] == ["requeued", "complete"]
     assert not redis_client.exists(KEYS.reserved("work", "gone.example_4343"))
     assert redis_client.scard(KEYS.started("work")) == 0
     assert survivor.alive()

@@ -102,14 +102,25 @@
 
   async function act(button) {
     const data = button.dataset;
-    if (data.confirm && !window.confirm(data.confirm)) {
-      return;
-    }
     const payload = {};
     if (data.taskId) { payload.task_id = data.taskId; }
     if (data.queue) { payload.queue = data.queue; }
     if (data.status) { payload.status = data.status; }
     if (data.olderThan) { payload.older_than = parseFloat(data.olderThan); }
+    // a button in a form[data-action-form] also sends the form's fields (purge: its age)
+    const form = button.closest("form[data-action-form]");
+    if (form) {
+      for (const field of form.elements) {
+        if (field.name) { payload[field.name] = field.value.trim(); }
+      }
+    }
+    // "{older_than}" in a confirmation is the field's value, as text (never as HTML)
+    const question = (data.confirm || "").replace(/\{(\w+)\}/g, function (whole, name) {
+      return Object.prototype.hasOwnProperty.call(payload, name) ? String(payload[name]) : whole;
+    });
+    if (question && !window.confirm(question)) {
+      return;
+    }
     const url = body.dataset.actionUrl.replace(/NAME$/, encodeURIComponent(data.action));
     try {
       const response = await fetch(url, {
@@ -135,6 +146,15 @@
     if (button) {
       event.preventDefault();
       act(button);
+    }
+  });
+
+  document.addEventListener("submit", function (event) {
+    const form = event.target.closest("form[data-action-form]");
+    if (form) {  // Enter in its field: the form's action, never a page load
+      event.preventDefault();
+      const button = form.querySelector("button[data-action]");
+      if (button) { act(button); }
     }
   });
 

@@ -1,0 +1,213 @@
+"""Old fields never look current (issue 21 item 7): each run's ending is kept in the task's
+``history`` (PROTOCOL.md 3.2), written by the script that records the ending, and the current
+fields describe the current attempt only.
+
+Contract tests through the Processor and the store (both sync clients, fakeredis included),
+then `blueque show` and the dashboard's task page on a task a real listener ran twice."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import blueque
+from blueque import protocol
+from blueque.keys import Keys
+from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.dashboard import DashboardProcess
+from tests.test_cli import cli
+
+K = Keys()
+LUA = Path(__file__).resolve().parent.parent / "blueque" / "lua"
+
+
+def reserved(client: blueque.Client, queue: str = "q") -> tuple[blueque.Task, str]:
+    listener = client.get_listener(queue)
+    task = listener.reserve()
+    assert task is not None
+    return task, listener.id
+
+
+def started(client: blueque.Client, pid: int = 4242) -> tuple[blueque.Processor, str]:
+    task, listener = reserved(client)
+    processor = client.get_processor(task)
+    processor.start(pid)
+    return processor, listener
+
+
+def test_a_task_completed_on_its_second_attempt_shows_no_error_of_the_first(
+        any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task_id = any_client.get_queue("q").enqueue("{}", max_attempts=2)
+    first, listener = started(any_client)
+    first.retry("ValueError: bad page", time.time() - 1, traceback="Traceback ...\nValueError")
+    data = r.hgetall(K.task(task_id))
+    assert data["status"] == "scheduled" and data["error"] == "ValueError: bad page"
+    # waiting for its next attempt: no run of it is current
+    assert not {"node", "pid", "started_at", "progress"} & set(data)
+    assert any_client.get_queue("q").enqueue_due_tasks() == [task_id]
+    assert "eta" not in r.hgetall(K.task(task_id))  # no longer scheduled
+    second, _ = started(any_client, pid=4343)
+    data = r.hgetall(K.task(task_id))
+    assert "error" not in data and "traceback" not in data  # the new attempt's are its own
+    second.complete("done")
+    task = any_client.get_task(task_id)
+    assert (task.status, task.result, task.error) == ("complete", "done", None)
+    assert "traceback" not in task.data and "eta" not in task.data
+    assert task.node == listener and task.pid == 4343  # the current (last) run's
+    history = task.history
+    assert [(h["attempt"], h["outcome"]) for h in history] == [(1, "retry"), (2, "complete")]
+    assert history[0]["error"] == "ValueError: bad page" and history[0]["node"] == listener
+    assert history[0]["pid"] == 4242 and history[0]["eta"] < history[0]["at"]
+    assert history[1]["pid"] == 4343 and "error" not in history[1]
+    assert history[1]["at"] >= history[1]["started"] >= history[0]["at"]
+
+
+def test_a_failed_task_keeps_no_eta_and_a_preempted_one_no_node(
+        any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task_id = any_client.get_queue("q").schedule("{}", time.time() + 3600)
+    r.zadd(K.scheduled("q"), {task_id: 1})  # due long ago: the scheduler moves it now
+    assert any_client.get_queue("q").enqueue_due_tasks() == [task_id]
+    processor, _ = started(any_client)
+    processor.progress(0.5, "half way")
+    processor.preempt("the node goes away")
+    data = r.hgetall(K.task(task_id))
+    assert data["status"] == "pending" and data["preempted_reason"] == "the node goes away"
+    assert not {"node", "pid", "pid_created", "started_at", "progress", "progress_message",
+                "eta"} & set(data)
+    processor.preempt("the node goes away")  # repeated after a lost reply: told by history
+    assert r.hget(K.task(task_id), "preemptions") == "1"
+    second, _ = started(any_client)
+    second.fail("for good")
+    task = any_client.get_task(task_id)
+    assert task.status == "failed" and task.eta is None and task.error == "for good"
+    assert [(h["attempt"], h["outcome"]) for h in task.history] == [(1, "preempted"),
+                                                                     (2, "failed")]
+    assert task.history[0]["error"] == "the node goes away"
+
+
+def test_recovery_records_each_verdict_and_puts_tasks_back_without_their_run(
+        client: blueque.Client) -> None:
+    r = client.redis
+    queue = client.get_queue("q")
+    ids = [queue.enqueue("{}", max_attempts=3) for _ in range(3)]
+    listener = client.get_listener("q")
+    reserved_only = listener.reserve()
+    running = listener.reserve()
+    never_stamped = r.lmove(K.pending("q"), K.reserved("q", listener.id), "RIGHT", "LEFT")
+    assert reserved_only is not None and running is not None and never_stamped == ids[2]
+    client.get_processor(running).start(4242)
+    r.zadd(K.leases("q"), {listener.id: 1})
+    eta = time.time() + 60
+    assert client.store.recover("q", listener.id, [
+        (reserved_only.id, "1", "pending", None, ""),
+        (running.id, "1", "retry", eta, "listener gone: killed"),
+        (never_stamped, "", "pending", None, "")], time.time(), mode="lease") == [2, 1, 0, 0]
+    back = client.get_task(reserved_only.id)
+    assert back.status == "pending" and back.node is None
+    assert [(h["attempt"], h["outcome"], h["node"]) for h in back.history] == [
+        (1, "requeued", listener.id)]
+    retried = client.get_task(running.id)
+    assert retried.status == "scheduled" and retried.node is None and retried.pid is None
+    assert [(h["outcome"], h["pid"], h["error"], h["eta"]) for h in retried.history] == [
+        ("retry", 4242, "listener gone: killed", pytest.approx(eta))]
+    assert client.get_task(never_stamped).history == []  # no attempt of it was counted
+
+
+def test_the_history_keeps_the_last_twenty_endings_and_whole_characters(
+        any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task_id = any_client.get_queue("q").enqueue("{}", max_attempts=100)
+    long_error = "é" * 400  # 800 bytes: cut at 500, between two characters
+    for _ in range(23):
+        processor, _ = started(any_client)
+        processor.retry(long_error, time.time() - 1)
+        any_client.get_queue("q").enqueue_due_tasks()
+    history = any_client.get_task(task_id).history
+    assert len(history) == protocol.HISTORY_KEEP == 20
+    assert [h["attempt"] for h in history] == list(range(4, 24))
+    assert history[-1]["error"] == "é" * 250 + "..."
+    assert r.hget(K.task(task_id), "error") == long_error  # the current field is whole
+    r.hset(K.task(task_id), "history", "not json")  # a corrupt field starts afresh
+    processor, _ = started(any_client)
+    processor.complete("ok")
+    assert [h["outcome"] for h in any_client.get_task(task_id).history] == ["complete"]
+
+
+def test_a_cancel_of_a_waiting_or_retrying_task_is_its_history_too(
+        contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue("q")
+    task_id = queue.enqueue("{}", max_attempts=2)
+    processor, _ = started(contract_client)
+    processor.retry("first try", time.time() + 600, traceback="Traceback ...")
+    assert contract_client.cancel_task(task_id, "not needed") == "cancelled"
+    task = contract_client.get_task(task_id)
+    assert task.eta is None and "traceback" not in task.data  # the retry's, gone
+    assert [(h["outcome"], h.get("was")) for h in task.history] == [("retry", None),
+                                                                   ("cancelled", "scheduled")]
+    assert task.history[-1]["error"] == "cancelled: not needed"
+
+
+def test_every_script_that_writes_history_keeps_the_same_bounds() -> None:
+    """The scripts write the history themselves (no script includes another): each keeps
+    HISTORY_KEEP entries and HISTORY_ERROR_BYTES of an error."""
+    writers = [path for path in sorted(LUA.glob("*.lua")) if "'history'" in path.read_text()]
+    assert {path.name for path in writers} >= {"finish.lua", "recover.lua", "cancel.lua",
+                                              "stamp.lua", "retry_failed.lua"}
+    for path in writers:
+        body = path.read_text()
+        assert f"while #list > {protocol.HISTORY_KEEP} do" in body, path.name
+        if "local function cut" in body:
+            assert body.count(str(protocol.HISTORY_ERROR_BYTES)) >= 3, path.name
+
+
+# --- as an operator sees it -----------------------------------------------------------------
+@pytest.fixture
+def listeners(tmp_path: Path) -> Iterator[list[Daemon]]:
+    with daemons(tmp_path) as running:
+        yield running
+
+
+@pytest.mark.slow
+def test_show_and_the_task_page_tell_the_current_attempt_from_the_history(
+        redis_url: str, client: blueque.Client, redis_client: redis.Redis, tmp_path: Path,
+        listeners: list[Daemon]) -> None:
+    pytest.importorskip("starlette", reason="the dashboard needs the web extra")
+    listeners.append(Daemon(listen_command(redis_url, "work", "tests.jobs:flaky", "--interval",
+                                           "0.5", "--poll", "0.1"), tmp_path / "listener.log"))
+    task_id = client.get_queue("work").enqueue(json.dumps({"succeed_on": 2}), max_attempts=2,
+                                               retry_backoff=0.2)
+    wait_until(lambda: client.get_task(task_id).status == "complete", timeout=30,
+               what="attempt 2 completes")
+    task = client.get_task(task_id)
+    assert task.error is None and "traceback" not in task.data and task.eta is None
+    assert [(h["attempt"], h["outcome"]) for h in task.history] == [(1, "retry"), (2, "complete")]
+    assert "attempt 1 failed" in task.history[0]["error"]
+
+    shown = cli(redis_url, "show", task_id)
+    assert shown.returncode == 0, shown.stderr
+    history = shown.stdout[shown.stdout.index("history:"):]
+    assert re.search(r"^ *1 +retry .*attempt 1 failed", history, re.M), history
+    assert re.search(r"^ *2 +complete ", history, re.M), history
+    assert "RuntimeError" not in shown.stdout.split("history:")[0]  # no error field shown
+    record = json.loads(cli(redis_url, "show", task_id, "--json").stdout)
+    assert [h["outcome"] for h in record["history"]] == ["retry", "complete"]
+
+    dashboard = DashboardProcess(redis_url, tmp_path / "dashboard.log")
+    try:
+        with urllib.request.urlopen(f"{dashboard.url}/task?id={task_id}", timeout=10) as reply:
+            page = reply.read().decode()
+    finally:
+        dashboard.close()
+    assert 'id="error"' not in page and 'id="traceback"' not in page  # no red box
+    table = page[page.index('id="history"'):page.index("</table>", page.index('id="history"'))]
+    assert table.count("<tr>") == 3  # its header and the two runs
+    assert "attempt 1 failed" in table and 'class="outcome-complete">complete' in table
