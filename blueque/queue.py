@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -11,7 +11,7 @@ from blueque import protocol
 from blueque.errors import ConfigurationError, InvalidTaskState, TaskNotFound, WrongType
 from blueque.policy import encode_options
 from blueque.protocol import QueueCounts
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.task import Task, utf8_size
 
 
@@ -107,15 +107,31 @@ def check_deletable(queue: str, task_id: str, task_queue: str | None, status: st
     return status
 
 
-def purge_cutoff(status: str, older_than: float) -> float:
-    """The finish time (Unix s) before which purge deletes tasks of ``status``."""
+def purge_cutoff(status: str, older_than: float, current: float) -> float:
+    """The finish time (Unix s on Redis' clock, as ``current``) before which purge deletes
+    tasks of ``status``."""
     if status not in k.FINISHED_STATUSES:
         raise InvalidTaskState(f"only complete or failed tasks can be purged, not {status!r}")
     # NaN compares False with everything: unchecked, its cutoff deleted every finished task
     if not older_than >= 0:
         raise ConfigurationError(
             f"older_than must be a number of seconds >= 0, not {older_than!r}")
-    return time.time() - older_than
+    return current - older_than
+
+
+def due_time(eta: float | None, delay: float | None, current: float) -> float:
+    """When a scheduled task is due (Unix s, Redis' clock): ``eta`` as given, or ``delay``
+    seconds after ``current``; exactly one of the two."""
+    if (eta is None) == (delay is None):
+        raise ConfigurationError("schedule needs an eta (Unix time) or a delay (seconds), "
+                                 "one of the two")
+    when = eta if delay is None else delay
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        raise ConfigurationError(f"{'eta' if delay is None else 'delay'} must be a finite "
+                                 f"number, not {when!r}")
+    if delay is not None and delay < 0:
+        raise ConfigurationError(f"delay must be 0 seconds or more, not {delay!r}")
+    return float(when) if delay is None else current + float(delay)
 
 
 class TaskId(str):
@@ -179,7 +195,7 @@ class Queue:
         time_limit, kill_grace, result_ttl."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
-        created = self._store.submit(self._name, task_id, text, now(), fields=fields)
+        created = self._store.submit(self._name, task_id, text, self._store.now(), fields=fields)
         return TaskId(task_id, created)
 
     def enqueue_many(
@@ -188,15 +204,19 @@ class Queue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
-        flags = self._store.submit_many(self._name, tasks, now())
+        flags = self._store.submit_many(self._name, tasks, self._store.now())
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
-        self, parameters: object, eta: float, task_id: str | None = None, **options: object
+        self, parameters: object, eta: float | None = None, task_id: str | None = None, *,
+        delay: float | None = None, **options: object
     ) -> TaskId:
-        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once.
+        """Create a task to run at ``eta`` (Unix time: an instant, on Redis' clock like every
+        Blueque time) or ``delay`` seconds from now (by Redis' clock: "in an hour" whatever
+        this host's clock says; give one of the two); an eta in the past enqueues at once.
         Returns a ``TaskId``, as enqueue does."""
-        current = now()
+        current = self._store.now()
+        eta = due_time(eta, delay, current)
         if eta < current:
             return self.enqueue(parameters, task_id, **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
@@ -207,7 +227,8 @@ class Queue:
 
     def enqueue_due_tasks(self) -> list[str]:
         """Move every scheduled task whose eta has passed to pending; returns their ids."""
-        return self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name, now()))
+        return self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name,
+                                                         self._store.now()))
 
     def delete_task(self, task: Task) -> None:
         """Delete a complete or failed task (its hash and its finished-list entry)."""
@@ -234,7 +255,7 @@ class Queue:
         retried = []
         for task_id in oldest:
             try:
-                self._store.retry_failed(self._name, task_id, now())
+                self._store.retry_failed(self._name, task_id, self._store.now())
             except (InvalidTaskState, TaskNotFound):
                 continue
             retried.append(task_id)
@@ -254,6 +275,6 @@ class Queue:
         """Delete finished tasks of ``status`` that finished more than ``older_than`` seconds
         ago, oldest first; each deletion finds its entry at the list's old end, so the cost
         is O(deleted), not O(list length)."""
-        cutoff = purge_cutoff(status, older_than)
+        cutoff = purge_cutoff(status, older_than, self._store.now())
         return self._store.run(protocol.purge(self._store.keys, self._name, status, cutoff,
                                               batch))

@@ -41,7 +41,6 @@ from blueque.display import format_bytes, format_seconds
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable, TaskNotFound
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
-from blueque.store import now
 from blueque.web import views
 
 log = logging.getLogger("blueque.web")
@@ -108,9 +107,13 @@ class Dashboard:
         self.registry = queue_registry(self.store)
 
     # --- pages ---------------------------------------------------------------------------------
+    async def now(self) -> float:
+        """Now on Redis' clock (a TIME round trip once a minute: off the event loop)."""
+        return await run_in_threadpool(self.store.now)
+
     async def render(self, request: Request, name: str, context: dict[str, Any],
                      status: int = 200) -> Response:
-        at = now()
+        at = await self.now()
         context.update(at=at, actions=self.token is not None, refresh=self.refresh,
                        states=views.STATES, page_name=name.removesuffix(".html"),
                        **_links(request))
@@ -138,7 +141,7 @@ class Dashboard:
 
     async def queues(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await run_in_threadpool(views.queues_page, self.store, now(), page)
+        data = await run_in_threadpool(views.queues_page, self.store, await self.now(), page)
         return await self.render(request, "queues.html", data)
 
     async def queue(self, request: Request) -> Response:
@@ -149,26 +152,27 @@ class Dashboard:
         page = _int(request.query_params.get("page"), 1)
         search = request.query_params.get("id", "").strip()
         data = await run_in_threadpool(views.queue_page, self.store, name, state, page,
-                                       search, now())
+                                       search, await self.now())
         return await self.render(request, "queue.html", data, 200 if data["known"] else 404)
 
     async def task(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "")
         attempt = request.query_params.get("attempt") or None
-        data = await run_in_threadpool(views.task_page, self.store, task_id, now(), attempt)
+        current = await self.now()
+        data = await run_in_threadpool(views.task_page, self.store, task_id, current, attempt)
         if data is None:
             return await self.render(request, "missing.html", {"task_id": task_id}, 404)
         return await self.render(request, "task.html", {"task": data})
 
     async def nodes(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await run_in_threadpool(views.nodes_page, self.store, now(), page)
+        data = await run_in_threadpool(views.nodes_page, self.store, await self.now(), page)
         return await self.render(request, "nodes.html", data)
 
     async def schedule(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
-                                       now(), page)
+                                       await self.now(), page)
         return await self.render(request, "schedule.html", data)
 
     async def metrics(self, request: Request) -> Response:
@@ -240,7 +244,7 @@ class Dashboard:
         queue = self.client.get_task(task_id).queue
         if queue is None:
             raise TaskNotFound(task_id)
-        self.store.retry_failed(queue, task_id, now())
+        self.store.retry_failed(queue, task_id, self.store.now())
         return f"task {task_id} is pending again"
 
     def retry_failed(self, body: dict[str, Any]) -> str:
@@ -248,7 +252,7 @@ class Dashboard:
         retried = 0
         for task_id in self.store.task_ids(queue, k.FAILED)[::-1]:  # oldest first
             try:
-                self.store.retry_failed(queue, task_id, now())
+                self.store.retry_failed(queue, task_id, self.store.now())
             except (InvalidTaskState, TaskNotFound):
                 continue  # retried, deleted or expired meanwhile
             retried += 1
