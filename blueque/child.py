@@ -42,7 +42,7 @@ from blueque.processor import Processor, encode_result
 from blueque.progress import ParentProgress, ProgressReporter, report_progress
 from blueque.reporting import ParentLink
 from blueque.retry import Backoff
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.task import Task
 from blueque.tasklog import Shipper, TaskLogSettings, capture
 
@@ -152,7 +152,7 @@ def _run_orphan(store: RedisStore, task: Task, queue: str, function: TaskFunctio
     reporter.close()
     if shipper is not None:
         _end_output(shipper, outcome.traceback)
-    code = _record_itself(Processor(task, store), policy, outcome)
+    code = _record_itself(store, Processor(task, store), policy, outcome)
     _leave_nothing(task, queue, policy)
     return code
 
@@ -180,13 +180,14 @@ def _leave_nothing(task: Task, queue: str, policy: Policy) -> None:
                     "of %g s: killed", task.id, left, policy.kill_grace)
 
 
-def _record_itself(processor: Processor, policy: Policy, outcome: Outcome) -> int:
+def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
+                   outcome: Outcome) -> int:
     """Record the outcome, holding on to it while Redis is away (the work is done)."""
     task_id = processor.task.id
     backoff, deadline = Backoff(0.1, 5.0), time.monotonic() + REPORT_PATIENCE
     while True:
         try:
-            _report(processor, policy, outcome)
+            _report(processor, policy, outcome, store.now())
             return EXIT_REPORTED
         except RedisUnavailable as error:
             if time.monotonic() > deadline:
@@ -247,9 +248,10 @@ def describe_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def _report(processor: Processor, policy: Policy, outcome: Outcome) -> None:
-    """Record the outcome as the one rule (blueque.endings) says, from the task's fields."""
-    ending = decide(policy, processor.task.data, outcome.outcome, outcome.text, now(),
+def _report(processor: Processor, policy: Policy, outcome: Outcome, current: float) -> None:
+    """Record the outcome as the one rule (blueque.endings) says, from the task's fields
+    (``current``: now, on Redis' clock)."""
+    ending = decide(policy, processor.task.data, outcome.outcome, outcome.text, current,
                     retry=outcome.retry)
     if ending.outcome == "complete":
         processor.complete(ending.text, policy.result_ttl_ms())
@@ -371,7 +373,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
                 "itself", task.id, assignment.listener)
     if shipper is not None:
         shipper.ship(end=True)
-    code = _record_itself(Processor(task, store), policy, outcome)
+    code = _record_itself(store, Processor(task, store), policy, outcome)
     _leave_nothing(task, assignment.queue, policy)
     return code
 

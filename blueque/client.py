@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from blueque.listener import Listener
 from blueque.processor import Processor
 from blueque.queue import Queue
 from blueque.retry import RetryPolicy
-from blueque.store import RedisStore, now, translate
+from blueque.store import RedisStore, translate
 from blueque.task import Task
 
 
@@ -165,7 +164,8 @@ class Client:
         task = self.get_task(task_id)
         if task.queue is None:
             raise TaskNotFound(task_id)
-        verdict, _ = self.store.cancel(task.queue, task_id, now(), f"cancelled: {reason}")
+        verdict, _ = self.store.cancel(task.queue, task_id, self.store.now(),
+                                       f"cancelled: {reason}")
         return verdict
 
     def preempt_node(self, node_name: str, grace: float, reason: str = "") -> float:
@@ -177,7 +177,7 @@ class Client:
         deadline (Unix s). An earlier deadline replaces a later one at the listeners."""
         if not grace >= 0:
             raise ConfigurationError(f"the grace must be 0 seconds or more, not {grace!r}")
-        current = now()
+        current = self.store.now()
         deadline = current + grace
         fields = {"deadline": repr(deadline), "grace": repr(grace),
                   "requested_at": repr(current), "reason": reason or "blueque preempt"}
@@ -199,7 +199,7 @@ class Client:
         task = self.get_task(task_id)
         if task.queue is None:
             raise TaskNotFound(task_id)
-        self.store.retry_failed(task.queue, task_id, now())
+        self.store.retry_failed(task.queue, task_id, self.store.now())
 
     def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""
@@ -226,7 +226,7 @@ class Client:
             records.append(ListenerStatus(
                 listener=listener, queue=queue, lease_deadline_ms=deadline,
                 lease_remaining=None if deadline is None else deadline / 1000 - server_now,
-                renewed_age=None if renewed is None else time.time() - renewed, info=dict(info)))
+                renewed_age=None if renewed is None else server_now - renewed, info=dict(info)))
         return records
 
 

@@ -34,7 +34,7 @@ from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
 from blueque.renewal import Renewal
 from blueque.slots import Slots
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.supervisor import Owner, Supervisor
 from blueque.wakeup import Cadence, Inbox, Wakeup
 
@@ -242,7 +242,7 @@ class ListenerDaemon:
         if self.cadence.due("due", current):
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
-                self.store.enqueue_due(queue, now())
+                self.store.enqueue_due(queue, self.store.now())
             self.cadence.done("due", current)
         supervisor.stop_tasks(self.inbox.cancels(), "cancelled")
         self._enforce_limits()

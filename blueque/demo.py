@@ -130,7 +130,7 @@ def _exercise(client: Client, queue_name: str, processes: Processes, out: TextIO
         options: dict[str, object] = {"max_attempts": 2, "retry_backoff": 0.5} if failing else {}
         parameters = json.dumps({"seconds": seconds, "fail_attempts": failing})
         ids.append(queue.enqueue(parameters, None, **options))
-    ids.append(queue.schedule(json.dumps({"seconds": 0.5}), time.time() + DELAY))
+    ids.append(queue.schedule(json.dumps({"seconds": 0.5}), delay=DELAY))
     long_id = queue.enqueue(json.dumps({"seconds": LONG}))
     print(f"enqueued {len(ids) + 1} tasks on {queue_name}: {len(TASKS)} now (one fails its "
           f"first attempt and is retried), one in {DELAY:g} s, one long one to cancel",

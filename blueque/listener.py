@@ -8,7 +8,7 @@ import time
 
 from blueque.node import hostname, local_process, node_identity, parse_listener_id
 from blueque.process import process_alive
-from blueque.store import BLOCK_SLICE, RedisStore, Reservation, now
+from blueque.store import BLOCK_SLICE, RedisStore, Reservation
 from blueque.task import Task
 
 log = logging.getLogger("blueque.listener")
@@ -50,7 +50,8 @@ class Listener:
         self._store.remove_listener(self._queue, self.id)
 
     def _stamp(self, task_id: str) -> Task | None:
-        reservation: Reservation = self._store.stamp(self._queue, self.id, task_id, now())
+        reservation: Reservation = self._store.stamp(self._queue, self.id, task_id,
+                                                     self._store.now())
         if reservation.runnable:
             return Task(task_id, self._store, reservation.fields)
         log.warning(

@@ -16,7 +16,7 @@ from blueque.metrics import ListenerMetrics
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
 from blueque.recovery import Recovery, RecoveryReport, started_verdict
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
@@ -113,7 +113,7 @@ class Membership:
             "pid_created": repr(create_time(pid) or 0.0),
             "queues": ",".join(f"{q}:{w}" for q, w in self.weights.items()),
             "concurrency": str(concurrency), "interval": repr(self.interval),
-            "started": repr(now()),
+            "started": repr(self.store.now()),
         }
         self.store.check_server()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
@@ -147,7 +147,8 @@ class Membership:
                 self.store.add_listener(queue, self.id)
                 self.store.lease(queue, self.id, self.lease_ms, "register")
         self.store.write_listener_info(
-            self.id, {**self.info, "renewed": repr(now()), "busy": str(busy)}, self._info_ttl())
+            self.id, {**self.info, "renewed": repr(self.store.now()), "busy": str(busy)},
+            self._info_ttl())
 
     def _info_ttl(self) -> int:
         return int(self.interval * 3) + 1
@@ -169,12 +170,12 @@ class Membership:
                 if data.get("status") == k.STARTED and data.get("node") == self.id:
                     config = self.store.queue_config(queue) if config is None else config
                     verdicts.append(started_verdict(task_id, data, config, LOST_RUN.format(
-                        listener=self.id), now()))
+                        listener=self.id), self.store.now()))
                     continue
                 waiting = data.get("status") in (k.PENDING, k.RESERVED) or not data
                 verdicts.append((task_id, data.get("attempts", ""),
                                  "pending" if waiting else "drop", None, ""))
-            counts = self.store.recover(queue, self.id, verdicts, now(), mode="host",
+            counts = self.store.recover(queue, self.id, verdicts, self.store.now(), mode="host",
                                         release=False)
             log.warning("listener %s: put back %s task(s) left in its reserved list on %s"
                         "%s", self.id, counts[0], queue,

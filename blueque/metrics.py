@@ -43,7 +43,7 @@ from blueque import keys as k
 from blueque.errors import BluequeError, ConfigurationError
 from blueque.hosts import HostRule
 from blueque.recovery import RecoveryReport
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -131,7 +131,7 @@ class QueueCollector(Collector):
             "blueque_listener_info_busy_slots",
             "Slots in use per listener, as it wrote at its last lease renewal",
             labels=["listener", "host"])
-        at = now()
+        at = self.store.now()
         ids: set[str] = set()
         queues = [queue for queue, _ in self.store.known_queues()]
         for queue, counts, oldest, done in zip(

@@ -21,7 +21,7 @@ from blueque.display import format_seconds
 from blueque.errors import Preempted
 from blueque.policy import field_float
 from blueque.reporting import ParentLink
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.child")
 #: the listener's side logs as the listener daemon does
@@ -116,7 +116,7 @@ class NodePreemption:
         self._seen = ""  # requested_at of the request acted on (or found stale)
         #: a request made before this (Unix s) whose deadline has passed is over: the node
         #: is still here. One made since (--grace 0) is acted on, however late it is read
-        self.started = now()
+        self.started = self.store.now()
 
     def on_signal(self, signum: int, frame: object) -> None:
         """SIGUSR1's handler: acted on at the loop's next step (the wakeup fd wakes it)."""
@@ -126,7 +126,7 @@ class NodePreemption:
         """A deadline to act on, with why, or None."""
         if self.signalled:
             self.signalled = False
-            return now() + self.grace, "SIGUSR1"
+            return self.store.now() + self.grace, "SIGUSR1"
         if not self.heard:
             return None
         self.heard = False
@@ -142,10 +142,10 @@ class NodePreemption:
                                self.listener, request)
             return None
         made = field_float(requested) or 0.0  # unreadable: as old as can be
-        if deadline <= now() and self.deadline is None and made < self.started:
+        if deadline <= self.store.now() and self.deadline is None and made < self.started:
             listener_log.info("listener %s: a preemption of node %s that ended %s ago is "
                               "ignored (the node is still here)", self.listener,
-                              self.node_name, format_seconds(now() - deadline))
+                              self.node_name, format_seconds(self.store.now() - deadline))
             return None
         return deadline, request.get("reason") or "blueque preempt"
 
@@ -154,7 +154,7 @@ class NodePreemption:
         if self.deadline is not None and deadline >= self.deadline:
             return False
         self.deadline = deadline
-        self.at = self.clock() + max(0.0, deadline - now())
+        self.at = self.clock() + max(0.0, deadline - self.store.now())
         return True
 
     def due(self) -> bool:
@@ -167,14 +167,15 @@ class NodePreemption:
         (SIGUSR1 alone), so that they save and stop. False if an earlier deadline stands."""
         if not self.take(deadline):
             return False
-        told = notify({"preempt": deadline}, signal.SIGUSR1)
+        # the task process reads its deadline on its host's clock (preempt_deadline())
+        told = notify({"preempt": self.store.clock.to_local(deadline)}, signal.SIGUSR1)
         for pid in adopted:
             told += 1
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGUSR1)
         listener_log.warning("listener %s: node %s goes away in %s (%s): taking no more "
                              "tasks; told %d task(s)", self.listener, self.node_name,
-                             format_seconds(max(0.0, deadline - now())), why, told,
+                             format_seconds(max(0.0, deadline - self.store.now())), why, told,
                              extra={"event": "preempted", "deadline": deadline})
         return True
 

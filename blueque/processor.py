@@ -7,7 +7,7 @@ from typing import Any
 
 from blueque.endings import Outcome, RunEnd
 from blueque.errors import ConfigurationError, InvalidTaskState
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.task import Task
 
 
@@ -57,7 +57,8 @@ class Processor:
         """Mark the task started by ``pid``; returns its parameters."""
         self._pid = pid
         self._store.start(
-            self._queue, self._task.id, self._listener, pid, now(), self._attempt, pid_created
+            self._queue, self._task.id, self._listener, pid, self._store.now(), self._attempt,
+            pid_created
         )
         parameters: str | None = self._task.parameters
         return parameters
@@ -83,11 +84,11 @@ class Processor:
 
     def _finish(self, outcome: Outcome, text: str, **options: Any) -> None:
         self._store.finish(RunEnd(self._queue, self._task.id, self._listener, self._pid,
-                                  self._attempt, outcome, text, now(), **options))
+                                  self._attempt, outcome, text, self._store.now(), **options))
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report how far the task has got (0.0 to 1.0) and what it is doing."""
         if self._attempt is None:
             raise InvalidTaskState(f"task {self._task.id} has no attempt number to report on")
         check_fraction(fraction)
-        self._store.progress(self._task.id, self._attempt, fraction, message, now())
+        self._store.progress(self._task.id, self._attempt, fraction, message, self._store.now())

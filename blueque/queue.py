@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -11,7 +11,7 @@ from blueque import protocol
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.task import Task, utf8_size
 
 
@@ -108,12 +108,13 @@ def check_deletable(queue: str, task_id: str, task_queue: str | None, status: st
     return k.CANCELLED if status == k.FAILED and cancelled else status
 
 
-def purge_cutoff(state: str, older_than: float) -> float:
-    """The finish time (Unix s) before which purge deletes tasks of ``state``."""
+def purge_cutoff(state: str, older_than: float, current: float) -> float:
+    """The finish time (Unix s on Redis' clock, as ``current``) before which purge deletes
+    tasks of ``state``."""
     if state not in k.ENDED_LISTS:
         raise InvalidTaskState(
             f"only complete, failed or cancelled tasks can be purged, not {state!r}")
-    return time.time() - seconds_ago(older_than, "older_than")
+    return current - seconds_ago(older_than, "older_than")
 
 
 def seconds_ago(value: float, name: str) -> float:
@@ -124,12 +125,11 @@ def seconds_ago(value: float, name: str) -> float:
     return float(value)
 
 
-def bulk_cancel(older_than: float | None, match: str | None, reason: str,
-                scheduled: bool) -> tuple[float | None, str | None, str, tuple[str, ...]]:
-    """What cancel_waiting passes to protocol.cancel_waiting, checked: (created cutoff, id
-    pattern, error text, lists)."""
-    cutoff = None if older_than is None else time.time() - seconds_ago(older_than,
-                                                                        "older_than")
+def bulk_cancel(older_than: float | None, match: str | None, reason: str, scheduled: bool,
+                current: float) -> tuple[float | None, str | None, str, tuple[str, ...]]:
+    """What cancel_waiting passes to protocol.cancel_waiting, checked: (created cutoff on
+    Redis' clock, as ``current``; id pattern, error text, lists)."""
+    cutoff = None if older_than is None else current - seconds_ago(older_than, "older_than")
     if match is not None and (not isinstance(match, str) or not match):
         raise ConfigurationError(f"match must be a non-empty pattern such as 'batch-7-*', "
                                  f"not {match!r}")
@@ -144,6 +144,21 @@ def check_limit(limit: int | None) -> int | None:
                               or limit < 1):
         raise ConfigurationError(f"limit must be a whole number >= 1, not {limit!r}")
     return limit
+
+
+def due_time(eta: float | None, delay: float | None, current: float) -> float:
+    """When a scheduled task is due (Unix s, Redis' clock): ``eta`` as given, or ``delay``
+    seconds after ``current``; exactly one of the two."""
+    if (eta is None) == (delay is None):
+        raise ConfigurationError("schedule needs an eta (Unix time) or a delay (seconds), "
+                                 "one of the two")
+    when = eta if delay is None else delay
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        raise ConfigurationError(f"{'eta' if delay is None else 'delay'} must be a finite "
+                                 f"number, not {when!r}")
+    if delay is not None and delay < 0:
+        raise ConfigurationError(f"delay must be 0 seconds or more, not {delay!r}")
+    return float(when) if delay is None else current + float(delay)
 
 
 class TaskId(str):
@@ -208,7 +223,7 @@ class Queue:
         checkpoint_max_bytes (blueque.policy)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
-        created = self._store.submit(self._name, task_id, text, now(), fields=fields)
+        created = self._store.submit(self._name, task_id, text, self._store.now(), fields=fields)
         return TaskId(task_id, created)
 
     def enqueue_many(
@@ -217,15 +232,19 @@ class Queue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
-        flags = self._store.submit_many(self._name, tasks, now())
+        flags = self._store.submit_many(self._name, tasks, self._store.now())
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
-        self, parameters: object, eta: float, task_id: str | None = None, **options: object
+        self, parameters: object, eta: float | None = None, task_id: str | None = None, *,
+        delay: float | None = None, **options: object
     ) -> TaskId:
-        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once.
+        """Create a task to run at ``eta`` (Unix time: an instant, on Redis' clock like every
+        Blueque time) or ``delay`` seconds from now (by Redis' clock: "in an hour" whatever
+        this host's clock says; give one of the two); an eta in the past enqueues at once.
         Returns a ``TaskId``, as enqueue does."""
-        current = now()
+        current = self._store.now()
+        eta = due_time(eta, delay, current)
         if eta < current:
             return self.enqueue(parameters, task_id, **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
@@ -236,7 +255,8 @@ class Queue:
 
     def enqueue_due_tasks(self) -> list[str]:
         """Move every scheduled task whose eta has passed to pending; returns their ids."""
-        return self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name, now()))
+        return self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name,
+                                                         self._store.now()))
 
     def delete_task(self, task: Task) -> None:
         """Delete a complete or failed task (its hash and its entry in the complete, failed
@@ -262,7 +282,8 @@ class Queue:
         (then after the failed ones). Returns the ids retried; a task retried, deleted or
         expired meanwhile is skipped."""
         return self._store.run(protocol.retry_failed_tasks(
-            self._store.keys, self._name, now, check_limit(limit), include_cancelled))
+            self._store.keys, self._name, self._store.now, check_limit(limit),
+            include_cancelled))
 
     def cancel_waiting(self, older_than: float | None = None, match: str | None = None,
                        reason: str = "cancelled", scheduled: bool = True) -> CancelledWaiting:
@@ -275,9 +296,10 @@ class Queue:
         (cancel_pending.lua, cancel_scheduled.lua), so Redis is never held for long; a task a
         listener takes meanwhile runs. Tasks that become pending while it works (recovered,
         retried) may be left. Returns how many were cancelled from each list."""
-        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled)
+        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled,
+                                                    self._store.now())
         return self._store.run(protocol.cancel_waiting(
-            self._store.keys, self._name, now, error, cutoff, match, sources))
+            self._store.keys, self._name, self._store.now, error, cutoff, match, sources))
 
     def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a value
@@ -294,6 +316,6 @@ class Queue:
         that were cancelled) that finished more than ``older_than`` seconds ago, oldest
         first; each deletion finds its entry at the list's old end, so the cost is
         O(deleted), not O(list length)."""
-        cutoff = purge_cutoff(status, older_than)
+        cutoff = purge_cutoff(status, older_than, self._store.now())
         return self._store.run(protocol.purge(self._store.keys, self._name, status, cutoff,
                                               batch))

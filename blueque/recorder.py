@@ -17,7 +17,7 @@ from blueque.errors import InvalidTaskState, RedisUnavailable
 from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
 from blueque.runs import ENDING_FIELDS, Running, describe_ending, describe_exit
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
 log = logging.getLogger("blueque.daemon")
@@ -71,7 +71,8 @@ class Recorder:
                    else "reported" if running.report is not None else "died")
         took = format_seconds(duration)
         what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
-                else describe_ending(running.ending, running.attempt, took))
+                else describe_ending(running.ending, running.attempt, took,
+                                                                    self.store.now()))
         if running.state == "refused":
             what = "not started: the stamp refused it"
         log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
@@ -117,7 +118,7 @@ class Recorder:
         trace = str(report.get("traceback") or "") or None
         ending = decide(running.policy, running.fields,
                         ran if ran in ("complete", "preempted") else "failed",
-                        str(report.get("text") or ""), now(),
+                        str(report.get("text") or ""), self.store.now(),
                         retry=bool(report.get("retry", True)), stopped=running.reason,
                         rng=self.rng)
         failpoints.hit("listener-before-finish")
@@ -138,7 +139,7 @@ class Recorder:
         """Record ``ending`` for the child's run (finish, fenced by its attempt); with
         ``forget``, drop its run record in the same round trip. Keeps what was recorded for
         the listener's log line."""
-        current = now()
+        current = self.store.now()
         final = ending.outcome in ("complete", "failed")
         status = self.store.finish(RunEnd(
             running.queue, running.task_id, listener or self.listener, running.pid,
@@ -159,7 +160,8 @@ class Recorder:
             return
         fraction, message = running.progress
         try:
-            self.store.progress(running.task_id, running.attempt, fraction, message, now())
+            self.store.progress(running.task_id, running.attempt, fraction, message,
+                                self.store.now())
         except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
             fields = self.store.task_fields(running.task_id, ("status", "attempts"))
             if (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
@@ -192,7 +194,7 @@ class Recorder:
         policy = running.policy
         if running.state != "running":  # never told its policy: read it now
             policy = running.policy = Policy.resolve(data, self.defaults(running.queue))
-        ending = decide(policy, data, "failed", error, now(), stopped=running.reason,
+        ending = decide(policy, data, "failed", error, self.store.now(), stopped=running.reason,
                         rng=self.rng)
         status = self._finish_run(running, ending, listener=data.get("node") or self.listener,
                                   attempt=attempt)
@@ -213,7 +215,7 @@ class Recorder:
         if data.get("status") == k.PENDING or ours:
             self.store.recover(running.queue, self.listener,
                                [(running.task_id, data.get("attempts", ""), "pending", None, "")],
-                               now(), mode="host", release=False)
+                               self.store.now(), mode="host", release=False)
             running.ending = {"status": k.PENDING}
 
     def _its_run(self, running: Running, data: dict[str, str]) -> bool:

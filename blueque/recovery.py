@@ -29,7 +29,7 @@ from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy, field_float
 from blueque.process import Stopping, process_alive, signal_group
 from blueque.runs import describe_exit
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")
 
@@ -117,7 +117,7 @@ class Recovery:
         ids = self.store.reserved_ids(queue, listener)
         datas = self.store.task_data_many(ids) if ids else []
         config = self.store.queue_config(queue) if ids else {}
-        current = now()
+        current = self.store.now()
         verdicts: list[k.Verdict] = []
         live: dict[str, tuple[int, float | None]] = {}
         for task_id, data in zip(ids, datas, strict=True):
@@ -213,7 +213,7 @@ class Recovery:
             verdicts, _ = self._verdicts(
                 queue, listener, f"listener {listener} stopped renewing its lease", adopt=False
             )
-            counts = self.store.recover(queue, listener, verdicts, now(), mode="lease")
+            counts = self.store.recover(queue, listener, verdicts, self.store.now(), mode="lease")
             if counts != [-1]:
                 report.add(counts)
                 report.listeners.append(listener)
@@ -246,7 +246,7 @@ class Recovery:
             )
             if verdicts or not live:
                 counts = self.store.recover(
-                    queue, listener, verdicts, now(), mode="host", release=not live
+                    queue, listener, verdicts, self.store.now(), mode="host", release=not live
                 )
                 if counts == [-1]:
                     continue

@@ -14,7 +14,6 @@ from blueque.endings import Stopped
 from blueque.leftovers import RunMark
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel
-from blueque.store import now
 
 #: A run's state: the stamp not yet confirmed, its task started for it, or refused.
 RunState = Literal["starting", "running", "refused"]
@@ -90,7 +89,8 @@ def describe_exit(status: int, reason: str, time_limit: float) -> str:
 ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled")
 
 
-def describe_ending(fields: dict[str, str], attempt: int | None, took: str) -> str:
+def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
+                    current: float) -> str:
     """How an attempt ended, for the listener's log: ``complete in 3h12m``, ``failed in 2s:
     ValueError: bad``, ``failed in 2s, retry in 30s: ...``, ``cancelled in 5m: ...``, or
     where the task has moved on meanwhile."""
@@ -107,7 +107,7 @@ def describe_ending(fields: dict[str, str], attempt: int | None, took: str) -> s
     if status == k.FAILED:
         return f"{'cancelled' if fields.get('cancelled') else 'failed'} in {took}: {error}"
     if status == k.SCHEDULED and fields.get("eta"):
-        wait = format_seconds(max(0.0, float(fields["eta"]) - now()))
+        wait = format_seconds(max(0.0, float(fields["eta"]) - current))
         return f"failed in {took}, retry in {wait}: {error}"
     if status == k.PENDING:
         return f"ended in {took}, put back: the task is pending again"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -71,8 +70,9 @@ def _tick(entry: CronEntry, recorded: str) -> int:
 class Scheduler:
     """``run()`` repeats ``run_once()`` every ``interval`` seconds until ``stop()``.
 
-    ``clock`` (Unix seconds) times cron ticks and the recovery and purge cadences; ``sleep``
-    waits between steps (default: an Event wait that ``stop()`` interrupts)."""
+    ``clock`` (Unix seconds; by default Redis' clock) times cron ticks and the recovery and
+    purge cadences; ``sleep`` waits between steps (default: an Event wait that ``stop()``
+    interrupts)."""
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class Scheduler:
         recovery: Sweeper | None = None,
         recovery_interval: float = 2.0,
         purge_interval: float = 60.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         sleep: Callable[[float], object] | None = None,
         allow_eviction: bool | None = None,
     ) -> None:
@@ -97,7 +97,7 @@ class Scheduler:
         self.recovery = recovery
         self.recovery_interval = recovery_interval
         self.purge_interval = purge_interval
-        self.clock = clock
+        self.clock = clock or client.store.now  # Redis' clock (blueque.clock)
         self._stopping = threading.Event()
         self.sleep = sleep or self._stopping.wait
         self._next_recovery = 0.0

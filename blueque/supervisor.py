@@ -30,7 +30,7 @@ from blueque.process import Stopping, create_time, signal_group
 from blueque.recorder import Recorder
 from blueque.reporting import ChildChannel
 from blueque.runs import Running
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
@@ -125,7 +125,7 @@ class Supervisor:
         runs yet) while ``begin_waiting`` repeats it, idempotent, at every step."""
         try:
             reservation = self.store.begin_run(
-                running.queue, self.owner.id, running.task_id, now(), running.pid,
+                running.queue, self.owner.id, running.task_id, self.store.now(), running.pid,
                 running.created, self.owner.node, self.record(running), NODE_RUNS_TTL)
         except RedisUnavailable:
             raise

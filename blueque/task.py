@@ -17,7 +17,7 @@ from blueque.errors import (
     WaitTimeout,
     WrongType,
 )
-from blueque.store import RedisStore, now
+from blueque.store import RedisStore
 from blueque.waiting import WaitResult, drive
 
 T = TypeVar("T")
@@ -301,7 +301,7 @@ class Task(TaskView):
                 "elsewhere (a file, an object store) and checkpoint a reference to it"
             )
         attempt, listener = self._run
-        saved_at = now()
+        saved_at = self._store.now()
         size = self._store.unbounded.save_checkpoint(self._id, attempt, listener, state,
                                                      saved_at)
         info = CheckpointInfo(size, saved_at, attempt)

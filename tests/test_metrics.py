@@ -25,7 +25,6 @@ from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.hosts import allowed_hosts
 from blueque.metrics import MetricsServer, queue_registry, scrape
-from blueque.store import now
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 KEYS = k.Keys()
@@ -70,7 +69,7 @@ def test_endings_are_counted_per_minute_and_in_total(any_client: blueque.Client)
     any_client.cancel_task(waiting)
     expected = {"complete": 2, "failed": 1, "retry": 1, "cancelled": 1}
     assert store.outcome_counts("q") == expected
-    minute = int(now() // 60 * 60)
+    minute = int(time.time() // 60 * 60)
     per_minute = store.outcomes_per_minute("q", [minute - 60, minute])
     assert per_minute[0] == {} or per_minute[1] == {}  # a minute boundary may fall between
     assert {n: per_minute[0].get(n, 0) + per_minute[1].get(n, 0) for n in expected} == expected
@@ -79,9 +78,9 @@ def test_endings_are_counted_per_minute_and_in_total(any_client: blueque.Client)
 def test_minute_counters_expire_and_totals_do_not(redis_client: redis.Redis,
                                                   client: blueque.Client) -> None:
     run_to_end(client, "q", "complete")
-    ttl = redis_client.ttl(minute_key("q", now()))
+    ttl = redis_client.ttl(minute_key("q", time.time()))
     if ttl == -2:  # the minute turned between the finish and this read
-        ttl = redis_client.ttl(minute_key("q", now() - 60))
+        ttl = redis_client.ttl(minute_key("q", time.time() - 60))
     assert 0 < ttl <= k.FINISHED_MINUTE_TTL
     assert redis_client.ttl(KEYS.outcome_counts("q")) == -1
 
@@ -90,10 +89,10 @@ def test_a_repeated_finish_is_not_counted_twice(client: blueque.Client) -> None:
     task_id = client.get_queue("q").enqueue("{}")
     task = client.get_listener("q").reserve()
     assert task is not None
-    client.store.start("q", task_id, task.node or "", 7, now(), task.attempts)
+    client.store.start("q", task_id, task.node or "", 7, time.time(), task.attempts)
     for _ in range(2):  # the second is a retried call whose reply was lost
         client.store.finish(RunEnd("q", task_id, task.node or "", 7, task.attempts, "complete",
-                                   "r", now()))
+                                   "r", time.time()))
     assert client.store.outcome_counts("q") == {"complete": 1}
 
 
@@ -105,10 +104,10 @@ def test_recovery_counts_what_it_decides(client: blueque.Client, redis_client: r
         task = listener.reserve()
         assert task is not None and task.id == task_id
         client.get_processor(task).start(999_999)
-        verdict = ("retry", now() + 600) if retried else ("failed", None)
+        verdict = ("retry", time.time() + 600) if retried else ("failed", None)
         counts = client.store.recover("q", listener.id, [
             (task_id, str(task.attempts), verdict[0], verdict[1], "listener died")],
-            now(), mode="host")
+            time.time(), mode="host")
         assert counts[:3] == ([0, 1, 0] if retried else [0, 0, 1])
     assert client.store.outcome_counts("q") == {"failed": 1, "retry": 1}
 
@@ -119,8 +118,8 @@ def test_queue_collector_reports_states_age_and_outcomes(client: blueque.Client)
     first = queue.enqueue("{}")
     queue.enqueue("{}")
     queue.schedule("{}", time.time() + 3600)
-    client.store.redis.hset(KEYS.task(first), mapping={"created": repr(now() - 120),
-                                                       "updated": repr(now() - 120)})
+    client.store.redis.hset(KEYS.task(first), mapping={"created": repr(time.time() - 120),
+                                                       "updated": repr(time.time() - 120)})
     found = samples(scrape(queue_registry(client.store)))
     assert found[("blueque_redis_up", ())] == 1
     assert found[("blueque_tasks", (("queue", "jobs"), ("state", "pending")))] == 2
@@ -386,7 +385,7 @@ def test_reads_of_many_queues_agree_with_reads_of_one(any_client: blueque.Client
     any_client.get_queue("b").enqueue("{}", task_id="next-in-b")
     any_client.get_queue("c").schedule("{}", time.time() + 60)
     queues = ["a", "b", "c", "never-used"]
-    minute = int(now() // 60 * 60)
+    minute = int(time.time() // 60 * 60)
     minutes = [minute - 60, minute]
     assert store.counts_many(queues) == [store.counts(q) for q in queues]
     assert store.counts("b").reserved == 1 and store.counts("a").failed == 1

@@ -310,7 +310,7 @@ def test_every_attempts_file_is_one_level_down_in_the_log_directory(
     ({}, "ended in 3h12m; its task is gone (deleted)"),
 ])
 def test_describe_ending(fields: dict[str, str], expected: str) -> None:
-    assert describe_ending(fields, 2, "3h12m").startswith(expected)
+    assert describe_ending(fields, 2, "3h12m", time.time()).startswith(expected)
 
 
 def _read_until(fd: int, wanted: str, timeout: float = 20.0) -> str:

@@ -35,12 +35,13 @@ from blueque.queue import (
     check_deletable,
     check_limit,
     check_queue_name,
+    due_time,
     given_queue_name,
     purge_cutoff,
     submission,
 )
 from blueque.retry import RetryPolicy
-from blueque.store import now, translate
+from blueque.store import translate
 from blueque.task import TaskView
 from blueque.waiting import WAIT_REREAD, WaitResult
 
@@ -142,7 +143,8 @@ class Client:
         queue = (await self.get_task(task_id)).queue
         if queue is None:
             raise TaskNotFound(task_id)
-        verdict, _ = await self.store.perform(protocol.cancel, queue, task_id, now(),
+        verdict, _ = await self.store.perform(protocol.cancel, queue, task_id,
+                                              await self.store.now(),
                                               f"cancelled: {reason}")
         return verdict
 
@@ -153,7 +155,8 @@ class Client:
         queue = (await self.get_task(task_id)).queue
         if queue is None:
             raise TaskNotFound(task_id)
-        await self.store.perform(protocol.retry_failed, queue, task_id, now())
+        await self.store.perform(protocol.retry_failed, queue, task_id,
+                                 await self.store.now())
 
     async def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""
@@ -181,21 +184,25 @@ class Queue:
         kill_grace, result_ttl, max_preemptions, keep_processes, checkpoint_max_bytes."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
-        created = await self._store.perform(protocol.submit, self._name, task_id, text, now(),
-                                            fields=fields)
+        created = await self._store.perform(protocol.submit, self._name, task_id, text,
+                                            await self._store.now(), fields=fields)
         return TaskId(task_id, created)
 
     async def enqueue_many(self, parameters: Sequence[object],
                            task_ids: Sequence[str] | None = None) -> BulkEnqueue:
         """Create many pending tasks, 1,000 per script call; ids that exist are left alone."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
-        flags = await self._store.perform(protocol.submit_many, self._name, tasks, now())
+        flags = await self._store.perform(protocol.submit_many, self._name, tasks,
+                                          await self._store.now())
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
-    async def schedule(self, parameters: object, eta: float, task_id: str | None = None,
+    async def schedule(self, parameters: object, eta: float | None = None,
+                       task_id: str | None = None, *, delay: float | None = None,
                        **options: object) -> TaskId:
-        """Create a task to run at ``eta`` (Unix time); an eta in the past enqueues at once."""
-        current = now()
+        """Create a task to run at ``eta`` (Unix time, on Redis' clock) or ``delay`` seconds
+        from now by Redis' clock (one of the two); an eta in the past enqueues at once."""
+        current = await self._store.now()
+        eta = due_time(eta, delay, current)
         if eta < current:
             return await self.enqueue(parameters, task_id, **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
@@ -206,8 +213,8 @@ class Queue:
 
     async def enqueue_due_tasks(self) -> list[str]:
         """Move every scheduled task whose eta has passed to pending; returns their ids."""
-        return await self._store.run(protocol.enqueue_due_tasks(self._store.keys, self._name,
-                                                                now()))
+        return await self._store.run(protocol.enqueue_due_tasks(
+            self._store.keys, self._name, await self._store.now()))
 
     async def delete_task(self, task: TaskView) -> None:
         """Delete a complete or failed task (its hash and its entry in the complete, failed
@@ -229,8 +236,10 @@ class Queue:
                            ) -> list[str]:
         """Make this queue's failed tasks pending again, oldest first; cancelled ones only
         with ``include_cancelled``. See blueque.Queue.retry_failed."""
+        await self._store.now()  # measures Redis' clock if due: the steps read it as measured
         return await self._store.run(protocol.retry_failed_tasks(
-            self._store.keys, self._name, now, check_limit(limit), include_cancelled))
+            self._store.keys, self._name, self._store.clock.now, check_limit(limit),
+            include_cancelled))
 
     async def cancel_waiting(self, older_than: float | None = None, match: str | None = None,
                              reason: str = "cancelled", scheduled: bool = True
@@ -238,9 +247,11 @@ class Queue:
         """Cancel the queue's pending and scheduled tasks (or those older than
         ``older_than`` seconds and/or whose id matches ``match``), a batch per script call:
         see blueque.Queue.cancel_waiting."""
-        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled)
+        cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled,
+                                                    await self._store.now())
         return await self._store.run(protocol.cancel_waiting(
-            self._store.keys, self._name, now, error, cutoff, match, sources))
+            self._store.keys, self._name, self._store.clock.now, error, cutoff, match,
+            sources))
 
     async def configure(self, **options: object) -> None:
         """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a
@@ -256,7 +267,7 @@ class Queue:
     async def purge(self, status: str, older_than: float, batch: int = 500) -> int:
         """Delete finished tasks of ``status`` that finished more than ``older_than``
         seconds ago, oldest first; returns how many."""
-        cutoff = purge_cutoff(status, older_than)
+        cutoff = purge_cutoff(status, older_than, await self._store.now())
         return await self._store.run(protocol.purge(self._store.keys, self._name, status,
                                                     cutoff, batch))
 

@@ -31,6 +31,7 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
+from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
 from blueque.retry import NoRetry, RetryPolicy, is_transient
@@ -70,9 +71,26 @@ class AsyncRedisStore:
         self._scripts: dict[str, Any] = {}
         self._server_checked = False
         self.health = Health()
+        #: Redis' clock (blueque.clock), shared by the copies bounded() makes
+        self.clock = ServerClock()
         # a cluster routes each command to its slot's node; WAIT must follow its own script
         plain = not isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._pipeliner = Pipeliner(client) if plain and durability is None else None
+
+    async def now(self) -> float:
+        """Unix seconds on Redis' clock (the sync store's ``now``, awaited): a TIME round
+        trip when first needed and then every minute; never raises."""
+        clock = self.clock
+        if clock.due():
+            before = clock.local()
+            try:
+                seconds, micros = await self.redis.time()
+            except (*_REDIS_ERRORS, OSError) as error:
+                log.debug("Redis' clock not read (%s); using the last offset", error)
+                clock.failed()
+            else:
+                clock.measured(before, float(seconds) + float(micros) / 1e6, clock.local())
+        return clock.now()
 
     def bounded(self, seconds: float) -> AsyncRedisStore:
         """This store (same connections, scripts and Health) retrying each operation for at

@@ -26,7 +26,6 @@ from blueque.client import Client
 from blueque.display import format_seconds, parse_duration, positive_int, table
 from blueque.node import hostname
 from blueque.policy import OPTION_TYPES
-from blueque.store import now
 from blueque.waiting import wait_all
 
 #: `configure`'s value of an option that was not given (None means "remove it").
@@ -147,8 +146,9 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in OPTION_TYPES
                if getattr(args, name, None) is not None}
     if args.delay is not None or args.eta is not None:
-        eta = args.eta if args.eta is not None else now() + args.delay
-        task_id = queue.schedule(parameters, eta, task_id=args.task_id, **options)
+        # --delay counts from now by Redis' clock, whatever this host's clock says
+        task_id = queue.schedule(parameters, args.eta, task_id=args.task_id, delay=args.delay,
+                                 **options)
     else:
         task_id = queue.enqueue(parameters, task_id=args.task_id, **options)
     if not task_id.created:

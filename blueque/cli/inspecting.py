@@ -33,7 +33,6 @@ from blueque.display import (
 )
 from blueque.errors import TaskNotFound
 from blueque.policy import field_float
-from blueque.store import now
 from blueque.task import Task, readable_history
 from blueque.tasklog import follow_output, read_output, wait_for_output
 
@@ -72,13 +71,14 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     queues = client.queue_names()
     stats = [vars(client.get_queue(name).stats()) for name in queues]
     listeners = client.listeners(queues)
+    current = client.store.now()
     counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "cancelled",
               "listeners")
     text = table(("QUEUE", *(c.upper() for c in counts)),
                  [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
              _lease_text(item.lease_remaining), _age_text(item.renewed_age),
-             _state_text(item)) for item in listeners]
+             _state_text(item, current)) for item in listeners]
     text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "LEASE", "RENEWED", "STATE"),
                             rows) if rows else "no listeners")
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
@@ -88,13 +88,13 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _state_text(listener: ListenerStatus) -> str:
+def _state_text(listener: ListenerStatus, current: float) -> str:
     """``preempting: node goes away in 1m20s (12:34:56)`` for a preempted listener."""
     deadline = listener.preempting_until
     if deadline is None:
         return "listening"
     when = time.strftime("%H:%M:%S", time.localtime(deadline))
-    left = deadline - time.time()
+    left = deadline - current
     if left <= 0:
         return f"preempted: node gone since {when}"
     return f"preempting: node goes away in {format_seconds(left)} ({when})"
@@ -122,7 +122,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
         ids += queue.task_ids(status, 0, args.limit - 1)[: args.limit]
     datas = client.store.task_data_many(ids)
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
-    current = now()
+    current = client.store.now()
     rows = [(t["id"], k.state_of(t) or "(missing)", t.get("attempts", "-"),
              format_time(field_float(t.get("updated"))), _eta_text(t, current),
              t.get("node") or "-",
@@ -162,8 +162,9 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     if info is None:
         saved = "checkpoint: none"
     else:
+        age = format_seconds(client.store.now() - info.saved_at)
         saved = (f"checkpoint: {format_bytes(info.size)} saved {format_time(info.saved_at)} "
-                 f"({format_seconds(now() - info.saved_at)} ago) by attempt {info.attempt}; "
+                 f"({age} ago) by attempt {info.attempt}; "
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
     history = readable_history(data.get("history"))
     emit(args, {"id": args.task_id, **data, "history": history,

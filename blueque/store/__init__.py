@@ -22,7 +22,6 @@ from blueque.store.core import (
     RedisLike,
     Reservation,
     StoreCore,
-    now,
 )
 from blueque.store.errors import (
     MIN_REDIS_VERSION,
@@ -76,7 +75,6 @@ __all__ = [
     "describe",
     "load_script",
     "lost_connection",
-    "now",
     "published",
     "translate",
     "translate_errors",

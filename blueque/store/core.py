@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
@@ -17,6 +16,7 @@ from redis.commands.core import Script
 
 from blueque import keys as k
 from blueque import protocol
+from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
 from blueque.retry import NoRetry, RetryPolicy
@@ -42,11 +42,6 @@ BLOCK_SLICE = 1.0
 CHECKPOINT_MAX_BYTES = 1024 * 1024
 
 RedisLike = Any  # redis.Redis or redis.RedisCluster; both expose the same command methods
-
-
-def now() -> float:
-    """Task timestamps use the client's clock, as blueque 1.0.1 does."""
-    return time.time()
 
 
 def _tolerating_wrong_types(pipe: Any) -> list[Any]:
@@ -107,6 +102,8 @@ class StoreCore:
         #: the client-wide checkpoint size limit (Client(..., checkpoint_max_bytes=...))
         self.checkpoint_max_bytes = CHECKPOINT_MAX_BYTES
         self._unbounded: Self | None = None  # set on the copies bounded() makes
+        #: Redis' clock (blueque.clock), shared by the copies bounded() makes
+        self.clock = ServerClock()
 
     @property
     def unbounded(self) -> Self:
@@ -123,6 +120,24 @@ class StoreCore:
         view.retry = self.retry.bounded(seconds)
         view._unbounded = self.unbounded
         return view
+
+    def now(self) -> float:
+        """Unix seconds on Redis' clock, the clock of every task timestamp (PROTOCOL.md §1,
+        "Time"): the host's clock plus the offset a TIME round trip measured, when first
+        needed and then every minute. Never raises: a Redis that cannot answer leaves the
+        last offset (at first the host's own clock) in place."""
+        clock = self.clock
+        if clock.due():
+            before = clock.local()
+            try:
+                seconds, micros = self.redis.time()
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException,
+                    OSError) as error:
+                log.debug("Redis' clock not read (%s); using the last offset", error)
+                clock.failed()
+            else:
+                clock.measured(before, float(seconds) + float(micros) / 1e6, clock.local())
+        return clock.now()
 
     @property
     def where(self) -> str:

@@ -50,7 +50,6 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
-from blueque.store import now
 from blueque.web import views
 
 log = logging.getLogger("blueque.web")
@@ -134,9 +133,13 @@ class Dashboard:
         return policy
 
     # --- pages ---------------------------------------------------------------------------------
+    async def now(self) -> float:
+        """Now on Redis' clock (a TIME round trip once a minute: off the event loop)."""
+        return await run_in_threadpool(self.store.now)
+
     async def render(self, request: Request, name: str, context: dict[str, Any],
                      status: int = 200) -> Response:
-        at = now()
+        at = await self.now()
         policy = await run_in_threadpool(self.memory_policy)
         context.update(at=at, actions=self.token is not None, refresh=self.refresh,
                        evicting=policy if policy is not None and policy.evicts else None,
@@ -167,7 +170,7 @@ class Dashboard:
 
     async def queues(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await run_in_threadpool(views.queues_page, self.store, now(), page)
+        data = await run_in_threadpool(views.queues_page, self.store, await self.now(), page)
         return await self.render(request, "queues.html", data)
 
     async def queue(self, request: Request) -> Response:
@@ -178,26 +181,27 @@ class Dashboard:
         page = _int(request.query_params.get("page"), 1)
         search = request.query_params.get("id", "").strip()
         data = await run_in_threadpool(views.queue_page, self.store, name, state, page,
-                                       search, now())
+                                       search, await self.now())
         return await self.render(request, "queue.html", data, 200 if data["known"] else 404)
 
     async def task(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "")
         attempt = request.query_params.get("attempt") or None
-        data = await run_in_threadpool(views.task_page, self.store, task_id, now(), attempt)
+        current = await self.now()
+        data = await run_in_threadpool(views.task_page, self.store, task_id, current, attempt)
         if data is None:
             return await self.render(request, "missing.html", {"task_id": task_id}, 404)
         return await self.render(request, "task.html", {"task": data})
 
     async def nodes(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await run_in_threadpool(views.nodes_page, self.store, now(), page)
+        data = await run_in_threadpool(views.nodes_page, self.store, await self.now(), page)
         return await self.render(request, "nodes.html", data)
 
     async def schedule(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
-                                       now(), page)
+                                       await self.now(), page)
         return await self.render(request, "schedule.html", data)
 
     async def metrics(self, request: Request) -> Response:
@@ -269,7 +273,7 @@ class Dashboard:
         queue = self.client.get_task(task_id).queue
         if queue is None:
             raise TaskNotFound(task_id)
-        self.store.retry_failed(queue, task_id, now())
+        self.store.retry_failed(queue, task_id, self.store.now())
         return f"task {task_id} is pending again"
 
     def retry_failed(self, body: dict[str, Any]) -> str:

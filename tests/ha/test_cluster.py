@@ -151,7 +151,6 @@ def test_full_lifecycle_on_three_shards(cluster: ClusterTopology) -> None:
 def test_dashboard_and_metrics_read_queues_on_three_shards(cluster: ClusterTopology) -> None:
     """The dashboard's and the collector's pipelines of many queues span the shards."""
     from blueque.metrics import queue_registry, scrape
-    from blueque.store import now
     from blueque.web import views
 
     client = blueque.Client(cluster.url)
@@ -164,13 +163,13 @@ def test_dashboard_and_metrics_read_queues_on_three_shards(cluster: ClusterTopol
         processor = client.get_processor(task)
         processor.start(4242)
         processor.complete("done")
-    rows = {row["name"]: row for row in views.queues_page(client.store, now())["queues"]}
+    rows = {row["name"]: row for row in views.queues_page(client.store, time.time())["queues"]}
     for n, name in enumerate(names):
         counts = client.store.counts(name)
         assert rows[name]["counts"]["pending"] == counts.pending == n + 1
         assert rows[name]["counts"]["complete"] == 1 and rows[name]["last_hour"]["complete"] == 1
         assert rows[name]["oldest_pending_age"] >= 0
-    nodes = views.nodes_page(client.store, now())
+    nodes = views.nodes_page(client.store, time.time())
     assert {lease["queue"] for entry in nodes["listeners"] for lease in entry["leases"]} <= set(
         names)
     text = scrape(queue_registry(client.store)).decode()
