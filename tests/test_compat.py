@@ -1,9 +1,14 @@
 """Programs written for blueque 1.0.1 run unchanged (issue 9 §5): its public ForkingRunner
-.fork_task, its `error` text, its redis-py keyword arguments, and a refused second start."""
+.fork_task, its `error` text, its redis-py keyword arguments, a refused second start, and the
+ids enqueue returns, which such programs hand to other processes (issue 21 §10)."""
 
 from __future__ import annotations
 
+import copy
+import json
+import multiprocessing
 import os
+import pickle
 
 import pytest
 import redis
@@ -13,6 +18,7 @@ from redis.retry import Retry
 import blueque
 from blueque.forking_runner import ForkingRunner
 from blueque.keys import Keys
+from blueque.queue import TaskId
 from blueque.retry import RetryPolicy
 from tests import jobs
 from tests.test_cli import cli
@@ -103,3 +109,42 @@ def test_refused_second_start_keeps_the_task_in_the_reserved_list(
     # still where recovery looks if this listener dies
     assert redis_client.lrange(KEYS.reserved("work", listener_id), 0, -1) == [task.id]
     assert task.refresh().status == "started" and task.pid == os.getpid()
+
+
+# --- the ids enqueue returns (issue 21 §10) ------------------------------------------------
+def echo_id(task_id: TaskId) -> tuple[TaskId, str, bool]:
+    """Run in a multiprocessing pool's worker: the id as it arrived, its type and flag."""
+    return task_id, type(task_id).__name__, task_id.created
+
+
+@pytest.mark.parametrize("created", [True, False])
+def test_task_ids_survive_pickle_copy_and_json(client: blueque.Client, created: bool) -> None:
+    """A TaskId is a str with a ``created`` flag: pickle (every protocol), copy and deepcopy
+    raised "TaskId.__new__() missing 1 required positional argument: 'created'"."""
+    queue = client.get_queue("work")
+    task_id = queue.enqueue("{}", task_id="mine")
+    if not created:
+        task_id = queue.enqueue("{}", task_id="mine")
+    assert task_id.created is created
+    copies = [pickle.loads(pickle.dumps(task_id, protocol))
+              for protocol in range(pickle.HIGHEST_PROTOCOL + 1)]
+    copies += [copy.copy(task_id), copy.deepcopy(task_id), copy.deepcopy({"id": task_id})["id"]]
+    for again in copies:
+        assert isinstance(again, TaskId) and again == "mine" and again.created is created
+    assert json.loads(json.dumps({"id": task_id})) == {"id": "mine"}
+    scheduled = queue.schedule("{}", eta=2e9)
+    assert pickle.loads(pickle.dumps(scheduled)) == scheduled
+
+
+def test_task_ids_go_through_a_multiprocessing_pool(client: blueque.Client) -> None:
+    """What a 1.0.1 program does with the ids it enqueued: hand them to worker processes,
+    which had died unpickling them (the pool then hung or lost the work)."""
+    queue = client.get_queue("work")
+    ids = [queue.enqueue("{}"), queue.enqueue("{}", task_id="again"),
+           queue.enqueue("{}", task_id="again")]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        # bounded: a worker that dies unpickling its work is replaced, and map waits for ever
+        returned = pool.map_async(echo_id, ids, chunksize=1).get(timeout=60)
+    assert [(str(i), kind, created) for i, kind, created in returned] == [
+        (ids[0], "TaskId", True), ("again", "TaskId", True), ("again", "TaskId", False)]
+    assert all(isinstance(i, TaskId) for i, _, _ in returned)
