@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from blueque.child import report_progress
+from blueque.errors import Preempted
 from blueque.task import Task
 
 
@@ -185,3 +186,27 @@ def waits_for_release(task: Task) -> str:
         time.sleep(0.01)
     _mark(params, "end")
     return "released"
+
+
+def acts(task: Task) -> object:
+    """Does what its parameters say, in this order: marks "start [id] [attempt]", prints
+    "print", reports "progress" ([fraction, message]), saves "checkpoint", waits for the
+    "release" file, then raises Preempted ("preempt": true; only attempts before
+    "preempt_until" when given), fails with "fail" (only attempts before "fail_until" when
+    given), or returns "value" (default "done")."""
+    params = _params(task)
+    attempt = task.attempts or 0
+    _mark(params, f"start {task.id} {attempt}")
+    if "print" in params:
+        print(params["print"], flush=True)
+    if "progress" in params:
+        report_progress(*params["progress"])
+    if "checkpoint" in params:
+        task.save_checkpoint(params["checkpoint"])
+    while "release" in params and not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    if params.get("preempt") and attempt < params.get("preempt_until", sys.maxsize):
+        raise Preempted(f"attempt {attempt} preempted by its parameters")
+    if "fail" in params and attempt < params.get("fail_until", sys.maxsize):
+        raise RuntimeError(params["fail"])
+    return params.get("value", "done")

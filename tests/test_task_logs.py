@@ -297,20 +297,27 @@ def test_every_attempts_file_is_one_level_down_in_the_log_directory(
     assert "\0" not in str(path)  # open() refuses it (ValueError, not OSError)
 
 
-@pytest.mark.parametrize(("fields", "expected"), [
-    ({"status": "complete", "attempts": "2"}, "complete in 3h12m"),
+@pytest.mark.parametrize(("fields", "outcome", "expected"), [
+    ({"status": "complete", "attempts": "2"}, "complete", "complete in 3h12m"),
     ({"status": "failed", "attempts": "2", "error": "bad",
-      "traceback": "Traceback...\nValueError: bad\n"}, "failed in 3h12m: ValueError: bad"),
-    ({"status": "failed", "attempts": "2", "error": "by operator (stopped)", "cancelled": "1"},
-     "cancelled in 3h12m: by operator (stopped)"),
-    ({"status": "scheduled", "attempts": "2", "error": "boom", "eta": "9e18"},
+      "traceback": "Traceback...\nValueError: bad\n"}, "failed",
+     "failed in 3h12m: ValueError: bad"),
+    ({"status": "failed", "attempts": "2", "error": "by operator (stopped)",
+      "cancelled": "1795000000.5"}, "cancelled", "cancelled in 3h12m: by operator (stopped)"),
+    ({"status": "scheduled", "attempts": "2", "error": "boom", "eta": "9e18"}, "retrying",
      "failed in 3h12m, retry in "),
-    ({"status": "started", "attempts": "3"}, "ended in 3h12m, superseded: the task is started "
-                                             "at attempt 3"),
-    ({}, "ended in 3h12m; its task is gone (deleted)"),
+    ({"status": "pending", "attempts": "2", "updated": "1795000000.5",
+      "preempted_at": "1795000000.5"}, "preempted", "preempted in 3h12m: the task is pending"),
+    ({"status": "pending", "attempts": "2", "updated": "1795000009.5",
+      "preempted_at": "1795000000.5"}, "requeued", "ended in 3h12m, put back: the task is "),
+    ({"status": "started", "attempts": "3"}, "superseded", "ended in 3h12m, superseded: the "
+                                                           "task is started at attempt 3"),
+    ({"status": "started", "attempts": "2"}, "unsettled", "ended in 3h12m; the task is started"),
+    ({}, "deleted", "ended in 3h12m; its task is gone (deleted)"),
 ])
-def test_describe_ending(fields: dict[str, str], expected: str) -> None:
-    assert describe_ending(fields, 2, "3h12m").startswith(expected)
+def test_describe_ending(fields: dict[str, str], outcome: str, expected: str) -> None:
+    said = describe_ending(fields, 2, "3h12m")
+    assert said[0] == outcome and said[1].startswith(expected)
 
 
 def _read_until(fd: int, wanted: str, timeout: float = 20.0) -> str:
