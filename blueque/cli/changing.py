@@ -21,9 +21,10 @@ from blueque.cli.base import (
     eta_time,
     unknown_queue,
 )
-from blueque.cli.wait import report_waited
+from blueque.cli.wait import print_result, report_waited
 from blueque.client import Client
-from blueque.display import format_seconds, parse_duration, positive_int, table
+from blueque.display import format_seconds, format_time, parse_duration, positive_int, table
+from blueque.fields import typed
 from blueque.node import hostname
 from blueque.policy import OPTION_TYPES
 from blueque.store import now
@@ -44,7 +45,9 @@ def register(commands: Commands) -> None:
         "run at this time: Unix seconds or ISO 8601 (no offset: local time)"))
     sub.add_argument("--task-id", help="your own id; enqueueing an existing id does nothing")
     _add_task_options(sub, None)
-    sub.add_argument("--wait", action="store_true", help="wait for the task and print it")
+    sub.add_argument("--wait", action="store_true", help=(
+        "wait for the task and print its result (a failed task: its error on stderr, exit "
+        "1); with --json, the task's record"))
     sub.add_argument("--timeout", type=duration, metavar="DURATION",
                      help="with --wait: give up after this long (90, 15m, 2h)")
 
@@ -128,6 +131,10 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
                if getattr(args, name, None) is not None}
     if args.delay is not None or args.eta is not None:
         eta = args.eta if args.eta is not None else now() + args.delay
+        if args.eta is not None and eta < now():
+            print(f"blueque: warning: --eta {format_time(eta)} was "
+                  f"{format_seconds(now() - eta)} ago: the task is due at once",
+                  file=sys.stderr)
         task_id = queue.schedule(parameters, eta, task_id=args.task_id, **options)
     else:
         task_id = queue.enqueue(parameters, task_id=args.task_id, **options)
@@ -141,7 +148,9 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
              task_id)
         return EXIT_OK
     result = wait_all(client, [task_id], args.timeout)
-    return report_waited(args, result, {"created": task_id.created})
+    if args.json:
+        return report_waited(args, result, {"created": task_id.created})
+    return print_result(task_id, result)
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
@@ -206,7 +215,7 @@ def cmd_configure(client: Client, args: argparse.Namespace) -> int:
     config = queue.config()
     text = table(("OPTION", "VALUE"), sorted(config.items())) if config else (
         f"{args.queue} has no queue defaults")
-    emit(args, {"queue": args.queue, "config": config}, text)
+    emit(args, {"queue": args.queue, "config": typed(config)}, text)
     return EXIT_OK
 
 
