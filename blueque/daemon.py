@@ -34,7 +34,7 @@ from blueque.renewal import Renewal
 from blueque.slots import Slots
 from blueque.store import RedisStore, now
 from blueque.supervisor import Owner, Supervisor
-from blueque.wakeup import Cadence, Inbox, Wakeup
+from blueque.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
@@ -80,7 +80,10 @@ class ListenerDaemon:
         identity: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         node_name: str | None = None,
+        in_program: bool = False,
     ) -> None:
+        """``in_program``: run() is called by a program that keeps its own SIGTERM and SIGINT
+        handling (ForkingRunner.run(), see ProgramSignals); else they stop the listener."""
         _check(queues, concurrency, on_stop, interval, poll)
         self.client = client
         # the loop's operations retry for half an interval at most, then the loop's own
@@ -114,6 +117,8 @@ class ListenerDaemon:
         self.slots = Slots(concurrency)
         self.stopping = False
         self.cadence = Cadence(interval, poll)
+        self.in_program = in_program
+        self.program_signals: ProgramSignals | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -135,12 +140,16 @@ class ListenerDaemon:
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
-        self.wakeup.install_signals({signal.SIGTERM: self._request_stop,
-                                     signal.SIGINT: self._request_stop,
+        program = self.program_signals = (ProgramSignals(self._request_stop)
+                                          if self.in_program else None)
+        stop = self._request_stop if program is None else program.handler
+        self.wakeup.install_signals({signal.SIGTERM: stop, signal.SIGINT: stop,
                                      signal.SIGUSR1: self.preemption.on_signal})
         try:
             while True:
                 self.run_once()
+                if program is not None:
+                    program.deliver()  # the program's own handlers, between two steps
                 if self.stopping and self._may_exit():
                     break
                 if self._preempted_and_done():
@@ -149,6 +158,8 @@ class ListenerDaemon:
                     break
         finally:
             self._finish()
+        if program is not None:
+            program.end()
         return 0
 
     def start_subscriber(self) -> None:
@@ -161,6 +172,11 @@ class ListenerDaemon:
             log.info("listener %s: signal %d, stopping (on-stop=%s)", self.id, signum,
                      self.on_stop)
         self.stopping = True
+
+    def _interrupted(self) -> bool:
+        """Asked to stop, or a signal for the program's own handler waits: a wait for our
+        identity (a lease to lapse) gives way to either."""
+        return self.stopping or bool(self.program_signals and self.program_signals.pending)
 
     def _may_exit(self) -> bool:
         if self.on_stop == "keep":
@@ -193,7 +209,7 @@ class ListenerDaemon:
         try:
             if not self.membership.registered:
                 self.store.check_server()  # once: before the identity check's first command
-                if not self.membership.claim(self.recovery, lambda: self.stopping):
+                if not self.membership.claim(self.recovery, self._interrupted):
                     return
                 self.register()
                 self.renewal.heal()
