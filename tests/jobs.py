@@ -210,3 +210,20 @@ def acts(task: Task) -> object:
     if "fail" in params and attempt < params.get("fail_until", sys.maxsize):
         raise RuntimeError(params["fail"])
     return params.get("value", "done")
+
+
+def page(task: Task) -> object:
+    """The README's documents (its Operator CLI session): ``{"page": N}`` prints "reading
+    page N", saves a checkpoint and returns ``{"words": 1234}``; a page that is not a number
+    fails (ValueError)."""
+    number = json.loads(task.parameters or "{}").get("page")
+    if not isinstance(number, int):
+        raise ValueError(f"not a page number: {number!r}")
+    print(f"reading page {number}", flush=True)
+    task.save_checkpoint(json.dumps({"page": number, "done": True}))
+    return {"words": 1234}
+
+
+def words(task: Task) -> object:
+    """The README's Spark pages: ``{"doc_id", "page", "text"}`` -> ``{"words": N}``."""
+    return {"words": len(str(_params(task).get("text", "")).split())}

@@ -309,6 +309,13 @@ def test_enqueue_with_delay_or_eta_schedules(run: Run, redis_client: redis.Redis
     unix = run("enqueue", "q", "{}", "--eta", "1900000000", "--json").stdout
     assert json.loads(unix)["queue"] == "q"
     assert redis_client.zscore(KEYS.scheduled("q"), json.loads(unix)["task_id"]) == 1900000000
+    assert "warning" not in run("enqueue", "q", "{}", "--eta", "2030-01-02T03:04:05Z").stderr
+    # in the past (a date copied from an example): taken, due at once, and said so
+    past = run("enqueue", "q", "{}", "--eta", "2026-01-02T03:04:05Z")
+    assert past.returncode == 0
+    assert redis_client.hget(KEYS.task(past.stdout.strip()), "status") == "pending"
+    assert past.stderr.startswith("blueque: warning: --eta 2026-01-02 03:04:05Z was ")
+    assert past.stderr.rstrip().endswith("ago: the task is due at once")
     assert run("enqueue", "q", "{}", "--eta", "tomorrow").returncode == 2
     assert run("enqueue", "q", "{}", "--delay", "1h", "--eta", "1900000000").returncode == 2
 
