@@ -3,6 +3,7 @@ tests that hold every block to what it says (tests/test_readme.py lists them all
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,6 +13,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
+
+from tests.daemons import KEEP_ENVIRON, OWNER, kill_session_children, owned_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -130,7 +135,8 @@ class Shell:
             python.symlink_to(sys.executable)
         path = os.pathsep.join((str(ROOT / "bin"), str(bins), os.environ["PATH"]))
         self.env = {**os.environ, "BLUEQUE_URL": url, "PATH": path,
-                    "XDG_STATE_HOME": str(directory / "state"), **(env or {})}
+                    "XDG_STATE_HOME": str(directory / "state"), OWNER: str(os.getpid()),
+                    **KEEP_ENVIRON, **(env or {})}
         self.env.pop("PYTHONPATH", None)  # bin/blueque finds its checkout by itself
         self.started: list[Started] = []
 
@@ -162,7 +168,15 @@ class Shell:
         return started
 
     def close(self) -> None:
+        """Stop what is still running, by pid, and the task processes the listeners started
+        (in sessions of their own: a listener's death leaves them running)."""
+        leftovers: list[int] = []
         for started in self.started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftovers += [child.pid for child in
+                              psutil.Process(started.process.pid).children(recursive=True)]
             if started.process.poll() is None:
                 started.process.kill()
                 started.process.wait()
+        kill_session_children(leftovers)
+        kill_session_children([process.pid for process in owned_processes()])
