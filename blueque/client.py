@@ -60,6 +60,18 @@ class ListenerStatus:
         return self.lease_remaining is not None and self.lease_remaining < 0
 
     @property
+    def slots(self) -> int | None:
+        """Its task slots (``--concurrency``), as its info hash says; None for a listener
+        that writes none (1.0.1) or whose hash has expired."""
+        return _whole(self.info.get("concurrency"))
+
+    @property
+    def busy(self) -> int | None:
+        """Its slots in use at its last renewal (running children, adopted runs and fenced
+        runs it is stopping); None when its info hash does not say."""
+        return _whole(self.info.get("busy"))
+
+    @property
     def preempting_until(self) -> float | None:
         """When its node goes away (Unix s), if it was told so (``blueque preempt``,
         SIGUSR1); None otherwise."""
@@ -228,6 +240,10 @@ class Client:
                 lease_remaining=None if deadline is None else deadline / 1000 - server_now,
                 renewed_age=None if renewed is None else server_now - renewed, info=dict(info)))
         return records
+
+
+def _whole(raw: str | None) -> int | None:
+    return int(raw) if raw and raw.isdigit() else None
 
 
 def _number(raw: str | None) -> float | None:

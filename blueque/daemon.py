@@ -36,7 +36,7 @@ from blueque.renewal import Renewal
 from blueque.slots import Slots
 from blueque.store import RedisStore
 from blueque.supervisor import Owner, Supervisor
-from blueque.wakeup import Cadence, Inbox, Wakeup
+from blueque.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
@@ -83,7 +83,10 @@ class ListenerDaemon:
         clock: Callable[[], float] = time.monotonic,
         node_name: str | None = None,
         allow_eviction: bool | None = None,
+        in_program: bool = False,
     ) -> None:
+        """``in_program``: run() is called by a program that keeps its own SIGTERM and SIGINT
+        handling (ForkingRunner.run(), see ProgramSignals); else they stop the listener."""
         _check(queues, concurrency, on_stop, interval, poll)
         self.client = client
         # the loop's operations retry for half an interval at most, then the loop's own
@@ -120,6 +123,8 @@ class ListenerDaemon:
         #: start on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
         self.allow_eviction = allow_eviction
         self._memory_checked = False
+        self.in_program = in_program
+        self.program_signals: ProgramSignals | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
     def load_function(self) -> TaskFunction:
@@ -141,8 +146,10 @@ class ListenerDaemon:
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
-        self.wakeup.install_signals({signal.SIGTERM: self._request_stop,
-                                     signal.SIGINT: self._request_stop,
+        program = self.program_signals = (ProgramSignals(self._request_stop)
+                                          if self.in_program else None)
+        stop = self._request_stop if program is None else program.handler
+        self.wakeup.install_signals({signal.SIGTERM: stop, signal.SIGINT: stop,
                                      signal.SIGUSR1: self.preemption.on_signal})
         # the orphans of our runs (what they started and left) come to us: we reap them, and
         # stop those of runs that ended (blueque.leftovers)
@@ -150,6 +157,8 @@ class ListenerDaemon:
         try:
             while True:
                 self.run_once()
+                if program is not None:
+                    program.deliver()  # the program's own handlers, between two steps
                 if self.stopping and self._may_exit():
                     break
                 if self._preempted_and_done():
@@ -160,6 +169,8 @@ class ListenerDaemon:
             self._finish()
             if subreaper is False:  # ForkingRunner.run() returns to its caller
                 child_subreaper(False)
+        if program is not None:
+            program.end()
         return 0
 
     def start_subscriber(self) -> None:
@@ -172,6 +183,11 @@ class ListenerDaemon:
             log.info("listener %s: signal %d, stopping (on-stop=%s)", self.id, signum,
                      self.on_stop)
         self.stopping = True
+
+    def _interrupted(self) -> bool:
+        """Asked to stop, or a signal for the program's own handler waits: a wait for our
+        identity (a lease to lapse) gives way to either."""
+        return self.stopping or bool(self.program_signals and self.program_signals.pending)
 
     def _may_exit(self) -> bool:
         if self.on_stop == "keep":
@@ -210,7 +226,7 @@ class ListenerDaemon:
                     eviction.check(self.store.memory_policy(), f"listener {self.id}",
                                    self.allow_eviction, log)
                     self._memory_checked = True
-                if not self.membership.claim(self.recovery, lambda: self.stopping):
+                if not self.membership.claim(self.recovery, self._interrupted):
                     return
                 self.register()
                 self.renewal.heal()

@@ -72,8 +72,11 @@ class Processes:
                                 + _tail(log))
 
     def stop(self) -> None:
-        for name, process, _ in reversed(self.started):
+        # every process first: a line that cannot be printed (`blueque demo | head`) must not
+        # leave the others running
+        for _, process, _ in reversed(self.started):
             stop_process(process, timeout=20)
+        for name, process, _ in reversed(self.started):
             print(f"  stopped the {name} (pid {process.pid}, exit code {process.returncode})",
                   file=self.out)
 

@@ -19,8 +19,13 @@ class ForkingRunner:
         self._task_callback = task_callback
 
     def run(self) -> None:
-        """Serve the queue until SIGTERM or SIGINT; each task runs in a forked child."""
-        ListenerDaemon(self._client, {self._queue: 1}, self._task_callback).run()
+        """Serve the queue; each task runs in a forked child. SIGTERM and SIGINT do what the
+        program had them do, as with 1.0.1 (wakeup.ProgramSignals): Ctrl-C raises
+        KeyboardInterrupt out of run(), a handler of the program's is called, the default
+        SIGTERM ends the process; each once the listener has left cleanly (a running task
+        keeps running, to be adopted). When run() ends, the program's handlers are back."""
+        ListenerDaemon(self._client, {self._queue: 1}, self._task_callback,
+                       in_program=True).run()
 
     def fork_task(self, task: Task) -> int:
         """blueque 1.0.1's: fork a child that starts ``task`` (reserved by the caller's

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from blueque.display import visible
 
 #: Fields the daemons attach to task transition records (``extra=``).
-TASK_FIELDS = ("event", "task_id", "queue", "pid", "attempt", "duration", "outcome", "node",
-               "ending")
+TASK_FIELDS = ("event", "task_id", "queue", "pid", "attempt", "duration", "outcome",
+               "process_end", "node", "ending")
 
 
 class JsonFormatter(logging.Formatter):

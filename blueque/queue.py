@@ -164,14 +164,22 @@ def due_time(eta: float | None, delay: float | None, current: float) -> float:
 class TaskId(str):
     """The id ``enqueue`` and ``schedule`` return (a str, as in blueque 1.0.1), which also
     says whether this call created the task: ``created`` is False when a task with that id
-    already existed (an idempotent re-enqueue that changed nothing)."""
+    already existed (an idempotent re-enqueue that changed nothing).
+
+    It goes wherever a str goes: pickle (a multiprocessing pool's arguments and results),
+    copy and deepcopy keep it a TaskId with its flag; ``json.dumps`` writes the id."""
 
     created: bool
 
-    def __new__(cls, task_id: str, created: bool) -> TaskId:
+    def __new__(cls, task_id: str, created: bool = True) -> TaskId:
         self = super().__new__(cls, task_id)
         self.created = created
         return self
+
+    def __reduce__(self) -> tuple[type[TaskId], tuple[str, bool]]:
+        # str's own reduction rebuilds the object with the text alone: __new__ then lacked
+        # ``created``, and every pickle, copy and deepcopy raised TypeError
+        return type(self), (str(self), self.created)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,14 @@ from blueque.endings import Ending, RunEnd, decide
 from blueque.errors import InvalidTaskState, RedisUnavailable
 from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
-from blueque.runs import ENDING_FIELDS, Running, describe_ending, describe_exit
+from blueque.runs import (
+    ENDING_FIELDS,
+    WARNING_OUTCOMES,
+    Outcome,
+    Running,
+    describe_ending,
+    describe_exit,
+)
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
@@ -67,20 +74,26 @@ class Recorder:
         self._log_end(pid, running, duration)
 
     def _log_end(self, pid: int, running: Running, duration: float) -> None:
+        """One line per run: its outcome (the log's "outcome" field, at warning for a failure)
+        and how its process ended ("process_end": reported its outcome, died, or not started)."""
         process = ("not started" if running.state in ("refused", "starting")
                    else "reported" if running.report is not None else "died")
         took = format_seconds(duration)
-        what = (f"ended in {took}, to be recorded when Redis is back" if running.ending is None
-                else describe_ending(running.ending, running.attempt, took,
-                                                                    self.store.now()))
+        outcome: Outcome
         if running.state == "refused":
-            what = "not started: the stamp refused it"
-        log.info("task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
-                 running.queue, running.attempt, what, pid, process, self.node, extra={
-                     "task_id": running.task_id, "queue": running.queue, "pid": pid,
-                     "attempt": running.attempt, "node": self.node,
-                     "duration": round(duration, 6), "event": "ended", "outcome": process,
-                     "ending": what})
+            outcome, what = "refused", "not started: the stamp refused it"
+        elif running.ending is None:
+            outcome, what = "unrecorded", f"ended in {took}, to be recorded when Redis is back"
+        else:
+            outcome, what = describe_ending(running.ending, running.attempt, took,
+                                            self.store.now())
+        log.log(logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO,
+                "task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
+                running.queue, running.attempt, what, pid, process, self.node, extra={
+                    "task_id": running.task_id, "queue": running.queue, "pid": pid,
+                    "attempt": running.attempt, "node": self.node,
+                    "duration": round(duration, 6), "event": "ended", "outcome": outcome,
+                    "process_end": process, "ending": what})
 
     def record_unrecorded(self) -> None:
         """Record endings of children that are gone: the outcome a child reported, or what
@@ -148,11 +161,15 @@ class Recorder:
             result_ttl_ms=running.policy.result_ttl_ms() if final else None,
             cancelled=ending.cancelled, traceback=trace),
             forget_run=(self.node, running.pid) if forget else None)
-        running.ending = {"status": status, "attempts": str(running.attempt)}
-        if ending.outcome != "complete":
+        # the fields finish.lua wrote that describe_ending reads
+        running.ending = {"status": status, "attempts": str(running.attempt),
+                          "updated": repr(current)}
+        if ending.outcome == "preempted":
+            running.ending["preempted_at"] = repr(current)
+        elif ending.outcome != "complete":
             running.ending.update(error=ending.text, traceback=trace or "",
                                   eta="" if ending.eta is None else repr(ending.eta),
-                                  cancelled="1" if ending.cancelled else "")
+                                  cancelled=repr(current) if ending.cancelled else "")
         return status
 
     def write_progress(self, running: Running) -> None:
@@ -199,9 +216,10 @@ class Recorder:
         status = self._finish_run(running, ending, listener=data.get("node") or self.listener,
                                   attempt=attempt)
         running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
+        outcome, _ = describe_ending(running.ending, running.attempt, "", self.store.now())
         log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
                     extra={"task_id": running.task_id, "queue": running.queue,
-                           "event": "recorded", "outcome": status})
+                           "event": "recorded", "outcome": outcome})
 
     def put_back(self, running: Running) -> None:
         """A child that ended before it was told to go never ran its task: whether or not

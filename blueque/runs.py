@@ -86,29 +86,48 @@ def describe_exit(status: int, reason: str, time_limit: float) -> str:
 
 
 #: The task fields describe_ending reads.
-ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled")
+ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled", "updated",
+                 "preempted_at")
+
+#: How a run ended, in the "outcome" field of the listener's log: complete; failed (for good);
+#: cancelled; retrying (failed, its next attempt scheduled); preempted (back to pending without
+#: spending an attempt, its node going away); requeued (back to pending, never started);
+#: superseded (the task had moved on to a later attempt); deleted (the task is gone);
+#: refused (the stamp refused it: nothing ran); unrecorded (Redis is away: recorded when it
+#: is back); unsettled (its task is still reserved or started, though its run has ended).
+Outcome = Literal["complete", "failed", "cancelled", "retrying", "preempted", "requeued",
+                  "superseded", "deleted", "refused", "unrecorded", "unsettled"]
+#: The outcomes logged at warning: the run failed, or its ending is not what was meant.
+WARNING_OUTCOMES: frozenset[Outcome] = frozenset({"failed", "retrying", "superseded",
+                                                   "unrecorded", "unsettled"})
 
 
 def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
-                    current: float) -> str:
-    """How an attempt ended, for the listener's log: ``complete in 3h12m``, ``failed in 2s:
-    ValueError: bad``, ``failed in 2s, retry in 30s: ...``, ``cancelled in 5m: ...``, or
-    where the task has moved on meanwhile."""
+                    current: float) -> tuple[Outcome, str]:
+    """How an attempt ended, for the listener's log: its outcome and a text such as
+    ``complete in 3h12m``, ``failed in 2s: ValueError: bad``, ``failed in 2s, retry in 30s:
+    ...``, ``cancelled in 5m: ...``, or where the task has moved on meanwhile."""
     status = fields.get("status")
     # the exception with its type, from the traceback's last line; 1.0.1's error is its text
     error = shorten(last_line(fields.get("traceback")) or fields.get("error"), 200)
     if not fields:
-        return f"ended in {took}; its task is gone (deleted)"
+        return "deleted", f"ended in {took}; its task is gone (deleted)"
     if attempt is not None and fields.get("attempts") not in (None, str(attempt)):
-        return (f"ended in {took}, superseded: the task is {status} at attempt "
-                f"{fields.get('attempts')}")
+        return "superseded", (f"ended in {took}, superseded: the task is {status} at attempt "
+                              f"{fields.get('attempts')}")
     if status == k.COMPLETE:
-        return f"complete in {took}"
+        return "complete", f"complete in {took}"
+    if status == k.FAILED and fields.get("cancelled"):
+        return "cancelled", f"cancelled in {took}: {error}"
     if status == k.FAILED:
-        return f"{'cancelled' if fields.get('cancelled') else 'failed'} in {took}: {error}"
+        return "failed", f"failed in {took}: {error}"
     if status == k.SCHEDULED and fields.get("eta"):
         wait = format_seconds(max(0.0, float(fields["eta"]) - current))
-        return f"failed in {took}, retry in {wait}: {error}"
+        return "retrying", f"failed in {took}, retry in {wait}: {error}"
+    if status == k.PENDING and fields.get("preempted_at") and (
+            fields.get("preempted_at") == fields.get("updated")):  # its last change
+        return "preempted", (f"preempted in {took}: the task is pending again, its attempt "
+                             "not spent")
     if status == k.PENDING:
-        return f"ended in {took}, put back: the task is pending again"
-    return f"ended in {took}; the task is {status}"
+        return "requeued", f"ended in {took}, put back: the task is pending again"
+    return "unsettled", f"ended in {took}; the task is {status}"

@@ -110,6 +110,59 @@ class Inbox:
         return wanted
 
 
+class ProgramSignals:
+    """SIGTERM and SIGINT for a listener that runs inside a program (ForkingRunner.run(), as
+    blueque 1.0.1's did): what the program had installed keeps its meaning, at a safe point
+    of the loop instead of anywhere in it.
+
+    - A handler of the program's (Python's own SIGINT handler included) is called between
+      two steps of the loop. If it raises (KeyboardInterrupt on Ctrl-C, SystemExit), the
+      listener leaves cleanly (its running tasks keep running, to be adopted) and the
+      exception comes out of run(); if it returns, the listener carries on, as 1.0.1's did.
+    - SIG_IGN: the signal is ignored.
+    - SIG_DFL: the listener stops as `blueque listen` does; then, with the program's
+      disposition back, the signal is sent again: the process ends by it, as it would have.
+    - Anything else (a handler not set from Python): the listener stops and run() returns.
+    """
+
+    def __init__(self, stop: Handler, signums: Iterable[int] = (signal.SIGTERM, signal.SIGINT)
+                 ) -> None:
+        self._stop = stop
+        self.previous = {signum: signal.getsignal(signum) for signum in signums}
+        self.pending: deque[tuple[int, Any]] = deque()  # for the program's handlers
+        self.fatal: int | None = None  # a signal whose default action ends the process
+
+    @property
+    def signums(self) -> list[int]:
+        return list(self.previous)
+
+    def handler(self, signum: int, frame: Any) -> None:
+        previous = self.previous[signum]
+        if previous == signal.SIG_IGN:
+            return
+        if callable(previous):
+            self.pending.append((signum, frame))
+            return
+        if previous == signal.SIG_DFL and self.fatal is None:
+            self.fatal = signum
+        self._stop(signum, frame)
+
+    def deliver(self) -> None:
+        """Call the program's handlers of the signals heard since the last call; whatever
+        they raise goes up."""
+        while self.pending:
+            signum, frame = self.pending.popleft()
+            previous = self.previous[signum]
+            if callable(previous):
+                previous(signum, frame)
+
+    def end(self) -> None:
+        """Once the listener has left and the program's dispositions are back: a signal
+        whose default action ends the process is sent again."""
+        if self.fatal is not None:
+            signal.raise_signal(self.fatal)
+
+
 class Wakeup:
     def __init__(self, store: RedisStore, interval: float) -> None:
         self._store = store

@@ -3,7 +3,7 @@ server-sent-events endpoint streams its progress until it ends. The work is done
 ``blueque listen`` daemons, anywhere; this process only talks to Redis, without ever
 blocking its event loop.
 
-    pip install 'blueque[test]'          # fastapi, uvicorn
+    pip install -e '.[test]'             # in Blueque's checkout: fastapi, uvicorn
     PYTHONPATH=examples blueque listen reports report_tasks:build_report &
     PYTHONPATH=examples uvicorn fastapi_service:app
     curl -X POST localhost:8000/reports -H 'content-type: application/json' \\

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -138,5 +140,29 @@ def blueque_main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyP
         code = cli_main(list(argv))
         out, err = capsys.readouterr()
         return Done(code, out, err)
+
+    return call
+
+
+#: blueque_main, run: ``(*arguments, stdin=None) -> Done``.
+Run = Callable[..., Done]
+
+
+@pytest.fixture
+def run(blueque_main: Run, redis_url: str, redis_client: redis.Redis) -> Run:
+    """``run(*arguments, stdin=None)``: the `blueque` command in-process against the emptied
+    private database."""
+    return lambda *arguments, stdin=None: blueque_main(*arguments, "--url", redis_url,
+                                                       stdin=stdin)
+
+
+@pytest.fixture
+def run_json(run: Run) -> Callable[..., Any]:
+    """``run_json(*arguments)``: the command's --json output, parsed (it must exit 0)."""
+
+    def call(*arguments: str) -> Any:
+        done = run(*arguments, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
 
     return call

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from blueque.child import report_progress
+from blueque.errors import Preempted
 from blueque.task import Task
 
 
@@ -185,3 +186,44 @@ def waits_for_release(task: Task) -> str:
         time.sleep(0.01)
     _mark(params, "end")
     return "released"
+
+
+def acts(task: Task) -> object:
+    """Does what its parameters say, in this order: marks "start [id] [attempt]", prints
+    "print", reports "progress" ([fraction, message]), saves "checkpoint", waits for the
+    "release" file, then raises Preempted ("preempt": true; only attempts before
+    "preempt_until" when given), fails with "fail" (only attempts before "fail_until" when
+    given), or returns "value" (default "done")."""
+    params = _params(task)
+    attempt = task.attempts or 0
+    _mark(params, f"start {task.id} {attempt}")
+    if "print" in params:
+        print(params["print"], flush=True)
+    if "progress" in params:
+        report_progress(*params["progress"])
+    if "checkpoint" in params:
+        task.save_checkpoint(params["checkpoint"])
+    while "release" in params and not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    if params.get("preempt") and attempt < params.get("preempt_until", sys.maxsize):
+        raise Preempted(f"attempt {attempt} preempted by its parameters")
+    if "fail" in params and attempt < params.get("fail_until", sys.maxsize):
+        raise RuntimeError(params["fail"])
+    return params.get("value", "done")
+
+
+def page(task: Task) -> object:
+    """The README's documents (its Operator CLI session): ``{"page": N}`` prints "reading
+    page N", saves a checkpoint and returns ``{"words": 1234}``; a page that is not a number
+    fails (ValueError)."""
+    number = json.loads(task.parameters or "{}").get("page")
+    if not isinstance(number, int):
+        raise ValueError(f"not a page number: {number!r}")
+    print(f"reading page {number}", flush=True)
+    task.save_checkpoint(json.dumps({"page": number, "done": True}))
+    return {"words": 1234}
+
+
+def words(task: Task) -> object:
+    """The README's Spark pages: ``{"doc_id", "page", "text"}`` -> ``{"words": N}``."""
+    return {"words": len(str(_params(task).get("text", "")).split())}

@@ -28,11 +28,10 @@ import blueque
 from blueque.cli import build_parser
 from blueque.keys import Keys
 from blueque.testing import free_port, wait_for
-from tests.conftest import Done
+from tests.conftest import Done, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = Keys()
-Run = Callable[..., Done]
 
 
 def command(url: str | None, *arguments: str) -> list[str]:
@@ -51,25 +50,6 @@ def cli(url: str | None, *arguments: str, stdin: str | None = None
     """The command as a real process (`python -m blueque.cli`)."""
     return subprocess.run(command(url, *arguments), capture_output=True, text=True,
                           input=stdin, env=environment(), cwd=ROOT, timeout=60)
-
-
-@pytest.fixture
-def run(blueque_main: Run, redis_url: str, redis_client: redis.Redis) -> Run:
-    """``run(*arguments, stdin=None)`` in-process against the emptied private database."""
-    return lambda *arguments, stdin=None: blueque_main(*arguments, "--url", redis_url,
-                                                       stdin=stdin)
-
-
-@pytest.fixture
-def run_json(run: Run) -> Callable[..., Any]:
-    """``run_json(*arguments)``: the command's --json output, parsed (it must exit 0)."""
-
-    def call(*arguments: str) -> Any:
-        done = run(*arguments, "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    return call
 
 
 @pytest.fixture
@@ -261,7 +241,10 @@ def test_enqueue_then_show_and_tasks(run: Run, run_json: Callable[..., Any],
     assert task_id in shown.stdout and "pending" in shown.stdout
     created = datetime.fromtimestamp(float(data["created"]), UTC)
     assert created.strftime("%Y-%m-%d %H:%M") in shown.stdout  # times are readable
-    assert run_json("show", task_id) == {"id": task_id, **data, "history": [], "checkpoint": None}
+    assert run_json("show", task_id) == {  # typed (tests/test_cli_output.py has them all)
+        "id": task_id, "status": "pending", "queue": "mail", "parameters": '{"to": "ops"}',
+        "created": float(data["created"]), "updated": float(data["updated"]),
+        "max_attempts": 3, "time_limit": 7200.0, "history": [], "checkpoint": None}
 
     listed = run("tasks", "mail")
     assert listed.returncode == 0
@@ -326,6 +309,13 @@ def test_enqueue_with_delay_or_eta_schedules(run: Run, redis_client: redis.Redis
     unix = run("enqueue", "q", "{}", "--eta", "1900000000", "--json").stdout
     assert json.loads(unix)["queue"] == "q"
     assert redis_client.zscore(KEYS.scheduled("q"), json.loads(unix)["task_id"]) == 1900000000
+    assert "warning" not in run("enqueue", "q", "{}", "--eta", "2030-01-02T03:04:05Z").stderr
+    # in the past (a date copied from an example): taken, due at once, and said so
+    past = run("enqueue", "q", "{}", "--eta", "2026-01-02T03:04:05Z")
+    assert past.returncode == 0
+    assert redis_client.hget(KEYS.task(past.stdout.strip()), "status") == "pending"
+    assert past.stderr.startswith("blueque: warning: --eta 2026-01-02 03:04:05Z was ")
+    assert past.stderr.rstrip().endswith("ago: the task is due at once")
     assert run("enqueue", "q", "{}", "--eta", "tomorrow").returncode == 2
     assert run("enqueue", "q", "{}", "--delay", "1h", "--eta", "1900000000").returncode == 2
 
@@ -385,6 +375,7 @@ def test_status_with_no_queues(run: Run, run_json: Callable[..., Any]) -> None:
     assert (status["queues"], status["listeners"]) == ([], [])
     assert (status["redis"]["maxmemory_policy"], status["redis"]["evicts"]) == ("noeviction",
                                                                                 False)
+    assert abs(status["time"] - time.time()) < 60
 
 
 # --- cancel, retry, purge, configure ----------------------------------------------------------
@@ -457,9 +448,10 @@ def test_configure_sets_shows_and_removes_queue_defaults(run: Run,
                                                          client: blueque.Client) -> None:
     result = run_json("configure", "cq", "--max-attempts", "3", "--time-limit", "2h",
                       "--result-ttl", "7d")
-    assert result["config"] == {"max_attempts": "3", "time_limit": "7200.0",
-                                "result_ttl": "604800.0"}
-    assert client.get_queue("cq").config() == result["config"]
+    assert result["config"] == {"max_attempts": 3, "time_limit": 7200.0,
+                                "result_ttl": 604800.0}
+    assert client.get_queue("cq").config() == {"max_attempts": "3", "time_limit": "7200.0",
+                                               "result_ttl": "604800.0"}
     assert "cq" in client.queue_names()
     shown = run("configure", "cq")
     assert "time_limit" in shown.stdout and "7200.0" in shown.stdout

@@ -65,7 +65,49 @@ def test_tasks_complete_with_results_and_logs(client, start, redis_client):  # t
 
     # the child records its result before its parent reaps it and logs the ending
     wait_until(lambda: {e["task_id"] for e in ended()} == set(ids), what="10 ended lines")
-    assert all(e["outcome"] == "reported" and e["duration"] >= 0 and e["pid"] for e in ended())
+    assert all(e["outcome"] == "complete" and e["process_end"] == "reported"
+               and e["level"] == "info" and e["duration"] >= 0 and e["pid"] for e in ended())
+
+
+def test_the_json_log_says_how_each_run_ended(client, start, redis_url, tmp_path):  # type: ignore[no-untyped-def]
+    """An operator filtering the JSON log for failures finds them: a failed run was logged at
+    info with "outcome": "reported" (how its process ended), "failed" only in the text. Each
+    ending endings.decide can come to has its outcome; failures are warnings."""
+    daemon = start("work", "tests.jobs:acts", "--concurrency", "2", "--log-format", "json")
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    queue = client.get_queue("work")
+    ids = {
+        "complete": queue.enqueue(json.dumps({"value": 1})),
+        "failed": queue.enqueue(json.dumps({"fail": "bad input"})),
+        "retrying": queue.enqueue(json.dumps({"fail": "flaky", "fail_until": 2}),
+                                  max_attempts=2, retry_backoff=0.1),
+        "preempted": queue.enqueue(json.dumps({"preempt": True, "preempt_until": 2})),
+        "cancelled": queue.enqueue(json.dumps({"release": str(release),
+                                               "marker": str(marker)})),
+    }
+    wait_until(lambda: lines(marker), what="the task to cancel running")
+    assert client.cancel_task(ids["cancelled"], "not wanted") == "requested"
+
+    def ended() -> dict[tuple[str, int], dict[str, object]]:
+        events = [json.loads(line) for line in daemon.log().splitlines() if line[:1] == "{"]
+        return {(e["task_id"], e["attempt"]): e for e in events if e.get("event") == "ended"}
+
+    expected = {  # (task, attempt): (outcome, level)
+        (ids["complete"], 1): ("complete", "info"),
+        (ids["failed"], 1): ("failed", "warning"),
+        (ids["retrying"], 1): ("retrying", "warning"),
+        (ids["retrying"], 2): ("complete", "info"),
+        (ids["preempted"], 1): ("preempted", "info"),
+        (ids["preempted"], 2): ("complete", "info"),
+        (ids["cancelled"], 1): ("cancelled", "info"),
+    }
+    wait_until(lambda: set(expected) <= set(ended()), what="every run's ended line")
+    logged = ended()
+    assert {run: (logged[run]["outcome"], logged[run]["level"]) for run in expected} == expected
+    assert logged[(ids["failed"], 1)]["process_end"] == "reported"
+    assert "failed in" in str(logged[(ids["failed"], 1)]["ending"])
+    assert logged[(ids["cancelled"], 1)]["process_end"] == "died"  # its process group was stopped
+    assert client.get_task(ids["preempted"]).data["preemptions"] == "1"
 
 
 def test_function_raising_is_recorded_and_daemon_keeps_running(client, start):  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from blueque import keys as k
+from blueque.fields import LISTENER_FIELDS, TASK_FIELDS
 from blueque.policy import OPTION_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,6 +225,26 @@ def test_every_field_the_scripts_write_is_in_the_field_table() -> None:
     missing = {name: scripts for name, scripts in checkpoint.items()
                if name not in documented_fields("The checkpoint hash")}
     assert not missing, f"checkpoint fields absent from PROTOCOL.md: {missing}"
+
+
+#: PROTOCOL.md's type column, in the words of blueque/fields.py.
+DOCUMENTED_KINDS = {"string": "text", "status string": "text", "listener id": "text",
+                    "int": "int", "int ≥ 0": "int", "int ≥ 1": "int", "float, Unix s": "time",
+                    "float, s": "number", "float 0..1": "number", "0 or 1": "int",
+                    "JSON list": "json"}
+
+
+@pytest.mark.parametrize(("heading", "kinds"), [("The task hash", TASK_FIELDS),
+                                                ("The listener info hash", LISTENER_FIELDS)])
+def test_field_types_are_the_protocols(heading: str, kinds: dict[str, str]) -> None:
+    """blueque/fields.py, which --json reads to type each value, knows every field of the
+    table and gives it the table's type: a field added to PROTOCOL.md must be added there."""
+    documented = {}
+    for row in _table_after(heading):
+        name = row[0].strip("`")
+        assert row[1] in DOCUMENTED_KINDS, f"{name}: unknown type {row[1]!r} in PROTOCOL.md"
+        documented[name] = DOCUMENTED_KINDS[row[1]]
+    assert kinds == documented
 
 
 def test_option_fields_are_documented() -> None:

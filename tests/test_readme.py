@@ -1,21 +1,35 @@
-"""The README's "Using it" example runs top to bottom as written (issue 9 §4), against the
-private redis-server, with its task function served by a real `blueque listen` started from
-the project directory, as the README says to."""
+"""Every fenced block of README.md is run, or checked, by a test (issue 9 §4, issue 21 §8):
+BLOCKS says which, and test_every_readme_block_has_its_test holds the list to the README. The
+blocks run as written, against the private redis-server, with real daemons, from the
+directories the README implies; where a line names what this machine cannot have (a host
+redis.internal, port 8080 that someone may use, /etc/blueque/token), its test says what it
+puts there instead."""
 
 from __future__ import annotations
 
+import ast
+import configparser
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import tomllib
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis
 
+import blueque
+from blueque.testing import RedisServer, free_port, stop_process
 from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.readme import Shell, block, commands, program, readme_blocks
 from tests.test_cli import ROOT, environment
 
 README = ROOT / "README.md"
@@ -144,3 +158,524 @@ def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_pa
     wait_until(lambda: "listening on" in listener.log(), what="the listener to start")
     pids = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     assert pids.split() == [str(listener.pid)]
+
+
+# --- every block, and the test that holds it -----------------------------------------------
+#: Each block of README.md (its section and its place there) and the test that runs it, or,
+#: for what cannot run on this machine, checks it (said in the test).
+BLOCKS = {
+    ("Quick start (two commands on a fresh machine)", 1):
+        "tests/test_readme.py::test_the_quick_start_is_what_ci_runs",
+    ("Using it", 1): "tests/test_readme.py::test_using_it_runs_as_written",
+    ("Using it", 2): "tests/test_readme.py::test_using_it_runs_as_written",
+    ("Using it", 3): "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
+    ("Checkpoints", 1):
+        "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
+    ("Checkpoints", 2):
+        "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
+    ("Preemption with notice", 1):
+        "tests/test_readme.py::test_the_preemption_commands_run_as_written",
+    ("Preemption with notice", 2):
+        "tests/test_preemption.py::test_the_readme_preemption_example_runs_as_written",
+    ("asyncio", 1): "tests/test_readme.py::test_the_asyncio_example_runs_as_written",
+    ("asyncio", 2): "tests/test_readme.py::test_the_fastapi_service_commands_run_as_written",
+    ("asyncio", 3): "tests/test_readme.py::test_the_fastapi_excerpt_is_the_examples_code",
+    ("Running the listener under systemd", 1):
+        "tests/test_readme.py::test_the_systemd_unit_runs_a_listener",
+    ("Nodes that share a host name", 1):
+        "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
+    ("Operator CLI", 1): "tests/test_readme.py::test_the_operator_session_runs_as_written",
+    ("Operator CLI", 2):
+        "tests/test_cli_output.py::test_the_readmes_jq_examples_count_right",
+    ("Task logs", 1): "tests/test_readme.py::test_the_operator_session_runs_as_written",
+    ("Task logs", 2): "tests/test_readme.py::test_the_sample_log_lines_are_a_listeners",
+    ("Metrics", 1): "tests/test_metrics.py::"
+                    "test_readme_documents_every_exported_metric_and_their_names_follow_conventions",
+    ("Dashboard", 1): "tests/test_readme.py::test_the_dashboard_commands_run_as_written",
+    ("Dashboard", 2): "tests/test_readme.py::test_the_dashboard_mounts_as_written",
+    ("Scheduler and cron", 1):
+        "tests/test_readme.py::test_the_scheduler_command_runs_with_the_readmes_cron_file",
+    ("Scheduler and cron", 2):
+        "tests/test_readme.py::test_the_scheduler_command_runs_with_the_readmes_cron_file",
+    ("Spark pipelines", 1): "tests/test_spark.py::test_the_readme_spark_example_runs_as_written",
+    ("Spark pipelines", 2): "tests/test_spark.py::test_the_readme_pipeline_commands",
+    ("Spark pipelines", 3): "tests/test_spark.py::test_the_readme_pipeline_commands",
+    ("High availability (Sentinel)", 1):
+        "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
+    ("High availability (Sentinel)", 2):
+        "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
+    ("Redis Cluster", 1): "tests/ha/test_cluster.py::test_the_readmes_cluster_line_runs",
+    ("Persistence", 1): "tests/test_readme.py::test_the_eviction_refusal_reads_as_the_readme_shows",
+    ("Persistence", 2): "tests/test_readme.py::test_the_persistence_settings_are_redis_config",
+    ("Performance", 1): "tests/test_readme.py::test_the_benchmark_commands_parse_as_written",
+    ("Per-task overhead (issue 11): what the figures say", 1):
+        "tests/test_readme.py::test_the_drain_cpu_figures_are_the_tools_table",
+    ("Looking inside with redis-cli", 1):
+        "tests/test_readme.py::test_the_operator_session_runs_as_written",
+}
+
+
+def test_every_readme_block_has_its_test() -> None:
+    """A block added to the README without a test that runs it fails here; so does a test
+    named here that does not exist."""
+    assert {b.key for b in readme_blocks()} == set(BLOCKS)
+    for node in set(BLOCKS.values()):
+        path, name = node.split("::")
+        tree = ast.parse((ROOT / path).read_text("utf-8"))
+        assert name in {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}, node
+
+
+# --- what cannot run in a test: CI runs it ---------------------------------------------------
+def test_the_quick_start_is_what_ci_runs() -> None:
+    """`./dev test` cannot run inside the suite it runs: CI (.ci/run, on a fresh machine) runs
+    the Quick start's lines as written, in order, after `./dev lint`."""
+    quick_start = [program(line) for line in commands(
+        block("Quick start (two commands on a fresh machine)").text)]
+    assert quick_start == ["./dev demo", "./dev test"]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text("utf-8").splitlines()
+          if line.startswith("./dev")]
+    assert ci == ["./dev lint", *quick_start]
+
+
+# --- the package's name and its extras -------------------------------------------------------
+def test_every_pip_install_names_this_checkouts_extras() -> None:
+    """`pip install 'blueque[test]'` outside the checkout installs the original blueque 1.0.1
+    from the package index, which has no such extra. Every pip line installs the checkout
+    (`-e '.[extra]'`, or a path), with extras pyproject.toml has."""
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
+        "optional-dependencies"])
+    text = README.read_text("utf-8")
+    warning = "`pip install 'blueque[web]'` anywhere else fetches the original `blueque==1.0.1`"
+    assert warning in " ".join(text.split())  # the one that says what not to do, and why
+    installs = re.findall(r"pip install ([^`\n#]*)", text.replace("pip install 'blueque[", ""))
+    assert len(installs) >= 4
+    for install in installs:
+        spec = install.split()[-1].strip("'\"")
+        assert re.fullmatch(r"(\.|/\S+)\[[a-z,]+\]", spec), install
+        assert set(spec.split("[")[1].rstrip("]").split(",")) <= extras, install
+    for path in ("blueque/cli/daemons.py", "blueque/web/__init__.py", "blueque/spark/__init__.py",
+                 "examples/fastapi_service.py"):
+        assert "pip install 'blueque[" not in (ROOT / path).read_text("utf-8"), path
+        assert "pip install blueque[" not in (ROOT / path).read_text("utf-8"), path
+
+
+#: Host names of package registries (written in two parts, so that this file is no exception).
+REGISTRY_HOSTS = ["pypi" + ".org", "pythonhosted" + ".org", "pypi.python" + ".org",
+                  "npmjs" + ".org", "npmjs" + ".com", "crates" + ".io", "rubygems" + ".org",
+                  "proxy.golang" + ".org", "repo.maven" + ".apache.org", "anaconda" + ".org"]
+
+
+def test_no_registry_host_names_in_the_project() -> None:
+    """The README linked the original on a package registry by its URL; it names it as
+    `blueque==1.0.1`, and no file of the project names a registry's host."""
+    found = []
+    for directory, subdirectories, files in os.walk(ROOT):
+        subdirectories[:] = [d for d in subdirectories if not d.startswith(".")
+                             and d not in ("build", "dist", "__pycache__", "node_modules")
+                             and not d.endswith(".egg-info")]
+        for name in files:
+            path = Path(directory, name)
+            try:
+                text = path.read_text("utf-8").lower()
+            except (UnicodeDecodeError, OSError):
+                continue  # images, parquet
+            found += [f"{path.relative_to(ROOT)}: {host}" for host in REGISTRY_HOSTS
+                      if host in text]
+    assert found == []
+    first = README.read_text("utf-8").split("\n## ", 1)[0]
+    assert "`blueque==1.0.1`" in first
+
+
+# --- daemons' command lines -----------------------------------------------------------------
+def project(tmp_path: Path) -> Path:
+    """The README's project directory: mypackage/jobs.py as "Using it" has it."""
+    root = tmp_path / "project"
+    (root / "mypackage").mkdir(parents=True)
+    (root / "mypackage" / "__init__.py").write_text("")
+    (root / "mypackage" / "jobs.py").write_text(using_it_blocks()[1])
+    return root
+
+
+@pytest.fixture
+def shell(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator[Shell]:
+    """bash in the README's project directory, on the emptied private Redis."""
+    sh = Shell(tmp_path, project(tmp_path), redis_url)
+    yield sh
+    sh.close()
+
+
+@pytest.mark.slow
+def test_the_listen_and_scheduler_lines_run_as_written(shell: Shell,
+                                                       client: blueque.Client) -> None:
+    """"Using it"'s daemons (a listener, weighted queues, a scheduler with a cron entry) and
+    "Nodes that share a host name"'s: each starts as written and stops with SIGTERM (0)."""
+    lines = commands(block("Using it", 3).text) + commands(
+        block("Nodes that share a host name").text)
+    assert len(lines) == 5
+    ready = {"listen": "listening on", "scheduler": "scheduler started"}
+    for line in lines:
+        started = shell.start(line)
+        started.until(ready[program(line).split()[1]])
+        if "--cron 'nightly=" in line:
+            started.until("cron entry nightly registered")
+        if "--node-name gpu-7" in line and " listen " in f" {line}":
+            assert [i.listener for i in client.listeners(["documents"])] == [
+                f"gpu-7_{started.process.pid}"]
+        assert started.stop() == 0, started.output()
+        assert "Traceback" not in started.output()
+
+
+@pytest.mark.slow
+def test_the_scheduler_command_runs_with_the_readmes_cron_file(shell: Shell,
+                                                               client: blueque.Client) -> None:
+    """The scheduler's example with the README's own cron file refused to start ("two cron
+    entries are named 'nightly'"). /etc/blueque/cron.toml is the README's toml block, in a
+    file of the test's. Every entry is registered and the 10-second one fires."""
+    cron = shell.directory / "cron.toml"
+    cron.write_text(block("Scheduler and cron", 2).text)
+    shell.replace["/etc/blueque/cron.toml"] = str(cron)
+    (line,) = commands(block("Scheduler and cron", 1).text)
+    started = shell.start(line)
+    for name in ("nightly", "beat", "monthly"):
+        started.until(f"cron entry {name} registered")
+    started.until("cron entry beat fired tick", timeout=30)
+    assert started.stop() == 0, started.output()
+    assert client.get_queue("health").stats().pending >= 1
+
+
+@pytest.mark.slow
+def test_the_systemd_unit_runs_a_listener(shell: Shell, redis_url: str) -> None:
+    """systemd is not here: the unit is read as systemd reads it (KillMode=process, the one
+    setting adoption needs), and its ExecStart runs with its Environment, the checkout's
+    bin/blueque for /usr/local/bin/blueque and a log directory of the test's."""
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read_string(block("Running the listener under systemd").text)
+    service = unit["Service"]
+    assert (service["KillMode"].split()[0], service["Restart"]) == ("process", "always")
+    variable, value = service["Environment"].split("=", 1)
+    assert variable == "BLUEQUE_URL" and value.startswith("redis://")
+    shell.replace.update({"/usr/local/bin/blueque": str(ROOT / "bin" / "blueque"),
+                          "/var/log/blueque": str(shell.directory / "task-logs")})
+    started = shell.start(service["ExecStart"])
+    started.until("listening on")
+    assert started.stop() == 0, started.output()
+
+
+# --- the operator's session -----------------------------------------------------------------
+#: Command lines of the Operator CLI block that run until stopped: what says they are ready,
+#: the signal that stops them, and how they end then (uvicorn, serving the dashboard, stops
+#: serving and then ends by the signal it caught, as it was asked to).
+DAEMONS = {"status --watch": ("QUEUE", signal.SIGINT, (0,)),
+           "listen": ("listening on", signal.SIGTERM, (0,)),
+           "scheduler": ("scheduler started", signal.SIGTERM, (0,)),
+           "dashboard": ("dashboard on http", signal.SIGTERM, (0, -signal.SIGTERM)),
+           "metrics": ("metrics of every queue on", signal.SIGTERM, (0,))}
+
+
+@pytest.mark.slow
+def test_the_operator_session_runs_as_written(shell: Shell, client: blueque.Client,
+                                              redis_url: str, redis_server: RedisServer,
+                                              tmp_path: Path) -> None:
+    """The Operator CLI block top to bottom, then Task logs' and redis-cli's, with a listener
+    serving documents (tests.jobs:page: prints, saves a checkpoint, fails a page that is not a
+    number). Every line exits 0 (a daemon once stopped); ports 8080 and 9309 are free ones,
+    and the queue imports-2025 is there, empty, as the line that forgets it says."""
+    shell.replace.update({"--port 8080": f"--port {free_port()}",
+                          "--port 9309": f"--port {free_port()}"})
+    client.get_queue("imports-2025").configure(max_attempts=1)
+    with daemons(tmp_path) as started:
+        started.append(Daemon(listen_command(redis_url, "documents", "tests.jobs:page",
+                                             "--interval", "0.5", "--poll", "0.1"),
+                              tmp_path / "listener.log"))
+        outputs = {}
+        for line in commands(block("Operator CLI").text):
+            kind = next((k for k in DAEMONS if program(line).startswith(f"blueque {k}")), None)
+            if kind is None:
+                done = shell.run(line)
+                assert done.returncode == 0, (line, done.stdout, done.stderr)
+                assert "Traceback" not in done.stderr and "warning" not in done.stderr, line
+                outputs[line] = done.stdout
+                continue
+            ready, signum, ends = DAEMONS[kind]
+            daemon = shell.start(line)
+            daemon.until(ready)
+            assert daemon.stop(signum) in ends, (line, daemon.output())
+            assert "Traceback" not in daemon.output(), line
+        said = dict(zip([program(line) for line in outputs], outputs.values(), strict=True))
+        assert said["echo '{\"page\": 9}' | blueque enqueue documents - --wait --timeout 2h"
+                    ] == '{"words": 1234}\n'
+        again = "blueque --json enqueue documents '{\"page\": 7}' --task-id doc-42-page-7"
+        assert json.loads(said[again])["created"] is False
+        assert json.loads(said["blueque show doc-42-page-7 --checkpoint"]) == {
+            "page": 7, "done": True}
+        assert said["blueque logs doc-42-page-7 --attempt 1 --follow"] == "reading page 7\n"
+        daily = client.get_task(next(i for i in client.get_queue("reports").task_ids(
+            "scheduled", 0, -1) if i != "weekly-48"))
+        tomorrow = datetime.now().astimezone().replace(hour=6, minute=0, second=0,
+                                                        microsecond=0) + timedelta(days=1)
+        assert daily.eta == tomorrow.timestamp()
+        assert client.get_task("weekly-48").data.get("cancelled")
+        assert "imports-2025" not in client.queue_names()
+
+        for line in commands(block("Task logs").text):
+            done = shell.run(line)
+            assert done.returncode == 0 and "reading page 7" in done.stdout, (line, done)
+        shell.replace["redis-cli "] = f"redis-cli -p {redis_server.port} "
+        for line in commands(block("Looking inside with redis-cli").text):
+            if " SUBSCRIBE " in line:
+                subscriber = shell.start(line)
+                subscriber.until("blueque_done_documents")
+                subscriber.stop()
+                continue
+            done = shell.run(line)
+            assert done.returncode == 0 and "ERR" not in done.stdout, (line, done)
+        hashed = shell.run("redis-cli HGETALL blueque_task_doc-42-page-7").stdout.split()
+        assert hashed[hashed.index("status") + 1] == "complete"
+
+
+@pytest.mark.slow
+def test_the_sample_log_lines_are_a_listeners(redis_url: str, client: blueque.Client,
+                                              tmp_path: Path) -> None:
+    """The two lines Task logs shows are what a listener writes for an attempt that fails
+    and is retried, then one that completes: the same words, with this run's values."""
+    samples = [line for line in block("Task logs", 2).text.splitlines() if line]
+    with daemons(tmp_path) as started:
+        listener = Daemon(listen_command(redis_url, "documents", "tests.jobs:acts", "--interval",
+                                         "0.5", "--poll", "0.1"), tmp_path / "listener.log")
+        started.append(listener)
+        task_id = client.get_queue("documents").enqueue(
+            json.dumps({"fail": "bad page", "fail_until": 2}), max_attempts=2,
+            retry_backoff=0.2)
+        assert client.get_task(task_id).wait(30).status == "complete"
+        wait_until(lambda: "attempt 2 complete in" in listener.log(), what="the second line")
+    written = [line.split("blueque.daemon: ", 1)[1] for line in listener.log().splitlines()
+               if "blueque.daemon: task " in line]
+    # the sample's values, and what this run's may be
+    values = {"5f0c...": r"\S+", "3h12m": r"\S+", "2h58m": r"\S+", "30s": r"\S+",
+              "ValueError: bad page": r".+", "4242": r"\d+", "5150": r"\d+",
+              "ocr-7:1c2d3e4f5a6b": r"\S+"}
+    assert all(any(value in sample for sample in samples) for value in values)
+
+    def shape(sample: str) -> str:
+        for number, value in enumerate(values):
+            sample = sample.replace(value, f"@@{number}@@")
+        pattern = re.escape(sample)
+        for number, value in enumerate(values):
+            pattern = pattern.replace(f"@@{number}@@", values[value])
+        return pattern
+
+    assert len(samples) == 2
+    for sample in samples:
+        assert any(re.fullmatch(shape(sample), line) for line in written), (sample, written)
+
+
+# --- the FastAPI service --------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_fastapi_service_commands_run_as_written(shell: Shell, redis_url: str) -> None:
+    """The listener and uvicorn lines from the checkout (examples/ is a path of it), the
+    curl lines against them: port 8000 is a free port (uvicorn is told it), and <task id>
+    the id the POST answered. The pip line is test_every_pip_install_names_this_checkouts_
+    extras's."""
+    shell.cwd = ROOT
+    port = free_port()
+    shell.replace.update({"localhost:8000": f"localhost:{port}",
+                          "uvicorn fastapi_service:app": f"uvicorn fastapi_service:app "
+                                                         f"--port {port}"})
+    pip, listen, serve, post, events = commands(block("asyncio", 2).text)
+    assert program(pip).startswith("pip install -e '.[test]'")
+    shell.start(listen).until("listening on")
+    shell.start(serve).until("Application startup complete")
+    created = shell.run(post)
+    assert created.returncode == 0, created
+    task_id = json.loads(created.stdout)["task_id"]
+    shell.replace["<task id>"] = task_id
+    streamed = shell.run(events, timeout=120)
+    assert streamed.returncode == 0 and "event: end" in streamed.stdout, streamed
+    end = streamed.stdout.split("event: end\ndata: ", 1)[1].splitlines()[0]
+    assert json.loads(end)["status"] == "complete"
+
+
+def test_the_fastapi_excerpt_is_the_examples_code() -> None:
+    """"The heart of it" is examples/fastapi_service.py's own code, not a paraphrase."""
+    excerpt = block("asyncio", 3).text
+    assert excerpt in (ROOT / "examples" / "fastapi_service.py").read_text("utf-8")
+
+
+# --- the dashboard --------------------------------------------------------------------------
+def http_get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.status, answer.read().decode()
+
+
+@pytest.mark.slow
+def test_the_dashboard_commands_run_as_written(shell: Shell, redis_url: str) -> None:
+    """Each dashboard line serves its pages: redis.internal is the test's Redis, port 8080
+    (the default) a free port, /etc/blueque/token and cron.toml files of the test's (the
+    README's cron file)."""
+    token, cron = shell.directory / "token", shell.directory / "cron.toml"
+    token.write_text("s3cret\n")
+    cron.write_text(block("Scheduler and cron", 2).text)
+    shell.replace.update({"redis://redis.internal:6379/0": redis_url,
+                          "/etc/blueque/token": str(token), "/etc/blueque/cron.toml": str(cron)})
+    pip, *lines = commands(block("Dashboard").text)
+    assert program(pip).startswith("pip install -e '.[web]'")
+    assert len(lines) == 3
+    for line in lines:
+        port = free_port()
+        shell.replace["--port 8080"] = f"--port {port}"
+        command = line.split("  #", 1)[0].rstrip()
+        started = shell.start(command if "--port" in command else f"{command} --port 8080")
+        said = started.until("dashboard on http")
+        assert f"http://127.0.0.1:{port}/" in said
+        assert ("actions enabled" in said) == ("TOKEN" in line)
+        assert http_get(f"http://127.0.0.1:{port}/")[0] == 200
+        if "--cron-file" in line:
+            assert "monthly" in http_get(f"http://127.0.0.1:{port}/schedule")[1]
+        assert started.stop() in DAEMONS["dashboard"][2], started.output()
+        assert "Traceback" not in started.output()
+
+
+def test_the_dashboard_mounts_as_written(redis_url: str, client: blueque.Client) -> None:
+    """The mount line in a Starlette service (``app``), served by uvicorn; redis.internal is
+    the test's Redis."""
+    import uvicorn
+    from starlette.applications import Starlette
+
+    client.get_queue("jobs").enqueue("{}", task_id="one")
+    code = block("Dashboard", 2).text.replace("redis://redis.internal:6379/0", redis_url)
+    namespace: dict[str, object] = {"app": Starlette()}
+    exec(code, namespace)  # the README's own lines
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(namespace["app"], host="127.0.0.1",  # type: ignore[arg-type]
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, what="uvicorn serving")
+        status, page = http_get(f"http://127.0.0.1:{port}/blueque/queue?name=jobs")
+        assert status == 200 and 'href="/blueque/task?id=one"' in page
+    finally:
+        server.should_exit = True
+        thread.join(20)
+
+
+# --- Persistence, Performance ---------------------------------------------------------------
+def test_the_eviction_refusal_reads_as_the_readme_shows() -> None:
+    """The listener's refusal of an evicting Redis is the README's, word for word but for the
+    server's address and the listener's id (the README's "...")."""
+    shown = block("Persistence", 1).text.splitlines()
+    assert shown[0] == "$ blueque listen documents mypackage.jobs:ocr_page"
+    with RedisServer(extra_args=("--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru")
+                     ) as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "blueque.cli", "listen", "documents", "tests.jobs:text",
+             "--url", server.url], capture_output=True, text=True, timeout=60, cwd=ROOT,
+            env=environment())
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.replace(f"127.0.0.1:{server.port}", "10.0.0.5:6379").split())
+    for part in " ".join(shown[1:]).split("..."):
+        assert " ".join(part.split()) in said, (part, said)
+
+
+def test_the_persistence_settings_are_redis_config(tmp_path: Path) -> None:
+    """The two lines are a redis.conf that redis-server takes as it is (here with a port and
+    a directory of the test's after them)."""
+    config = tmp_path / "redis.conf"
+    config.write_text(block("Persistence", 2).text)
+    port = free_port()
+    server = subprocess.Popen(["redis-server", str(config), "--port", str(port), "--bind",
+                               "127.0.0.1", "--dir", str(tmp_path), "--save", ""],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        settings = redis.Redis(port=port, decode_responses=True)
+        wait_until(lambda: _answers(settings), what="redis-server with the README's settings")
+        assert settings.config_get("appendonly") == {"appendonly": "yes"}
+        assert settings.config_get("appendfsync") == {"appendfsync": "everysec"}
+        settings.close()
+    finally:
+        stop_process(server)
+
+
+def _answers(server: redis.Redis) -> bool:
+    try:
+        return bool(server.ping())
+    except redis.ConnectionError:
+        return False
+
+
+#: Runs a command line's module or script up to its argument parsing, and exits 0 if its
+#: own parser accepted the arguments (2 with argparse's message if not): a check of lines
+#: that take minutes (the full benchmark) or a machine this is not (spark-submit on YARN).
+PARSES = """
+import argparse, runpy, sys
+class Parsed(Exception):
+    pass
+parse_args = argparse.ArgumentParser.parse_args
+def parsed(self, args=None, namespace=None):
+    parse_args(self, args, namespace)
+    raise Parsed
+argparse.ArgumentParser.parse_args = parsed
+target, sys.argv = sys.argv[1], sys.argv[1:]
+try:
+    if target.endswith(".py"):
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+except Parsed:
+    sys.exit(0)
+sys.exit("ran without parsing its arguments")
+"""
+
+
+def parses(words: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` or ``python SCRIPT ARGS`` parsed, not run."""
+    target = words[2:] if words[1] == "-m" else words[1:]
+    return subprocess.run([sys.executable, "-c", PARSES, *target], capture_output=True,
+                          text=True, env=environment(), cwd=ROOT, timeout=120)
+
+
+def test_the_benchmark_commands_parse_as_written() -> None:
+    """The full run takes 23 minutes: tests/test_benchmarks.py runs --smoke; here every line
+    of the block is accepted by its tool's own parser, as written."""
+    lines = [program(line).split() for line in commands(block("Performance").text)]
+    assert len(lines) == 7 and all(words[:2] == ["python", "-m"] for words in lines)
+    for words in lines:
+        done = parses(words)
+        assert done.returncode == 0, (words, done.stderr)
+    assert parses(["python", "-m", "benchmarks.run", "--quick", "--smoke"]).returncode == 2
+
+
+def test_the_drain_cpu_figures_are_the_tools_table() -> None:
+    """The figures block is benchmarks.drain_cpu's output: its headings and columns are the
+    ones the tool prints."""
+    source = (ROOT / "benchmarks" / "drain_cpu.py").read_text("utf-8")
+    figures = block("Per-task overhead (issue 11): what the figures say").text.splitlines()
+    headings = [figures[0], figures[6]]
+    for heading in headings:
+        words = heading.split(" (")[0]
+        assert words in source, heading
+    for columns in (figures[1], figures[7]):
+        for column in re.split(r"\s{2,}", columns.strip()):
+            assert column.split()[0] in source, column
+
+
+# --- preemption -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_preemption_commands_run_as_written(shell: Shell, client: blueque.Client,
+                                                redis_url: str) -> None:
+    """`blueque preempt --node spot-7 --grace 90s` to a listener of that node name: it stops
+    taking tasks, says so in status, and (running nothing) leaves; `--withdraw` takes the
+    request back. The kill line is test_the_preemption_examples_pgrep_finds_the_listener's."""
+    preempt, kill, withdraw = commands(block("Preemption with notice").text)
+    assert kill.startswith("kill -USR1 ")
+    listener = shell.start("blueque listen documents mypackage.jobs:ocr_page --node-name "
+                           "spot-7 --interval 0.5")
+    listener.until("listening on")
+    done = shell.run(preempt)
+    assert done.returncode == 0 and "node spot-7 goes away in 1m30s" in done.stdout, done
+    assert listener.process.wait(30) == 0
+    assert "preempted" in listener.output()
+    withdrawn = shell.run(withdraw)
+    assert withdrawn.returncode == 0 and "withdrawn" in withdrawn.stdout, withdrawn
+    assert shell.run(withdraw).returncode == 4  # nothing left to withdraw

@@ -481,3 +481,46 @@ def _is_listener(process: psutil.Process) -> bool:
         return "listen" in process.cmdline()
     except (psutil.ZombieProcess, psutil.NoSuchProcess):
         return False
+
+
+# --- the README's Spark blocks ----------------------------------------------------------------
+@pytest.mark.slow
+def test_the_readme_spark_example_runs_as_written(spark: SparkSession, url: str,
+                                                  tmp_path: Path) -> None:
+    """The README's code with its ``docs`` (documents whose pages a form feed separates) and
+    ``spark``, redis.internal being the test's Redis, and a listener serving "pages"
+    (tests.jobs:words: counts a page's words)."""
+    from tests.daemons import Daemon, daemons, listen_command
+    from tests.readme import block
+
+    code = block("Spark pipelines").text.replace("redis://redis.internal:6379/0", url)
+    *program, last = code.rstrip("\n").split("\n")
+    docs = spark.createDataFrame([("d1", "one two\fthree"), ("d2", "four five six")],
+                                 ["doc_id", "text"])
+    namespace: dict[str, object] = {"docs": docs, "spark": spark}
+    with daemons(tmp_path) as started:
+        started.append(Daemon(listen_command(url, "pages", "tests.jobs:words", "--interval",
+                                             "0.5", "--poll", "0.1", "--concurrency", "2"),
+                              tmp_path / "listener.log"))
+        exec("\n".join(program), namespace)  # the README's own lines
+    rows = eval(last, namespace).collect()  # its last line: the results, read back
+    assert sorted((r["id"], r["status"], r["r"]["words"]) for r in rows) == [
+        ("d1:0", "complete", 2), ("d1:1", "complete", 1), ("d2:0", "complete", 3)]
+    assert all(r["finished"] is not None for r in rows)
+
+
+def test_the_readme_pipeline_commands() -> None:
+    """The example's two command lines are accepted by its own parser, as written: the local
+    one (its run is test_document_pipeline_end_to_end_with_listener_daemons's, on fewer
+    documents) and the YARN one, which needs a cluster this machine is not."""
+    from tests.readme import block, commands
+    from tests.test_readme import parses
+
+    (local,) = commands(block("Spark pipelines", 2).text)
+    (submit,) = commands(block("Spark pipelines", 3).text)
+    assert local.split()[:2] == ["python", "examples/document_pipeline.py"]
+    words = submit.split()
+    assert words[:5] == ["spark-submit", "--master", "yarn", "--py-files", "blueque.zip"]
+    for line in (local.split(), ["python", *words[5:]]):
+        done = parses(line)
+        assert done.returncode == 0, (line, done.stderr)

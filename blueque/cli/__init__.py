@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import io
+import os
 import sys
 from collections.abc import Sequence
 
 from blueque.cli import changing, daemons, inspecting, listen, wait
 from blueque.cli.base import (
+    EXIT_CLOSED_PIPE,
     EXIT_CODES,
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
@@ -32,8 +35,8 @@ from blueque.cli.base import (
 )
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable, TaskNotFound
 
-__all__ = ["EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_UNREACHABLE",
-           "EXIT_USAGE", "Failure", "build_parser", "main"]
+__all__ = ["EXIT_CLOSED_PIPE", "EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_OK",
+           "EXIT_UNREACHABLE", "EXIT_USAGE", "Failure", "build_parser", "main"]
 
 #: The command modules, in the order `blueque --help` lists their commands.
 GROUPS = (inspecting, changing, wait, listen, daemons)
@@ -59,6 +62,32 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one `blueque` command; its exit code. A closed pipe (`blueque tasks q | head`)
+    ends it quietly with EXIT_CLOSED_PIPE, whichever write finds it: one while the command
+    prints, or the flush of what is still buffered when it is done."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _closed_pipe()
+    return code
+
+
+def _closed_pipe() -> int:
+    """Python flushes stdout once more at exit, which would raise again (and print "Exception
+    ignored"): stdout's descriptor is pointed at /dev/null first, as the Python docs' note on
+    SIGPIPE does. In-process (a test's captured stdout) there is no descriptor to point."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_CLOSED_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_command(argv)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import re
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -24,6 +27,10 @@ EXIT_FAILURE = 1  # the operation failed or was refused (e.g. a task failed, can
 EXIT_USAGE = 2  # bad arguments, bad URL, bad configuration
 EXIT_UNREACHABLE = 3  # Redis could not be reached
 EXIT_NOT_FOUND = 4  # no such task or queue
+#: The reader of our output went away (`blueque tasks q | head`): 128 + SIGPIPE, what a shell
+#: reports for `seq 1 100000 | head`, whose seq the signal ends. Not 1, which Python's own
+#: EPIPE exit would give: 1 says a task failed or an operation was refused.
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  success
@@ -31,7 +38,8 @@ EXIT_CODES = f"""exit codes:
   {EXIT_USAGE}  usage: bad arguments, bad Redis URL or credentials, Redis older than 6.2,
      a task function that cannot be imported, bad cron entry, a port in use
   {EXIT_UNREACHABLE}  Redis unreachable
-  {EXIT_NOT_FOUND}  task or queue not found"""
+  {EXIT_NOT_FOUND}  task or queue not found
+  {EXIT_CLOSED_PIPE}  the output's reader went away (| head): ended quietly, as other tools"""
 
 
 class Failure(Exception):
@@ -43,8 +51,24 @@ class Failure(Exception):
 
 
 def emit(args: argparse.Namespace, data: object, text: str) -> None:
-    """Print ``data`` as JSON with --json, else ``text``."""
-    print(json.dumps(data, indent=2) if args.json else text)
+    """Print ``data`` as JSON with --json, else ``text``. Hash fields in ``data`` are typed
+    already (blueque.fields.typed)."""
+    print(json_text(data) if args.json else text)
+
+
+def json_text(data: object, indent: int | None = 2) -> str:
+    """Strict JSON: a float that is not finite (no JSON number can say it) is null."""
+    return json.dumps(_finite(data), indent=indent, allow_nan=False)
+
+
+def _finite(data: object) -> object:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
 
 
 def unknown_queue(queue: str) -> Failure:
@@ -113,6 +137,12 @@ class Parser(argparse.ArgumentParser):
             if close:
                 message += f"; did you mean {close[0]!r}?"
         super().error(message)
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse's own ignores every OSError of the write: --help and --version to a closed
+        # pipe exited 0 having printed nothing; main makes a closed pipe EXIT_CLOSED_PIPE
+        if message:
+            (file or sys.stderr).write(message)
 
     def parse_command(self, argv: Sequence[str] | None) -> argparse.Namespace:
         """parse_args, but an argument nobody knows is refused with the command's usage."""

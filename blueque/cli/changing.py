@@ -21,9 +21,10 @@ from blueque.cli.base import (
     eta_time,
     unknown_queue,
 )
-from blueque.cli.wait import report_waited
+from blueque.cli.wait import print_result, report_waited
 from blueque.client import Client
-from blueque.display import format_seconds, parse_duration, positive_int, table
+from blueque.display import format_seconds, format_time, parse_duration, positive_int, table
+from blueque.fields import typed
 from blueque.node import hostname
 from blueque.policy import OPTION_TYPES
 from blueque.waiting import wait_all
@@ -43,7 +44,9 @@ def register(commands: Commands) -> None:
         "run at this time: Unix seconds or ISO 8601 (no offset: local time)"))
     sub.add_argument("--task-id", help="your own id; enqueueing an existing id does nothing")
     _add_task_options(sub, None)
-    sub.add_argument("--wait", action="store_true", help="wait for the task and print it")
+    sub.add_argument("--wait", action="store_true", help=(
+        "wait for the task and print its result (a failed task: its error on stderr, exit "
+        "1); with --json, the task's record"))
     sub.add_argument("--timeout", type=duration, metavar="DURATION",
                      help="with --wait: give up after this long (90, 15m, 2h)")
 
@@ -146,6 +149,11 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in OPTION_TYPES
                if getattr(args, name, None) is not None}
     if args.delay is not None or args.eta is not None:
+        current = client.store.now()
+        if args.eta is not None and args.eta < current:
+            print(f"blueque: warning: --eta {format_time(args.eta)} was "
+                  f"{format_seconds(current - args.eta)} ago: the task is due at once",
+                  file=sys.stderr)
         # --delay counts from now by Redis' clock, whatever this host's clock says
         task_id = queue.schedule(parameters, args.eta, task_id=args.task_id, delay=args.delay,
                                  **options)
@@ -161,7 +169,9 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
              task_id)
         return EXIT_OK
     result = wait_all(client, [task_id], args.timeout)
-    return report_waited(args, result, {"created": task_id.created})
+    if args.json:
+        return report_waited(args, result, {"created": task_id.created})
+    return print_result(task_id, result)
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
@@ -263,7 +273,7 @@ def cmd_configure(client: Client, args: argparse.Namespace) -> int:
     config = queue.config()
     text = table(("OPTION", "VALUE"), sorted(config.items())) if config else (
         f"{args.queue} has no queue defaults")
-    emit(args, {"queue": args.queue, "config": config}, text)
+    emit(args, {"queue": args.queue, "config": typed(config)}, text)
     return EXIT_OK
 
 

@@ -160,8 +160,8 @@ def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
     try:  # the web extra is optional: say how to get it
         from blueque.web import server
     except ImportError as error:
-        raise Failure(f"the dashboard needs the web extra: pip install 'blueque[web]' "
-                      f"({error})", EXIT_USAGE) from error
+        raise Failure(f"the dashboard needs the web extra: pip install -e '.[web]' in "
+                      f"Blueque's checkout ({error})", EXIT_USAGE) from error
     configure_logs("text", "INFO")
     _check_memory_policy(client, args.allow_eviction)
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import math
 import sys
 import time
@@ -18,6 +18,8 @@ from blueque.cli.base import (
     Commands,
     Failure,
     emit,
+    json_text,
+    positive_duration,
     unknown_queue,
 )
 from blueque.client import Client, ListenerStatus
@@ -31,20 +33,24 @@ from blueque.display import (
     table,
     visible,
 )
-from blueque.errors import TaskNotFound
+from blueque.errors import RedisUnavailable, TaskNotFound
+from blueque.fields import LISTENER_FIELDS, TIME_FIELDS, typed
 from blueque.policy import field_float
 from blueque.task import Task, readable_history
 from blueque.tasklog import follow_output, read_output, wait_for_output
 
-#: Timestamp fields of a task hash, shown as dates by `blueque show`.
-TIME_FIELDS = ("created", "updated", "eta", "started_at", "finished_at", "cancelled",
-               "cancel_requested", "pid_created")
+#: What a terminal is sent before each snapshot of `status --watch`: cursor home, clear.
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
 def register(commands: Commands) -> None:
-    commands.add("status", cmd_status,
-                 "queues with counts per state, listeners with their leases, and whether "
-                 "Redis may evict Blueque's keys (its maxmemory-policy)")
+    sub = commands.add("status", cmd_status, "queues with counts per state, listeners with "
+                       "their leases and busy slots, and whether Redis may evict Blueque's keys "
+                       "(its maxmemory-policy)")
+    sub.add_argument("--watch", nargs="?", type=positive_duration, const=2.0,
+                     metavar="SECONDS", help="show it again every SECONDS (default 2) until "
+                     "Ctrl-C: redrawn on a terminal, else one snapshot after the other (with "
+                     "--json, one JSON document a line)")
     sub = commands.add("tasks", cmd_tasks, "list the tasks of a queue")
     sub.add_argument("queue")
     sub.add_argument("--status", choices=k.STATES,
@@ -66,8 +72,18 @@ def register(commands: Commands) -> None:
                           "that has not started yet)")
 
 
-# --- status -----------------------------------------------------------------------------------
+# --- status ---------------------------------------------------------------------------------
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    if args.watch is not None:
+        return _watch(client.bounded(max(1.0, args.watch)), args)
+    data, text = _status(client)
+    emit(args, data, text)
+    return EXIT_OK
+
+
+def _status(client: Client) -> tuple[dict[str, object], str]:
+    """The status as JSON data and as text: every queue's counts, every listener's leases
+    and slots."""
     queues = client.queue_names()
     stats = [vars(client.get_queue(name).stats()) for name in queues]
     listeners = client.listeners(queues)
@@ -77,15 +93,57 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     text = table(("QUEUE", *(c.upper() for c in counts)),
                  [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
-             _lease_text(item.lease_remaining), _age_text(item.renewed_age),
-             _state_text(item, current)) for item in listeners]
-    text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "LEASE", "RENEWED", "STATE"),
-                            rows) if rows else "no listeners")
+             _slots_text(item), _lease_text(item.lease_remaining),
+             _age_text(item.renewed_age), _state_text(item, current)) for item in listeners]
+    text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
+                             "STATE"), rows) if rows else "no listeners")
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
     text += "\n\n" + policy.summary()
-    emit(args, {"queues": stats, "listeners": [asdict(item) for item in listeners],
-                "redis": policy.as_dict()}, text)
-    return EXIT_OK
+    data = {"time": current, "queues": stats,
+            "listeners": [{**asdict(item), "info": typed(item.info, LISTENER_FIELDS)}
+                          for item in listeners],
+            "redis": policy.as_dict()}
+    return data, text
+
+
+def _watch(client: Client, args: argparse.Namespace) -> int:
+    """`status --watch`: a snapshot every args.watch seconds until Ctrl-C (exit 0, quietly).
+    A terminal is cleared before each; a pipe or file gets one after the other, each under
+    its time (--json: one document a line). Redis away: that snapshot says so, and the next
+    one tries again."""
+    terminal = sys.stdout.isatty() and not args.json
+    every = format_seconds(args.watch)
+    # the snapshots say that Redis is away: no retry warnings between them on the screen
+    retries = logging.getLogger("blueque.retry")
+    level = retries.level
+    retries.setLevel(logging.ERROR)
+    try:
+        while True:
+            taken = time.monotonic()
+            try:
+                data, text = _status(client)
+            except RedisUnavailable as error:
+                data = {"time": client.store.clock.now(), "error": str(error)}
+                text = f"blueque: error: {error}"
+            if args.json:
+                shown = json_text(data, indent=None)
+            else:
+                heading = (f"blueque status every {every}: "
+                           f"{format_time(client.store.clock.now())}")
+                shown = (CLEAR_SCREEN if terminal else "") + heading + "\n\n" + text + "\n"
+            print(shown, flush=True)
+            time.sleep(max(0.0, args.watch - (time.monotonic() - taken)))
+    except KeyboardInterrupt:  # how a watch ends
+        return EXIT_OK
+    finally:
+        retries.setLevel(level)
+
+
+def _slots_text(listener: ListenerStatus) -> str:
+    """Busy slots of all it has, ``3/4``; ``-`` when its info hash does not say."""
+    if listener.slots is None:
+        return "-"
+    return f"{'-' if listener.busy is None else listener.busy}/{listener.slots}"
 
 
 def _state_text(listener: ListenerStatus, current: float) -> str:
@@ -131,7 +189,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
             for t in tasks]
     text = table(("ID", "STATUS", "ATTEMPTS", "UPDATED", "ETA", "NODE",
                   "RESULT/ERROR/PARAMETERS"), rows) if rows else f"no tasks in {args.queue}"
-    emit(args, tasks, text)
+    emit(args, [{"id": i, **typed(d)} for i, d in zip(ids, datas, strict=True)], text)
     return EXIT_OK
 
 
@@ -167,7 +225,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
                  f"({age} ago) by attempt {info.attempt}; "
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
     history = readable_history(data.get("history"))
-    emit(args, {"id": args.task_id, **data, "history": history,
+    emit(args, {"id": args.task_id, **typed(data), "history": history,
                 "checkpoint": info and vars(info)},
          f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "") + "\n"
          + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved)
@@ -196,7 +254,7 @@ def _show_checkpoint(task: Task, args: argparse.Namespace) -> int:
     if state is None or info is None:
         raise Failure(f"task {task.id} has no checkpoint", EXIT_FAILURE)
     if args.json:
-        print(json.dumps({"id": task.id, **vars(info), "state": state}, indent=2))
+        print(json_text({"id": task.id, **vars(info), "state": state}))
     else:
         sys.stdout.write(state if state.endswith("\n") else state + "\n")
     return EXIT_OK
@@ -219,10 +277,12 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     if output is None:
         if not task.refresh().data:
             raise TaskNotFound(args.task_id)
-        raise Failure(_no_output(args, task.data), EXIT_FAILURE)
+        return _no_output(args, task.data)
     if args.json:
-        print(json.dumps({"id": args.task_id, "attempt": output.attempt, "text": output.text,
-                          "ended": output.ended}, indent=2))
+        attempt = output.attempt  # as the stream has it: a number, unless written by hand
+        print(json_text({"id": args.task_id,
+                         "attempt": int(attempt) if attempt.isdigit() else None,
+                         "text": output.text, "ended": output.ended}))
         return EXIT_OK
     sys.stdout.write(output.text)
     sys.stdout.flush()
@@ -237,16 +297,38 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _no_output(args: argparse.Namespace, data: dict[str, str]) -> str:
-    """Why `blueque logs` has nothing to show: the task never ran, or its output is not kept."""
-    if data.get("status") in k.FINISHED_STATUSES and data.get("attempts", "0") in ("", "0"):
-        how = ("was cancelled before it ran" if data.get("cancelled")
-               else f"ended ({data.get('status')}) without running")
-        return (f"task {visible(args.task_id)} {how}: it has no output"
-                f"{_reason(data.get('error', ''))}")
-    which = f"attempt {args.attempt}" if args.attempt is not None else "any attempt"
-    return (f"no output of {which} of task {visible(args.task_id)} in Redis (listeners keep "
-            "the last 64 KiB of each attempt; --no-task-logs keeps none)")
+def _no_output(args: argparse.Namespace, data: dict[str, str]) -> int:
+    """A task with no output in Redis: not a failure of `blueque logs` (an attempt that
+    printed nothing ships nothing), but said on stderr, with why; --json prints the record
+    with an empty text instead. An attempt the task has not had is refused (exit 1)."""
+    task_id = visible(args.task_id)
+    runs = int(data.get("attempts") or 0) if (data.get("attempts") or "0").isdigit() else 0
+    if args.attempt is not None and args.attempt > runs:
+        raise Failure(f"task {task_id} has had {runs} attempt(s): there is no attempt "
+                      f"{args.attempt} to show", EXIT_FAILURE)
+    status = data.get("status")
+    attempt = args.attempt or runs or None
+    if attempt is None:
+        if status in k.FINISHED_STATUSES:
+            how = ("was cancelled before it ran" if data.get("cancelled")
+                   else f"ended ({status}) without running")
+            why = f"task {task_id} {how}: it has no output{_reason(data.get('error', ''))}"
+        else:
+            why = (f"task {task_id} is {status} and has not run yet: it has no output "
+                   f"(blueque logs {task_id} --follow waits for it)")
+    else:
+        why = (f"attempt {attempt} of task {task_id} printed nothing (or its output was not "
+               "kept: a listener started with --no-task-logs or a ForkingRunner keeps none, "
+               "and Redis keeps it only for the task's result TTL or the listener's "
+               "--log-keep)")
+    # is the attempt over (for a task that never ran: is the task)?
+    ended = (status in k.FINISHED_STATUSES if attempt is None
+             else attempt < runs or status not in (k.RESERVED, k.STARTED))
+    if args.json:  # the record says it: no text
+        print(json_text({"id": args.task_id, "attempt": attempt, "text": "", "ended": ended}))
+    else:
+        print(f"blueque: {why}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _reason(error: str) -> str:

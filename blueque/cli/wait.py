@@ -8,7 +8,8 @@ import sys
 from blueque import keys as k
 from blueque.cli.base import EXIT_NOT_FOUND, EXIT_OK, Commands, Failure, duration, emit
 from blueque.client import Client
-from blueque.display import last_line, shorten, table
+from blueque.display import last_line, shorten, table, visible
+from blueque.fields import typed
 from blueque.waiting import WaitResult, wait_all
 
 
@@ -29,6 +30,26 @@ def cmd_wait(client: Client, args: argparse.Namespace) -> int:
     return report_waited(args, result)
 
 
+def print_result(task_id: str, result: WaitResult) -> int:
+    """`enqueue --wait`: the result of the task as it is (what a script captures), or why
+    there is none on stderr: it failed or was cancelled (exit 1), is gone (4), or still runs
+    when the wait timed out (1). `blueque wait ID` prints the table."""
+    if result.missing():
+        raise Failure(f"no such task: {task_id} (deleted while waited for)", EXIT_NOT_FOUND)
+    data = result.tasks[task_id]
+    status = data.get("status")
+    if result.timed_out:
+        raise Failure(f"timed out: task {visible(task_id)} is still {status}")
+    if status == k.FAILED:
+        how = "was cancelled" if data.get("cancelled") else "failed"
+        raise Failure(f"task {visible(task_id)} {how}: "
+                      f"{visible(last_line(data.get('error')) or '(no error text)')} (blueque "
+                      f"show {visible(task_id)} has its traceback)")
+    value = data.get("result", "")
+    sys.stdout.write(value if value.endswith("\n") or not value else value + "\n")
+    return EXIT_OK
+
+
 def report_waited(args: argparse.Namespace, result: WaitResult,
                   extra: dict[str, object] | None = None) -> int:
     tasks = [{"id": i, **d} for i, d in result.tasks.items()]
@@ -36,7 +57,8 @@ def report_waited(args: argparse.Namespace, result: WaitResult,
              shorten(last_line(t.get("error")) if t.get("status") == k.FAILED
                      else t.get("result"), 60))
             for t in tasks]
-    emit(args, {"tasks": tasks, "timed_out": result.timed_out, **(extra or {})},
+    emit(args, {"tasks": [{"id": i, **typed(d)} for i, d in result.tasks.items()],
+                "timed_out": result.timed_out, **(extra or {})},
          table(("ID", "STATUS", "RESULT/ERROR"), rows))
     if result.missing():
         raise Failure(f"no such task: {', '.join(result.missing())}", EXIT_NOT_FOUND)

@@ -12,6 +12,7 @@ from typing import Any
 from blueque import keys as k
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
+from blueque.fields import TIME_FIELDS
 from blueque.metrics import pending_age
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, readable_history
@@ -34,9 +35,6 @@ CHART_OUTCOMES = ("complete", "failed", "cancelled", "retry")
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
 #: again at every live refresh; `blueque show ID --json` prints everything).
 SHOWN_CHARS = 65536
-#: Task fields shown as dates.
-TIME_FIELDS = ("created", "updated", "eta", "started_at", "finished_at", "cancelled",
-               "cancel_requested", "pid_created")
 
 
 def number(raw: str | None) -> float | None:

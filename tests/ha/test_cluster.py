@@ -68,6 +68,23 @@ def test_cluster_url_selects_the_hash_tagged_layout(cluster: ClusterTopology) ->
     client.close()
 
 
+def test_the_readmes_cluster_line_runs(cluster: ClusterTopology) -> None:
+    """README "Redis Cluster": its Client line with this cluster's first three nodes for
+    node1:7000, node2:7001, node3:7002 (a client needs one that answers)."""
+    from tests.readme import block
+
+    nodes = cluster.url.split("://", 1)[1].split(",")[:3]
+    code = block("Redis Cluster").text.replace("node1:7000,node2:7001,node3:7002",
+                                               ",".join(nodes))
+    namespace: dict[str, object] = {"blueque": blueque}
+    exec(code, namespace)  # the README's own line
+    client = namespace["client"]
+    assert isinstance(client, blueque.Client) and client.keys.hash_tags
+    task_id = client.get_queue("documents").enqueue("{}")
+    assert task_id.startswith("{documents}") and client.get_task(task_id).status == "pending"
+    client.close()
+
+
 def test_forget_queue_and_idempotent_enqueue_in_the_cluster_layout(cluster: ClusterTopology
                                                                     ) -> None:
     """forget_queue.lua runs in the queue's slot and blueque_queues is updated outside it; a
