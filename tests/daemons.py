@@ -118,6 +118,19 @@ def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
         kill_session_children([p.pid for p in owned_processes()])
 
 
+#: How far a time Blueque wrote may lie outside the host-clock interval a test read around the
+#: write: Blueque writes Redis' clock, read as this host's plus an offset measured at the
+#: midpoint of a TIME round trip (blueque.clock), so on one machine it is off by up to half a
+#: round trip (a fraction of a millisecond on loopback, more on a busy CI machine).
+CLOCK_SLACK = 0.05
+
+
+def between(before: float, written: float, after: float) -> bool:
+    """Whether a time Blueque wrote lies between two host-clock reads taken around the write,
+    within CLOCK_SLACK of measurement error (never seconds: a wrong clock still fails)."""
+    return before - CLOCK_SLACK <= written <= after + CLOCK_SLACK
+
+
 def wait_until(predicate: object, timeout: float = 20.0, what: str = "") -> None:
     assert callable(predicate)
     deadline = time.monotonic() + timeout

@@ -25,6 +25,7 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.store import CHECKPOINT_KEEP, CHECKPOINT_MAX_BYTES
 from blueque.task import CheckpointInfo
+from tests.daemons import between
 from tests.test_cli import cli
 
 K = Keys()
@@ -48,7 +49,7 @@ def test_a_saved_checkpoint_is_what_the_next_reader_gets(any_client: blueque.Cli
     before = time.time()
     info = task.save_checkpoint(json.dumps({"done": 3}))
     assert info == CheckpointInfo(size=11, saved_at=info.saved_at, attempt=1)
-    assert before <= info.saved_at <= time.time()
+    assert between(before, info.saved_at, time.time())
     stored = r.hgetall(K.checkpoint(task.id))
     assert stored == {"state": '{"done": 3}', "saved_at": repr(info.saved_at), "attempt": "1",
                       "size": "11"}

@@ -35,7 +35,7 @@ from blueque.fields import CORRUPT, LISTENER_FIELDS, TASK_FIELDS
 from blueque.keys import Keys
 from blueque.testing import RedisServer
 from tests.conftest import Done, Run
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, between, daemons, listen_command, wait_until
 from tests.test_cli import ROOT, cli, command, environment
 
 KEYS = Keys()
@@ -148,7 +148,7 @@ def test_every_json_output_has_typed_values(fleet: Fleet, run: Run, redis_url: s
     assert (shown["attempts"], shown["status"]) == (1, "complete")
     checkpoint = shown["checkpoint"]
     assert (checkpoint["size"], checkpoint["attempt"]) == (len('{"next": 3}'), 1)
-    assert now - 120 < checkpoint["saved_at"] <= time.time()
+    assert between(now - 120, checkpoint["saved_at"], time.time())
     state = run_json("show", fleet.done, "--checkpoint")
     assert (state["state"], state["size"]) == ('{"next": 3}', 11)
 

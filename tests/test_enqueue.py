@@ -16,6 +16,7 @@ import blueque
 from blueque.errors import ConfigurationError, WrongType
 from blueque.keys import Keys
 from blueque.store import BULK_CHUNK
+from tests.daemons import between
 
 K = Keys()
 ORIGINAL_FIELDS = {"status", "queue", "parameters", "created", "updated"}
@@ -41,7 +42,7 @@ def test_enqueue_writes_exactly_the_fields_1_0_1_writes(contract_client: blueque
     assert data["queue"] == "q"
     assert data["parameters"] == '{"n": 1}'
     assert data["created"] == data["updated"]
-    assert before <= float(data["created"]) <= time.time()
+    assert between(before, float(data["created"]), time.time())
     assert r.lrange(K.pending("q"), 0, -1) == [task_id]
     assert r.zscore(K.queues(), "q") == 0.0
     assert r.type(K.scheduled("q")) == "none"

@@ -12,6 +12,7 @@ import blueque
 from blueque.errors import CorruptTask, TaskNotFound
 from blueque.keys import Keys
 from blueque.testing import wait_for
+from tests.daemons import between
 
 K = Keys()
 
@@ -23,7 +24,7 @@ def test_task_attributes_are_typed(contract_client: blueque.Client) -> None:
     task = contract_client.get_task(task_id)
     assert (task.id, task.status, task.queue, task.parameters) == (
         task_id, "scheduled", "q", '{"x": 1}')
-    assert isinstance(task.created, float) and before <= task.created <= time.time()
+    assert isinstance(task.created, float) and between(before, task.created, time.time())
     assert isinstance(task.updated, float) and task.eta == eta
     assert (task.result, task.error, task.node, task.pid, task.attempts) == (
         None, None, None, None, None)
