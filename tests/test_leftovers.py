@@ -10,7 +10,7 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import blueque
 from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
 from tests import leftover_jobs
-from tests.daemons import Daemon, daemons, gone, lines, listen_command, wait_until
+from tests.daemons import Daemon, gone, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +31,6 @@ FAST = ("--interval", "0.5", "--poll", "0.1")
 STOPPED_WITHIN = 15.0
 
 Start = Callable[..., Daemon]
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 @pytest.fixture
