@@ -236,13 +236,19 @@ class Wakeup:
     # --- the wait ---------------------------------------------------------------------------
     def wait(self, timeout: float, channels: Mapping[int, ChildChannel]) -> None:
         """Until a signal, a message, a child's frame (or room to write one) or ``timeout``."""
+        # poll, not select: select refuses any descriptor past 1023, which a listener with
+        # many children (or anything that left descriptors open) reaches
+        poller = select.poll()
+        for fd in (self._wake_r, self._sig_r):
+            poller.register(fd, select.POLLIN)
+        for fd, channel in channels.items():
+            poller.register(fd, select.POLLIN | (select.POLLOUT if channel.wants_write else 0))
         try:
-            ready, writable, _ = select.select(
-                [self._wake_r, self._sig_r, *channels],
-                [fd for fd, channel in channels.items() if channel.wants_write], [],
-                max(0.0, timeout))
+            events = poller.poll(max(0.0, timeout) * 1000)
         except InterruptedError:
             return
+        ready = [fd for fd, event in events if event & ~select.POLLOUT]  # in, hang-up, error
+        writable = [fd for fd, event in events if event & select.POLLOUT]
         for fd in writable:
             channels[fd].flush()
         for fd in ready:

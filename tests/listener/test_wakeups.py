@@ -236,3 +236,26 @@ def test_the_inbox_sorts_what_the_channels_say(client: blueque.Client) -> None:
     inbox.heard(keys.preemption_channel("node-a"), "requested")
     assert preemption.heard
     assert inbox.cancels() == ["task-1", "task-2"] and inbox.cancels() == []
+
+
+def test_a_child_socket_numbered_past_1023_still_wakes_the_wait(client):  # type: ignore[no-untyped-def]
+    """select() refuses descriptors past 1023 (ValueError: the listener died with 'filedescriptor
+    out of range in select()'); a listener with many children, or a process that gave it many
+    open files, has such numbers. The wait must hear a frame on one."""
+    from blueque.reporting import ChildChannel
+
+    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="many.example_1")
+    ours, theirs = socket.socketpair()
+    high = 1500
+    os.dup2(ours.fileno(), high)
+    channel = ChildChannel(socket.socket(fileno=high))
+    try:
+        theirs.send(b"x")
+        # an hour: only the readable socket can end this wait (pytest-timeout would fail it)
+        daemon.wakeup.wait(3600.0, {high: channel})
+        assert channel.sock.recv(1) == b"x"  # what woke it, left for the loop to read
+    finally:
+        channel.sock.close()
+        ours.close()
+        theirs.close()
+        daemon._finish()
