@@ -1,0 +1,216 @@
+"""Task dependencies (``after=``, PROTOCOL.md 5.21) against a real redis-server: what a
+waiting task is, when it is released, how a parent's failure or cancel ends it, the sweep
+that repairs an ending nobody told, and the refusals that write nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+import blueque
+from blueque import dependencies
+from blueque.errors import DependencyError
+
+Q = "deps"
+
+
+def _finish(client: blueque.Client, task_id: str, outcome: str = "complete") -> None:
+    """Run one pending task of any queue through 1.0.1's API and record its ending (the
+    store's finish, as a listener's)."""
+    queue = client.get_task(task_id).queue
+    assert queue is not None
+    listener = client.get_listener(queue)
+    taken = listener.reserve()
+    assert taken is not None and taken.id == task_id, f"{task_id} was not next"
+    processor = client.get_processor(taken)
+    if outcome == "complete":
+        processor.complete(f"result of {task_id}")
+    else:
+        processor.fail(f"{task_id} broke")
+
+
+def test_a_task_after_another_waits_then_is_released_when_it_completes(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    parent = queue.enqueue("p")
+    child = queue.enqueue("c", after=parent)
+    assert client.get_task(child).status == "waiting"
+    assert redis_client.lrange(f"blueque_pending_tasks_{Q}", 0, -1) == [parent]
+    assert queue.stats().waiting == 1
+    assert queue.task_ids("waiting") == [child]
+    assert json.loads(client.get_task(child).data["after"]) == [parent]
+    assert redis_client.smembers(f"blueque_dependents_{parent}") == {child}
+    _finish(client, parent)
+    assert client.get_task(child).status == "pending"
+    assert redis_client.lrange(f"blueque_pending_tasks_{Q}", 0, -1) == [child]
+    assert queue.stats().waiting == 0
+    assert not redis_client.exists(f"blueque_awaits_{child}", f"blueque_dependents_{parent}")
+
+
+def test_a_task_waits_for_every_parent_of_any_queue(client: blueque.Client) -> None:
+    pages = client.get_queue("pages")
+    first, second = pages.enqueue("1"), client.get_queue("other").enqueue("2")
+    assemble = client.get_queue(Q).enqueue("book", after=[first, second, first])
+    assert client.get_task(assemble).after == [first, second]  # each parent once
+    _finish(client, first)
+    assert client.get_task(assemble).status == "waiting"
+    assert client.get_task(assemble).awaiting() == [second]
+    _finish(client, second)
+    assembled = client.get_task(assemble)
+    assert assembled.status == "pending"
+    parents = assembled.parents()
+    assert [(p.id, p.status, p.result) for p in parents] == [
+        (first, "complete", f"result of {first}"), (second, "complete", f"result of {second}")]
+
+
+def test_a_failed_parent_fails_its_dependents_through_three_levels(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    root = queue.enqueue("root")
+    level1 = queue.enqueue("1", after=root)
+    level2 = client.get_queue("second").enqueue("2", after=level1)
+    level3 = queue.enqueue("3", after=[level2])
+    _finish(client, root, "failed")
+    for child, parent in ((level1, root), (level2, level1), (level3, level2)):
+        task = client.get_task(child)
+        assert task.status == "failed" and not task.cancelled
+        assert task.error is not None and task.error.startswith(f"parent {parent} failed")
+        assert task.history[-1]["was"] == "waiting"
+    assert f"{root} broke" in (client.get_task(level3).error or "")
+    assert redis_client.lrange("blueque_failed_tasks_second", 0, -1) == [level2]
+    assert client.get_queue(Q).stats().waiting == 0
+    assert client.get_queue(Q).stats().failed == 3
+    assert redis_client.hget(f"blueque_outcome_counts_{Q}", "failed") == "3"
+
+
+def test_cancelling_a_waiting_task_cancels_it_and_fails_its_dependents(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    root = queue.enqueue("root")
+    middle = queue.enqueue("m", after=root)
+    leaf = queue.enqueue("l", after=middle)
+    assert client.cancel_task(middle, "not needed") == "cancelled"
+    cancelled = client.get_task(middle)
+    assert cancelled.state == "cancelled" and cancelled.error == "cancelled: not needed"
+    assert redis_client.lrange(f"blueque_cancelled_tasks_{Q}", 0, -1) == [middle]
+    assert client.get_task(leaf).error == (
+        f"parent {middle} was cancelled: cancelled: not needed")
+    _finish(client, root)  # the root still runs; its cancelled dependent stays cancelled
+    assert client.get_task(middle).state == "cancelled"
+    with pytest.raises(blueque.InvalidTaskState):
+        client.cancel_task(middle)
+
+
+def test_cancelling_a_pending_parent_ends_its_dependents(client: blueque.Client) -> None:
+    queue = client.get_queue(Q)
+    root = queue.enqueue("root")
+    child = queue.enqueue("c", after=root)
+    assert client.cancel_task(root) == "cancelled"
+    assert client.get_task(child).status == "failed"
+    assert client.get_task(child).error == f"parent {root} was cancelled: cancelled: cancelled"
+
+
+def test_after_any_runs_after_a_parent_that_failed(client: blueque.Client) -> None:
+    queue = client.get_queue(Q)
+    good, bad = queue.enqueue("g"), queue.enqueue("b")
+    cleanup = queue.enqueue("cleanup", after=[good, bad], after_any=True)
+    _finish(client, good)
+    _finish(client, bad, "failed")
+    task = client.get_task(cleanup)
+    assert task.status == "pending"
+    assert [p.status for p in task.parents()] == ["complete", "failed"]
+
+
+def test_a_task_after_parents_that_already_ended_is_decided_at_once(
+        client: blueque.Client) -> None:
+    queue = client.get_queue(Q)
+    done, broken = queue.enqueue("d"), queue.enqueue("b")
+    _finish(client, done)
+    _finish(client, broken, "failed")
+    assert client.get_task(queue.enqueue("x", after=done)).status == "pending"
+    late = client.get_task(queue.enqueue("y", after=[done, broken]))
+    assert late.status == "failed" and late.error == f"parent {broken} failed: {broken} broke"
+
+
+def test_a_released_task_with_an_eta_is_scheduled(client: blueque.Client,
+                                                  redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    parent = queue.enqueue("p")
+    later = queue.schedule("l", delay=3600, after=parent)
+    soon = queue.schedule("s", delay=0.001, after=parent)
+    assert client.get_task(later).status == "waiting"
+    _finish(client, parent)
+    assert client.get_task(later).status == "scheduled"
+    assert redis_client.zscore(f"blueque_scheduled_tasks_{Q}", later) == client.get_task(
+        later).eta
+    assert client.get_task(soon).status == "pending"
+
+
+@pytest.mark.parametrize("after", [[], [""], ["has space"], [3], b"x"])
+def test_bad_parents_are_refused(client: blueque.Client, after: object) -> None:
+    with pytest.raises(DependencyError):
+        client.get_queue(Q).enqueue("x", after=after)
+
+
+def test_unknown_parents_and_cycles_are_refused_writing_nothing(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    known = queue.enqueue("k")
+    before = sorted(redis_client.keys("*"))
+    with pytest.raises(DependencyError, match=r"unknown task.*nope"):
+        queue.enqueue("x", after=[known, "nope"])
+    with pytest.raises(DependencyError, match="cycle"):
+        queue.enqueue("x", task_id="me", after=[known, "me"])
+    with pytest.raises(DependencyError, match="after_any"):
+        queue.enqueue("x", after=known, after_any="yes")
+    assert sorted(redis_client.keys("*")) == before
+
+
+def test_enqueueing_an_existing_id_again_changes_nothing(client: blueque.Client,
+                                                         redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    first, other = queue.enqueue("1"), queue.enqueue("2")
+    assert queue.enqueue("c", task_id="child", after=first).created
+    again = queue.enqueue("c", task_id="child", after=[other])
+    assert not again.created
+    assert client.get_task("child").after == [first]
+    assert not redis_client.exists(f"blueque_dependents_{other}")
+
+
+def test_enqueue_many_after_makes_every_task_wait(client: blueque.Client) -> None:
+    queue = client.get_queue(Q)
+    parent = queue.enqueue("p")
+    batch = queue.enqueue_many(["a", "b"], after=parent)
+    assert batch.created == 2
+    assert {client.get_task(i).status for i in batch} == {"waiting"}
+    _finish(client, parent)
+    assert {client.get_task(i).status for i in batch} == {"pending"}
+
+
+def test_the_sweep_tells_what_nobody_told(client: blueque.Client,
+                                          redis_client: redis.Redis) -> None:
+    """An ending recorded without telling (blueque 1.0.1's listener; a crash right after the
+    ending) is found by the sweep once the waiting task's check is due."""
+    queue = client.get_queue(Q)
+    parent = queue.enqueue("p")
+    child = queue.enqueue("c", after=parent)
+    redis_client.hset(f"blueque_task_{parent}", mapping={"status": "complete"})  # as 1.0.1
+    store = client.store
+    now = store.now()
+    assert store.perform(dependencies.settle_waiting, Q, now) == 0  # not due yet
+    assert client.get_task(child).status == "waiting"
+    assert store.perform(dependencies.settle_waiting, Q, now + dependencies.RECHECK) == 1
+    assert client.get_task(child).status == "pending"
+
+
+def test_a_waiting_task_still_waiting_is_checked_again_later(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    queue = client.get_queue(Q)
+    child = queue.enqueue("c", after=queue.enqueue("p"))
+    store = client.store
+    due = store.now() + dependencies.RECHECK
+    assert store.perform(dependencies.settle_waiting, Q, due) == 1
+    assert redis_client.zscore(f"blueque_waiting_tasks_{Q}", child) == pytest.approx(
+        due + dependencies.RECHECK)
