@@ -5,6 +5,8 @@ that repairs an ending nobody told, and the refusals that write nothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -12,6 +14,7 @@ import redis
 import blueque
 from blueque import dependencies
 from blueque.errors import DependencyError
+from tests.conftest import Run
 
 Q = "deps"
 
@@ -139,13 +142,13 @@ def test_a_released_task_with_an_eta_is_scheduled(client: blueque.Client,
     queue = client.get_queue(Q)
     parent = queue.enqueue("p")
     later = queue.schedule("l", delay=3600, after=parent)
-    soon = queue.schedule("s", delay=0.001, after=parent)
+    past = queue.schedule("s", eta=client.store.now() - 10, after=parent)  # due at once
     assert client.get_task(later).status == "waiting"
     _finish(client, parent)
     assert client.get_task(later).status == "scheduled"
     assert redis_client.zscore(f"blueque_scheduled_tasks_{Q}", later) == client.get_task(
         later).eta
-    assert client.get_task(soon).status == "pending"
+    assert client.get_task(past).status == "pending"
 
 
 @pytest.mark.parametrize("after", [[], [""], ["has space"], [3], b"x"])
@@ -214,3 +217,32 @@ def test_a_waiting_task_still_waiting_is_checked_again_later(
     assert store.perform(dependencies.settle_waiting, Q, due) == 1
     assert redis_client.zscore(f"blueque_waiting_tasks_{Q}", child) == pytest.approx(
         due + dependencies.RECHECK)
+
+
+# --- the command line ---------------------------------------------------------------------
+def test_blueque_enqueue_after_then_status_and_show_say_what_it_waits_for(
+        run: Run, run_json: Callable[..., Any], client: blueque.Client) -> None:
+    first = run("enqueue", "pages", "1").stdout.strip()
+    second = run("enqueue", "pages", "2").stdout.strip()
+    done = run("enqueue", Q, "book", "--after", first, "--after", second)
+    assert done.returncode == 0, done.stderr
+    book = done.stdout.strip()
+    assert client.get_task(book).after == [first, second]
+    status = run("status").stdout
+    header, row = status.splitlines()[0].split(), next(
+        line for line in status.splitlines() if line.startswith(Q)).split()
+    assert dict(zip(header, row, strict=False))["WAITING"] == "1"
+    assert {q["name"]: q["waiting"] for q in run_json("status")["queues"]}[Q] == 1
+    _finish(client, first)
+    shown = run("show", book).stdout
+    assert f"waiting for 1 of 2 parent(s) to end (runs when all complete): {second} (pending)" \
+        in shown
+    assert run_json("show", book)["awaiting"] == [second]
+    assert run_json("show", book)["after"] == [first, second]
+
+
+def test_blueque_enqueue_refuses_an_unknown_parent_and_a_lone_after_any(run: Run) -> None:
+    done = run("enqueue", Q, "x", "--after", "nope")
+    assert done.returncode != 0 and "unknown task(s) nope" in done.stderr
+    assert run("enqueue", Q, "x", "--after-any").returncode != 0
+    assert run("status").stdout.strip().startswith("no queues")
