@@ -35,33 +35,34 @@ def _finish(client: blueque.Client, task_id: str, outcome: str = "complete") -> 
 
 
 def test_a_task_after_another_waits_then_is_released_when_it_completes(
-        client: blueque.Client, redis_client: redis.Redis) -> None:
-    queue = client.get_queue(Q)
+        contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue(Q)
     parent = queue.enqueue("p")
     child = queue.enqueue("c", after=parent)
-    assert client.get_task(child).status == "waiting"
-    assert redis_client.lrange(f"blueque_pending_tasks_{Q}", 0, -1) == [parent]
+    assert contract_client.get_task(child).status == "waiting"
+    assert contract_client.redis.lrange(f"blueque_pending_tasks_{Q}", 0, -1) == [parent]
     assert queue.stats().waiting == 1
     assert queue.task_ids("waiting") == [child]
-    assert json.loads(client.get_task(child).data["after"]) == [parent]
-    assert redis_client.smembers(f"blueque_dependents_{parent}") == {child}
-    _finish(client, parent)
-    assert client.get_task(child).status == "pending"
-    assert redis_client.lrange(f"blueque_pending_tasks_{Q}", 0, -1) == [child]
+    assert json.loads(contract_client.get_task(child).data["after"]) == [parent]
+    assert contract_client.redis.smembers(f"blueque_dependents_{parent}") == {child}
+    _finish(contract_client, parent)
+    assert contract_client.get_task(child).status == "pending"
+    assert contract_client.redis.lrange(f"blueque_pending_tasks_{Q}", 0, -1) == [child]
     assert queue.stats().waiting == 0
-    assert not redis_client.exists(f"blueque_awaits_{child}", f"blueque_dependents_{parent}")
+    assert not contract_client.redis.exists(f"blueque_awaits_{child}",
+                                            f"blueque_dependents_{parent}")
 
 
-def test_a_task_waits_for_every_parent_of_any_queue(client: blueque.Client) -> None:
-    pages = client.get_queue("pages")
-    first, second = pages.enqueue("1"), client.get_queue("other").enqueue("2")
-    assemble = client.get_queue(Q).enqueue("book", after=[first, second, first])
-    assert client.get_task(assemble).after == [first, second]  # each parent once
-    _finish(client, first)
-    assert client.get_task(assemble).status == "waiting"
-    assert client.get_task(assemble).awaiting() == [second]
-    _finish(client, second)
-    assembled = client.get_task(assemble)
+def test_a_task_waits_for_every_parent_of_any_queue(contract_client: blueque.Client) -> None:
+    pages = contract_client.get_queue("pages")
+    first, second = pages.enqueue("1"), contract_client.get_queue("other").enqueue("2")
+    assemble = contract_client.get_queue(Q).enqueue("book", after=[first, second, first])
+    assert contract_client.get_task(assemble).after == [first, second]  # each parent once
+    _finish(contract_client, first)
+    assert contract_client.get_task(assemble).status == "waiting"
+    assert contract_client.get_task(assemble).awaiting() == [second]
+    _finish(contract_client, second)
+    assembled = contract_client.get_task(assemble)
     assert assembled.status == "pending"
     parents = assembled.parents()
     assert [(p.id, p.status, p.result) for p in parents] == [
@@ -89,21 +90,21 @@ def test_a_failed_parent_fails_its_dependents_through_three_levels(
 
 
 def test_cancelling_a_waiting_task_cancels_it_and_fails_its_dependents(
-        client: blueque.Client, redis_client: redis.Redis) -> None:
-    queue = client.get_queue(Q)
+        contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue(Q)
     root = queue.enqueue("root")
     middle = queue.enqueue("m", after=root)
     leaf = queue.enqueue("l", after=middle)
-    assert client.cancel_task(middle, "not needed") == "cancelled"
-    cancelled = client.get_task(middle)
+    assert contract_client.cancel_task(middle, "not needed") == "cancelled"
+    cancelled = contract_client.get_task(middle)
     assert cancelled.state == "cancelled" and cancelled.error == "cancelled: not needed"
-    assert redis_client.lrange(f"blueque_cancelled_tasks_{Q}", 0, -1) == [middle]
-    assert client.get_task(leaf).error == (
+    assert contract_client.redis.lrange(f"blueque_cancelled_tasks_{Q}", 0, -1) == [middle]
+    assert contract_client.get_task(leaf).error == (
         f"parent {middle} was cancelled: cancelled: not needed")
-    _finish(client, root)  # the root still runs; its cancelled dependent stays cancelled
-    assert client.get_task(middle).state == "cancelled"
+    _finish(contract_client, root)  # the root still runs; its cancelled dependent stays cancelled
+    assert contract_client.get_task(middle).state == "cancelled"
     with pytest.raises(blueque.InvalidTaskState):
-        client.cancel_task(middle)
+        contract_client.cancel_task(middle)
 
 
 def test_cancelling_a_pending_parent_ends_its_dependents(client: blueque.Client) -> None:
@@ -115,13 +116,13 @@ def test_cancelling_a_pending_parent_ends_its_dependents(client: blueque.Client)
     assert client.get_task(child).error == f"parent {root} was cancelled: cancelled: cancelled"
 
 
-def test_after_any_runs_after_a_parent_that_failed(client: blueque.Client) -> None:
-    queue = client.get_queue(Q)
+def test_after_any_runs_after_a_parent_that_failed(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue(Q)
     good, bad = queue.enqueue("g"), queue.enqueue("b")
     cleanup = queue.enqueue("cleanup", after=[good, bad], after_any=True)
-    _finish(client, good)
-    _finish(client, bad, "failed")
-    task = client.get_task(cleanup)
+    _finish(contract_client, good)
+    _finish(contract_client, bad, "failed")
+    task = contract_client.get_task(cleanup)
     assert task.status == "pending"
     assert [p.status for p in task.parents()] == ["complete", "failed"]
 
@@ -137,18 +138,17 @@ def test_a_task_after_parents_that_already_ended_is_decided_at_once(
     assert late.status == "failed" and late.error == f"parent {broken} failed: {broken} broke"
 
 
-def test_a_released_task_with_an_eta_is_scheduled(client: blueque.Client,
-                                                  redis_client: redis.Redis) -> None:
-    queue = client.get_queue(Q)
+def test_a_released_task_with_an_eta_is_scheduled(contract_client: blueque.Client) -> None:
+    queue = contract_client.get_queue(Q)
     parent = queue.enqueue("p")
     later = queue.schedule("l", delay=3600, after=parent)
-    past = queue.schedule("s", eta=client.store.now() - 10, after=parent)  # due at once
-    assert client.get_task(later).status == "waiting"
-    _finish(client, parent)
-    assert client.get_task(later).status == "scheduled"
-    assert redis_client.zscore(f"blueque_scheduled_tasks_{Q}", later) == client.get_task(
-        later).eta
-    assert client.get_task(past).status == "pending"
+    past = queue.schedule("s", eta=contract_client.store.now() - 10, after=parent)  # due at once
+    assert contract_client.get_task(later).status == "waiting"
+    _finish(contract_client, parent)
+    assert contract_client.get_task(later).status == "scheduled"
+    eta = contract_client.get_task(later).eta
+    assert contract_client.redis.zscore(f"blueque_scheduled_tasks_{Q}", later) == eta
+    assert contract_client.get_task(past).status == "pending"
 
 
 @pytest.mark.parametrize("after", [[], [""], ["has space"], [3], b"x"])

@@ -308,6 +308,15 @@ class Task(TaskView):
         self._data = await self._store.perform(protocol.task_data, self._id)
         return self
 
+    async def parents(self) -> list[Task]:
+        """The tasks this one was enqueued after, read now (blueque.Task.parents)."""
+        datas = await self._store.perform(protocol.task_data_many, self.after)
+        return [Task(i, self._store, d) for i, d in zip(self.after, datas, strict=True)]
+
+    async def awaiting(self) -> list[str]:
+        """The parents a waiting task was not yet told the ending of (blueque.Task)."""
+        return await self._store.perform(dependencies.awaited, self._id)
+
     async def wait(self, timeout: float | None = None) -> Task:
         """Wait until the task is complete or failed, without blocking the event loop;
         WaitTimeout (a TimeoutError) after ``timeout``, TaskNotFound if it does not exist
