@@ -1,0 +1,122 @@
+"""Task dependencies end to end (issue 22): real listener daemons run the parents, and their
+endings release or end the dependents — a chain, a fan-in of 10,000 over two queues and two
+listeners, failure and cancel cascades, a dependent enqueued after its parents ended."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import blueque
+from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[Daemon]]:
+    with daemons(tmp_path) as running:
+        yield running
+
+
+def _listen(started: list[Daemon], url: str, queues: str, tmp_path: Path, name: str,
+            function: str = "tests.dependency_jobs:adds", *options: str) -> None:
+    started.append(Daemon(listen_command(url, queues, function, "--interval", "0.5",
+                                         "--poll", "0.1", *options),
+                          tmp_path / f"{name}.log"))
+
+
+def test_a_chain_of_three_runs_in_order_each_reading_the_previous_result(
+        redis_url: str, client: blueque.Client, tmp_path: Path,
+        started: list[Daemon]) -> None:
+    marker = tmp_path / "runs"
+    queue = client.get_queue("chain")
+    first = queue.enqueue(json.dumps({"value": 1, "marker": str(marker)}))
+    second = queue.enqueue(json.dumps({"value": 10, "marker": str(marker)}), after=first)
+    third = client.get_queue("chain-end").enqueue(
+        json.dumps({"value": 100, "marker": str(marker)}), after=second)
+    assert client.get_task(third).status == "waiting"
+    _listen(started, redis_url, "chain,chain-end", tmp_path, "listener")
+    assert client.get_task(third).wait(timeout=60).result == "111"
+    assert lines(marker) == [f"ran {first}", f"ran {second}", f"ran {third}"]
+    assert [t.status for t in client.get_task(third).parents()] == ["complete"]
+
+
+def test_a_fan_in_of_ten_thousand_on_two_queues_releases_its_dependent_once(
+        redis_url: str, client: blueque.Client, redis_client: redis.Redis, tmp_path: Path,
+        started: list[Daemon]) -> None:
+    marker = tmp_path / "assembled"
+    pages = [client.get_queue(q).enqueue_many(["{}"] * 5000) for q in ("pages-a", "pages-b")]
+    parents = [*pages[0], *pages[1]]
+    book = client.get_queue("book").enqueue(json.dumps({"marker": str(marker)}),
+                                            after=parents)
+    assert client.get_task(book).status == "waiting"
+    assert len(client.get_task(book).awaiting()) == 10_000
+    _listen(started, redis_url, "pages-a,book", tmp_path, "a",
+            "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+    _listen(started, redis_url, "pages-b,book", tmp_path, "b",
+            "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+    done = client.get_task(book).wait(timeout=900)
+    assert json.loads(done.result or "")["complete"] == 10_000
+    assert lines(marker) == [f"ran {book}"]  # released once, run once
+    assert done.attempts == 1
+    assert all(client.get_queue(q).stats().complete == 5000 for q in ("pages-a", "pages-b"))
+    assert not redis_client.exists(f"blueque_awaits_{book}")
+    assert not any(redis_client.exists(f"blueque_dependents_{p}") for p in parents[:100])
+
+
+def test_a_failure_ends_three_levels_of_dependents_naming_their_parent(
+        redis_url: str, client: blueque.Client, tmp_path: Path,
+        started: list[Daemon]) -> None:
+    marker = tmp_path / "runs"
+    queue = client.get_queue("cascade")
+    root = queue.enqueue(json.dumps({"fail": "the scan was blank", "marker": str(marker)}))
+    levels = [root]
+    for depth in range(3):
+        levels.append(client.get_queue(f"cascade-{depth}").enqueue(
+            json.dumps({"marker": str(marker)}), after=levels[-1]))
+    _listen(started, redis_url, "cascade,cascade-0,cascade-1,cascade-2", tmp_path, "listener")
+    for child, parent in zip(levels[1:], levels, strict=False):
+        task = client.get_task(child).wait(timeout=60)
+        assert task.status == "failed" and not task.cancelled
+        assert (task.error or "").startswith(f"parent {parent} failed: ")
+        assert "the scan was blank" in (task.error or "")
+    assert lines(marker) == [f"ran {root}"]  # no dependent ever ran
+
+
+def test_cancelling_a_running_parent_ends_three_levels_of_dependents(
+        redis_url: str, client: blueque.Client, tmp_path: Path,
+        started: list[Daemon]) -> None:
+    marker, release = tmp_path / "marks", tmp_path / "release"
+    _listen(started, redis_url, "work", tmp_path, "listener", "tests.jobs:acts")
+    root = client.get_queue("work").enqueue(json.dumps(
+        {"marker": str(marker), "release": str(release)}))
+    levels = [root]
+    for _ in range(3):
+        levels.append(client.get_queue("work").enqueue("{}", after=levels[-1]))
+    wait_until(lambda: lines(marker), what="the root task to start")
+    assert client.cancel_task(root, "wrong input") == "requested"
+    for child, parent in zip(levels[1:], levels, strict=False):
+        task = client.get_task(child).wait(timeout=60)
+        assert task.status == "failed"
+        assert (task.error or "").startswith(f"parent {parent} was cancelled: "
+                                             if parent == root else f"parent {parent} failed: ")
+    assert client.get_task(root).state == "cancelled"
+    assert client.get_queue("work").stats().waiting == 0
+
+
+def test_a_dependent_enqueued_after_its_parents_ended_runs_at_once(
+        redis_url: str, client: blueque.Client, tmp_path: Path,
+        started: list[Daemon]) -> None:
+    queue = client.get_queue("late")
+    parents = [queue.enqueue(json.dumps({"value": n})) for n in (1, 2)]
+    _listen(started, redis_url, "late", tmp_path, "listener")
+    for parent in parents:
+        client.get_task(parent).wait(timeout=60)
+    late = queue.enqueue(json.dumps({"value": 100}), after=parents)
+    assert client.get_task(late).status in ("pending", "reserved", "started", "complete")
+    assert client.get_task(late).wait(timeout=60).result == "103"
