@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import blueque
-from blueque import dependencies
+from blueque import dependencies, flows
 from blueque.errors import DependencyError
 from tests.conftest import Run
 
@@ -246,3 +246,34 @@ def test_blueque_enqueue_refuses_an_unknown_parent_and_a_lone_after_any(run: Run
     assert done.returncode != 0 and "unknown task(s) nope" in done.stderr
     assert run("enqueue", Q, "x", "--after-any").returncode != 0
     assert run("status").stdout.strip().startswith("no queues")
+
+
+# --- chains and groups ------------------------------------------------------------------------
+def test_a_chain_runs_each_step_after_the_one_before(client: blueque.Client) -> None:
+    ids = flows.chain(client, [(Q, "a"), ("other", "b"), (Q, "c")])
+    assert [client.get_task(i).status for i in ids] == ["pending", "waiting", "waiting"]
+    assert [client.get_task(i).after for i in ids] == [[], [ids[0]], [ids[1]]]
+    _finish(client, ids[0])
+    _finish(client, ids[1], "failed")
+    assert client.get_task(ids[2]).error == f"parent {ids[1]} failed: {ids[1]} broke"
+    with pytest.raises(blueque.ConfigurationError):
+        flows.chain(client, [])
+
+
+def test_a_group_runs_its_callback_after_every_task(client: blueque.Client) -> None:
+    made = flows.group(client, "pages", ["1", "2", "3"], then=(Q, "assemble"))
+    assert len(made.task_ids) == 3 and client.get_task(made.callback).status == "waiting"
+    for task_id in made.task_ids:
+        _finish(client, task_id)
+    callback = client.get_task(made.callback)
+    assert callback.status == "pending"
+    assert [p.result for p in callback.parents()] == [f"result of {i}" for i in made.task_ids]
+
+
+def test_the_asyncio_chain_and_group(aio_client: Any, client: blueque.Client,
+                                     aio_loop: Any) -> None:
+    ids = aio_loop.run(flows.achain(aio_client.aio, [(Q, "a"), (Q, "b")]))
+    assert client.get_task(ids[1]).after == [ids[0]]
+    made = aio_loop.run(flows.agroup(aio_client.aio, "pages", ["1"], then=(Q, "c"),
+                                     after_any=True))
+    assert client.get_task(made.callback).data["after_any"] == "1"
