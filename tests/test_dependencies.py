@@ -5,16 +5,20 @@ that repairs an ending nobody told, and the refusals that write nothing."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 import blueque
-from blueque import dependencies, flows
+from blueque import dependencies, flows, metrics
 from blueque.errors import DependencyError
 from tests.conftest import Run
+from tests.dashboard import DashboardProcess
+from tests.test_dashboard import get
 
 Q = "deps"
 
@@ -277,3 +281,38 @@ def test_the_asyncio_chain_and_group(aio_client: Any, client: blueque.Client,
     made = aio_loop.run(flows.agroup(aio_client.aio, "pages", ["1"], then=(Q, "c"),
                                      after_any=True))
     assert client.get_task(made.callback).data["after_any"] == "1"
+
+
+def test_waiting_tasks_are_a_state_of_the_metrics(client: blueque.Client) -> None:
+    queue = client.get_queue(Q)
+    queue.enqueue("c", after=queue.enqueue("p"))
+    text = metrics.scrape(metrics.queue_registry(client.store)).decode()
+    assert f'blueque_tasks{{queue="{Q}",state="waiting"}} 1.0' in text
+    assert f'blueque_tasks{{queue="{Q}",state="pending"}} 1.0' in text
+
+
+# --- the dashboard ----------------------------------------------------------------------------
+def test_the_dashboard_counts_waiting_tasks_and_links_parents_and_dependents(
+        client: blueque.Client, redis_url: str, tmp_path: Path) -> None:
+    queue = client.get_queue(Q)
+    done, running = queue.enqueue("d"), client.get_queue("pages").enqueue("r")
+    _finish(client, done)
+    child = queue.enqueue("c", after=[done, running])
+    dashboard = DashboardProcess(redis_url, tmp_path / "dashboard.log")
+    try:
+        _, page = get(f"{dashboard.url}/task?id={child}")
+        parents = page[page.index('id="parents"'):]
+        parents = parents[: parents.index("</ul>")]
+        assert f'href="/task?id={done}"' in parents and f'href="/task?id={running}"' in parents
+        assert 'state-complete">complete' in parents and 'state-pending">pending' in parents
+        assert "runs if all complete" in page and 'id="cancel"' not in page  # read-only
+        _, page = get(f"{dashboard.url}/task?id={running}")
+        dependents = page[page.index('id="dependents"'):]
+        assert f'href="/task?id={child}"' in dependents[: dependents.index("</ul>")]
+        _, page = get(dashboard.url + "/")
+        row = page[page.index(f'data-queue="{Q}"'):]
+        assert re.search(r'state-waiting"><a [^>]*>1</a>', row[: row.index("</tr>")])
+        _, page = get(f"{dashboard.url}/queue?name={Q}&state=waiting")
+        assert f'href="/task?id={child}"' in page
+    finally:
+        dashboard.close()
