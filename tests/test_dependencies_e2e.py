@@ -5,6 +5,9 @@ listeners, failure and cancel cascades, a dependent enqueued after its parents e
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +16,8 @@ import redis
 
 import blueque
 from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
+from tests.readme import block, commands
+from tests.test_cli import ROOT, cli, environment
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +125,42 @@ def test_a_dependent_enqueued_after_its_parents_ended_runs_at_once(
     late = queue.enqueue(json.dumps({"value": 100}), after=parents)
     assert client.get_task(late).status in ("pending", "reserved", "started", "complete")
     assert client.get_task(late).wait(timeout=60).result == "103"
+
+
+# --- the README's section, as written ---------------------------------------------------------
+def test_the_readme_dependency_example_runs_as_written(
+        redis_url: str, client: blueque.Client, tmp_path: Path,
+        started: list[Daemon]) -> None:
+    function, producer = block("Task dependencies", 1).text, block("Task dependencies", 2).text
+    assert function.startswith("# mypackage/book.py\n")
+    assert producer.count('"redis://localhost:6379/0"') == 1
+    project = tmp_path / "project"
+    (project / "mypackage").mkdir(parents=True)
+    (project / "mypackage" / "__init__.py").write_text("")
+    (project / "mypackage" / "book.py").write_text(function)
+    started.append(Daemon([sys.executable, str(ROOT / "bin" / "blueque"), "listen",
+                           "pages,books", "mypackage.book:work", "--url", redis_url,
+                           "--concurrency", "2", "--interval", "0.5", "--poll", "0.1"],
+                          tmp_path / "listen.log", cwd=project))
+    done = subprocess.run(
+        [sys.executable, "-c", producer.replace('"redis://localhost:6379/0"', repr(redis_url))],
+        capture_output=True, text=True, env=environment(), cwd=project, timeout=300)
+    assert done.returncode == 0, done.stderr + started[0].log()
+    assert done.stdout.splitlines() == ["waiting", '{"pages": 100, "words": 15050}',
+                                        "complete"]
+
+
+def test_the_readme_dependency_commands_run_as_written(redis_url: str,
+                                                       client: blueque.Client) -> None:
+    outputs = []
+    for line in commands(block("Task dependencies", 3).text):
+        words = shlex.split(line.split("  #", 1)[0])
+        assert words[0] == "blueque"
+        done = cli(redis_url, *words[1:])
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert "waiting for 2 of 2 parent(s) to end (runs when all complete): " \
+           "page-1 (pending), page-2 (pending)" in outputs[3]
+    book = client.get_task("book-1")
+    assert book.status == "failed"
+    assert book.error == "parent page-2 was cancelled: cancelled: by operator"
