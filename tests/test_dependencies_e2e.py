@@ -164,3 +164,14 @@ def test_the_readme_dependency_commands_run_as_written(redis_url: str,
     book = client.get_task("book-1")
     assert book.status == "failed"
     assert book.error == "parent page-2 was cancelled: cancelled: by operator"
+
+
+def test_the_dependency_benchmark_runs() -> None:
+    done = subprocess.run([sys.executable, "-m", "benchmarks.dependencies", "--smoke"],
+                          capture_output=True, text=True, env=environment(), cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines_ = done.stdout.splitlines()
+    assert [line.split("  ")[0] for line in lines_] == [
+        "enqueue without after=", "enqueue with after= (one parent)",
+        "parent's end -> dependent starts", "Redis memory per dependency edge"]
