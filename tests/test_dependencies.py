@@ -16,6 +16,7 @@ import redis
 import blueque
 from blueque import dependencies, flows, metrics
 from blueque.errors import DependencyError
+from blueque.spark.read import list_task_ids
 from tests.conftest import Run
 from tests.dashboard import DashboardProcess
 from tests.test_dashboard import get
@@ -316,3 +317,11 @@ def test_the_dashboard_counts_waiting_tasks_and_links_parents_and_dependents(
         assert f'href="/task?id={child}"' in page
     finally:
         dashboard.close()
+
+
+def test_spark_lists_waiting_tasks_in_chunks(client: blueque.Client) -> None:
+    queue = client.get_queue(Q)
+    parent = queue.enqueue("p")
+    waiting = [queue.enqueue("c", after=parent) for _ in range(3)]
+    ids = list_task_ids(client.store, Q, ["waiting", "pending"], chunk=2)
+    assert set(ids[:3]) == set(waiting) and ids[3:] == [parent]
