@@ -16,6 +16,7 @@ import redis
 import blueque
 from blueque import dependencies, flows, metrics
 from blueque.errors import DependencyError
+from blueque.recovery import Recovery
 from blueque.spark.read import list_task_ids
 from tests.conftest import Run
 from tests.dashboard import DashboardProcess
@@ -325,3 +326,19 @@ def test_spark_lists_waiting_tasks_in_chunks(client: blueque.Client) -> None:
     waiting = [queue.enqueue("c", after=parent) for _ in range(3)]
     ids = list_task_ids(client.store, Q, ["waiting", "pending"], chunk=2)
     assert set(ids[:3]) == set(waiting) and ids[3:] == [parent]
+
+
+def test_every_recovery_sweep_settles_the_waiting_tasks_due_for_a_check(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    """What the listener daemons and the scheduler run (Recovery.sweep) tells what nobody
+    told: here a parent completed by a writer that tells nobody (as blueque 1.0.1)."""
+    queue = client.get_queue(Q)
+    parent = queue.enqueue("p")
+    child = queue.enqueue("c", after=parent)
+    redis_client.hset(f"blueque_task_{parent}", "status", "failed")
+    Recovery(client.store, host="sweeper.example").sweep([Q])
+    assert client.get_task(child).status == "waiting"  # its check is not due yet
+    redis_client.zadd(f"blueque_waiting_tasks_{Q}", {child: 0})  # as RECHECK seconds later
+    Recovery(client.store, host="sweeper.example").sweep([Q])
+    assert client.get_task(child).status == "failed"
+    assert client.get_task(child).error == f"parent {parent} failed"
