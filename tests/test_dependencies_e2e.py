@@ -5,17 +5,28 @@ listeners, failure and cancel cascades, a dependent enqueued after its parents e
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
 import blueque
-from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
+from blueque.testing import RedisServer
+from tests.daemons import (
+    Daemon,
+    daemons,
+    kill_session_children,
+    lines,
+    listen_command,
+    wait_until,
+)
 from tests.readme import block, commands
 from tests.test_cli import ROOT, cli, environment
 
@@ -175,3 +186,65 @@ def test_the_dependency_benchmark_runs() -> None:
     assert [line.split("  ")[0] for line in lines_] == [
         "enqueue without after=", "enqueue with after= (one parent)",
         "parent's end -> dependent starts", "Redis memory per dependency edge"]
+
+
+#: Fan-ins of the crash test (the issue's figure; BLUEQUE_CRASH_FANINS=50 for a quick run).
+CRASH_FANINS = int(os.environ.get("BLUEQUE_CRASH_FANINS", "1000"))
+
+
+def test_crashes_leave_every_dependent_ended_once_and_none_waiting(
+        aof_server: RedisServer, tmp_path: Path, started: list[Daemon]) -> None:
+    """1,000 fan-ins of 20 parents each (on two queues) run by listeners; meanwhile a
+    listener is SIGKILLed with its task processes, a parent is cancelled, and Redis is
+    SIGKILLed and started again from its append-only file. Every dependent ends, once."""
+    client = blueque.Client(aof_server.url)
+    for queue in ("crash-a", "crash-b", "crash-deps"):
+        client.get_queue(queue).configure(max_attempts=5, retry_backoff=0.1)
+    fanins = []
+    for n in range(CRASH_FANINS):
+        parents = [*client.get_queue("crash-a").enqueue_many(["{}"] * 10),
+                   *client.get_queue("crash-b").enqueue_many(["{}"] * 10)]
+        fanins.append(client.get_queue("crash-deps").enqueue(
+            json.dumps({"marker": str(tmp_path / "runs")}), task_id=f"fanin-{n}",
+            after=parents))
+    for name in ("first", "second"):
+        _listen(started, aof_server.url, "crash-a,crash-b,crash-deps", tmp_path, name,
+                "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+    stats = client.get_queue("crash-deps").stats
+    wait_until(lambda: stats().complete >= CRASH_FANINS // 20, timeout=300,
+               what="some fan-ins to complete")
+    kill_session_children([c.pid for c in psutil.Process(started[0].pid).children(True)])
+    started[0].kill()
+    doomed = _cancel_a_waiting_parent(client, fanins)
+    aof_server.kill()
+    aof_server.start()
+    _listen(started, aof_server.url, "crash-a,crash-b,crash-deps", tmp_path, "third",
+            "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+    wait_until(lambda: stats().waiting == 0 and stats().complete + stats().failed
+               == CRASH_FANINS, timeout=900, what="every fan-in to end")
+    runs = Counter(line.split()[1] for line in lines(tmp_path / "runs"))
+    for task_id in fanins:
+        task = client.get_task(task_id)
+        ended = [h["outcome"] for h in task.history if h["outcome"] in ("complete", "failed")]
+        if task_id == doomed:
+            assert task.status == "failed" and "was cancelled" in (task.error or "")
+            assert runs[task_id] == 0
+            continue
+        assert task.status == "complete", (task_id, task.data)
+        assert json.loads(task.result or "")["complete"] == 20
+        assert ended == ["complete"] and 1 <= runs[task_id] <= (task.attempts or 0)
+    assert client.redis.llen(client.keys.pending("crash-deps")) == 0
+
+
+def _cancel_a_waiting_parent(client: blueque.Client, fanins: list[str]) -> str:
+    """Cancel a parent not yet run of the last waiting fan-in; returns that fan-in."""
+    for task_id in reversed(fanins):
+        if client.get_task(task_id).status != "waiting":
+            continue
+        for parent in client.get_task(task_id).awaiting():
+            try:
+                if client.cancel_task(parent, "crash test") == "cancelled":
+                    return task_id
+            except blueque.InvalidTaskState:
+                continue
+    raise AssertionError("no parent left to cancel")
