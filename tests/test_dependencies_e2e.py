@@ -62,6 +62,7 @@ def test_a_chain_of_three_runs_in_order_each_reading_the_previous_result(
     assert [t.status for t in client.get_task(third).parents()] == ["complete"]
 
 
+@pytest.mark.timeout(1200)  # 10,000 task processes on a shared machine
 def test_a_fan_in_of_ten_thousand_on_two_queues_releases_its_dependent_once(
         redis_url: str, client: blueque.Client, redis_client: redis.Redis, tmp_path: Path,
         started: list[Daemon]) -> None:
@@ -192,6 +193,7 @@ def test_the_dependency_benchmark_runs() -> None:
 CRASH_FANINS = int(os.environ.get("BLUEQUE_CRASH_FANINS", "1000"))
 
 
+@pytest.mark.timeout(1500)  # 21,000 task processes on a shared machine
 def test_crashes_leave_every_dependent_ended_once_and_none_waiting(
         aof_server: RedisServer, tmp_path: Path, started: list[Daemon]) -> None:
     """1,000 fan-ins of 20 parents each (on two queues) run by listeners; meanwhile a
