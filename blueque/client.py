@@ -10,6 +10,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from blueque import dependencies
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
@@ -177,8 +178,8 @@ class Client:
         task = self.get_task(task_id)
         if task.queue is None:
             raise TaskNotFound(task_id)
-        verdict, _ = self.store.cancel(task.queue, task_id, self.store.now(),
-                                       f"cancelled: {reason}")
+        verdict, _ = self.store.perform(dependencies.cancel, task.queue, task_id, task.status,
+                                        self.store.now(), f"cancelled: {reason}")
         return verdict
 
     def preempt_node(self, node_name: str, grace: float, reason: str = "") -> float:

@@ -45,6 +45,11 @@ class StaleAttempt(InvalidTaskState):
     """A superseded run tried to record an outcome over a newer attempt (fencing)."""
 
 
+class DependencyError(ConfigurationError):
+    """``after=`` names a task that does not exist, the task itself, or a later task of the
+    same enqueue (a cycle): refused before anything is written."""
+
+
 class CorruptTask(BluequeError):
     """A task hash is missing fields or holds values that cannot be parsed."""
 

@@ -51,6 +51,8 @@ TASK_FIELDS: dict[str, Kind] = {
     "preempted_at": "time",
     "preempted_reason": "text",
     "history": "json",
+    "after": "json",
+    "after_any": "int",
 }
 
 #: A listener's info hash ``blueque_listener_[listener id]`` (PROTOCOL.md §6, Registration).

@@ -18,14 +18,17 @@ from typing import Literal, TypeGuard
 
 PREFIX = "blueque"
 
-#: Statuses of blueque 1.0.1; Blueque adds none (cancelled tasks are ``failed``).
+#: Statuses of blueque 1.0.1; Blueque adds one, ``waiting``, written only for a task enqueued
+#: with ``after=`` (it waits for other tasks to end: PROTOCOL.md 4, 5.21); cancelled tasks are
+#: ``failed``.
+WAITING = "waiting"
 SCHEDULED = "scheduled"
 PENDING = "pending"
 RESERVED = "reserved"
 STARTED = "started"
 COMPLETE = "complete"
 FAILED = "failed"
-STATUSES = (SCHEDULED, PENDING, RESERVED, STARTED, COMPLETE, FAILED)
+STATUSES = (WAITING, SCHEDULED, PENDING, RESERVED, STARTED, COMPLETE, FAILED)
 FINISHED_STATUSES = (COMPLETE, FAILED)
 #: Not a status: a task that was cancelled has status ``failed`` and a ``cancelled`` stamp
 #: (what blueque 1.0.1 can read), and its id is kept in the queue's cancelled list, not in
@@ -155,6 +158,19 @@ class Keys:
         """Set of the listener ids listening on a queue."""
         return _key("listeners", self._q(queue))
 
+    def waiting(self, queue: str) -> str:
+        """Sorted set: id of a task waiting for its parents -> when a sweep next checks
+        their statuses (Unix s)."""
+        return _key("waiting_tasks", self._q(queue))
+
+    def awaits(self, task_id: str) -> str:
+        """Set of the parent ids a waiting task has not yet been told the ending of."""
+        return _key("awaits", task_id)
+
+    def dependents(self, task_id: str) -> str:
+        """Set of the ids of tasks enqueued after this one, not yet told of its ending."""
+        return _key("dependents", task_id)
+
     # --- keys Blueque adds ---------------------------------------------------------------
     def leases(self, queue: str) -> str:
         """Sorted set: listener id -> lease deadline (Redis server time, milliseconds)."""
@@ -254,6 +270,9 @@ KEY_BUILDERS = (
     "cancelled",
     "scheduled",
     "listeners",
+    "waiting",
+    "awaits",
+    "dependents",
     "leases",
     "listener_info",
     "node_runs",

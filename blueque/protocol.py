@@ -208,6 +208,8 @@ class QueueCounts:
     #: failed tasks that were cancelled: counted apart, not in ``failed`` (PROTOCOL.md 5.15)
     cancelled: int
     listeners: int
+    #: tasks enqueued ``after=`` others that wait for them (PROTOCOL.md 5.21)
+    waiting: int = 0
 
 
 def counts(keys: k.Keys, queue: str) -> Operation[QueueCounts]:
@@ -230,17 +232,18 @@ def counts_many(keys: k.Keys, queues: Sequence[str]) -> Operation[list[QueueCoun
             command("llen", keys.complete(queue)),
             command("llen", keys.failed(queue)),
             command("llen", keys.cancelled(queue)),
+            command("zcard", keys.waiting(queue)),
             *(command("llen", keys.reserved(queue, listener)) for listener in listeners),
         )))))
     found = []
     for listeners in listener_sets:
-        pending, scheduled, started, complete, failed, cancelled = (
-            next(replies) for _ in range(6))
+        pending, scheduled, started, complete, failed, cancelled, waiting = (
+            next(replies) for _ in range(7))
         reserved = sum(next(replies) for _ in listeners)
         found.append(QueueCounts(pending=pending, scheduled=scheduled,
                                  reserved=max(0, reserved - started), started=started,
                                  complete=complete, failed=failed, listeners=len(listeners),
-                                 cancelled=cancelled))
+                                 cancelled=cancelled, waiting=waiting))
     return found
 
 
@@ -252,6 +255,8 @@ def task_ids(keys: k.Keys, queue: str, status: str, start: int = 0, stop: int = 
         return cast(list[str], (yield command("lrange", keys.pending(queue), start, stop)))
     if status == k.SCHEDULED:
         return cast(list[str], (yield command("zrange", keys.scheduled(queue), start, stop)))
+    if status == k.WAITING:
+        return cast(list[str], (yield command("zrange", keys.waiting(queue), start, stop)))
     if status in k.ENDED_LISTS:
         finished = keys.finished(queue, status)
         return cast(list[str], (yield command("lrange", finished, start, stop)))

@@ -6,8 +6,8 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from blueque import dependencies, protocol
 from blueque import keys as k
-from blueque import protocol
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
@@ -221,42 +221,69 @@ class Queue:
     def __repr__(self) -> str:
         return f"<Queue {self._name}>"
 
-    def enqueue(self, parameters: object, task_id: str | None = None, **options: object
-                ) -> TaskId:
+    def enqueue(self, parameters: object, task_id: str | None = None, *,
+                after: object = None, after_any: object = False,
+                **options: object) -> TaskId:
         """Create a pending task and return its id (a ``TaskId``: a str whose ``created`` is
         False if the task already existed). With ``task_id``, enqueueing the same id again
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
         time_limit, kill_grace, result_ttl, max_preemptions, keep_processes,
-        checkpoint_max_bytes (blueque.policy)."""
+        checkpoint_max_bytes (blueque.policy).
+
+        ``after``: a task id or ids (of any queue): the task is created ``waiting`` and
+        becomes pending once every one of them has completed; one that fails or is cancelled
+        ends it as failed instead, unless ``after_any`` (then any ending releases it).
+        DependencyError for an unknown id, nothing written (PROTOCOL.md 5.21)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        if after is not None:
+            return self._submit_after(task_id, text, fields, after, after_any)
         created = self._store.submit(self._name, task_id, text, self._store.now(), fields=fields)
         return TaskId(task_id, created)
 
+    def _submit_after(self, task_id: str, text: str, fields: dict[str, str],
+                      after: object, after_any: object,
+                      eta: float | None = None) -> TaskId:
+        created = self._store.perform(
+            dependencies.submit_after, self._name, task_id, text, self._store.now(),
+            dependencies.wanted(task_id, after, after_any), eta, fields)
+        return TaskId(task_id, created)
+
     def enqueue_many(
-        self, parameters: Sequence[object], task_ids: Sequence[str] | None = None
+        self, parameters: Sequence[object], task_ids: Sequence[str] | None = None, *,
+        after: object = None, after_any: object = False
     ) -> BulkEnqueue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
-        With ``task_ids``, ids that already exist are left alone and counted as existing."""
+        With ``task_ids``, ids that already exist are left alone and counted as existing.
+        With ``after``, every task waits for those tasks, as ``enqueue(after=...)`` (one
+        call per task)."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        if after is not None:
+            ids = [self._submit_after(i, text, {}, after, after_any) for i, text in tasks]
+            return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
         flags = self._store.submit_many(self._name, tasks, self._store.now())
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
         self, parameters: object, eta: float | None = None, task_id: str | None = None, *,
-        delay: float | None = None, **options: object
+        delay: float | None = None, after: object = None,
+        after_any: object = False, **options: object
     ) -> TaskId:
         """Create a task to run at ``eta`` (Unix time: an instant, on Redis' clock like every
         Blueque time) or ``delay`` seconds from now (by Redis' clock: "in an hour" whatever
         this host's clock says; give one of the two); an eta in the past enqueues at once.
-        Returns a ``TaskId``, as enqueue does."""
+        Returns a ``TaskId``, as enqueue does. With ``after`` (see enqueue), it waits for
+        those tasks, and is released to run at the eta (at once if it has passed)."""
         current = self._store.now()
         eta = due_time(eta, delay, current)
         if eta < current:
-            return self.enqueue(parameters, task_id, **options)
+            return self.enqueue(parameters, task_id, after=after, after_any=after_any,
+                                **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        if after is not None:
+            return self._submit_after(task_id, text, fields, after, after_any, float(eta))
         created = self._store.submit(self._name, task_id, text, current, eta=float(eta),
                                      fields=fields)
         return TaskId(task_id, created)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import decide
 from blueque.leases import LeaseWatch
@@ -345,6 +346,8 @@ class Recovery:
         for queue in swept:
             self.recover_local(queue, report, excluded, adopter)
             self.recover_expired(queue, report, self.watch.expired(queue))
+            # waiting tasks whose parents' endings nobody told (PROTOCOL.md 5.21)
+            self.store.perform(dependencies.settle_waiting, queue, self.store.now())
         runs = self.store.node_runs(self.node)
         # runs forked on this node for queues the sweeper does not serve (a listener
         # restarted with fewer queues): adopt them too, or their lease lapses and a node

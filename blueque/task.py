@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from blueque import dependencies
 from blueque import keys as k
 from blueque.errors import (
     CheckpointTooLarge,
@@ -191,6 +192,11 @@ class TaskView:
         or a retry found). The current fields describe the current attempt only."""
         return readable_history(self._get("history"))
 
+    @property
+    def after(self) -> list[str]:
+        """The ids of the tasks this one was enqueued after (its parents), [] for none."""
+        return dependencies.after_of(self._data)
+
 
 class Task(TaskView):
     """A task hash read through the sync client: ``refresh()`` re-reads it, ``wait()``
@@ -227,6 +233,19 @@ class Task(TaskView):
         attempts, node = self.attempts, self.node
         if attempts is not None and node:
             self._run = (attempts, node)
+
+    def parents(self) -> list[Task]:
+        """The tasks this one was enqueued after, read now (one pipeline): their ids,
+        statuses and results, for a task that assembles what they made. A parent deleted
+        or expired since reads as missing."""
+        after = self.after
+        return [Task(parent, self._store, data)
+                for parent, data in zip(after, self._store.task_data_many(after), strict=True)]
+
+    def awaiting(self) -> list[str]:
+        """The parents a waiting task has not yet been told the ending of (PROTOCOL.md
+        5.21): what it waits for. [] once it was released or ended."""
+        return self._store.perform(dependencies.awaited, self._id)
 
     def wait(self, timeout: float | None = None) -> Task:
         """Block until the task is complete or failed; raise WaitTimeout (a TimeoutError)

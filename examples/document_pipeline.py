@@ -1,5 +1,6 @@
 """A document pipeline: Spark splits documents into pages, Blueque listeners process each page,
-Spark reads the results back and writes per-document statistics as Parquet.
+a task per document enqueued after its pages sums them up, and Spark writes per-document
+statistics as Parquet.
 
     python examples/document_pipeline.py                      # everything local, one command
     python examples/document_pipeline.py --documents 500 --listeners 2 --concurrency 4
@@ -7,8 +8,10 @@ Spark reads the results back and writes per-document statistics as Parquet.
 Steps: generate a corpus of documents (JSON lines, pages separated by form feeds, as pdftotext
 writes them) -> Spark reads it and explodes it into one row per page -> enqueue_dataframe makes
 one task per page (the id ``run:doc:page`` makes re-running idempotent) -> ``blueque listen``
-daemons run ``document_tasks:process_page`` -> wait_for_tasks shows progress -> read_tasks
-brings every page's outcome back into Spark -> per-document aggregates -> Parquet.
+daemons run ``document_tasks:process_page`` -> one task per document, enqueued ``after=`` its
+pages (``after_any``: once they have all ended, however), runs
+``document_tasks:summarize_document`` -> wait_for_tasks shows progress -> read_tasks brings
+the summaries and every page's times back into Spark -> per-document statistics -> Parquet.
 
 Without ``--redis-url`` it starts a private redis-server on a free loopback port and stops it
 at the end. On a real cluster, see "Spark pipelines" in README.md: run it with spark-submit,
@@ -18,6 +21,7 @@ at the end. On a real cluster, see "Spark pipelines" in README.md: run it with s
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -32,12 +36,16 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from blueque.client import Client
 from blueque.private_redis import RedisServer
 from blueque.spark import enqueue_dataframe, read_tasks, wait_for_tasks
 from blueque.spark.session import local_session, stop_session
 
 EXAMPLES = Path(__file__).resolve().parent
 TASK_FUNCTION = "document_tasks:process_page"
+SUMMARY_FUNCTION = "document_tasks:summarize_document"
+SUMMARY_SCHEMA = ("doc_id string, pages int, pages_failed int, failed_pages array<int>, "
+                  "words long, characters long")
 UNREADABLE = "[unreadable scan]"  # document_tasks.UNREADABLE: such pages fail
 WORDS = (
     "queue", "task", "listener", "redis", "spark", "page", "document", "result", "error", "retry",
@@ -100,37 +108,47 @@ def split_pages(documents: DataFrame, run_id: str) -> DataFrame:
     )
 
 
-def document_stats(tasks: DataFrame, documents: DataFrame) -> DataFrame:
+def document_stats(tasks: DataFrame, summaries: DataFrame, documents: DataFrame
+                   ) -> DataFrame:
     """Per document: pages, pages failed (and which), words and characters of the pages
-    processed, processing seconds, and when its first page started and its last finished."""
+    processed — what its summary task (run after its pages) returned — and, from the pages'
+    tasks, processing seconds and when its first page started and its last finished."""
     pages = tasks.select(
-        F.from_json("parameters", PARAMETERS_SCHEMA).alias("p"),
-        F.from_json("result", RESULT_SCHEMA).alias("r"),
-        "status", "started", "finished",
-    )
-    failed = F.col("status") == "failed"
-    per_doc = pages.groupBy(F.col("p.doc_id").alias("doc_id")).agg(
-        F.count(F.lit(1)).alias("pages"),
-        F.count_if(failed).alias("pages_failed"),
-        F.array_sort(F.collect_list(F.when(failed, F.col("p.page")))).alias("failed_pages"),
-        F.coalesce(F.sum("r.words"), F.lit(0)).cast("long").alias("words"),
-        F.coalesce(F.sum("r.characters"), F.lit(0)).cast("long").alias("characters"),
+        F.from_json("parameters", PARAMETERS_SCHEMA).alias("p"), "started", "finished")
+    times = pages.groupBy(F.col("p.doc_id").alias("doc_id")).agg(
         F.round(F.sum(F.unix_micros("finished") - F.unix_micros("started")) / 1e6, 3)
         .alias("processing_seconds"),
         F.min("started").alias("first_started"),
         F.max("finished").alias("last_finished"),
     )
-    return documents.select("doc_id", "title").join(per_doc, "doc_id").orderBy("doc_id")
+    summary = summaries.select(F.from_json("result", SUMMARY_SCHEMA).alias("s")).select("s.*")
+    return (documents.select("doc_id", "title").join(summary, "doc_id").join(times, "doc_id")
+            .orderBy("doc_id"))
+
+
+def enqueue_summaries(url: str, queue: str, run_id: str, pages: DataFrame) -> list[str]:
+    """One summary task per document, after every page task of it (``after_any``: it runs
+    once they have all ended, failed ones included): the driver knows the page ids. The id
+    ``run:doc:summary`` makes re-running idempotent."""
+    by_document: dict[str, list[str]] = {}
+    for row in pages.select("doc_id", "task_id").collect():
+        by_document.setdefault(row["doc_id"], []).append(row["task_id"])
+    summaries = Client(url).get_queue(queue)
+    return [summaries.enqueue(json.dumps({"doc_id": doc_id}),
+                              task_id=f"{run_id}:{doc_id}:summary", after=page_ids,
+                              after_any=True)
+            for doc_id, page_ids in sorted(by_document.items())]
 
 
 @contextmanager
-def listeners(url: str, queue: str, count: int, concurrency: int) -> Iterator[list[int]]:
+def listeners(url: str, queue: str, count: int, concurrency: int,
+              function: str = TASK_FUNCTION) -> Iterator[list[int]]:
     """``count`` listener daemons (``blueque listen``) on this machine, stopped by pid at the
     end (SIGTERM with --on-stop drain: they finish what they run, then exit)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(EXAMPLES), *filter(None, [os.environ.get("PYTHONPATH")])])}
     command = [sys.executable, "-m", "blueque.cli", "listen", "--url", url, queue,
-               TASK_FUNCTION, "--concurrency", str(concurrency), "--on-stop", "drain",
+               function, "--concurrency", str(concurrency), "--on-stop", "drain",
                "--log-level", "WARNING"]
     processes: list[subprocess.Popen[bytes]] = []
     try:
@@ -172,20 +190,26 @@ def run_pipeline(
     pages = split_pages(docs, run_id).cache()
     task_ids = [row["task_id"] for row in pages.select("task_id").collect()]
 
-    with listeners(url, queue, listener_count, concurrency):
+    stats_queue = f"{queue}-summaries"
+    with listeners(url, queue, listener_count, concurrency), \
+            listeners(url, stats_queue, min(listener_count, 1), concurrency, SUMMARY_FUNCTION):
         enqueued = enqueue_dataframe(
             pages, url, queue, parameters=F.to_json(F.struct("doc_id", "page", "text")),
             task_id="task_id",
         )
         print(f"enqueued {enqueued.rows} pages ({enqueued.created} new) in "
               f"{enqueued.seconds:.1f} s", file=sys.stderr)
+        summaries = enqueue_summaries(url, stats_queue, run_id, pages)
         waited = wait_for_tasks(url, queue, task_ids=task_ids, timeout=timeout,
                                 progress=progress)
+        wait_for_tasks(url, stats_queue, task_ids=summaries, timeout=timeout, progress=False)
     pages.unpersist()
 
     tasks = read_tasks(spark, url, queue, statuses=["complete", "failed"])
     mine = tasks.where(F.col("id").startswith(f"{run_id}:"))
-    document_stats(mine, docs).write.mode("overwrite").parquet(output)
+    summary_tasks = read_tasks(spark, url, stats_queue, statuses=["complete"])
+    document_stats(mine, summary_tasks.where(F.col("id").startswith(f"{run_id}:")), docs) \
+        .write.mode("overwrite").parquet(output)
     return PipelineReport(
         tasks=len(task_ids),
         created=enqueued.created,

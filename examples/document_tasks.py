@@ -41,3 +41,20 @@ def process_page(task: Task) -> dict[str, object]:
         "top_word": min(counts, key=lambda w: (-counts[w], w)) if counts else None,
         "seconds": round(time.monotonic() - started, 4),
     }
+
+
+def summarize_document(task: Task) -> dict[str, object]:
+    """A document's statistics, from its pages' tasks: enqueued ``after=`` every page of the
+    document with ``after_any`` (it runs once they have all ended, however), it reads them
+    with ``task.parents()``: which failed, and the words and characters of the others."""
+    pages = [(json.loads(p.parameters or "{}"), p) for p in task.parents()]
+    done = [json.loads(p.result or "{}") for _, p in pages if p.status == "complete"]
+    failed = sorted(int(params["page"]) for params, p in pages if p.status != "complete")
+    return {
+        "doc_id": json.loads(task.parameters or "{}")["doc_id"],
+        "pages": len(pages),
+        "pages_failed": len(failed),
+        "failed_pages": failed,
+        "words": sum(int(r.get("words", 0)) for r in done),
+        "characters": sum(int(r.get("characters", 0)) for r in done),
+    }

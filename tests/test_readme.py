@@ -179,6 +179,12 @@ BLOCKS = {
         "tests/test_readme.py::test_the_preemption_commands_run_as_written",
     ("Preemption with notice", 2):
         "tests/test_preemption.py::test_the_readme_preemption_example_runs_as_written",
+    ("Task dependencies", 1):
+        "tests/test_dependencies_e2e.py::test_the_readme_dependency_example_runs_as_written",
+    ("Task dependencies", 2):
+        "tests/test_dependencies_e2e.py::test_the_readme_dependency_example_runs_as_written",
+    ("Task dependencies", 3):
+        "tests/test_dependencies_e2e.py::test_the_readme_dependency_commands_run_as_written",
     ("asyncio", 1): "tests/test_readme.py::test_the_asyncio_example_runs_as_written",
     ("asyncio", 2): "tests/test_readme.py::test_the_fastapi_service_commands_run_as_written",
     ("asyncio", 3): "tests/test_readme.py::test_the_fastapi_excerpt_is_the_examples_code",

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import protocol, waiting
+from blueque import dependencies, protocol, waiting
 from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
@@ -140,11 +140,11 @@ class Client:
         """Cancel a task: "cancelled" (it will never run; recorded as failed with a
         ``cancelled`` field) or "requested" (running: its listener stops it and records it).
         Raises TaskNotFound or InvalidTaskState (already finished)."""
-        queue = (await self.get_task(task_id)).queue
-        if queue is None:
+        task = await self.get_task(task_id)
+        if task.queue is None:
             raise TaskNotFound(task_id)
-        verdict, _ = await self.store.perform(protocol.cancel, queue, task_id,
-                                              await self.store.now(),
+        verdict, _ = await self.store.perform(dependencies.cancel, task.queue, task_id,
+                                              task.status, await self.store.now(),
                                               f"cancelled: {reason}")
         return verdict
 
@@ -177,36 +177,60 @@ class Queue:
     def __repr__(self) -> str:
         return f"<blueque.aio.Queue {self._name}>"
 
-    async def enqueue(self, parameters: object, task_id: str | None = None, **options: object
-                      ) -> TaskId:
+    async def enqueue(self, parameters: object, task_id: str | None = None, *,
+                      after: object = None, after_any: object = False,
+                      **options: object) -> TaskId:
         """Create a pending task; a ``TaskId`` whose ``created`` is False if it existed.
         ``options``: max_attempts, retry_backoff, retry_backoff_max, time_limit,
-        kill_grace, result_ttl, max_preemptions, keep_processes, checkpoint_max_bytes."""
+        kill_grace, result_ttl, max_preemptions, keep_processes, checkpoint_max_bytes.
+        ``after``, ``after_any``: it waits for those tasks (blueque.Queue.enqueue)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        if after is not None:
+            return await self._submit_after(task_id, text, fields, after, after_any)
         created = await self._store.perform(protocol.submit, self._name, task_id, text,
                                             await self._store.now(), fields=fields)
         return TaskId(task_id, created)
 
+    async def _submit_after(self, task_id: str, text: str, fields: dict[str, str],
+                            after: object, after_any: object,
+                            eta: float | None = None) -> TaskId:
+        created = await self._store.perform(
+            dependencies.submit_after, self._name, task_id, text, await self._store.now(),
+            dependencies.wanted(task_id, after, after_any), eta, fields)
+        return TaskId(task_id, created)
+
     async def enqueue_many(self, parameters: Sequence[object],
-                           task_ids: Sequence[str] | None = None) -> BulkEnqueue:
-        """Create many pending tasks, 1,000 per script call; ids that exist are left alone."""
+                           task_ids: Sequence[str] | None = None, *,
+                           after: object = None,
+                           after_any: object = False) -> BulkEnqueue:
+        """Create many pending tasks, 1,000 per script call; ids that exist are left alone.
+        With ``after``, every task waits for those tasks (one call per task)."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        if after is not None:
+            ids = [await self._submit_after(i, text, {}, after, after_any) for i, text in tasks]
+            return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
         flags = await self._store.perform(protocol.submit_many, self._name, tasks,
                                           await self._store.now())
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     async def schedule(self, parameters: object, eta: float | None = None,
                        task_id: str | None = None, *, delay: float | None = None,
+                       after: object = None, after_any: object = False,
                        **options: object) -> TaskId:
         """Create a task to run at ``eta`` (Unix time, on Redis' clock) or ``delay`` seconds
-        from now by Redis' clock (one of the two); an eta in the past enqueues at once."""
+        from now by Redis' clock (one of the two); an eta in the past enqueues at once.
+        With ``after``, it waits for those tasks first (blueque.Queue.schedule)."""
         current = await self._store.now()
         eta = due_time(eta, delay, current)
         if eta < current:
-            return await self.enqueue(parameters, task_id, **options)
+            return await self.enqueue(parameters, task_id, after=after, after_any=after_any,
+                                      **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        if after is not None:
+            return await self._submit_after(task_id, text, fields, after, after_any,
+                                            float(eta))
         created = await self._store.perform(protocol.submit, self._name, task_id, text,
                                             current, eta=float(eta), fields=fields)
         return TaskId(task_id, created)
@@ -283,6 +307,15 @@ class Task(TaskView):
         """Re-read the task hash (one HGETALL); returns self."""
         self._data = await self._store.perform(protocol.task_data, self._id)
         return self
+
+    async def parents(self) -> list[Task]:
+        """The tasks this one was enqueued after, read now (blueque.Task.parents)."""
+        datas = await self._store.perform(protocol.task_data_many, self.after)
+        return [Task(i, self._store, d) for i, d in zip(self.after, datas, strict=True)]
+
+    async def awaiting(self) -> list[str]:
+        """The parents a waiting task was not yet told the ending of (blueque.Task)."""
+        return await self._store.perform(dependencies.awaited, self._id)
 
     async def wait(self, timeout: float | None = None) -> Task:
         """Wait until the task is complete or failed, without blocking the event loop;

@@ -43,6 +43,11 @@ def register(commands: Commands) -> None:
     when.add_argument("--eta", type=eta_time, help=(
         "run at this time: Unix seconds or ISO 8601 (no offset: local time)"))
     sub.add_argument("--task-id", help="your own id; enqueueing an existing id does nothing")
+    sub.add_argument("--after", action="append", metavar="TASK_ID", help=(
+        "wait for this task (of any queue) to end first; repeat for several: the task runs "
+        "once all completed, and fails if one fails or is cancelled"))
+    sub.add_argument("--after-any", action="store_true", help=(
+        "with --after: run once they have ended, however they ended"))
     _add_task_options(sub, None)
     sub.add_argument("--wait", action="store_true", help=(
         "wait for the task and print its result (a failed task: its error on stderr, exit "
@@ -146,8 +151,12 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
 def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
     parameters = sys.stdin.read() if args.parameters == "-" else args.parameters
     queue = client.get_queue(args.queue)
-    options = {name: getattr(args, name) for name in OPTION_TYPES
-               if getattr(args, name, None) is not None}
+    options: dict[str, Any] = {name: getattr(args, name) for name in OPTION_TYPES
+                               if getattr(args, name, None) is not None}
+    if args.after_any and not args.after:
+        raise Failure("--after-any goes with --after TASK_ID", EXIT_USAGE)
+    if args.after:
+        options.update(after=args.after, after_any=args.after_any)
     if args.delay is not None or args.eta is not None:
         current = client.store.now()
         if args.eta is not None and args.eta < current:

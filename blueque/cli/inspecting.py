@@ -89,7 +89,7 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
     listeners = client.listeners(queues)
     current = client.store.now()
     counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "cancelled",
-              "listeners")
+              "waiting", "listeners")
     text = table(("QUEUE", *(c.upper() for c in counts)),
                  [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
@@ -225,11 +225,28 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
                  f"({age} ago) by attempt {info.attempt}; "
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
     history = readable_history(data.get("history"))
+    awaiting = task.awaiting() if task.status == k.WAITING else []
     emit(args, {"id": args.task_id, **typed(data), "history": history,
-                "checkpoint": info and vars(info)},
+                "checkpoint": info and vars(info),
+                **({"awaiting": awaiting} if task.status == k.WAITING else {})},
          f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "") + "\n"
-         + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved)
+         + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved
+         + _waiting_text(client, task, awaiting))
     return EXIT_OK
+
+
+def _waiting_text(client: Client, task: Task, awaiting: list[str]) -> str:
+    """What a waiting task waits for: its parents not yet ended (or not yet told), each with
+    its state, the first 10 of them."""
+    if task.status != k.WAITING:
+        return ""
+    shown = awaiting[:10]
+    states = [k.state_of(d) or "gone" for d in client.store.task_data_many(shown)]
+    listed = ", ".join(f"{visible(i)} ({state})" for i, state in zip(shown, states, strict=True))
+    more = f" and {len(awaiting) - len(shown)} more" if len(awaiting) > len(shown) else ""
+    rule = "any ending" if task.data.get("after_any") == "1" else "all complete"
+    return (f"\nwaiting for {len(awaiting)} of {len(task.after)} parent(s) to end "
+            f"(runs when {rule}): {listed}{more}")
 
 
 def _history_text(history: list[dict[str, Any]]) -> str:

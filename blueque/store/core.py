@@ -214,20 +214,26 @@ class StoreCore:
                   before: Sequence[Callable[[Any], object]] = (),
                   after: Sequence[Callable[[Any], object]] = (),
                   durable: bool = False) -> Any:
+        """``_run_then``'s script reply alone."""
+        return self._run_then(name, keys, args, before, after, durable)[0]
+
+    def _run_then(self, name: str, keys: Sequence[str], args: Sequence[Any],
+                  before: Sequence[Callable[[Any], object]] = (),
+                  after: Sequence[Callable[[Any], object]] = (),
+                  durable: bool = False) -> tuple[Any, list[Any]]:
         """Run script ``name`` with plain commands before and after it in one round trip (a
         pipeline, not a transaction: each command is idempotent, so a repeat after a lost
-        reply is harmless); returns the script's reply. ``EVALSHA`` directly, not redis-py's
-        pipeline scripts, which cost a ``SCRIPT EXISTS`` round trip per pipeline: a server
-        that lost its script cache (a restart) answers NOSCRIPT once, and the pipeline is
-        sent again after loading it. With WAIT durability the script runs durably alone, and
-        on a Redis Cluster (whose pipelines refuse scripts) each command goes on its own."""
+        reply is harmless); returns the script's reply and the replies of ``after``.
+        ``EVALSHA`` directly, not redis-py's pipeline scripts, which cost a ``SCRIPT EXISTS``
+        round trip per pipeline: a server that lost its script cache (a restart) answers
+        NOSCRIPT once, and the pipeline is sent again after loading it. With WAIT durability
+        the script runs durably alone, and on a Redis Cluster (whose pipelines refuse
+        scripts) each command goes on its own."""
         if (durable and self.durability is not None) or hasattr(self.redis, "get_nodes"):
             for add in before:
                 add(self.redis)
             reply = self._run(name, keys, args, durable=durable)
-            for add in after:
-                add(self.redis)
-            return reply
+            return reply, [add(self.redis) for add in after]
         script = self._script(name)
         for _ in range(2):
             pipe = self.redis.pipeline(transaction=False)
@@ -244,7 +250,7 @@ class StoreCore:
             for item in replies:
                 if isinstance(item, Exception):
                     raise item
-            return reply
+            return reply, replies[len(before) + 1:]
         raise reply
 
     def _queues_key(self, queue: str) -> tuple[str, str]:

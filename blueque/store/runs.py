@@ -3,13 +3,18 @@ finish, progress, recover."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
+from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import RunEnd
+from blueque.errors import BluequeError
 from blueque.store.core import Reservation, StoreCore
 from blueque.store.errors import translate_errors
+
+log = logging.getLogger(__name__)
 
 
 class RunOperations(StoreCore):
@@ -111,11 +116,28 @@ class RunOperations(StoreCore):
                 "" if end.result_ttl_ms is None else end.result_ttl_ms,
                 self.keys.done_channel(queue), "cancelled" if end.cancelled else "", "",
                 k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue]
-        if forget_run is None:
-            return str(self._run("finish", keys, args, durable=True))
-        runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
-        return str(self._run_with("finish", keys, args, durable=True,
-                                  after=[lambda pipe: pipe.hdel(runs, run)]))
+        # in the same round trip: the task's dependents, so that an ending with none (nearly
+        # every one) costs no second round trip to find out (PROTOCOL.md 5.21)
+        dependents = self.keys.dependents(end.task_id)
+        after: list[Callable[[Any], object]] = [lambda pipe: pipe.smembers(dependents)]
+        if forget_run is not None:
+            runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
+            after.append(lambda pipe: pipe.hdel(runs, run))
+        reply, replies = self._run_then("finish", keys, args, durable=True, after=after)
+        status = str(reply)
+        if status in k.FINISHED_STATUSES and replies[0]:
+            self.tell_dependents([end.task_id], end.now)
+        return status
+
+    def tell_dependents(self, task_ids: Sequence[str], now: float) -> None:
+        """Tell the tasks enqueued after these ended ones (dependencies.tell_dependents),
+        right after the ending was recorded. A failure is logged, not raised: the ending
+        stands, and the recovery sweep tells them instead (PROTOCOL.md 5.21)."""
+        try:
+            self.perform(dependencies.tell_dependents, task_ids, now)
+        except BluequeError as error:
+            log.warning("could not tell the dependents of %s (a sweep will): %s",
+                        ", ".join(task_ids), error)
 
     @translate_errors
     def progress(self, task_id: str, attempt: int, fraction: float, message: str,
@@ -139,6 +161,7 @@ class RunOperations(StoreCore):
         (its lease expired) or "host" (death proven on its host). Returns [requeued, retried,
         failed, skipped], or [-1] when the claim failed (the lease is live, or someone else
         recovered it)."""
+        verdicts = list(verdicts)
         queues_key, use_queues = self._queues_key(queue)
         keys = [self.keys.leases(queue), self.keys.listeners(queue),
                 self.keys.reserved(queue, listener_id), self.keys.pending(queue),
@@ -153,6 +176,8 @@ class RunOperations(StoreCore):
         counts = [int(n) for n in self._run("recover", keys, args)]
         if counts != [-1] and release and self.keys.hash_tags:
             self.redis.zincrby(self.keys.queues(), -1, queue)
+        if counts != [-1]:
+            self.tell_dependents([v[0] for v in verdicts if v[2] in ("failed", "cancelled")], now)
         return counts
 
     @translate_errors

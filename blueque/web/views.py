@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from blueque import dependencies
 from blueque import keys as k
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
@@ -29,7 +30,10 @@ CHART_MINUTES = 60
 #: Queues per page of the queues page (each costs 60 reads for its chart).
 QUEUES_PER_PAGE = 100
 #: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
-STATES = (k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED, k.CANCELLED)
+STATES = (k.WAITING, k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED,
+          k.CANCELLED)
+#: Parents and dependents listed on a task page (with their states: one pipeline).
+RELATIVES_SHOWN = 50
 #: Outcomes of the queues page's chart and totals, per minute.
 CHART_OUTCOMES = ("complete", "failed", "cancelled", "retry")
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
@@ -183,6 +187,7 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
         row.update(checkpoint=CheckpointInfo.parse(task_id, store.checkpoint_info(task_id)))
     except CorruptTask:
         row.update(checkpoint=None)
+    row.update(relatives(store, task_id, data))
     outputs, newest = read_outputs(store, task_id)  # the output tails (5.19)
     shown = attempt if attempt in outputs else newest
     output = outputs.get(shown or "")
@@ -191,6 +196,22 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
                output_ended=output.ended if output else False,
                output_attempts=list(outputs), newest_output=newest)
     return row
+
+
+def relatives(store: RedisStore, task_id: str, data: dict[str, str]) -> dict[str, Any]:
+    """A task's parents (what it was enqueued after) and its dependents not yet told of its
+    ending, each with its state, RELATIVES_SHOWN of each (PROTOCOL.md 5.21)."""
+    parents = dependencies.after_of(data)
+    children = store.perform(dependencies.dependents, task_id)
+    awaited = set(store.perform(dependencies.awaited, task_id)) if parents else set()
+    shown = parents[:RELATIVES_SHOWN] + children[:RELATIVES_SHOWN]
+    states = [k.state_of(d) or "(missing)" for d in store.task_data_many(shown)]
+    rows = [{"id": i, "state": s, "awaited": i in awaited}
+            for i, s in zip(shown, states, strict=True)]
+    cut = len(parents[:RELATIVES_SHOWN])
+    return {"parents": rows[:cut], "parents_total": len(parents),
+            "dependents": rows[cut:], "dependents_total": len(children),
+            "after_any": data.get("after_any") == "1"}
 
 
 def history_row(entry: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,97 @@
+-- tell: tell a waiting task that one of its parents ended (or cancel the waiting task itself),
+-- and release it (pending, or scheduled for its eta) when it awaits no parent any more, or end
+-- it as failed when a parent did not complete and it may run only after all completed
+-- (PROTOCOL.md 5.21). Idempotent: the awaited set remembers which parents were told.
+-- KEYS[1] task hash            blueque_task_[id]
+-- KEYS[2] awaited parents      blueque_awaits_[id]
+-- KEYS[3] waiting zset         blueque_waiting_tasks_[queue]
+-- KEYS[4] pending list         blueque_pending_tasks_[queue]
+-- KEYS[5] scheduled zset       blueque_scheduled_tasks_[queue]
+-- KEYS[6] failed list          blueque_failed_tasks_[queue]
+-- KEYS[7] cancelled list       blueque_cancelled_tasks_[queue]
+-- KEYS[8] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
+-- KEYS[9] outcomes ever        blueque_outcome_counts_[queue]
+-- ARGV[1] task id, ARGV[2] parent id ("": cancel this waiting task), ARGV[3] how the parent
+-- ended: complete, failed, cancelled or gone (its hash missing), ARGV[4] the error recorded if
+-- this ends the task, ARGV[5] now, ARGV[6] seconds KEYS[8] is kept, ARGV[7] the queue's channel
+-- (published on release to pending), ARGV[8] the queue's done channel (published when it ends),
+-- ARGV[9] the queue name (what ARGV[7] carries)
+-- Returns {'released', 'pending' or 'scheduled'}, {'failed', parent}, {'cancelled', ''},
+-- {'waiting', parents still awaited}, {'told', ''} (this parent was told before: nothing
+-- changed) or {'not waiting', status or ''} (nothing changed). A repeat of a cancel whose reply
+-- was lost (`cancelled` == ARGV[5]) returns {'cancelled', ''} again.
+local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
+  if #text <= 500 then
+    return text
+  end
+  local n = 500
+  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
+    n = n - 1
+  end
+  return string.sub(text, 1, n) .. '...'
+end
+local function remember(entry)  -- the history: one JSON entry per ending, the last 20
+  local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
+  local list = {}
+  if ok and type(old) == 'table' then
+    for i = 1, #old do
+      list[i] = old[i]
+    end
+  end
+  list[#list + 1] = entry
+  while #list > 20 do
+    table.remove(list, 1)
+  end
+  redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
+end
+local function finish(outcome)  -- the waiting task ends without running
+  remember({outcome = outcome, at = tonumber(ARGV[5]), error = cut(ARGV[4]), was = 'waiting'})
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'updated', ARGV[5],
+             'finished_at', ARGV[5])
+  redis.call('HDEL', KEYS[1], 'eta')
+  if outcome == 'cancelled' then
+    redis.call('HSET', KEYS[1], 'cancelled', ARGV[5])
+    redis.call('LPUSH', KEYS[7], ARGV[1])
+  else
+    redis.call('LPUSH', KEYS[6], ARGV[1])
+  end
+  redis.call('DEL', KEYS[2])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('HINCRBY', KEYS[8], outcome, 1)
+  redis.call('EXPIRE', KEYS[8], ARGV[6])
+  redis.call('HINCRBY', KEYS[9], outcome, 1)
+  redis.call('PUBLISH', ARGV[8], ARGV[1])
+end
+local cur = redis.call('HMGET', KEYS[1], 'status', 'after_any', 'eta', 'cancelled')
+if cur[1] ~= 'waiting' then
+  if ARGV[2] == '' and cur[1] == 'failed' and cur[4] == ARGV[5] then
+    return {'cancelled', ''}  -- our own earlier try: it did cancel the task
+  end
+  return {'not waiting', cur[1] or ''}
+end
+if ARGV[2] == '' then
+  finish('cancelled')
+  return {'cancelled', ''}
+end
+if redis.call('SREM', KEYS[2], ARGV[2]) == 0 then
+  return {'told', ''}
+end
+if ARGV[3] ~= 'complete' and cur[2] ~= '1' then
+  finish('failed')
+  return {'failed', ARGV[2]}
+end
+local left = redis.call('SCARD', KEYS[2])
+if left > 0 then
+  return {'waiting', tostring(left)}
+end
+redis.call('ZREM', KEYS[3], ARGV[1])
+if cur[3] and tonumber(cur[3]) and tonumber(cur[3]) > tonumber(ARGV[5]) then
+  redis.call('HSET', KEYS[1], 'status', 'scheduled', 'updated', ARGV[5])
+  redis.call('ZADD', KEYS[5], cur[3], ARGV[1])
+  return {'released', 'scheduled'}
+end
+redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[5])
+redis.call('HDEL', KEYS[1], 'eta')
+redis.call('LPUSH', KEYS[4], ARGV[1])
+redis.call('PUBLISH', ARGV[7], ARGV[9])
+return {'released', 'pending'}
