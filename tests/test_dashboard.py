@@ -756,8 +756,8 @@ def test_queue_and_task_names_with_url_characters_round_trip(
     status, task_page = get(dashboard.url + html.unescape(task_link))
     assert status == 200
     assert f'<span class="mono" id="task-id">{escape(task_id)}</span>' in task_page
-    found = re.search(r'<form class="search" method="get" action="([^"]+)">(.*?)</form>',
-                      queue_page, re.S)
+    found = re.search(r'<form class="filters" id="filters" method="get" action="([^"]+)">'
+                      r'(.*?)</form>', queue_page, re.S)
     assert found is not None
     fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', found.group(2)))
     query = urlencode({"name": html.unescape(fields["name"]), "id": task_id})

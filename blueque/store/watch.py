@@ -134,6 +134,18 @@ class WatchOperations(StoreCore):
                 for n in range(0, len(replies), 3)]
 
     @translate_errors
+    def task_fields_many(self, task_ids: Sequence[str], fields: Sequence[str]
+                         ) -> list[dict[str, str]]:
+        """HMGET of some fields of many task hashes in one pipeline (the dashboard's
+        filters): per task, the fields it has ({} for a missing key or one that is no hash)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hmget(self.keys.task(task_id), list(fields))
+        return [{name: value for name, value in zip(fields, reply, strict=True)
+                 if value is not None} if isinstance(reply, list) else {}
+                for reply in _tolerating_wrong_types(pipe)]
+
+    @translate_errors
     def listener_infos(self, listener_ids: Sequence[str]) -> list[dict[str, str]]:
         """HGETALL blueque_listener_[id] for many listeners in one pipeline."""
         pipe = self.redis.pipeline(transaction=False)

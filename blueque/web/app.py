@@ -19,11 +19,9 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
@@ -38,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry
-from blueque.display import format_bytes, format_seconds, parse_duration
+from blueque.display import format_seconds, parse_duration
 from blueque.errors import (
     BluequeError,
     ConfigurationError,
@@ -50,7 +48,8 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
-from blueque.web import views
+from blueque.web import bulk, render, views
+from blueque.web.search import Filters
 
 log = logging.getLogger("blueque.web")
 
@@ -74,36 +73,6 @@ SECURITY_HEADERS = {
 }
 
 
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    try:
-        return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):  # past year 9999: a task scheduled for never
-        return f"{timestamp:.0f} (not a date)"
-
-
-def _ago(timestamp: float | None, at: float) -> str:
-    if timestamp is None:
-        return "-"
-    delta = at - timestamp
-    return f"{format_seconds(delta)} ago" if delta >= 0 else f"in {format_seconds(-delta)}"
-
-
-def _duration(seconds: float | None) -> str:
-    return "-" if seconds is None else format_seconds(seconds)
-
-
-def _environment() -> Environment:
-    env = Environment(
-        loader=PackageLoader("blueque.web", "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-        trim_blocks=True, lstrip_blocks=True,
-    )
-    env.filters.update(when=_when, duration=_duration, ago=_ago, bytes=format_bytes)
-    return env
-
-
 class Dashboard:
     """Holds the client, the token and the cron entries; its methods are the routes."""
 
@@ -115,7 +84,7 @@ class Dashboard:
         self.token = token or None
         self.cron_entries = list(cron_entries)
         self.refresh = refresh
-        self.templates = Jinja2Templates(env=_environment())
+        self.templates = Jinja2Templates(env=render.environment())
         self.registry = queue_registry(self.store)
         self._policy: tuple[float, MemoryPolicy | None] = (-POLICY_KEPT, None)
 
@@ -179,9 +148,10 @@ class Dashboard:
         if state not in views.STATES:
             state = k.PENDING
         page = _int(request.query_params.get("page"), 1)
-        search = request.query_params.get("id", "").strip()
+        filters = Filters.parse(request.query_params)
+        start = _int(request.query_params.get("offset"), 0)
         data = await run_in_threadpool(views.queue_page, self.store, name, state, page,
-                                       search, await self.now())
+                                       filters, await self.now(), start)
         return await self.render(request, "queue.html", data, 200 if data["known"] else 404)
 
     async def task(self, request: Request) -> Response:
@@ -308,6 +278,9 @@ ACTIONS: dict[str, Callable[[Dashboard, dict[str, Any]], str]] = {
     "retry-failed": Dashboard.retry_failed,
     "cancel-waiting": Dashboard.cancel_waiting,
     "purge": Dashboard.purge,
+    "bulk-retry": lambda dashboard, body: bulk.retry(dashboard.client, body),
+    "bulk-cancel": lambda dashboard, body: bulk.cancel(dashboard.client, body),
+    "bulk-delete": lambda dashboard, body: bulk.delete(dashboard.client, body),
 }
 
 

@@ -17,6 +17,7 @@ from blueque.metrics import pending_age
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, readable_history
 from blueque.tasklog import read_outputs
+from blueque.web.search import SCAN_LIMIT, Filters, search_context, window_ids
 
 #: Tasks per page of a queue's task list.
 PAGE_SIZE = 50
@@ -26,6 +27,8 @@ SCHEDULED_SHOWN = 20
 SCHEDULE_QUEUES_PER_PAGE = 20
 #: Minutes of the queues page's throughput chart.
 CHART_MINUTES = 60
+#: Queue names the filter form offers to pick from (any other can be typed).
+QUEUES_LISTED = 500
 #: Queues per page of the queues page (each costs 60 reads for its chart).
 QUEUES_PER_PAGE = 100
 #: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
@@ -35,6 +38,8 @@ CHART_OUTCOMES = ("complete", "failed", "cancelled", "retry")
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
 #: again at every live refresh; `blueque show ID --json` prints everything).
 SHOWN_CHARS = 65536
+#: Characters of parameters and result shown in a task list (whitespace runs as one space).
+EXCERPT_CHARS = 60
 
 
 def number(raw: str | None) -> float | None:
@@ -70,7 +75,16 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
         "updated": number(data.get("updated")),
         "eta": number(data.get("eta")),
         "error_line": error.strip().splitlines()[-1] if error.strip() else "",
+        "parameters": excerpt(data.get("parameters")),
+        "result": excerpt(data.get("result")),
     }
+
+
+def excerpt(text: str | None) -> str:
+    """The start of a value on one line, cut at EXCERPT_CHARS (the template escapes it; the
+    task page shows the whole)."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= EXCERPT_CHARS else line[:EXCERPT_CHARS - 1] + "…"
 
 
 # --- queues -----------------------------------------------------------------------------------
@@ -120,34 +134,30 @@ class Page:
         return max(1, math.ceil(self.total / self.size))
 
 
-def page_ids(store: RedisStore, queue: str, state: str, page: Page) -> list[str]:
-    """One window of a state's ids: pending next-in-line first (the list's right end),
-    scheduled soonest first, finished newest first."""
-    if state == k.PENDING:
-        return store.task_ids(queue, state, -(page.stop + 1), -(page.start + 1))[::-1]
-    if state == k.RESERVED:  # read whole (bounded by the listeners' slots), then windowed
-        return store.task_ids(queue, state)[page.start : page.stop + 1]
-    return store.task_ids(queue, state, page.start, page.stop)
-
-
-def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: str,
-               at: float) -> dict[str, Any]:
+def queue_page(store: RedisStore, queue: str, state: str, number_: int, filters: Filters,
+               at: float, start: int = 0) -> dict[str, Any]:
+    """A window of one state's tasks, or a search (search.py): an exact id, or the tasks
+    whose id has a prefix and whose node and times match, looking at SCAN_LIMIT at most."""
     counts = store.counts(queue)
     totals = {s: getattr(counts, s) for s in STATES}
-    elsewhere = ""
-    if search:
-        data = store.task_data_many([search])[0]  # a key that is no hash reads as no task
-        found = bool(data) and data.get("queue") == queue
-        rows = [task_row(search, data, at)] if found else []
-        elsewhere = "" if found else data.get("queue", "")
-        page = Page(1, PAGE_SIZE, len(rows))
+    known = [name for name, _ in store.known_queues()]
+    found: dict[str, Any] = {"exact": False, "elsewhere": "", "scan": None}
+    if filters.problems:  # said on the page; nothing looked at
+        ids, page = [], Page(1, PAGE_SIZE, 0)
+    elif filters.active:
+        found = search_context(store, queue, state, filters, start, PAGE_SIZE)
+        ids = found["ids"]
+        page = Page(1, PAGE_SIZE, len(ids))
     else:
         page = Page(max(1, number_), PAGE_SIZE, totals[state])
-        ids = page_ids(store, queue, state, page) if page.start < page.total else []
-        rows = [task_row(i, d, at) for i, d in zip(ids, store.task_data_many(ids), strict=True)]
+        ids = (window_ids(store, queue, state, page.start, page.stop)
+               if page.start < page.total else [])
+    rows = [task_row(i, d, at) for i, d in zip(ids, store.task_data_many(ids), strict=True)
+            if d or not filters.active]  # a search finds tasks, not ids without a hash
     return {"queue": queue, "state": state, "totals": totals, "rows": rows, "page": page,
-            "search": search, "elsewhere": elsewhere,
-            "known": queue in dict(store.known_queues())}
+            "filters": filters, "search": filters.prefix, "exact": found["exact"],
+            "elsewhere": found["elsewhere"], "scan": found["scan"],
+            "scan_limit": SCAN_LIMIT, "queues": known[:QUEUES_LISTED], "known": queue in known}
 
 
 # --- one task ---------------------------------------------------------------------------------
