@@ -18,7 +18,9 @@ import redis
 
 import blueque
 from blueque import keys as k
+from blueque.testing import RedisServer
 from blueque.web.search import SCAN_LIMIT
+from tests.daemons import wait_until
 from tests.dashboard import DashboardProcess
 from tests.test_dashboard import TOKEN, XSS, get, post, run
 
@@ -149,3 +151,46 @@ def test_bulk_retry_cancel_and_delete_need_the_token_and_say_what_they_refused(
         assert status == 409 and ("task_ids" in said or "at most 500" in said), body
     readonly = queue_page(dashboard, name="jobs")
     assert "select-task" in readonly  # with a token configured the boxes are there
+
+
+def field_text(page: str, element_id: str) -> str:
+    found = re.search(rf'id="{element_id}">(.*?)</(?:dd|p|span)>', page, re.S)
+    assert found is not None, element_id
+    return html.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip()
+
+
+def test_the_redis_page_shows_version_memory_persistence_clients_and_replicas(
+        redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    info = redis_client.info()
+    status, page = get(dashboard.url + "/redis")
+    assert status == 200 and 'href="/redis" class="current"' in page
+    assert field_text(page, "redis-version").startswith(info["redis_version"])
+    assert field_text(page, "redis-uptime") != "-"
+    assert field_text(page, "maxmemory") == "no limit"
+    assert field_text(page, "memory-policy") == "noeviction never evicts"
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB)", field_text(page, "memory-peak"))
+    assert field_text(page, "aof") == "off" and field_text(page, "rdb") == "off"
+    assert "restart of this Redis loses every task" in page  # the test server keeps nothing
+    assert field_text(page, "last-bgsave") == "ok"
+    assert field_text(page, "role") == "master" and field_text(page, "replica-count") == "0"
+    assert int(field_text(page, "clients-connected").split()[0]) >= 1
+    redis_client.config_set("appendonly", "yes")
+    redis_client.config_set("save", "3600 1")
+    redis_client.config_set("maxmemory", "64mb")
+    try:
+        port = redis_client.connection_pool.connection_kwargs["port"]
+        with RedisServer() as replica:
+            redis.Redis(port=replica.port).replicaof("127.0.0.1", port)
+            wait_until(lambda: redis_client.info("replication")["connected_slaves"] == 1,
+                       what="the replica connected")
+            status, page = get(dashboard.url + "/redis")
+            assert field_text(page, "replica-count") == "1"
+            assert f"127.0.0.1:{replica.port}" in page
+        assert field_text(page, "aof").startswith("on · last write ok")
+        assert field_text(page, "rdb") == "save 3600 1"
+        assert field_text(page, "maxmemory") == "64.0 MiB"
+        assert "loses every task" not in page
+    finally:  # the session's server: as it was
+        redis_client.config_set("appendonly", "no")
+        redis_client.config_set("save", "")
+        redis_client.config_set("maxmemory", "0")

@@ -48,7 +48,7 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
-from blueque.web import bulk, render, views
+from blueque.web import bulk, redis_panel, render, views
 from blueque.web.search import Filters
 
 log = logging.getLogger("blueque.web")
@@ -173,6 +173,10 @@ class Dashboard:
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
                                        await self.now(), page)
         return await self.render(request, "schedule.html", data)
+
+    async def redis(self, request: Request) -> Response:
+        data = await run_in_threadpool(redis_panel.redis_page, self.store)
+        return await self.render(request, "redis.html", data)
 
     async def metrics(self, request: Request) -> Response:
         body = await run_in_threadpool(scrape, self.registry)
@@ -365,6 +369,7 @@ def create_app(url: str | None = None, token: str | None = None, *, client: Clie
         Route("/task", dashboard.guard(dashboard.task), name="task"),
         Route("/nodes", dashboard.guard(dashboard.nodes), name="nodes"),
         Route("/schedule", dashboard.guard(dashboard.schedule), name="schedule"),
+        Route("/redis", dashboard.guard(dashboard.redis), name="redis"),
         Route("/metrics", dashboard.metrics, name="metrics"),
         Route("/actions/{name}", dashboard.action, methods=["POST"], name="action"),
         Mount("/static", StaticFiles(packages=[("blueque.web", "static")]), name="static"),
