@@ -560,10 +560,10 @@ def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque
     # a bar for each minute of the last hour in which something ended: here, one
     bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, \d+ cancelled, (\d+) "
                       r"retried</title>"
-                      r'<rect class="ok" x="([\d.]+)" width="2.4" y="[\d.]+" height="([\d.]+)"/>'
+                      r'<rect class="ok" x="([\d.]+)" width="2.40" y="[\d.]+" height="([\d.]+)"/>'
                       r"</g>", row[: row.index("</tr>")])
     assert len(bars) == 1 and bars[0][:3] == ("1", "0", "0"), row[:3000]
-    assert bars[0][3] in ("174", "177") and float(bars[0][4]) == 38  # the last minutes, full
+    assert bars[0][3] in ("174.00", "177.00") and float(bars[0][4]) == 38  # the last minutes, full
     assert '<td class="num age">3h11m</td>' in row[: row.index("</tr>")] or (
         '<td class="num age">3h12m</td>' in row[: row.index("</tr>")]), row[:2000]
 

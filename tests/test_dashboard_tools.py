@@ -18,6 +18,7 @@ import redis
 
 import blueque
 from blueque import keys as k
+from blueque.listener import Listener
 from blueque.testing import RedisServer
 from blueque.web.search import SCAN_LIMIT
 from tests.daemons import wait_until
@@ -194,3 +195,94 @@ def test_the_redis_page_shows_version_memory_persistence_clients_and_replicas(
         redis_client.config_set("appendonly", "no")
         redis_client.config_set("save", "")
         redis_client.config_set("maxmemory", "0")
+
+
+def chart_bars(page: str, queue: str) -> list[tuple[str, int, float]]:
+    """(bar title's time, complete count, x) of each drawn bar of a queue's chart."""
+    row = page[page.index(f'data-queue="{queue}"'):]
+    row = row[: row.index("</tr>")]
+    return [(when, int(done), float(x)) for when, done, x in re.findall(
+        r"<g><title>([^<]*?)(?: \(hour\))?: (\d+) complete, [^<]*</title>"
+        r'<rect class="ok" x="([\d.]+)"', row)]
+
+
+def test_the_overview_charts_24_hours_and_7_days_from_hourly_counters(
+        client: blueque.Client, redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    queue = client.get_queue("jobs")
+    queue.enqueue_many(["{}"] * 3)
+    for _ in range(2):
+        task = client.get_listener("jobs").reserve()
+        assert task is not None
+        client.get_processor(task).start(4242)
+        client.get_processor(task).complete("ok")
+    client.cancel_task(queue.task_ids(k.PENDING)[0], "not wanted")
+    now = client.store.now()
+    hour = int(now // 3600 * 3600)
+    key = client.store.keys.finished_per_hour("jobs", str(hour))
+    assert redis_client.hgetall(key) == {"complete": "2", "cancelled": "1"}
+    assert 691200 - 60 < redis_client.ttl(key) <= 691200
+    # three days ago (as if counted then), and nine days ago (expired by then: never read)
+    for days, done in ((3, 5), (9, 7)):
+        redis_client.hset(client.store.keys.finished_per_hour("jobs", str(hour - days * 86400)),
+                          "complete", done)
+    day = get(dashboard.url + "/?range=24h")[1]
+    assert 'class="tab current" data-range="24h"' in day and "finished per hour, last 24 h" in day
+    # the newest bar (the one before it if the hour turned since)
+    assert [(n, x) for _, n, x in chart_bars(day, "jobs")] in ([(2, 23 * 7.5)], [(2, 22 * 7.5)])
+    assert "2 ok · 0 failed · 1 cancelled · 0 retried" in day
+    week = get(dashboard.url + "/?range=7d")[1]
+    bars = chart_bars(week, "jobs")
+    assert [n for _, n, _ in bars] == [5, 2]
+    assert round(bars[1][2] - bars[0][2], 2) == round(72 * 180 / 168, 2)  # 72 hours apart
+    assert "7 ok · 0 failed · 1 cancelled" in week
+    hourly = get(dashboard.url + "/")[1]  # the last hour, per minute, as before
+    assert "finished per minute, last hour" in hourly
+    assert [n for _, n, _ in chart_bars(hourly, "jobs")] == [2]
+    assert get(dashboard.url + "/?range=bogus")[0] == 200  # the last hour
+
+
+def end_runs(client: blueque.Client, queue: str, identity: str, outcomes: list[str]) -> None:
+    """Runs of ``queue``'s tasks by a listener named ``identity``, ended as ``outcomes``."""
+    client.get_queue(queue).enqueue_many(["{}"] * len(outcomes))
+    listener = Listener(queue, client.store, identity=identity)
+    for outcome in outcomes:
+        task = listener.reserve()
+        assert task is not None
+        processor = client.get_processor(task)
+        processor.start(4242)
+        if outcome == "complete":
+            processor.complete("ok")
+        else:
+            processor.fail("broken")
+
+
+def test_the_nodes_page_lists_each_listeners_runs_live_and_gone(
+        client: blueque.Client, redis_client: redis.Redis, dashboard: DashboardProcess) -> None:
+    end_runs(client, "jobs", "gone-host_101", ["complete", "complete", "failed"])
+    end_runs(client, "talk", "gone-host_101", ["complete"])
+    end_runs(client, "jobs", "live-host_202", ["failed"])
+    Listener("jobs", client.store, identity="gone-host_101").close()  # left cleanly
+    client.store.write_listener_info("live-host_202", {"host": "live-host", "pid": "202"}, 60)
+    Listener("jobs", client.store, identity="idle-host_303")  # registered, ran nothing
+    client.store.write_listener_info("idle-host_303", {"host": "idle-host", "pid": "303"}, 60)
+    counts = client.store.keys.listener_counts("jobs", "gone-host_101")
+    assert redis_client.hgetall(counts) == {"complete": "2", "failed": "1"}
+    assert 604800 - 60 < redis_client.ttl(counts) <= 604800
+    seen = redis_client.zscore(client.store.keys.listeners_seen("jobs"), "gone-host_101")
+    assert seen is not None and abs(seen - client.store.now()) < 60
+    status, page = get(dashboard.url + "/nodes")
+    assert status == 200
+    history = page[page.index('id="listener-history"'):]
+    found = {listener: re.sub(r"<[^>]+>|\s+", " ", cells).split()
+             for listener, cells in re.findall(
+                 r'<tr class="history-row" data-listener="([^"]+)">(.*?)</tr>', history, re.S)}
+    assert list(found) == ["live-host_202", "gone-host_101"]  # latest first; idle: a card
+    assert 'data-listener="idle-host_303"' in page
+    # state, runs, complete, failed, retried, cancelled, preempted
+    assert found["gone-host_101"][1:8] == ["gone", "4", "3", "1", "0", "0", "0"]
+    assert found["live-host_202"][1:8] == ["live", "1", "0", "1", "0", "0", "0"]
+    assert "jobs" in found["gone-host_101"] and "talk" in found["gone-host_101"]
+    link = re.search(r'href="(/queue\?name=jobs&amp;node=gone-host_101[^"]*)"', history)
+    assert link is not None
+    shown = rows(get(dashboard.url + html.unescape(link.group(1)))[1])
+    assert len(shown) == 2  # its complete runs of jobs, through the node filter

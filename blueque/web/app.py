@@ -139,7 +139,9 @@ class Dashboard:
 
     async def queues(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await run_in_threadpool(views.queues_page, self.store, await self.now(), page)
+        span = request.query_params.get("range", "1h")
+        data = await run_in_threadpool(views.queues_page, self.store, await self.now(), page,
+                                       span)
         return await self.render(request, "queues.html", data)
 
     async def queue(self, request: Request) -> Response:

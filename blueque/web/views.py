@@ -17,6 +17,7 @@ from blueque.metrics import pending_age
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, readable_history
 from blueque.tasklog import read_outputs
+from blueque.web.history import listener_history
 from blueque.web.search import SCAN_LIMIT, Filters, search_context, window_ids
 
 #: Tasks per page of a queue's task list.
@@ -88,20 +89,45 @@ def excerpt(text: str | None) -> str:
 
 
 # --- queues -----------------------------------------------------------------------------------
-def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ChartRange:
+    """A span the queues page charts: ``bars`` buckets of ``step`` seconds, read from the
+    per-minute or the per-hour outcome counters (PROTOCOL.md 5.6)."""
+
+    name: str
+    label: str
+    bars: int
+    step: int
+
+    def starts(self, at: float) -> list[int]:
+        newest = int(at // self.step * self.step)
+        return [newest - self.step * n for n in range(self.bars - 1, -1, -1)]
+
+
+#: The queues page's charts: the last hour per minute, 24 hours and 7 days per hour.
+CHART_RANGES = {r.name: r for r in (ChartRange("1h", "last hour", CHART_MINUTES, 60),
+                                    ChartRange("24h", "last 24 h", 24, 3600),
+                                    ChartRange("7d", "last 7 days", 168, 3600))}
+
+
+def queues_page(store: RedisStore, at: float, number_: int = 1, span: str = "1h"
+                ) -> dict[str, Any]:
     """A page of queues (QUEUES_PER_PAGE): counts per state, oldest pending age, outcomes
-    per minute over the last hour; a fixed number of pipelines for the whole page."""
-    minute = int(at // 60 * 60)
-    minutes = [minute - 60 * n for n in range(CHART_MINUTES - 1, -1, -1)]
+    per minute over the last hour (or per hour over 24 hours or 7 days); a fixed number of
+    pipelines for the whole page."""
+    chart = CHART_RANGES.get(span, CHART_RANGES["1h"])
+    starts = chart.starts(at)
     known = [queue for queue, _ in store.known_queues()]
     page = Page(max(1, number_), QUEUES_PER_PAGE, len(known))
     queues = known[page.start : page.stop + 1]
+    read = (store.outcomes_per_minute_many if chart.step == 60
+            else store.outcomes_per_hour_many)
     rows = []
-    for queue, counts, oldest, per_minute in zip(
+    for queue, counts, oldest, per_bucket in zip(
             queues, store.counts_many(queues), store.oldest_pending_many(queues),
-            store.outcomes_per_minute_many(queues, minutes), strict=True):
+            read(queues, starts), strict=True):
         bars = [{"minute": m, **{name: c.get(name, 0) for name in CHART_OUTCOMES}}
-                for m, c in zip(minutes, per_minute, strict=True)]
+                for m, c in zip(starts, per_bucket, strict=True)]
         rows.append({
             "name": queue,
             "counts": {state: getattr(counts, state) for state in STATES},
@@ -111,7 +137,7 @@ def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any
             "peak": max([1, *(sum(b[name] for name in CHART_OUTCOMES) for b in bars)]),
             "last_hour": {name: sum(b[name] for b in bars) for name in CHART_OUTCOMES},
         })
-    return {"queues": rows, "page": page}
+    return {"queues": rows, "page": page, "chart": chart, "ranges": list(CHART_RANGES.values())}
 
 
 # --- one queue's tasks ------------------------------------------------------------------------
@@ -273,7 +299,12 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
         expired = [lease["left"] for lease in entry["leases"]
                    if lease["left"] is not None and lease["left"] < 0]
         entry["state"] = "expired" if expired else ("gone" if not info else "alive")
-    return {"listeners": [listeners[listener] for listener in shown], "page": page}
+    return {"listeners": [listeners[listener] for listener in shown], "page": page,
+            "history": listener_history(store, queues, {
+                listener for listener, entry in listeners.items()
+                if entry.get("info", True) and not any(
+                    lease["left"] is not None and lease["left"] < 0
+                    for lease in entry["leases"])})}
 
 
 # --- scheduled tasks and cron entries ---------------------------------------------------------
