@@ -286,3 +286,16 @@ def test_the_nodes_page_lists_each_listeners_runs_live_and_gone(
     assert link is not None
     shown = rows(get(dashboard.url + html.unescape(link.group(1)))[1])
     assert len(shown) == 2  # its complete runs of jobs, through the node filter
+
+
+def test_a_7_day_overview_shows_fewer_queues_a_page(client: blueque.Client,
+                                                    dashboard: DashboardProcess) -> None:
+    """168 hourly reads a queue: 35 queues a page read about what 100 one-hour rows read."""
+    for n in range(40):
+        client.get_queue(f"q{n:02d}").enqueue("{}")
+    week = get(dashboard.url + "/?range=7d")[1]
+    assert week.count('class="queue-row"') == 35 and "queues 1 to 35 of 40" in week
+    second = get(dashboard.url + "/?page=2&range=7d")[1]
+    assert second.count('class="queue-row"') == 5
+    assert 'href="/?page=1&amp;range=7d"' in second  # the pager keeps the span
+    assert get(dashboard.url + "/")[1].count('class="queue-row"') == 40

@@ -16,8 +16,6 @@ from blueque.store import RedisStore
 #: Tasks a filtered page looks at, at most (ids read in one window, fields of those whose id
 #: matches in one pipeline of HMGET).
 SCAN_LIMIT = 2000
-#: Fields a filter reads from each looked-at task (HMGET).
-FILTER_FIELDS = ("queue", "node", "created", "updated")
 #: The time filters: query parameter -> (field, bound).
 TIME_FILTERS = {"created_from": ("created", "from"), "created_to": ("created", "to"),
                 "updated_from": ("updated", "from"), "updated_to": ("updated", "to")}
@@ -75,6 +73,12 @@ class Filters:
     def reads_fields(self) -> bool:
         return bool(self.node or self.times)
 
+    def fields(self) -> list[str]:
+        """The fields the filters read from each looked-at task (HMGET): its queue (a task
+        moved or a foreign key is not this queue's), and those the filters compare."""
+        wanted = ["queue"] + (["node"] if self.node else [])
+        return wanted + sorted({TIME_FILTERS[name][0] for name in self.times})
+
     def matches(self, fields: Mapping[str, str]) -> bool:
         if self.node and self.node not in (fields.get("node") or ""):
             return False
@@ -118,13 +122,14 @@ class Scan:
 def scan(store: RedisStore, queue: str, state: str, filters: Filters, start: int,
          shown: int) -> Scan:
     """Look at no more than SCAN_LIMIT tasks from ``start``: their ids (one window), then
-    FILTER_FIELDS of those whose id has the prefix when a node or time filter is given (one
-    pipeline); the first ``shown`` matches are the page."""
+    the fields the filters compare of those whose id has the prefix, when a node or time
+    filter is given (one pipeline); the first ``shown`` matches are the page."""
     ids = window_ids(store, queue, state, start, start + SCAN_LIMIT - 1)
     candidates = [(n, task_id) for n, task_id in enumerate(ids)
                   if task_id.startswith(filters.prefix)]
     if filters.reads_fields and candidates:
-        values = store.task_fields_many([task_id for _, task_id in candidates], FILTER_FIELDS)
+        values = store.task_fields_many([task_id for _, task_id in candidates],
+                                        filters.fields())
         candidates = [(n, task_id) for (n, task_id), fields in zip(candidates, values,
                                                                     strict=True)
                       if fields.get("queue") == queue and filters.matches(fields)]
