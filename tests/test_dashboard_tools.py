@@ -20,7 +20,7 @@ import blueque
 from blueque import keys as k
 from blueque.listener import Listener
 from blueque.testing import RedisServer
-from blueque.web.search import SCAN_LIMIT
+from blueque.web.search import SCAN_LIMIT, Filters, scan
 from tests.daemons import wait_until
 from tests.dashboard import DashboardProcess
 from tests.test_dashboard import TOKEN, XSS, get, post, run
@@ -299,3 +299,17 @@ def test_a_7_day_overview_shows_fewer_queues_a_page(client: blueque.Client,
     assert second.count('class="queue-row"') == 5
     assert 'href="/?page=1&amp;range=7d"' in second  # the pager keeps the span
     assert get(dashboard.url + "/")[1].count('class="queue-row"') == 40
+
+
+def test_a_prefix_may_leave_out_the_queues_hash_tag(redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    """In the hash-tagged layout stored ids start with {queue}: the prefix a user types
+    (the id they gave) finds them, as does the stored form."""
+    tagged = blueque.Client(redis_url, hash_tags=True)
+    ids = tagged.get_queue("jobs").enqueue_many(["{}"] * 3,
+                                                task_ids=["inv-1", "inv-2", "other"])
+    assert list(ids) == ["{jobs}inv-1", "{jobs}inv-2", "{jobs}other"]
+    for prefix in ("inv-", "{jobs}inv-"):
+        found = scan(tagged.store, "jobs", k.PENDING, Filters(prefix=prefix), 0, 50)
+        assert found.ids == ["{jobs}inv-1", "{jobs}inv-2"], prefix
+        assert (found.start, found.stop, found.next_start) == (0, 2, None)

@@ -125,8 +125,10 @@ def scan(store: RedisStore, queue: str, state: str, filters: Filters, start: int
     the fields the filters compare of those whose id has the prefix, when a node or time
     filter is given (one pipeline); the first ``shown`` matches are the page."""
     ids = window_ids(store, queue, state, start, start + SCAN_LIMIT - 1)
+    # in the hash-tagged layout ids start with the queue's tag: a prefix may leave it out
+    tagged = store.keys.task_id_for(queue, filters.prefix)
     candidates = [(n, task_id) for n, task_id in enumerate(ids)
-                  if task_id.startswith(filters.prefix)]
+                  if task_id.startswith(filters.prefix) or task_id.startswith(tagged)]
     if filters.reads_fields and candidates:
         values = store.task_fields_many([task_id for _, task_id in candidates],
                                         filters.fields())
