@@ -63,6 +63,17 @@ def test_task_lists_show_a_cut_escaped_excerpt_of_parameters_and_results(
     assert '{"summary": "ok", "words": 412}' in html.unescape(text)  # one line
     task_page = get(dashboard.url + "/task?id=long")[1]
     assert "199]" in html.unescape(task_page)  # the whole text on the task page
+    # the other task lists: scheduled tasks, and the tasks each listener runs
+    queue.schedule(json.dumps({"later": XSS}), time.time() + 600, task_id="later")
+    queue.enqueue(json.dumps({"now": "running", "pages": 3}), task_id="running")
+    run(client, "jobs", progress=0.5)
+    for path, shown in (("/schedule", '{"later": "<script>window.pwned=1</script><img src=x'),
+                        ("/nodes", '{"now": "running", "pages": 3}')):
+        text = get(dashboard.url + path)[1]
+        cells = [html.unescape(cell) for cell in re.findall(
+            r'<td class="excerpt mono">(.*?)</td>', text, re.S)]
+        assert any(cell.startswith(shown) for cell in cells), (path, cells)
+        assert "<script>window" not in text
 
 
 def test_search_by_id_prefix_and_by_node_and_time(
