@@ -1,13 +1,15 @@
-"""How long each dashboard page takes with 10,000 tasks per queue and state.
+"""How long each dashboard page takes with 10,000 tasks per queue and state, and with a queue
+of 120,000 pending tasks.
 
-    python -m benchmarks.dashboard_pages                # 3 queues x 10,000 per state
+    python -m benchmarks.dashboard_pages                # 3 queues x 10,000 per state + 120,000
     python -m benchmarks.dashboard_pages --smoke        # seconds: proves it runs
 
 Starts a private redis-server on a free loopback port, fills each queue through Blueque's own
 operations (enqueue_many, then reserve/start/finish for the finished ones) with N pending, N
 complete, N failed, N/10 scheduled tasks and a few running ones held by a registered listener,
 gives one failed task the output of 5 attempts (64 KiB each, the most its log stream keeps of
-an attempt), starts a real `blueque dashboard` process, and times full HTTP requests of every
+an attempt), fills queue ``big`` with --pending pending tasks (120,000) and a week of hourly
+outcome counters, starts a real `blueque dashboard` process, and times full HTTP requests of every
 page from this process (server rendering + transfer; no browser). Prints median, p95 and max
 per page in milliseconds. Asserts nothing about speed.
 """
@@ -103,7 +105,23 @@ def timed(url: str) -> tuple[float, int]:
     return (time.perf_counter() - started) * 1000, size
 
 
-def pages(queues: int, per_state: int, running: str, some_failed: str) -> list[str]:
+def fill_big(client: blueque.Client, pending: int) -> None:
+    """``pending`` tasks in queue ``big`` (enqueue_many, 10,000 a call) and a week of hourly
+    outcome counters, as the scripts would have left them."""
+    queue = client.get_queue("big")
+    params = json.dumps({"document": "x" * 200, "pages": list(range(20))})
+    for start in range(0, pending, 10_000):
+        queue.enqueue_many([params] * min(10_000, pending - start))
+    hour = int(client.store.now() // 3600 * 3600)
+    pipe = client.store.redis.pipeline(transaction=False)
+    for back in range(168):
+        pipe.hset(client.store.keys.finished_per_hour("big", str(hour - back * 3600)),
+                  mapping={"complete": 400 + back, "failed": back % 7, "retry": back % 3})
+    pipe.execute()
+
+
+def pages(queues: int, per_state: int, running: str, some_failed: str, pending: int
+          ) -> list[str]:
     last = max(1, -(-per_state // 50))
     return [
         "/",
@@ -117,6 +135,15 @@ def pages(queues: int, per_state: int, running: str, some_failed: str) -> list[s
         "/queue?" + urlencode({"name": "queue0", "state": "scheduled"}),
         "/queue?" + urlencode({"name": "queue0", "state": "started"}),
         "/queue?" + urlencode({"name": "queue0", "id": some_failed}),
+        "/?range=24h",
+        "/?range=7d",
+        "/redis",
+        "/queue?" + urlencode({"name": "big", "state": "pending"}),
+        "/queue?" + urlencode({"name": "big", "state": "pending", "page": -(-pending // 50)}),
+        "/queue?" + urlencode({"name": "big", "id": "no-such-prefix"}),
+        "/queue?" + urlencode({"name": "big", "node": "no-such-node"}),
+        "/queue?" + urlencode({"name": "big", "created_from": "2020-01-01T00:00",
+                               "created_to": "2021-01-01T00:00", "offset": pending // 2}),
         "/task?" + urlencode({"id": running}),
         "/task?" + urlencode({"id": some_failed}),
         "/task?" + urlencode({"id": some_failed, "attempt": 1}),
@@ -130,10 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30, help="requests per page")
     parser.add_argument("--running", type=int, default=RUNNING,
                         help=f"started tasks per queue (default {RUNNING})")
+    parser.add_argument("--pending", type=int, default=120_000,
+                        help="pending tasks of queue big (default 120,000)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: proves it runs")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.queues, args.tasks, args.repeat = 2, 60, 2
+        args.queues, args.tasks, args.repeat, args.pending = 2, 60, 2, 3000
     with RedisServer() as server:
         client = blueque.Client(server.url)
         started = time.monotonic()
@@ -142,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             running += fill(client, f"queue{n}", args.tasks, args.running)
         some_failed = client.get_queue("queue0").task_ids(k.FAILED, 5, 5)[0]
         give_output(client, some_failed)
+        fill_big(client, args.pending)
         print(f"filled {args.queues} queue(s) x ({args.tasks} pending, complete, failed; "
-              f"{args.tasks // 10} scheduled; {args.running} started) in "
+              f"{args.tasks // 10} scheduled; {args.running} started) and big "
+              f"({args.pending} pending) in "
               f"{time.monotonic() - started:.0f} s")
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"dashboard-bench-{os.getpid()}.log"
         port = _free_port()
@@ -152,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             base = f"http://127.0.0.1:{port}"
             print(f"{'page':<58} {'median':>8} {'p95':>8} {'max':>8} {'bytes':>8}")
             worst = 0.0
-            for page in pages(args.queues, args.tasks, running[0], some_failed):
+            for page in pages(args.queues, args.tasks, running[0], some_failed, args.pending):
                 timed(base + page)  # warm: template compiled, scripts loaded
                 figures = [timed(base + page) for _ in range(args.repeat)]
                 times = sorted(ms for ms, _ in figures)

@@ -70,6 +70,10 @@ Verdict = tuple[str, str, VerdictKind, "float | None", str]
 OUTCOMES = ("complete", "failed", "cancelled", "retry")
 #: Seconds a per-minute outcome hash is kept: the dashboard shows the last hour.
 FINISHED_MINUTE_TTL = 7200
+#: Seconds a per-hour outcome hash is kept: the dashboard shows the last 7 days (8: margin).
+FINISHED_HOUR_TTL = 691200
+#: Seconds a listener's run counters (and its place in listeners_seen) outlive its last run.
+LISTENER_COUNTS_TTL = 604800
 
 
 #: What a queue name that `blueque listen` can serve may not contain (PROTOCOL.md §2): `:`
@@ -197,6 +201,20 @@ class Keys:
         seconds); expires after FINISHED_MINUTE_TTL seconds."""
         return _key("finished_per_minute", self._q(queue), minute)
 
+    def finished_per_hour(self, queue: str, hour: str) -> str:
+        """Hash: outcome -> tasks of the queue that ended so in one hour (its start, Unix
+        seconds); expires after FINISHED_HOUR_TTL seconds."""
+        return _key("finished_per_hour", self._q(queue), hour)
+
+    def listener_counts(self, queue: str, listener_id: str) -> str:
+        """Hash: outcome -> runs of the queue's tasks a listener ended so; expires
+        LISTENER_COUNTS_TTL after its last write (when is in listeners_seen)."""
+        return _key("listener_counts", self._q(queue), listener_id)
+
+    def listeners_seen(self, queue: str) -> str:
+        """Sorted set: listener id -> when a run of it last ended, for LISTENER_COUNTS_TTL."""
+        return _key("listeners_seen", self._q(queue))
+
     def task_log(self, task_id: str) -> str:
         """Stream of a task's output: entries {attempt, data, offset[, end]}, the last
         TAIL_BYTES of each attempt; expires ``keep`` after its last write (or with the task's
@@ -279,6 +297,9 @@ KEY_BUILDERS = (
     "queue_config",
     "cron",
     "finished_per_minute",
+    "finished_per_hour",
+    "listener_counts",
+    "listeners_seen",
     "task_log",
     "outcome_counts",
     "checkpoint",

@@ -100,9 +100,11 @@ def queues_key(keys: k.Keys, queue: str) -> tuple[str, str]:
 
 
 def outcome_keys(keys: k.Keys, queue: str, now: float) -> list[str]:
-    """The per-minute and all-time outcome counters an ending increments (PROTOCOL.md 5.6)."""
-    minute = str(int(now // 60 * 60))
-    return [keys.finished_per_minute(queue, minute), keys.outcome_counts(queue)]
+    """The per-minute, all-time and per-hour outcome counters an ending increments
+    (PROTOCOL.md 5.6), in the order the scripts take them."""
+    minute, hour = str(int(now // 60 * 60)), str(int(now // 3600 * 3600))
+    return [keys.finished_per_minute(queue, minute), keys.outcome_counts(queue),
+            keys.finished_per_hour(queue, hour)]
 
 
 def touch_queue(keys: k.Keys, queue: str) -> Operation[None]:

@@ -560,10 +560,10 @@ def test_overview_shows_the_oldest_pending_age_and_the_last_hour(client: blueque
     # a bar for each minute of the last hour in which something ended: here, one
     bars = re.findall(r"<g><title>[^<]*: (\d+) complete, (\d+) failed, \d+ cancelled, (\d+) "
                       r"retried</title>"
-                      r'<rect class="ok" x="([\d.]+)" width="2.4" y="[\d.]+" height="([\d.]+)"/>'
+                      r'<rect class="ok" x="([\d.]+)" width="2.40" y="[\d.]+" height="([\d.]+)"/>'
                       r"</g>", row[: row.index("</tr>")])
     assert len(bars) == 1 and bars[0][:3] == ("1", "0", "0"), row[:3000]
-    assert bars[0][3] in ("174", "177") and float(bars[0][4]) == 38  # the last minutes, full
+    assert bars[0][3] in ("174.00", "177.00") and float(bars[0][4]) == 38  # the last minutes, full
     assert '<td class="num age">3h11m</td>' in row[: row.index("</tr>")] or (
         '<td class="num age">3h12m</td>' in row[: row.index("</tr>")]), row[:2000]
 
@@ -756,8 +756,8 @@ def test_queue_and_task_names_with_url_characters_round_trip(
     status, task_page = get(dashboard.url + html.unescape(task_link))
     assert status == 200
     assert f'<span class="mono" id="task-id">{escape(task_id)}</span>' in task_page
-    found = re.search(r'<form class="search" method="get" action="([^"]+)">(.*?)</form>',
-                      queue_page, re.S)
+    found = re.search(r'<form class="filters" id="filters" method="get" action="([^"]+)">'
+                      r'(.*?)</form>', queue_page, re.S)
     assert found is not None
     fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', found.group(2)))
     query = urlencode({"name": html.unescape(fields["name"]), "id": task_id})

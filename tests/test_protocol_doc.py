@@ -18,7 +18,8 @@ PROTOCOL = ROOT / "PROTOCOL.md"
 LUA = ROOT / "blueque" / "lua"
 
 PLACEHOLDERS = {"queue": "[queue]", "listener_id": "[listener id]", "task_id": "[task id]",
-                "minute": "[minute]", "node": "[node identity]", "node_name": "[node name]"}
+                "minute": "[minute]", "hour": "[hour]", "node": "[node identity]",
+                "node_name": "[node name]"}
 
 
 def _text() -> str:

@@ -5,6 +5,7 @@
 -- KEYS[4] cancelled list       blueque_cancelled_tasks_[queue]
 -- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
+-- KEYS[7] outcomes this hour   blueque_finished_per_hour_[queue]_[hour] (kept 691200 s)
 -- ARGV[1] task id, ARGV[2] now, ARGV[3] error text recorded for the cancelled task,
 -- ARGV[4] seconds KEYS[5] is kept, ARGV[5] the queue's done channel (waiters are woken)
 -- Returns {'cancelled', previous status} when the task is now failed and will never run, or
@@ -19,6 +20,8 @@ local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
   redis.call('HINCRBY', KEYS[5], outcome, 1)
   redis.call('EXPIRE', KEYS[5], ARGV[4])
   redis.call('HINCRBY', KEYS[6], outcome, 1)
+  redis.call('HINCRBY', KEYS[7], outcome, 1)
+  redis.call('EXPIRE', KEYS[7], 691200)  -- keys.FINISHED_HOUR_TTL
 end
 local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
   if #text <= 500 then

@@ -5,7 +5,8 @@
 -- KEYS[2] cancelled list       blueque_cancelled_tasks_[queue]
 -- KEYS[3] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[4] outcomes ever        blueque_outcome_counts_[queue]
--- KEYS[5..] task hashes        blueque_task_[id] of the batch, in ARGV order
+-- KEYS[5] outcomes this hour   blueque_finished_per_hour_[queue]_[hour] (kept 691200 s)
+-- KEYS[6..] task hashes        blueque_task_[id] of the batch, in ARGV order
 -- ARGV[1] now, ARGV[2] error text recorded for each cancelled task, ARGV[3] seconds KEYS[3] is
 -- kept, ARGV[4] the queue's done channel (waiters are woken), ARGV[5] created cutoff: only tasks
 -- created at or before it ("" = any age), ARGV[6] the anchor: the kept task furthest from the
@@ -50,7 +51,7 @@ end
 local batch, size = {}, 0
 for i = 9, #ARGV, 2 do
   size = size + 1
-  batch[ARGV[i]] = {key = KEYS[4 + size], wanted = ARGV[i + 1] == '1'}
+  batch[ARGV[i]] = {key = KEYS[5 + size], wanted = ARGV[i + 1] == '1'}
 end
 if anchor ~= '' and redis.call('LINDEX', KEYS[1], -kept) ~= anchor then
   local at = redis.call('LPOS', KEYS[1], anchor, 'RANK', -1, 'MAXLEN', kept + limit)
@@ -94,6 +95,9 @@ if size > 0 then
       redis.call('EXPIRE', KEYS[3], ARGV[3])  -- the minute's first cancels
     end
     redis.call('HINCRBY', KEYS[4], 'cancelled', cancelled)
+    if redis.call('HINCRBY', KEYS[5], 'cancelled', cancelled) == cancelled then
+      redis.call('EXPIRE', KEYS[5], 691200)  -- keys.FINISHED_HOUR_TTL: the hour's first
+    end
   end
 end
 local reply = {cancelled, anchor, kept}

@@ -5,7 +5,8 @@
 -- KEYS[2] cancelled list       blueque_cancelled_tasks_[queue]
 -- KEYS[3] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[4] outcomes ever        blueque_outcome_counts_[queue]
--- KEYS[5..] task hashes        blueque_task_[id] of the batch, in ARGV order
+-- KEYS[5] outcomes this hour   blueque_finished_per_hour_[queue]_[hour] (kept 691200 s)
+-- KEYS[6..] task hashes        blueque_task_[id] of the batch, in ARGV order
 -- ARGV[1] now, ARGV[2] error text recorded for each cancelled task, ARGV[3] seconds KEYS[3] is
 -- kept, ARGV[4] the queue's done channel (waiters are woken), ARGV[5] created cutoff: only tasks
 -- created at or before it ("" = any age), ARGV[6] the anchor: the last task looked at and kept
@@ -44,7 +45,7 @@ local function remember(key, entry)  -- the history: one JSON entry per ending, 
 end
 local cancelled = 0
 for i = 9, #ARGV, 2 do
-  local id, key = ARGV[i], KEYS[4 + (i - 7) / 2]
+  local id, key = ARGV[i], KEYS[5 + (i - 7) / 2]
   local eta = redis.call('ZSCORE', KEYS[1], id)
   if eta then  -- else gone meanwhile (due, or cancelled by another call)
     local cur = redis.call('HMGET', key, 'status', 'created', 'attempts', 'node')
@@ -70,6 +71,9 @@ if cancelled > 0 then
     redis.call('EXPIRE', KEYS[3], ARGV[3])  -- the minute's first cancels
   end
   redis.call('HINCRBY', KEYS[4], 'cancelled', cancelled)
+  if redis.call('HINCRBY', KEYS[5], 'cancelled', cancelled) == cancelled then
+    redis.call('EXPIRE', KEYS[5], 691200)  -- keys.FINISHED_HOUR_TTL: the hour's first
+  end
 end
 local next_batch
 local rank = anchor ~= '' and redis.call('ZRANK', KEYS[1], anchor)

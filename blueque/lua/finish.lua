@@ -7,7 +7,10 @@
 --                              run), scheduled zset (retry), or pending list (preempted)
 -- KEYS[5] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[6] outcomes ever        blueque_outcome_counts_[queue]
--- KEYS[7] checkpoint hash      blueque_checkpoint_[id] (follows the result TTL)
+-- KEYS[7] outcomes this hour   blueque_finished_per_hour_[queue]_[hour] (kept 691200 s)
+-- KEYS[8] checkpoint hash      blueque_checkpoint_[id] (follows the result TTL)
+-- KEYS[9] listener's counts    blueque_listener_counts_[queue]_[listener id] (kept 604800 s)
+-- KEYS[10] listeners seen      blueque_listeners_seen_[queue] (kept 604800 s)
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid ("" if it never started)
 -- ARGV[4] outcome: complete | failed | retry | preempted, ARGV[5] result, error text or (for
 -- preempted) why, ARGV[6] now
@@ -130,13 +133,22 @@ local final = outcome == 'complete' or outcome == 'failed'
 if ARGV[9] ~= '' and final then
   redis.call('PEXPIRE', KEYS[1], ARGV[9])
 end
-if ARGV[9] ~= '' and final and KEYS[7] then
-  redis.call('PEXPIRE', KEYS[7], ARGV[9])  -- the checkpoint goes with its task
+if ARGV[9] ~= '' and final then
+  redis.call('PEXPIRE', KEYS[8], ARGV[9])  -- the checkpoint goes with its task
 end
 if redis.call('HINCRBY', KEYS[5], counted, 1) == 1 then  -- the minute's first of them
   redis.call('EXPIRE', KEYS[5], ARGV[13])
 end
 redis.call('HINCRBY', KEYS[6], counted, 1)
+if redis.call('HINCRBY', KEYS[7], counted, 1) == 1 then  -- the hour's first of them
+  redis.call('EXPIRE', KEYS[7], 691200)  -- keys.FINISHED_HOUR_TTL
+end
+local kept = 604800  -- keys.LISTENER_COUNTS_TTL: the runs of a listener, 7 days after its last
+redis.call('HINCRBY', KEYS[9], counted, 1)
+redis.call('EXPIRE', KEYS[9], kept)
+redis.call('ZADD', KEYS[10], ARGV[6], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', tonumber(ARGV[6]) - kept)
+redis.call('EXPIRE', KEYS[10], kept)
 if outcome ~= 'pending' then  -- a preempted task is not done: nobody waiting is woken
   redis.call('PUBLISH', ARGV[10], ARGV[1])
 end

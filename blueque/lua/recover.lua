@@ -9,8 +9,9 @@
 -- KEYS[8] queues zset          blueque_queues (or any same-slot key when ARGV[5] == "0")
 -- KEYS[9] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[10] outcomes ever       blueque_outcome_counts_[queue]
--- KEYS[11] cancelled list      blueque_cancelled_tasks_[queue]
--- KEYS[12..] task hashes       blueque_task_[id], one per verdict, in ARGV order
+-- KEYS[11] outcomes this hour  blueque_finished_per_hour_[queue]_[hour] (kept 691200 s)
+-- KEYS[12] cancelled list      blueque_cancelled_tasks_[queue]
+-- KEYS[13..] task hashes       blueque_task_[id], one per verdict, in ARGV order
 -- ARGV[1] dead listener id, ARGV[2] now (s), ARGV[3] mode:
 --   "lease": the listener's lease must exist and have expired by the server clock; removing it
 --            is the claim (a second recoverer finds no lease and does nothing);
@@ -78,9 +79,11 @@ local function count(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
   redis.call('HINCRBY', KEYS[9], outcome, 1)
   redis.call('EXPIRE', KEYS[9], ARGV[8])
   redis.call('HINCRBY', KEYS[10], outcome, 1)
+  redis.call('HINCRBY', KEYS[11], outcome, 1)
+  redis.call('EXPIRE', KEYS[11], 691200)  -- keys.FINISHED_HOUR_TTL
 end
-for i = 12, #KEYS do
-  local a = 9 + (i - 12) * 5
+for i = 13, #KEYS do
+  local a = 9 + (i - 13) * 5
   local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local cur = redis.call('HMGET', KEYS[i], 'status', 'attempts', 'pid', 'started_at')
   local attempts = cur[2] or ''
@@ -130,7 +133,7 @@ for i = 12, #KEYS do
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
       end
       count(verdict)
-      redis.call('LPUSH', verdict == 'cancelled' and KEYS[11] or KEYS[7], id)
+      redis.call('LPUSH', verdict == 'cancelled' and KEYS[12] or KEYS[7], id)
       counts[3] = counts[3] + 1
     end
   end

@@ -5,7 +5,8 @@
 -- KEYS[3] failed list          blueque_failed_tasks_[queue]
 -- KEYS[4] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[5] outcomes ever        blueque_outcome_counts_[queue]
--- KEYS[6] started set          blueque_started_tasks_[queue] (only with a pid)
+-- KEYS[6] outcomes this hour   blueque_finished_per_hour_[queue]_[hour] (kept 691200 s)
+-- KEYS[7] started set          blueque_started_tasks_[queue] (only with a pid)
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] now, ARGV[4] queue,
 -- ARGV[5] seconds KEYS[4] is kept, ARGV[6] pid ("" = reserve only),
 -- ARGV[7] the process's create time ("" if unknown)
@@ -22,6 +23,8 @@ local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
   redis.call('HINCRBY', KEYS[4], outcome, 1)
   redis.call('EXPIRE', KEYS[4], ARGV[5])
   redis.call('HINCRBY', KEYS[5], outcome, 1)
+  redis.call('HINCRBY', KEYS[6], outcome, 1)
+  redis.call('EXPIRE', KEYS[6], 691200)  -- keys.FINISHED_HOUR_TTL
 end
 local id, listener, now, pid = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local function drop()
@@ -66,7 +69,7 @@ local function record_failure(reason)
   return {'bad', reason}
 end
 local function start()  -- the writes of start.lua (PROTOCOL.md 5.5), for the given pid
-  redis.call('SADD', KEYS[6], listener .. ' ' .. pid .. ' ' .. id)
+  redis.call('SADD', KEYS[7], listener .. ' ' .. pid .. ' ' .. id)
   if ARGV[7] ~= '' then
     redis.call('HSET', KEYS[1], 'status', 'started', 'node', listener, 'pid', pid,
                'updated', now, 'started_at', now, 'pid_created', ARGV[7])

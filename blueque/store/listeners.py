@@ -90,6 +90,28 @@ class ListenerOperations(StoreCore):
         return MemoryPolicy(self.where, None, why="; ".join(why))
 
     @translate_errors
+    def server_infos(self) -> list[tuple[str, dict[str, Any]]]:
+        """INFO (its default sections: server, clients, memory, persistence, stats,
+        replication...) of the server, or of each master of a cluster, as (where, fields)."""
+        target: dict[str, Any] = {}
+        if hasattr(self.redis, "get_nodes"):  # a RedisCluster: ask every master
+            target["target_nodes"] = self.redis.get_primaries()
+        return _per_node(self.redis.info(**target), self.where)
+
+    @translate_errors
+    def save_rules(self) -> dict[str, str]:
+        """Each server's RDB ``save`` rules (CONFIG GET save; "" when snapshots are off);
+        {} when CONFIG is renamed or refused, as managed Redis services do."""
+        target: dict[str, Any] = {}
+        if hasattr(self.redis, "get_nodes"):
+            target["target_nodes"] = self.redis.get_primaries()
+        try:
+            replies = _per_node(self.redis.config_get("save", **target), self.where)
+        except redis.exceptions.ResponseError:
+            return {}
+        return {where: str(reply["save"]) for where, reply in replies if "save" in reply}
+
+    @translate_errors
     def server_time(self) -> float:
         seconds, micros = self.redis.time()
         return float(seconds) + float(micros) / 1e6

@@ -68,6 +68,18 @@ class WatchOperations(StoreCore):
         counts = [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
         return [counts[n * len(minutes):(n + 1) * len(minutes)] for n in range(len(queues))]
 
+    @translate_errors
+    def outcomes_per_hour_many(self, queues: Sequence[str], hours: Sequence[int]
+                               ) -> list[list[dict[str, int]]]:
+        """blueque_finished_per_hour_[queue]_[hour] for each queue and hour (its first
+        second), in one pipeline, as outcomes_per_minute_many."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            for hour in hours:
+                pipe.hgetall(self.keys.finished_per_hour(queue, str(hour)))
+        counts = [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
+        return [counts[n * len(hours):(n + 1) * len(hours)] for n in range(len(queues))]
+
     def outcomes_per_minute(self, queue: str, minutes: Sequence[int]
                             ) -> list[dict[str, int]]:
         return self.outcomes_per_minute_many([queue], minutes)[0]
@@ -134,12 +146,44 @@ class WatchOperations(StoreCore):
                 for n in range(0, len(replies), 3)]
 
     @translate_errors
+    def task_fields_many(self, task_ids: Sequence[str], fields: Sequence[str]
+                         ) -> list[dict[str, str]]:
+        """HMGET of some fields of many task hashes in one pipeline (the dashboard's
+        filters): per task, the fields it has ({} for a missing key or one that is no hash)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hmget(self.keys.task(task_id), list(fields))
+        return [{name: value for name, value in zip(fields, reply, strict=True)
+                 if value is not None} if isinstance(reply, list) else {}
+                for reply in _tolerating_wrong_types(pipe)]
+
+    @translate_errors
     def listener_infos(self, listener_ids: Sequence[str]) -> list[dict[str, str]]:
         """HGETALL blueque_listener_[id] for many listeners in one pipeline."""
         pipe = self.redis.pipeline(transaction=False)
         for listener in listener_ids:
             pipe.hgetall(self.keys.listener_info(listener))
         return cast(list[dict[str, str]], pipe.execute())
+
+    @translate_errors
+    def listeners_seen_many(self, queues: Sequence[str], count: int
+                            ) -> list[list[tuple[str, float]]]:
+        """Per queue, the ``count`` listeners whose runs ended latest, with when (Unix s,
+        newest first), from blueque_listeners_seen_[queue], in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zrevrange(self.keys.listeners_seen(queue), 0, count - 1, withscores=True)
+        return [[(str(member), float(score)) for member, score in reply]
+                if isinstance(reply, list) else [] for reply in _tolerating_wrong_types(pipe)]
+
+    @translate_errors
+    def listener_counts_many(self, pairs: Sequence[tuple[str, str]]) -> list[dict[str, int]]:
+        """blueque_listener_counts_[queue]_[listener id] of each (queue, listener) pair, in
+        one pipeline: outcome -> runs it ended so."""
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, listener in pairs:
+            pipe.hgetall(self.keys.listener_counts(queue, listener))
+        return [_counts(reply) for reply in _tolerating_wrong_types(pipe)]
 
     @translate_errors
     def scheduled_counts(self, queues: Sequence[str]) -> list[int]:

@@ -19,11 +19,9 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
@@ -38,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry
-from blueque.display import format_bytes, format_seconds, parse_duration
+from blueque.display import format_seconds, parse_duration
 from blueque.errors import (
     BluequeError,
     ConfigurationError,
@@ -50,7 +48,8 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
-from blueque.web import views
+from blueque.web import bulk, redis_panel, render, views
+from blueque.web.search import Filters
 
 log = logging.getLogger("blueque.web")
 
@@ -74,36 +73,6 @@ SECURITY_HEADERS = {
 }
 
 
-def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    try:
-        return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):  # past year 9999: a task scheduled for never
-        return f"{timestamp:.0f} (not a date)"
-
-
-def _ago(timestamp: float | None, at: float) -> str:
-    if timestamp is None:
-        return "-"
-    delta = at - timestamp
-    return f"{format_seconds(delta)} ago" if delta >= 0 else f"in {format_seconds(-delta)}"
-
-
-def _duration(seconds: float | None) -> str:
-    return "-" if seconds is None else format_seconds(seconds)
-
-
-def _environment() -> Environment:
-    env = Environment(
-        loader=PackageLoader("blueque.web", "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-        trim_blocks=True, lstrip_blocks=True,
-    )
-    env.filters.update(when=_when, duration=_duration, ago=_ago, bytes=format_bytes)
-    return env
-
-
 class Dashboard:
     """Holds the client, the token and the cron entries; its methods are the routes."""
 
@@ -115,7 +84,7 @@ class Dashboard:
         self.token = token or None
         self.cron_entries = list(cron_entries)
         self.refresh = refresh
-        self.templates = Jinja2Templates(env=_environment())
+        self.templates = Jinja2Templates(env=render.environment())
         self.registry = queue_registry(self.store)
         self._policy: tuple[float, MemoryPolicy | None] = (-POLICY_KEPT, None)
 
@@ -170,7 +139,9 @@ class Dashboard:
 
     async def queues(self, request: Request) -> Response:
         page = _int(request.query_params.get("page"), 1)
-        data = await run_in_threadpool(views.queues_page, self.store, await self.now(), page)
+        span = request.query_params.get("range", "1h")
+        data = await run_in_threadpool(views.queues_page, self.store, await self.now(), page,
+                                       span)
         return await self.render(request, "queues.html", data)
 
     async def queue(self, request: Request) -> Response:
@@ -179,9 +150,10 @@ class Dashboard:
         if state not in views.STATES:
             state = k.PENDING
         page = _int(request.query_params.get("page"), 1)
-        search = request.query_params.get("id", "").strip()
+        filters = Filters.parse(request.query_params)
+        start = _int(request.query_params.get("offset"), 0)
         data = await run_in_threadpool(views.queue_page, self.store, name, state, page,
-                                       search, await self.now())
+                                       filters, await self.now(), start)
         return await self.render(request, "queue.html", data, 200 if data["known"] else 404)
 
     async def task(self, request: Request) -> Response:
@@ -203,6 +175,10 @@ class Dashboard:
         data = await run_in_threadpool(views.schedule_page, self.store, self.cron_entries,
                                        await self.now(), page)
         return await self.render(request, "schedule.html", data)
+
+    async def redis(self, request: Request) -> Response:
+        data = await run_in_threadpool(redis_panel.redis_page, self.store)
+        return await self.render(request, "redis.html", data)
 
     async def metrics(self, request: Request) -> Response:
         body = await run_in_threadpool(scrape, self.registry)
@@ -308,6 +284,9 @@ ACTIONS: dict[str, Callable[[Dashboard, dict[str, Any]], str]] = {
     "retry-failed": Dashboard.retry_failed,
     "cancel-waiting": Dashboard.cancel_waiting,
     "purge": Dashboard.purge,
+    "bulk-retry": lambda dashboard, body: bulk.retry(dashboard.client, body),
+    "bulk-cancel": lambda dashboard, body: bulk.cancel(dashboard.client, body),
+    "bulk-delete": lambda dashboard, body: bulk.delete(dashboard.client, body),
 }
 
 
@@ -392,6 +371,7 @@ def create_app(url: str | None = None, token: str | None = None, *, client: Clie
         Route("/task", dashboard.guard(dashboard.task), name="task"),
         Route("/nodes", dashboard.guard(dashboard.nodes), name="nodes"),
         Route("/schedule", dashboard.guard(dashboard.schedule), name="schedule"),
+        Route("/redis", dashboard.guard(dashboard.redis), name="redis"),
         Route("/metrics", dashboard.metrics, name="metrics"),
         Route("/actions/{name}", dashboard.action, methods=["POST"], name="action"),
         Mount("/static", StaticFiles(packages=[("blueque.web", "static")]), name="static"),

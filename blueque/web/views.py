@@ -18,6 +18,8 @@ from blueque.metrics import pending_age
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, readable_history
 from blueque.tasklog import read_outputs
+from blueque.web.history import listener_history
+from blueque.web.search import SCAN_LIMIT, Filters, search_context, window_ids
 
 #: Tasks per page of a queue's task list.
 PAGE_SIZE = 50
@@ -27,6 +29,8 @@ SCHEDULED_SHOWN = 20
 SCHEDULE_QUEUES_PER_PAGE = 20
 #: Minutes of the queues page's throughput chart.
 CHART_MINUTES = 60
+#: Queue names the filter form offers to pick from (any other can be typed).
+QUEUES_LISTED = 500
 #: Queues per page of the queues page (each costs 60 reads for its chart).
 QUEUES_PER_PAGE = 100
 #: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
@@ -39,6 +43,8 @@ CHART_OUTCOMES = ("complete", "failed", "cancelled", "retry")
 #: Characters of parameters, result and traceback shown on a task page (the page is fetched
 #: again at every live refresh; `blueque show ID --json` prints everything).
 SHOWN_CHARS = 65536
+#: Characters of parameters and result shown in a task list (whitespace runs as one space).
+EXCERPT_CHARS = 60
 
 
 def number(raw: str | None) -> float | None:
@@ -74,24 +80,61 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
         "updated": number(data.get("updated")),
         "eta": number(data.get("eta")),
         "error_line": error.strip().splitlines()[-1] if error.strip() else "",
+        "parameters": excerpt(data.get("parameters")),
+        "result": excerpt(data.get("result")),
     }
 
 
+def excerpt(text: str | None) -> str:
+    """The start of a value on one line, cut at EXCERPT_CHARS (the template escapes it; the
+    task page shows the whole)."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= EXCERPT_CHARS else line[:EXCERPT_CHARS - 1] + "…"
+
+
 # --- queues -----------------------------------------------------------------------------------
-def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ChartRange:
+    """A span the queues page charts: ``bars`` buckets of ``step`` seconds, read from the
+    per-minute or the per-hour outcome counters (PROTOCOL.md 5.6)."""
+
+    name: str
+    label: str
+    bars: int
+    step: int
+    queues_per_page: int = QUEUES_PER_PAGE
+
+    def starts(self, at: float) -> list[int]:
+        newest = int(at // self.step * self.step)
+        return [newest - self.step * n for n in range(self.bars - 1, -1, -1)]
+
+
+#: The queues page's charts: the last hour per minute, 24 hours and 7 days per hour.
+#: A 7-day page shows fewer queues, so that it reads no more hashes than a one-hour page
+#: (168 a queue: 35 x 168 = 5,880, against 100 x 60 = 6,000).
+CHART_RANGES = {r.name: r for r in (ChartRange("1h", "last hour", CHART_MINUTES, 60),
+                                    ChartRange("24h", "last 24 h", 24, 3600),
+                                    ChartRange("7d", "last 7 days", 168, 3600, 35))}
+
+
+def queues_page(store: RedisStore, at: float, number_: int = 1, span: str = "1h"
+                ) -> dict[str, Any]:
     """A page of queues (QUEUES_PER_PAGE): counts per state, oldest pending age, outcomes
-    per minute over the last hour; a fixed number of pipelines for the whole page."""
-    minute = int(at // 60 * 60)
-    minutes = [minute - 60 * n for n in range(CHART_MINUTES - 1, -1, -1)]
+    per minute over the last hour (or per hour over 24 hours or 7 days); a fixed number of
+    pipelines for the whole page."""
+    chart = CHART_RANGES.get(span, CHART_RANGES["1h"])
+    starts = chart.starts(at)
     known = [queue for queue, _ in store.known_queues()]
-    page = Page(max(1, number_), QUEUES_PER_PAGE, len(known))
+    page = Page(max(1, number_), chart.queues_per_page, len(known))
     queues = known[page.start : page.stop + 1]
+    read = (store.outcomes_per_minute_many if chart.step == 60
+            else store.outcomes_per_hour_many)
     rows = []
-    for queue, counts, oldest, per_minute in zip(
+    for queue, counts, oldest, per_bucket in zip(
             queues, store.counts_many(queues), store.oldest_pending_many(queues),
-            store.outcomes_per_minute_many(queues, minutes), strict=True):
+            read(queues, starts), strict=True):
         bars = [{"minute": m, **{name: c.get(name, 0) for name in CHART_OUTCOMES}}
-                for m, c in zip(minutes, per_minute, strict=True)]
+                for m, c in zip(starts, per_bucket, strict=True)]
         rows.append({
             "name": queue,
             "counts": {state: getattr(counts, state) for state in STATES},
@@ -101,7 +144,7 @@ def queues_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any
             "peak": max([1, *(sum(b[name] for name in CHART_OUTCOMES) for b in bars)]),
             "last_hour": {name: sum(b[name] for b in bars) for name in CHART_OUTCOMES},
         })
-    return {"queues": rows, "page": page}
+    return {"queues": rows, "page": page, "chart": chart, "ranges": list(CHART_RANGES.values())}
 
 
 # --- one queue's tasks ------------------------------------------------------------------------
@@ -124,34 +167,30 @@ class Page:
         return max(1, math.ceil(self.total / self.size))
 
 
-def page_ids(store: RedisStore, queue: str, state: str, page: Page) -> list[str]:
-    """One window of a state's ids: pending next-in-line first (the list's right end),
-    scheduled soonest first, finished newest first."""
-    if state == k.PENDING:
-        return store.task_ids(queue, state, -(page.stop + 1), -(page.start + 1))[::-1]
-    if state == k.RESERVED:  # read whole (bounded by the listeners' slots), then windowed
-        return store.task_ids(queue, state)[page.start : page.stop + 1]
-    return store.task_ids(queue, state, page.start, page.stop)
-
-
-def queue_page(store: RedisStore, queue: str, state: str, number_: int, search: str,
-               at: float) -> dict[str, Any]:
+def queue_page(store: RedisStore, queue: str, state: str, number_: int, filters: Filters,
+               at: float, start: int = 0) -> dict[str, Any]:
+    """A window of one state's tasks, or a search (search.py): an exact id, or the tasks
+    whose id has a prefix and whose node and times match, looking at SCAN_LIMIT at most."""
     counts = store.counts(queue)
     totals = {s: getattr(counts, s) for s in STATES}
-    elsewhere = ""
-    if search:
-        data = store.task_data_many([search])[0]  # a key that is no hash reads as no task
-        found = bool(data) and data.get("queue") == queue
-        rows = [task_row(search, data, at)] if found else []
-        elsewhere = "" if found else data.get("queue", "")
-        page = Page(1, PAGE_SIZE, len(rows))
+    known = [name for name, _ in store.known_queues()]
+    found: dict[str, Any] = {"exact": False, "elsewhere": "", "scan": None}
+    if filters.problems:  # said on the page; nothing looked at
+        ids, page = [], Page(1, PAGE_SIZE, 0)
+    elif filters.active:
+        found = search_context(store, queue, state, filters, start, PAGE_SIZE)
+        ids = found["ids"]
+        page = Page(1, PAGE_SIZE, len(ids))
     else:
         page = Page(max(1, number_), PAGE_SIZE, totals[state])
-        ids = page_ids(store, queue, state, page) if page.start < page.total else []
-        rows = [task_row(i, d, at) for i, d in zip(ids, store.task_data_many(ids), strict=True)]
+        ids = (window_ids(store, queue, state, page.start, page.stop)
+               if page.start < page.total else [])
+    rows = [task_row(i, d, at) for i, d in zip(ids, store.task_data_many(ids), strict=True)
+            if d or not filters.active]  # a search finds tasks, not ids without a hash
     return {"queue": queue, "state": state, "totals": totals, "rows": rows, "page": page,
-            "search": search, "elsewhere": elsewhere,
-            "known": queue in dict(store.known_queues())}
+            "filters": filters, "search": filters.prefix, "exact": found["exact"],
+            "elsewhere": found["elsewhere"], "scan": found["scan"],
+            "scan_limit": SCAN_LIMIT, "queues": known[:QUEUES_LISTED], "known": queue in known}
 
 
 # --- one task ---------------------------------------------------------------------------------
@@ -284,7 +323,12 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
         expired = [lease["left"] for lease in entry["leases"]
                    if lease["left"] is not None and lease["left"] < 0]
         entry["state"] = "expired" if expired else ("gone" if not info else "alive")
-    return {"listeners": [listeners[listener] for listener in shown], "page": page}
+    return {"listeners": [listeners[listener] for listener in shown], "page": page,
+            "history": listener_history(store, queues, {
+                listener for listener, entry in listeners.items()
+                if entry.get("info", True) and not any(
+                    lease["left"] is not None and lease["left"] < 0
+                    for lease in entry["leases"])})}
 
 
 # --- scheduled tasks and cron entries ---------------------------------------------------------

@@ -40,6 +40,30 @@
     }
   }
 
+  // Bulk select: the ticked rows (input.select-task) outlive each refresh, by task id.
+  function selectedIds() {
+    return Array.from(document.querySelectorAll("input.select-task:checked"),
+                      function (box) { return box.value; });
+  }
+
+  function countSelected() {
+    const counter = document.getElementById("selected-count");
+    if (!counter) { return; }
+    const boxes = document.querySelectorAll("input.select-task");
+    const ticked = selectedIds().length;
+    counter.textContent = ticked ? ticked + " selected" : "none selected";
+    const all = document.getElementById("select-all");
+    if (all) { all.checked = boxes.length > 0 && ticked === boxes.length; }
+  }
+
+  function keepSelection(ids) {
+    const kept = new Set(ids);
+    for (const box of document.querySelectorAll("input.select-task")) {
+      box.checked = kept.has(box.value);
+    }
+    countSelected();
+  }
+
   function setStatus(text, ok) {
     status.textContent = text;
     status.className = ok ? "live" : "live down";
@@ -74,6 +98,7 @@
         }
       }
       const tails = readTails();
+      const selected = selectedIds();
       for (const old of document.querySelectorAll("[data-live]")) {
         const replacement = fresh.getElementById(old.id);
         if (replacement) {
@@ -81,6 +106,7 @@
         }
       }
       keepTails(tails);
+      keepSelection(selected);
       if (response.ok || response.status === 404) {
         setStatus("live", true);
       } else {
@@ -103,6 +129,15 @@
   async function act(button) {
     const data = button.dataset;
     const payload = {};
+    let bulk = null;
+    if (data.bulk) {  // a bulk action: the ticked tasks, after a confirmation naming how many
+      bulk = selectedIds();
+      if (!bulk.length) {
+        show("select tasks first (the boxes at the left of each row)", false);
+        return;
+      }
+      payload.task_ids = bulk;
+    }
     if (data.taskId) { payload.task_id = data.taskId; }
     if (data.queue) { payload.queue = data.queue; }
     if (data.status) { payload.status = data.status; }
@@ -116,12 +151,13 @@
     }
     // "{older_than}" in a confirmation is the field's value, as text (never as HTML)
     const question = (data.confirm || "").replace(/\{(\w+)\}/g, function (whole, name) {
+      if (name === "n" && bulk) { return String(bulk.length); }
       return Object.prototype.hasOwnProperty.call(payload, name) ? String(payload[name]) : whole;
     });
     if (question && !window.confirm(question)) {
       return;
     }
-    const url = body.dataset.actionUrl.replace(/NAME$/, encodeURIComponent(data.action));
+    const url = body.dataset.actionUrl.replace(/NAME$/, encodeURIComponent(data.bulk || data.action));
     try {
       const response = await fetch(url, {
         method: "POST",
@@ -135,14 +171,24 @@
       let reply = {};
       try { reply = await response.json(); } catch (error) { reply = {}; }
       show(reply.message || ("HTTP " + response.status), response.ok && reply.ok);
+      if (bulk && response.ok) { keepSelection([]); }
     } catch (error) {
       show("the dashboard could not be reached: " + error, false);
     }
     refresh();
   }
 
+  document.addEventListener("change", function (event) {
+    if (event.target.id === "select-all") {
+      for (const box of document.querySelectorAll("input.select-task")) {
+        box.checked = event.target.checked;
+      }
+    }
+    if (event.target.matches("#select-all, input.select-task")) { countSelected(); }
+  });
+
   document.addEventListener("click", function (event) {
-    const button = event.target.closest("button[data-action]");
+    const button = event.target.closest("button[data-action], button[data-bulk]");
     if (button) {
       event.preventDefault();
       act(button);

@@ -1,0 +1,69 @@
+"""The hourly outcome counters (blueque_finished_per_hour_[queue]_[hour]) and the listeners' run
+counters (blueque_listener_counts_[queue]_[listener id], blueque_listeners_seen_[queue]) that
+the dashboard's 24-hour and 7-day charts and its listener history read (PROTOCOL.md 5.6):
+every script that counts an ending counts it per hour too, on Redis and on fakeredis."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+import blueque
+from blueque import keys as k
+from tests.test_metrics import run_to_end
+
+
+def per_hour(client: blueque.Client, queue: str) -> dict[str, int]:
+    """This hour's and the last hour's counts together (an hour may turn during a test)."""
+    hour = int(client.store.now() // 3600 * 3600)
+    both = client.store.outcomes_per_hour_many([queue], [hour - 3600, hour])[0]
+    return {name: both[0].get(name, 0) + both[1].get(name, 0)
+            for name in set(both[0]) | set(both[1])}
+
+
+def test_every_counted_ending_is_counted_per_hour(any_client: blueque.Client) -> None:
+    client = any_client
+    for outcome in ("complete", "complete", "failed", "retry"):  # finish.lua
+        run_to_end(client, "q", outcome)
+    queue = client.get_queue("q")
+    client.cancel_task(queue.enqueue("{}"))  # cancel.lua
+    queue.enqueue_many(["{}"] * 3)
+    queue.schedule("{}", time.time() + 600)
+    done = queue.cancel_waiting()  # cancel_pending.lua, cancel_scheduled.lua
+    assert (done.pending, done.scheduled) == (3, 2)  # the retried one waits there too
+    broken = queue.enqueue("{}")  # stamp.lua: a task whose hash is gone is recorded failed
+    client.store.redis.hdel(client.store.keys.task(broken), "status", "queue")
+    client.store.redis.hset(client.store.keys.task(broken), "status", "weird")
+    client.get_listener("q").reserve()
+    task_id = queue.enqueue("{}")  # recover.lua: its listener died
+    listener = client.get_listener("q")
+    task = listener.reserve()
+    assert task is not None and task.id == task_id
+    client.get_processor(task).start(999_999)
+    client.store.recover("q", listener.id, [(task_id, str(task.attempts), "failed", None,
+                                              "listener died")], time.time(), mode="host")
+    ever = client.store.outcome_counts("q")
+    assert ever == {"complete": 2, "failed": 3, "retry": 1, "cancelled": 6}
+    assert per_hour(client, "q") == ever
+
+
+def test_hour_and_listener_counters_expire_and_name_the_listener(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    task_id = run_to_end(client, "q", "complete")
+    run_to_end(client, "q", "failed")
+    now = client.store.now()
+    hour = client.store.keys.finished_per_hour("q", str(int(now // 3600 * 3600)))
+    if not redis_client.exists(hour):  # the hour turned between the finish and this read
+        hour = client.store.keys.finished_per_hour("q", str(int(now // 3600 * 3600) - 3600))
+    assert k.FINISHED_HOUR_TTL - 60 < redis_client.ttl(hour) <= k.FINISHED_HOUR_TTL
+    ran_by = client.get_task(task_id).data["node"]
+    counts = client.store.keys.listener_counts("q", ran_by)
+    assert redis_client.hgetall(counts) == {"complete": "1", "failed": "1"}
+    assert k.LISTENER_COUNTS_TTL - 60 < redis_client.ttl(counts) <= k.LISTENER_COUNTS_TTL
+    seen = client.store.keys.listeners_seen("q")
+    redis_client.zadd(seen, {"long-gone_1": now - k.LISTENER_COUNTS_TTL - 10})
+    run_to_end(client, "q", "complete")  # each write drops who was last seen 7 days ago
+    assert [name for name, _ in client.store.listeners_seen_many(["q"], 10)[0]] == [ran_by]
+    assert client.store.listener_counts_many([("q", ran_by)]) == [
+        {"complete": 2, "failed": 1}]
