@@ -89,3 +89,25 @@ def test_a_forked_child_enqueues_on_a_connection_of_its_own(client: blueque.Clie
     ids = pending(client.redis, "q")
     assert len(ids) == 3 and ids[0] == last and ids[-1] == first
     assert client.redis.hget(K.task(ids[1]), "parameters") == '{"child": 1}'
+
+
+def test_a_child_forked_while_another_thread_was_sending_still_sends_directly(
+        client: blueque.Client) -> None:
+    queue = client.get_queue("q")
+    queue.enqueue("{}")
+    direct = client.store._direct
+    direct._lock.acquire()  # as if another thread were mid-call when the process forked
+    try:
+        pid = os.fork()
+        if pid == 0:
+            ok = False
+            try:
+                queue.enqueue('{"child": 1}')
+                ok = direct._connection is not None and direct._connection.pid == os.getpid()
+            finally:
+                os._exit(0 if ok else 1)
+    finally:
+        direct._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert client.redis.llen(K.pending("q")) == 2

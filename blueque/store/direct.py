@@ -55,18 +55,24 @@ class DirectCalls:
 
     def __init__(self, client: Any) -> None:
         self._pool: Any = client.connection_pool if _eligible(client) else None
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._connection: Any = None
 
     def evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """The script's reply; ``NOT_SENT`` when nothing was sent (the caller sends it);
         ``Resend`` when the connection failed or the server lost the script."""
-        if self._pool is None or not self._lock.acquire(blocking=False):
+        if self._pool is None:
+            return NOT_SENT
+        if self._pid != os.getpid():
+            # a forked child: the parent's socket is not its to use, and a lock another
+            # thread of the parent held at the fork would stay held in it
+            self._pid, self._lock, self._connection = os.getpid(), threading.Lock(), None
+        if not self._lock.acquire(blocking=False):
             return NOT_SENT
         try:
             connection = self._connection
-            if connection is None or connection.pid != os.getpid():
-                # first call, or a forked child: the parent's socket is not ours to use
+            if connection is None:
                 connection = self._connection = self._pool.get_connection()
             connection.send_packed_command(
                 connection.pack_command("EVALSHA", sha, len(keys), *keys, *args))
