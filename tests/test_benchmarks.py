@@ -71,3 +71,19 @@ def test_commands_per_task_prints_every_command_of_a_drained_task_with_its_reaso
                   len(line.split()) == 5)
     sent, everything, commandstats, trips = map(float, totals.split()[1:])
     assert 0 < sent <= everything and trips <= sent and commandstats > 0
+
+
+@pytest.mark.timeout(300)
+def test_profile_enqueue_prints_the_client_and_the_redis_side_of_an_enqueue() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile_enqueue", "--n", "200"],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "Queue.enqueue, one task per call:" in out and "blueque" in out
+    redis_side = out.split("Queue.enqueue, Redis' side")[1].splitlines()[1:]
+    commands = {line.split()[0]: float(line.split()[1]) for line in redis_side if line.strip()}
+    # one script call per enqueue, and the commands it runs: no ZINCRBY of a listed queue
+    assert commands["EVALSHA"] == 1.0 and commands["HSET"] == 1.0 and commands["LPUSH"] == 1.0
+    assert "ZINCRBY" not in commands and "ZADD" not in commands
