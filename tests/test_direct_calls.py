@@ -111,3 +111,23 @@ def test_a_child_forked_while_another_thread_was_sending_still_sends_directly(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert client.redis.llen(K.pending("q")) == 2
+
+
+def test_a_pool_bounded_to_one_connection_still_serves_every_command(redis_url: str) -> None:
+    pool = redis.BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=2,
+                                                 decode_responses=True)
+    client = blueque.Client(redis.Redis(connection_pool=pool))
+    try:
+        task_id = client.get_queue("bounded").enqueue("{}")  # a script call, kept apart
+        assert client.get_task(task_id).status == "pending"  # a plain command, from the pool
+        assert client.get_queue("bounded").stats().pending >= 1
+    finally:
+        client.close()
+
+
+def test_closing_the_client_closes_the_kept_connection(client: blueque.Client) -> None:
+    client.get_queue("q").enqueue("{}")
+    kept = client.store._direct._connection
+    assert kept is not None and kept._sock is not None
+    client.close()
+    assert kept._sock is None

@@ -142,6 +142,11 @@ class StoreCore:
                 clock.measured(before, float(seconds) + float(micros) / 1e6, clock.local())
         return clock.now()
 
+    def close(self) -> None:
+        """Disconnect the connection the store keeps for script calls (blueque.store.direct);
+        the redis-py client's pool is its owner's to close."""
+        self._direct.close()
+
     @property
     def where(self) -> str:
         return describe(self.redis)

@@ -5,10 +5,13 @@ A plain ``redis.Redis`` command takes a connection from the pool and gives it ba
 call: a ``poll`` system call to check the connection holds no stale reply, locks, metric
 hooks and an event per release. Measured on an enqueue (benchmarks/profile_enqueue.py and
 issue 20 item 5): that path costs about 10 us of client CPU per call, a third of a bare
-``LPUSH``. ``DirectCalls`` takes one connection from the pool once per process and keeps it
-for the store's script calls; redis-py's ``Connection`` still encodes the command, parses the
-reply, raises a Redis error reply as its exception and disconnects itself on any failure
-between the write and the reply, so the next call reconnects.
+``LPUSH``. ``DirectCalls`` makes one connection per process as the pool makes its own (its
+connection class and settings: address, password, TLS, Sentinel's master lookup) but keeps it
+apart from the pool, so that a pool the program bounds (``max_connections``, a
+``BlockingConnectionPool`` of one) never has a connection taken from it for good; redis-py's
+``Connection`` still encodes the command, parses the reply, raises a Redis error reply as its
+exception and disconnects itself on any failure between the write and the reply, so the next
+call reconnects. ``close`` (``Client.close``) disconnects it.
 
 What the kept connection never does, the caller's ordinary path does: a call that finds the
 connection busy (another thread's call in flight), a client that is no plain ``redis.Redis``
@@ -73,7 +76,8 @@ class DirectCalls:
         try:
             connection = self._connection
             if connection is None:
-                connection = self._connection = self._pool.get_connection()
+                connection = self._connection = self._pool.connection_class(
+                    **self._pool.connection_kwargs)
             connection.send_packed_command(
                 connection.pack_command("EVALSHA", sha, len(keys), *keys, *args))
             return connection.read_response()
@@ -82,3 +86,9 @@ class DirectCalls:
             raise Resend(str(error)) from error
         finally:
             self._lock.release()
+
+    def close(self) -> None:
+        """Disconnect the kept connection (the next call connects again)."""
+        connection = self._connection
+        if connection is not None and connection.pid == os.getpid():
+            connection.disconnect()
