@@ -53,8 +53,9 @@ def _eligible(client: Any) -> bool:
 
 
 class DirectCalls:
-    """EVALSHA on a connection kept from ``client``'s pool (one per process, used by one
-    thread at a time; a call that finds it busy goes the ordinary way)."""
+    """EVALSHA on a connection made as ``client``'s pool makes its own and kept apart from it
+    (one per process, used by one thread at a time; a call that finds it busy goes the
+    ordinary way)."""
 
     def __init__(self, client: Any) -> None:
         self._pool: Any = client.connection_pool if _eligible(client) else None
