@@ -7,6 +7,10 @@ anywhere) and groups the self time of every function by layer: Blueque's own cod
 command machinery, the socket calls, uuid, the rest. cProfile inflates pure-Python layers, so
 the shares matter more than the absolute figures; the total is also measured without the
 profiler. For a sampling view, ``py-spy record -- python -m benchmarks.profile_enqueue``.
+
+Then Redis' side of one enqueue: INFO commandstats over ``n`` calls (reset first), each
+command the call runs (the script and the commands it runs itself), how many per enqueue and
+their microseconds of Redis CPU per enqueue (the script's figure includes its commands').
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+import redis
+
 from blueque import Client
+from blueque.queue import Queue
 from blueque.testing import RedisServer
 
 PARAMETERS = '{"n": 1, "kind": "benchmark"}'
@@ -58,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=5000)
     args = parser.parse_args(argv)
     with RedisServer() as server:
-        queue = Client(server.url).get_queue("profile")
+        client = Client(server.url)
+        queue = client.get_queue("profile")
         for _ in range(100):
             queue.enqueue(PARAMETERS)
         batch = [PARAMETERS] * 1000
@@ -78,7 +86,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{title}: {plain_us:.1f} us of client CPU per task (without profiler)")
             for name, share in sorted(shares.items(), key=lambda item: -item[1]):
                 print(f"  {share * 100:5.1f}%  {name}")
+        server_side(client.redis, queue, args.n)
     return 0
+
+
+def server_side(r: redis.Redis, queue: Queue, n: int) -> None:
+    """Redis' commands and CPU per Queue.enqueue (INFO commandstats over ``n`` calls)."""
+    r.config_resetstat()
+    for _ in range(n):
+        queue.enqueue(PARAMETERS)
+    stats = {name.removeprefix("cmdstat_"): row for name, row in r.info("commandstats").items()
+             if name.startswith("cmdstat_") and int(row["calls"]) >= n}
+    print(f"Queue.enqueue, Redis' side (INFO commandstats over {n:,} calls)")
+    for name, row in sorted(stats.items(), key=lambda item: -float(item[1]["usec"])):
+        print(f"  {name.upper():10s} {int(row['calls']) / n:5.2f} per enqueue "
+              f"{float(row['usec']) / n:6.2f} us")
 
 
 if __name__ == "__main__":

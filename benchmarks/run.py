@@ -120,6 +120,8 @@ def drain_cost_rows(p: Profile) -> list[Row]:
             name = SYSTEM_NAMES.get(system, system)
             rows.append(Row(f"drain_cmds_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
                             f"Redis commands per task, c={c}", name, "commands", 1))
+            rows.append(Row(f"drain_trips_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
+                            f"Redis round trips per task, c={c}", name, "round trips", 1))
             rows.append(Row(f"drain_redis_cpu_c{c}.{system}",
                             f"4 drain {p.drain_n:,} no-op tasks",
                             f"Redis CPU per task, c={c}", name, "us", 1))
@@ -246,6 +248,7 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                 script(interpreter, name, "drain", "--n", p.drain_n, "--concurrency", c,
                        "--op", kind),
                 {f"drain_c{c}.{system}": "rate", f"drain_cmds_c{c}.{system}": "commands",
+                 f"drain_trips_c{c}.{system}": "round_trips",
                  f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
     jobs.append(Job("drain", "blueque", "4",
                     script("blueque", bq, "drain", "--n", p.drain_n, "--concurrency", 1,
@@ -475,6 +478,8 @@ TARGETS = [
            ratio("enqueue.blueque", "enqueue.lpush"), 0.8),
     Target("Redis commands per drained task (c=1): blueque / original",
            ratio("drain_cmds_c1.blueque", "drain_cmds_c1.original"), 1.0, True),
+    Target("Redis round trips per drained task (c=1): blueque",
+           value_of("drain_trips_c1.blueque"), 2.0, True, ""),
     Target("memory per finished task: blueque / original",
            ratio("memory_finished.blueque", "memory_finished.original"), 1.0, True),
     Target("memory per pending task (bytes): blueque", value_of("memory_pending.blueque"),

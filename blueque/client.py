@@ -153,6 +153,7 @@ class Client:
         return view
 
     def close(self) -> None:
+        self.store.close()
         self.redis.close()
 
     def ping(self) -> None:

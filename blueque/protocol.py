@@ -108,9 +108,10 @@ def outcome_keys(keys: k.Keys, queue: str, now: float) -> list[str]:
 
 
 def touch_queue(keys: k.Keys, queue: str) -> Operation[None]:
-    """ZINCRBY blueque_queues by 0, outside the scripts, in the hash-tagged layout only."""
+    """ZADD NX blueque_queues 0 (1.0.1's ZINCRBY 0, without a write when the queue is
+    listed), outside the scripts, in the hash-tagged layout only."""
     if keys.hash_tags:
-        yield command("zincrby", keys.queues(), 0, queue)
+        yield command("zadd", keys.queues(), {queue: 0}, nx=True)
 
 
 # --- creating tasks ---------------------------------------------------------------------------

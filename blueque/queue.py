@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,10 +32,17 @@ def _text(value: object, what: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _name_problem(name: str) -> str | None:
+    """keys.queue_name_problem of a str, remembered: a queue's name is checked at every
+    enqueue, and looking at each character costed 2 us of an enqueue's 30 (issue 20)."""
+    return k.queue_name_problem(name)
+
+
 def check_queue_name(name: object) -> str:
     """The one queue-name rule (keys.QUEUE_NAME_RULE), checked wherever a queue is made:
     enqueue, configure, listen. ConfigurationError says what is wrong."""
-    problem = k.queue_name_problem(name)
+    problem = _name_problem(name) if type(name) is str else k.queue_name_problem(name)
     if problem:
         raise ConfigurationError(problem)
     return str(name)

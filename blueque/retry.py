@@ -115,7 +115,8 @@ class _Tries:
         self.policy = policy
         self.started = policy.clock()
         self.deadline = self.started + policy.deadline_s
-        self.backoff = Backoff(policy.initial_backoff_s, policy.max_backoff_s, jitter=True)
+        #: made at the first failure: most operations never fail, and an enqueue is 30 us
+        self.backoff: Backoff | None = None
         self.failures = 0
 
     def failed(self, error: Exception) -> float | None:
@@ -124,6 +125,9 @@ class _Tries:
         left = self.deadline - self.policy.clock()
         if not is_transient(error) or left <= 0:
             return None
+        if self.backoff is None:
+            self.backoff = Backoff(self.policy.initial_backoff_s, self.policy.max_backoff_s,
+                                   jitter=True)
         wait = min(self.backoff.next(), left)
         log.log(logging.WARNING if self.failures == 1 else logging.DEBUG,
                 "Redis operation failed (%s: %s); retry %d in %.2f s (retrying for up "
@@ -155,6 +159,10 @@ class RetryPolicy:
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     async_sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False,
                                                             compare=False)
+
+    def __post_init__(self) -> None:
+        # the waits are checked here, once: a try makes its Backoff only when it fails
+        Backoff(self.initial_backoff_s, self.max_backoff_s)
 
     def bounded(self, seconds: float) -> RetryPolicy:
         """The same policy with a deadline of at most ``seconds`` (a daemon's loop, which

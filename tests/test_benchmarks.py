@@ -47,3 +47,43 @@ def test_smoke_run_prints_every_row(tmp_path: Path) -> None:
     assert [t["text"] for t in report["targets"]] == [t.text for t in TARGETS]
     for target in TARGETS:
         assert target.text in table
+
+
+@pytest.mark.timeout(300)
+def test_commands_per_task_prints_every_command_of_a_drained_task_with_its_reason() -> None:
+    from benchmarks.commands_per_task import PER_TASK, WHY
+
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.commands_per_task", "--n", "20", "--no-original"],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    for command in PER_TASK:
+        row = [line for line in lines
+               if line.startswith("blueque ") and line[10:].strip().startswith(command + " ")]
+        assert row, f"no row for {command}:\n{result.stdout}"
+        per_task = float(row[0][10:].strip()[len(command):].split()[0])
+        assert per_task >= 1.0, row  # every task sends it at least once
+        assert WHY[("blueque", command)] in row[0]
+    assert "not explained" not in result.stdout  # every command measured has its reason
+    totals = next(line for line in lines if line.startswith("blueque ") and
+                  len(line.split()) == 5)
+    sent, everything, commandstats, trips = map(float, totals.split()[1:])
+    assert 0 < sent <= everything and trips <= sent and commandstats > 0
+
+
+@pytest.mark.timeout(300)
+def test_profile_enqueue_prints_the_client_and_the_redis_side_of_an_enqueue() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile_enqueue", "--n", "200"],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "Queue.enqueue, one task per call:" in out and "blueque" in out
+    redis_side = out.split("Queue.enqueue, Redis' side")[1].splitlines()[1:]
+    commands = {line.split()[0]: float(line.split()[1]) for line in redis_side if line.strip()}
+    # one script call per enqueue, and the commands it runs: no ZINCRBY of a listed queue
+    assert commands["EVALSHA"] == 1.0 and commands["HSET"] == 1.0 and commands["LPUSH"] == 1.0
+    assert "ZINCRBY" not in commands and "ZADD" not in commands

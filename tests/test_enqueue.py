@@ -325,3 +325,42 @@ def test_enqueue_due_moves_due_tasks_behind_a_full_batch_of_stale_entries(
     assert contract_client.get_queue("q").enqueue_due_tasks() == ["due-late"]
     assert r.zcard(K.scheduled("q")) == 0
     assert r.hget(K.task("due-late"), "status") == "pending"
+
+
+def queue_listing_writes(r: redis.Redis) -> int:
+    """Commands that may write blueque_queues on an enqueue: ZINCRBY (1.0.1's) and ZADD."""
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+               for name in ("zincrby", "zadd"))
+
+
+@pytest.mark.parametrize("hash_tags", [False, True], ids=["default", "hash-tagged"])
+def test_an_enqueue_lists_its_queue_and_leaves_its_listener_count(
+        redis_client: redis.Redis, hash_tags: bool) -> None:
+    client = blueque.Client(redis_client, hash_tags=hash_tags)
+    keys = client.keys
+    redis_client.zadd(keys.queues(), {"busy": 2})  # two listeners, as 1.0.1 counts them
+    client.get_queue("busy").enqueue("{}")
+    client.get_queue("busy").enqueue("{}")
+    client.get_queue("fresh").enqueue("{}")
+    client.get_queue("later").schedule("{}", delay=3600)
+    assert redis_client.zscore(keys.queues(), "busy") == 2.0
+    assert redis_client.zscore(keys.queues(), "fresh") == 0.0
+    assert redis_client.zscore(keys.queues(), "later") == 0.0
+    # a queue taken out of the listing while empty (forget-queue) comes back with a task
+    redis_client.delete(keys.pending("fresh"))
+    redis_client.zrem(keys.queues(), "fresh")
+    client.get_queue("fresh").enqueue("{}")
+    assert redis_client.zscore(keys.queues(), "fresh") == 0.0
+
+
+def test_an_enqueue_onto_a_pending_list_that_holds_tasks_leaves_the_listing_alone(
+        client: blueque.Client) -> None:
+    r, queue = client.redis, client.get_queue("q")
+    queue.enqueue("{}")
+    assert r.zscore(K.queues(), "q") == 0.0
+    before = queue_listing_writes(r)
+    queue.enqueue("{}")  # the list held a task: its queue is listed, nothing to write
+    queue.enqueue("{}")
+    assert queue_listing_writes(r) == before
+    assert r.llen(K.pending("q")) == 3

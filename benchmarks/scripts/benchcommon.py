@@ -145,14 +145,21 @@ def command_calls(r: redis.Redis) -> int:
     return sum(int(v["calls"]) for v in stats.values() if isinstance(v, dict) and "calls" in v)
 
 
+def read_events(r: redis.Redis) -> int:
+    """Read events the server has processed (INFO stats): one per request a client sent, a
+    pipeline being one, so a count of round trips."""
+    return int(r.info("stats")["total_reads_processed"])
+
+
 def drain_rate(
     finished: Callable[[], int], n: int, timeout: float, r: redis.Redis | None = None
 ) -> dict[str, float]:
     """Poll the finished count; tasks/s between the first and the last completion.
 
-    With ``r``, also the Redis commands and Redis CPU per drained task, from before the first
-    completion to the last, net of this loop's own polling (its per-poll cost is measured
-    right after the drain and subtracted), and counting the INFO calls that measure it."""
+    With ``r``, also the Redis commands, round trips and Redis CPU per drained task, from
+    before the first completion to the last, net of this loop's own polling (its per-poll
+    cost is measured right after the drain and subtracted), and counting the INFO calls that
+    measure it."""
     polls = 0
 
     def poll() -> int:
@@ -162,6 +169,7 @@ def drain_rate(
 
     calls0 = command_calls(r) if r is not None else 0
     srv0 = server_cpu(r) if r is not None else 0.0
+    reads0 = read_events(r) if r is not None else 0
     wait_until(lambda: poll() >= 1, timeout=timeout, interval=0.002)
     first = time.perf_counter()
     wait_until(lambda: poll() >= n, timeout=timeout, interval=0.005)
@@ -169,15 +177,17 @@ def drain_rate(
     result = {"rate": (n - 1) / (last - first), "seconds": last - first}
     if r is None:
         return result
-    calls1, srv1 = command_calls(r), server_cpu(r)
+    calls1, srv1, reads1 = command_calls(r), server_cpu(r), read_events(r)
     probe = 200
     for _ in range(probe):
         finished()
-    calls2, srv2 = command_calls(r), server_cpu(r)
-    # each command_calls/server_cpu pair is 2 INFO calls, counted in the deltas
-    per_poll_calls = (calls2 - calls1 - 2) / probe
+    calls2, srv2, reads2 = command_calls(r), server_cpu(r), read_events(r)
+    # each command_calls/server_cpu/read_events trio is 3 INFO calls, counted in the deltas
+    per_poll_calls = (calls2 - calls1 - 3) / probe
     per_poll_cpu = (srv2 - srv1) / probe
-    result["commands"] = max(0.0, (calls1 - calls0 - 2 - polls * per_poll_calls) / n)
+    per_poll_reads = (reads2 - reads1 - 3) / probe
+    result["commands"] = max(0.0, (calls1 - calls0 - 3 - polls * per_poll_calls) / n)
+    result["round_trips"] = max(0.0, (reads1 - reads0 - 3 - polls * per_poll_reads) / n)
     result["server_cpu_us"] = max(0.0, (srv1 - srv0 - polls * per_poll_cpu) / n * 1e6)
     return result
 

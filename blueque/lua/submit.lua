@@ -31,13 +31,17 @@ for i = 7, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-if KEYS[3] then
-  redis.call('ZINCRBY', KEYS[3], 0, ARGV[2])
-end
 if ARGV[5] == '' then
-  redis.call('LPUSH', KEYS[2], ARGV[1])
+  -- a pending list that already held a task has its queue listed (forget_queue refuses a
+  -- queue that holds tasks), so only the push that makes the list lists the queue
+  if redis.call('LPUSH', KEYS[2], ARGV[1]) == 1 and KEYS[3] then
+    redis.call('ZADD', KEYS[3], 'NX', 0, ARGV[2])
+  end
   redis.call('PUBLISH', ARGV[6], ARGV[2])
 else
+  if KEYS[3] then
+    redis.call('ZADD', KEYS[3], 'NX', 0, ARGV[2])
+  end
   redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
 end
 return 1

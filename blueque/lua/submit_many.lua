@@ -33,7 +33,7 @@ for i = 3, #KEYS do
   end
 end
 if ARGV[3] == '1' then
-  redis.call('ZINCRBY', KEYS[2], 0, ARGV[1])
+  redis.call('ZADD', KEYS[2], 'NX', 0, ARGV[1])  -- 1.0.1's ZINCRBY 0, without a write when listed
 end
 if n > 0 then
   redis.call('LPUSH', KEYS[1], unpack(created))

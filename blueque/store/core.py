@@ -20,6 +20,7 @@ from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
 from blueque.retry import NoRetry, RetryPolicy
+from blueque.store.direct import NOT_SENT, DirectCalls, Resend
 from blueque.store.errors import (
     check_version,
     describe,
@@ -97,6 +98,8 @@ class StoreCore:
         #: blueque.ha.Durability: enqueues, starts and outcomes wait for replicas (WAIT)
         self.durability = durability
         self._scripts: dict[str, Script] = {}
+        #: script calls on a connection of the store's own (blueque.store.direct)
+        self._direct = DirectCalls(client)
         self._server_checked = False
         self.health = Health()
         #: the client-wide checkpoint size limit (Client(..., checkpoint_max_bytes=...))
@@ -138,6 +141,11 @@ class StoreCore:
             else:
                 clock.measured(before, float(seconds) + float(micros) / 1e6, clock.local())
         return clock.now()
+
+    def close(self) -> None:
+        """Disconnect the connection the store keeps for script calls (blueque.store.direct);
+        the redis-py client's pool is its owner's to close."""
+        self._direct.close()
 
     @property
     def where(self) -> str:
@@ -208,7 +216,14 @@ class StoreCore:
              durable: bool = False) -> Any:
         if durable and self.durability is not None:
             return self.durability.run(self.redis, self._script(name), keys, args)
-        return self._script(name)(keys=list(keys), args=list(args))
+        script = self._script(name)
+        try:
+            reply = self._direct.evalsha(script.sha, keys, args)
+        except Resend:
+            reply = NOT_SENT  # lost connection or script cache: the ordinary way repairs both
+        if reply is NOT_SENT:
+            return script(keys=list(keys), args=list(args))
+        return reply
 
     def _run_with(self, name: str, keys: Sequence[str], args: Sequence[Any],
                   before: Sequence[Callable[[Any], object]] = (),
