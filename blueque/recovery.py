@@ -70,6 +70,7 @@ class Recovery:
         rng: random.Random | None = None,
         kill: Callable[[int, int], None] = signal_group,
         node: str | None = None,
+        watch_ms: int | None = None,
     ) -> None:
         self.store = store
         self.lease_ms = lease_ms
@@ -89,7 +90,8 @@ class Recovery:
         self._marks: dict[int, RunMark] = {}
         #: what adopted runs that died left behind, being stopped
         self.leftovers = Leftovers(everywhere=True)
-        self.watch = LeaseWatch(store, lease_ms)
+        #: judges leases; its own stalls by ``watch_ms`` (two of its sweeps), else its lease
+        self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
 
     def _signal_run(self, pid: int, signum: int) -> None:
         self._kill(pid, signum)
@@ -213,6 +215,8 @@ class Recovery:
             verdicts, _ = self._verdicts(
                 queue, listener, f"listener {listener} stopped renewing its lease", adopt=False
             )
+            if listeners is not None and not self.watch.still_dead(listener):
+                continue  # Redis stalled while we read its tasks: judge it again next sweep
             counts = self.store.recover(queue, listener, verdicts, self.store.now(), mode="lease")
             if counts != [-1]:
                 report.add(counts)
@@ -344,7 +348,7 @@ class Recovery:
         self.watch.begin()
         for queue in swept:
             self.recover_local(queue, report, excluded, adopter)
-            self.recover_expired(queue, report, self.watch.expired(queue))
+            self.recover_expired(queue, report, self.watch.expired(queue, excluded))
         runs = self.store.node_runs(self.node)
         # runs forked on this node for queues the sweeper does not serve (a listener
         # restarted with fewer queues): adopt them too, or their lease lapses and a node

@@ -18,7 +18,6 @@ from blueque.retry import NoRetry
 from blueque.store.core import (
     BLOCK_SLICE,
     CHECKPOINT_MAX_BYTES,
-    Health,
     RedisLike,
     Reservation,
     StoreCore,
@@ -31,6 +30,7 @@ from blueque.store.errors import (
     translate,
     translate_errors,
 )
+from blueque.store.health import Health
 from blueque.store.listeners import ListenerOperations
 from blueque.store.runs import RunOperations
 from blueque.store.subscription import (
