@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blueque import keys as k
+from blueque.endings import late_ending_allowed
 from blueque.membership import Membership
 from blueque.runs import Running
 from blueque.store import RedisStore
@@ -57,6 +58,9 @@ class Renewal:
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         if not data or running.attempt is None:
             return False
+        if (data.get("status") == k.FAILED
+                and late_ending_allowed(data, self.membership.id, running.attempt)):
+            return False  # recovered while it lived, and no attempt will follow: it may end
         return (data.get("attempts") != str(running.attempt)
                 or data.get("node") != self.membership.id
                 or data.get("status") not in (k.RESERVED, k.STARTED))

@@ -104,7 +104,8 @@ class RunOperations(StoreCore):
             raise ValueError(f"unknown outcome {end.outcome!r} (or retry without an eta)")
         keys = [self.keys.task(end.task_id), self.keys.reserved(queue, end.listener),
                 self.keys.started(queue), target, *self._outcome_keys(queue, end.now),
-                self.keys.checkpoint(end.task_id)]
+                self.keys.checkpoint(end.task_id), self.keys.pending(queue),
+                self.keys.scheduled(queue), self.keys.failed(queue)]
         args = [end.task_id, end.listener, "" if end.pid is None else end.pid, end.outcome,
                 end.text, repr(end.now), "" if end.attempt is None else end.attempt,
                 "" if end.retry_eta is None else repr(end.retry_eta),
