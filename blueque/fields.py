@@ -65,6 +65,7 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "started": "time",
     "renewed": "time",
     "busy": "int",
+    "renewal_seconds": "number",
     "preempting_until": "time",
     "adopted_by": "text",
 }

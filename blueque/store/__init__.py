@@ -31,7 +31,7 @@ from blueque.store.errors import (
     translate_errors,
 )
 from blueque.store.health import Health
-from blueque.store.listeners import ListenerOperations
+from blueque.store.listeners import ListenerOperations, NodeRenewal, RenewalReply
 from blueque.store.runs import RunOperations
 from blueque.store.subscription import (
     CLOSED_UNDER_US,
@@ -64,9 +64,11 @@ __all__ = [
     "ListenersAtWork",
     "Message",
     "NoRetry",
+    "NodeRenewal",
     "QueueCounts",
     "RedisLike",
     "RedisStore",
+    "RenewalReply",
     "Reservation",
     "Resubscribing",
     "StoreCore",
