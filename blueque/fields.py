@@ -66,6 +66,7 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "renewed": "time",
     "busy": "int",
     "renewal_seconds": "number",
+    "exclusive": "int",
     "preempting_until": "time",
     "adopted_by": "text",
 }

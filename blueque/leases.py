@@ -11,7 +11,7 @@ from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")
 
-__all__ = ["GAP", "RECONNECT_GRACE", "STALL", "LeaseWatch"]
+__all__ = ["EXCLUSIVE_MARGIN", "GAP", "RECONNECT_GRACE", "STALL", "LeaseWatch"]
 
 
 #: How long a sweeper lets every listener renew after Redis came back (a restart, or an
@@ -25,6 +25,10 @@ RECONNECT_GRACE = 10.0
 STALL = 1.5
 
 
+#: How far past its lapse (a share of the lease, on Redis' clock) a sweeper waits before it
+#: recovers a listener holding an exclusive task (PROTOCOL.md 6.5): its listener killed the
+#: run at 3/4 of the lease (blueque.exclusive), so the retry starts half a lease after.
+EXCLUSIVE_MARGIN = 0.25
 #: A wait for Redis' answer longer than this many of a listener's leases is a gap for that
 #: listener: its renewals (every quarter lease) waited too, so its lease may have lapsed for
 #: Redis' stall, not its death (PROTOCOL.md 6, "Outages").
@@ -65,6 +69,8 @@ class LeaseWatch:
         #: listener -> its lease in s, for the listeners the latest ``expired`` judged dead
         self._judged: dict[str, float] = {}
         self._judged_at = 0.0
+        #: listener -> how long its lease had lapsed (Redis' clock) when ``expired`` judged it
+        self._lapsed: dict[str, float] = {}
 
     def begin(self) -> None:
         """At the start of a sweep: notice a restart, an outage or a stall."""
@@ -96,7 +102,7 @@ class LeaseWatch:
         leases = self.store.leases(queue)
         server_now = self.store.server_time()
         current, skip = self.clock(), set(exclude)  # after the read: it may be the stalled one
-        found, self._judged, self._judged_at = [], {}, current
+        found, self._judged, self._judged_at, self._lapsed = [], {}, current, {}
         for listener, deadline_ms in leases.items():
             deadline = deadline_ms / 1000
             if deadline > server_now:
@@ -115,6 +121,7 @@ class LeaseWatch:
                 continue  # Redis stalled or was slow: it must lapse again after that
             found.append(listener)
             self._judged[listener] = lease
+            self._lapsed[listener] = server_now - deadline
         self._forget(queue, leases)
         return found
 
@@ -126,6 +133,12 @@ class LeaseWatch:
             return False
         gap = self._gap_end(lease)
         return gap is None or gap < self._judged_at
+
+    def lapsed_past(self, listener: str, share: float) -> bool:
+        """Whether ``listener``'s lease (judged dead by the latest ``expired``) had lapsed
+        ``share`` of its lease ago: exclusive runs are recovered only past such a margin."""
+        lease = self._judged.get(listener)
+        return lease is not None and self._lapsed.get(listener, 0.0) >= share * lease
 
     @staticmethod
     def _after(seen: float | None, since: float | None, wait: float, current: float) -> bool:

@@ -36,6 +36,7 @@ class Membership:
     weights: dict[str, int]
     interval: float
     clock: Callable[[], float] = time.monotonic
+    exclusive: bool = False  # every run exclusive (PROTOCOL.md 6.5): said in the info hash
 
     def __post_init__(self) -> None:
         self.lease_ms = int(self.interval * 2000)
@@ -115,6 +116,8 @@ class Membership:
             "concurrency": str(concurrency), "interval": repr(self.interval),
             "started": repr(self.store.now()),
         }
+        if self.exclusive:
+            self.info["exclusive"] = "1"
         self.store.check_server()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
         for queue in self.weights:

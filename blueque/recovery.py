@@ -23,7 +23,7 @@ from typing import Literal
 
 from blueque import keys as k
 from blueque.endings import decide
-from blueque.leases import LeaseWatch
+from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
 from blueque.leftovers import Leftovers, RunMark, signal_escaped
 from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy, field_float
@@ -217,6 +217,9 @@ class Recovery:
             )
             if listeners is not None and not self.watch.still_dead(listener):
                 continue  # Redis stalled while we read its tasks: judge it again next sweep
+            if (listeners is not None and self._holds_exclusive(queue, listener)
+                    and not self.watch.lapsed_past(listener, EXCLUSIVE_MARGIN)):
+                continue  # an exclusive run: its listener stops it; wait past the margin
             counts = self.store.recover(queue, listener, verdicts, self.store.now(), mode="lease")
             if counts != [-1]:
                 report.add(counts)
@@ -225,6 +228,18 @@ class Recovery:
                     "recovered listener %s on queue %s (lease expired): %d requeued, "
                     "%d retried, %d failed", listener, queue, *counts[:3],
                 )
+
+    def _holds_exclusive(self, queue: str, listener: str) -> bool:
+        """Whether a dead listener's reserved tasks include an exclusive one (PROTOCOL.md
+        6.5: by the task's option or its queue's, or the listener's --exclusive)."""
+        if self.store.listener_info(listener).get("exclusive") == "1":
+            return True
+        ids = self.store.reserved_ids(queue, listener)
+        if not ids:
+            return False
+        config = self.store.queue_config(queue)
+        return any(Policy.resolve(data, config).exclusive == 1
+                   for data in self.store.task_data_many(ids))
 
     def recover_local(self, queue: str, report: RecoveryReport, exclude: Iterable[str] = (),
                       adopter: str | None = None) -> None:

@@ -37,6 +37,8 @@ class Renewal:
         self._warned_at: float | None = None
         #: the reserved lists as the latest renewal read them, for the heal that follows it
         self._reserved: dict[str, list[str]] | None = None
+        #: when the latest renewal that renewed every lease was sent (this clock), or None
+        self.renewed: float | None = None
 
     def renew(self, busy: int) -> list[str]:
         """Renew in one round trip (RedisStore.renew_node), and return the tasks whose
@@ -49,6 +51,8 @@ class Renewal:
         reply = self.store.renew_node(self.membership.renewal(
             busy, supervisor.records(), NODE_RUNS_TTL, [r.task_id for r in checked],
             self.took))
+        if all(deadline != -1 for deadline in reply.leases.values()):
+            self.renewed = started  # each lease lapses no earlier than a lease from now
         self.membership.renewed(reply.leases, supervisor.recorder.metrics)
         cancels = self.check(zip(checked, reply.tasks, strict=True))
         self._reserved = reply.reserved
