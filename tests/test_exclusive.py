@@ -89,3 +89,41 @@ def test_exclusive_is_a_task_and_queue_option() -> None:
     assert encode_options({"exclusive": 0}) == {"exclusive": "0"}
     with pytest.raises(blueque.errors.ConfigurationError, match="exclusive=2 must be 0 or 1"):
         encode_options({"exclusive": 2})
+
+
+def test_a_cut_off_node_records_the_late_ending_of_its_only_attempt(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path):
+    """Default mode, max_attempts=1: the node is cut off past its lease, another node's sweep
+    records the task failed, the run completes during the cut; when the link is back its
+    ending is recorded (PROTOCOL.md 5.6, a late ending): complete, not failed."""
+    direct, through_proxy, proxy = cuttable
+    marker, release, lock = tmp_path / "marker", tmp_path / "release", tmp_path / "lock"
+    client = blueque.Client(direct)
+    with daemons(tmp_path) as started:
+        far = Daemon(listen_command(through_proxy, "work", "tests.jobs:holds_a_lock",
+                                    "--interval", "0.5", "--poll", "0.1", "--identity",
+                                    "far.example_1", "--no-task-logs"), tmp_path / "far.log")
+        started.append(far)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 1, what="listener")
+        task_id = client.get_queue("work").enqueue(json.dumps(
+            {"marker": str(marker), "release": str(release), "lock": str(lock)}),
+            max_attempts=1)
+        wait_until(lambda: lines(marker), what="running on the listener to be cut off")
+        near = Daemon(listen_command(direct, "work", "tests.jobs:holds_a_lock", "--interval",
+                                     "0.5", "--poll", "0.1", "--identity", "near.example_2",
+                                     "--no-task-logs"), tmp_path / "near.log")
+        started.append(near)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 2, what="two")
+        proxy.cut()
+        wait_until(lambda: client.get_task(task_id).status == "failed", timeout=15,
+                   what="the cut-off node's task recorded failed by the other node")
+        release.touch()  # its only run completes while the node is cut off
+        wait_until(lambda: lines(marker)[-1].startswith("end"), what="the run completed")
+        proxy.restore()
+        wait_until(lambda: client.get_task(task_id).status == "complete", timeout=20,
+                   what="the late ending recorded")
+        task = client.get_task(task_id)
+        assert task.attempts == 1 and task.result == "done"
+        assert [entry["outcome"] for entry in task.history] == ["failed", "complete"]
+        assert [line.split()[0] for line in lines(marker)] == ["start", "end"]  # ran once
+        assert far.alive() and near.alive()
