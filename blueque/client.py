@@ -15,6 +15,7 @@ from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
 from blueque.keys import Keys
 from blueque.listener import Listener
+from blueque.policy import field_float
 from blueque.processor import Processor
 from blueque.queue import Queue
 from blueque.retry import RetryPolicy
@@ -234,7 +235,7 @@ class Client:
         records = []
         for queue, listener, deadline in found:
             info = infos[listener]
-            renewed = _number(info.get("renewed") or info.get("started"))
+            renewed = field_float(info.get("renewed") or info.get("started"))
             records.append(ListenerStatus(
                 listener=listener, queue=queue, lease_deadline_ms=deadline,
                 lease_remaining=None if deadline is None else deadline / 1000 - server_now,
@@ -244,11 +245,3 @@ class Client:
 
 def _whole(raw: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
-
-
-def _number(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
-

@@ -18,6 +18,7 @@ import blueque.aio
 from blueque.cli import main as cli_main
 from blueque.testing import RedisServer, free_port
 from tests.aio_facade import AioClient, LoopThread
+from tests.daemons import Daemon, daemons
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +39,14 @@ def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[Daemon]]:
+    """The daemons a test starts (tests.daemons.Daemon): append each one; every one still
+    running at the end, and the task processes they left, are stopped by pid."""
+    with daemons(tmp_path) as running:
+        yield running
 
 
 @pytest.fixture

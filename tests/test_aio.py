@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -274,18 +273,6 @@ async def test_the_sync_clients_checkpoint_option_is_refused_with_where_it_belon
 
 
 # --- outages ---------------------------------------------------------------------------------
-@pytest.fixture
-def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A private redis-server keeping every write in its AOF: SIGKILLed and restarted on
-    the same port, it loses nothing."""
-    (tmp_path / "redis").mkdir()
-    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                         directory=str(tmp_path / "redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
 async def test_enqueue_and_wait_ride_out_a_redis_restart(aof_server: RedisServer) -> None:
     async with blueque.aio.Client(aof_server.url, socket_connect_timeout=1) as aio:
         queue = aio.get_queue("q")

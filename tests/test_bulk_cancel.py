@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ import blueque
 from blueque import protocol
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, listen_command, wait_until
 from tests.test_cli import ROOT, cli, environment
 
 K = Keys()
@@ -199,12 +199,6 @@ def test_pending_and_scheduled_cost_per_call_stays_bounded(client: blueque.Clien
 
 
 # --- with a live listener, and from the command line ------------------------------------------
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
-
-
 @pytest.mark.slow
 def test_a_bulk_cancel_while_a_listener_drains_the_queue(
         redis_url: str, client: blueque.Client, redis_client: redis.Redis, tmp_path: Path,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import blueque
 from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.keys import Keys
-from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
+from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_cli import cli
 
 K = Keys()
@@ -160,12 +159,6 @@ def test_retry_failed_with_a_limit_counts_the_cancelled_ones_it_takes(
 
 
 # --- an operator's day, end to end ------------------------------------------------------------
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
-
-
 @pytest.mark.slow
 def test_retry_failed_from_the_command_line_never_runs_a_cancelled_task(
         redis_url: str, client: blueque.Client, redis_client: redis.Redis, tmp_path: Path,

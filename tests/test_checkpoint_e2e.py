@@ -9,7 +9,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,7 +19,7 @@ import blueque
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.keys import Keys
 from blueque.listener import Listener
-from tests.daemons import Daemon, daemons, kill_session_children, listen_command, wait_until
+from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +29,6 @@ KEYS = Keys()
 
 def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 def listen(started: list[Daemon], tmp_path: Path, url: str, function: str,

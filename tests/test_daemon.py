@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -22,12 +21,6 @@ pytestmark = pytest.mark.slow
 
 FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 @pytest.fixture

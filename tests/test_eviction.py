@@ -13,7 +13,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from blueque.eviction import MemoryPolicy, check
 from blueque.forking_runner import ForkingRunner
 from blueque.testing import RedisServer
 from blueque.web.app import POLICY_KEPT
-from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.daemons import ROOT, Daemon, listen_command, wait_until
 from tests.dashboard import DashboardProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -35,12 +34,6 @@ FAST = ("--interval", "0.5", "--poll", "0.1")
 REFUSED = ("maxmemory-policy allkeys-lru", "CONFIG SET maxmemory-policy noeviction",
            "--allow-eviction", "BLUEQUE_ALLOW_EVICTION=1")
 WARNED = "although its maxmemory-policy is allkeys-lru"
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 def command(*arguments: str) -> list[str]:

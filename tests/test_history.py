@@ -35,7 +35,7 @@ def reserved(client: blueque.Client, queue: str = "q") -> tuple[blueque.Task, st
     return task, listener.id
 
 
-def started(client: blueque.Client, pid: int = 4242) -> tuple[blueque.Processor, str]:
+def start_run(client: blueque.Client, pid: int = 4242) -> tuple[blueque.Processor, str]:
     task, listener = reserved(client)
     processor = client.get_processor(task)
     processor.start(pid)
@@ -46,7 +46,7 @@ def test_a_task_completed_on_its_second_attempt_shows_no_error_of_the_first(
         any_client: blueque.Client) -> None:
     r = any_client.redis
     task_id = any_client.get_queue("q").enqueue("{}", max_attempts=2)
-    first, listener = started(any_client)
+    first, listener = start_run(any_client)
     first.retry("ValueError: bad page", time.time() - 1, traceback="Traceback ...\nValueError")
     data = r.hgetall(K.task(task_id))
     assert data["status"] == "scheduled" and data["error"] == "ValueError: bad page"
@@ -54,7 +54,7 @@ def test_a_task_completed_on_its_second_attempt_shows_no_error_of_the_first(
     assert not {"node", "pid", "started_at", "progress"} & set(data)
     assert any_client.get_queue("q").enqueue_due_tasks() == [task_id]
     assert "eta" not in r.hgetall(K.task(task_id))  # no longer scheduled
-    second, _ = started(any_client, pid=4343)
+    second, _ = start_run(any_client, pid=4343)
     data = r.hgetall(K.task(task_id))
     assert "error" not in data and "traceback" not in data  # the new attempt's are its own
     second.complete("done")
@@ -76,7 +76,7 @@ def test_a_failed_task_keeps_no_eta_and_a_preempted_one_no_node(
     task_id = any_client.get_queue("q").schedule("{}", time.time() + 3600)
     r.zadd(K.scheduled("q"), {task_id: 1})  # due long ago: the scheduler moves it now
     assert any_client.get_queue("q").enqueue_due_tasks() == [task_id]
-    processor, _ = started(any_client)
+    processor, _ = start_run(any_client)
     processor.progress(0.5, "half way")
     processor.preempt("the node goes away")
     data = r.hgetall(K.task(task_id))
@@ -85,7 +85,7 @@ def test_a_failed_task_keeps_no_eta_and_a_preempted_one_no_node(
                 "eta"} & set(data)
     processor.preempt("the node goes away")  # repeated after a lost reply: told by history
     assert r.hget(K.task(task_id), "preemptions") == "1"
-    second, _ = started(any_client)
+    second, _ = start_run(any_client)
     second.fail("for good")
     task = any_client.get_task(task_id)
     assert task.status == "failed" and task.eta is None and task.error == "for good"
@@ -128,7 +128,7 @@ def test_the_history_keeps_the_last_twenty_endings_and_whole_characters(
     task_id = any_client.get_queue("q").enqueue("{}", max_attempts=100)
     long_error = "é" * 400  # 800 bytes: cut at 500, between two characters
     for _ in range(23):
-        processor, _ = started(any_client)
+        processor, _ = start_run(any_client)
         processor.retry(long_error, time.time() - 1)
         any_client.get_queue("q").enqueue_due_tasks()
     history = any_client.get_task(task_id).history
@@ -137,7 +137,7 @@ def test_the_history_keeps_the_last_twenty_endings_and_whole_characters(
     assert history[-1]["error"] == "é" * 250 + "..."
     assert r.hget(K.task(task_id), "error") == long_error  # the current field is whole
     r.hset(K.task(task_id), "history", "not json")  # a corrupt field starts afresh
-    processor, _ = started(any_client)
+    processor, _ = start_run(any_client)
     processor.complete("ok")
     assert [h["outcome"] for h in any_client.get_task(task_id).history] == ["complete"]
 
@@ -146,7 +146,7 @@ def test_a_cancel_of_a_waiting_or_retrying_task_is_its_history_too(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
     task_id = queue.enqueue("{}", max_attempts=2)
-    processor, _ = started(contract_client)
+    processor, _ = start_run(contract_client)
     processor.retry("first try", time.time() + 600, traceback="Traceback ...")
     assert contract_client.cancel_task(task_id, "not needed") == "cancelled"
     task = contract_client.get_task(task_id)

@@ -41,7 +41,7 @@ def ours() -> Implementation:
 
 
 @pytest.fixture
-def started(redis_url: str) -> Iterator[list[Running]]:
+def drivers(redis_url: str) -> Iterator[list[Running]]:
     """Driver processes a test starts in the background; each is stopped by pid afterwards."""
     running: list[Running] = []
     yield running
@@ -162,14 +162,14 @@ def test_ours_enqueues_and_original_listener_processes(
 
 
 def test_original_forking_runner_processes_what_ours_enqueued(
-    original: Implementation, client: blueque.Client, redis_url: str, started: list[Running]
+    original: Implementation, client: blueque.Client, redis_url: str, drivers: list[Running]
 ) -> None:
     queue = client.get_queue(QUEUE)
     ids = [queue.enqueue("one"), queue.enqueue("fail-two")]
     ids += queue.enqueue_many(["three", "four"]).task_ids
 
     runner = original.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner_pid = runner.report()["pid"]
     wait_finished(client, len(ids))
     runner.stop()
@@ -194,12 +194,12 @@ def test_our_forking_runner_processes_what_the_original_enqueued(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     ids = original.run(redis_url, "enqueue", QUEUE, "one", "fail-two", "three")["ids"]
 
     runner = ours.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner_pid = runner.report()["pid"]
     wait_finished(client, len(ids))
     runner.stop()
@@ -309,11 +309,11 @@ def test_a_retry_ours_scheduled_is_moved_and_run_by_the_original(
 
 
 def _hold_and_crash(impl: Implementation, client: blueque.Client, redis_url: str,
-                    started: list[Running], status: str = "reserved") -> tuple[str, str]:
+                    drivers: list[Running], status: str = "reserved") -> tuple[str, str]:
     """A listener of ``impl`` reserves (and, for status "started", starts) one task and is
     SIGKILLed; returns (task id, the dead listener's id)."""
     holder = impl.start(redis_url, "hold", QUEUE, *(["started"] if status == "started" else []))
-    started.append(holder)
+    drivers.append(holder)
     report = holder.report()
     dead = f"{HOST}_{holder.pid}"
     assert report["status"] == status
@@ -324,13 +324,13 @@ def _hold_and_crash(impl: Implementation, client: blueque.Client, redis_url: str
 
 
 def test_original_listener_orphan_is_claimed_by_ours(
-    original: Implementation, client: blueque.Client, redis_url: str, started: list[Running]
+    original: Implementation, client: blueque.Client, redis_url: str, drivers: list[Running]
 ) -> None:
     queue = client.get_queue(QUEUE)
     orphan_parameters = "orphaned"
     first = queue.enqueue(orphan_parameters)
     second = queue.enqueue("still pending")
-    task_id, dead = _hold_and_crash(original, client, redis_url, started)
+    task_id, dead = _hold_and_crash(original, client, redis_url, drivers)
     assert task_id == first
 
     listener = client.get_listener(QUEUE)
@@ -358,10 +358,10 @@ def test_our_listener_orphan_is_claimed_by_the_original(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     first = client.get_queue(QUEUE).enqueue("orphaned")
-    task_id, dead = _hold_and_crash(ours, client, redis_url, started)
+    task_id, dead = _hold_and_crash(ours, client, redis_url, drivers)
     assert task_id == first
     assert fields(client, first)["attempts"] == "1"
 
@@ -386,13 +386,13 @@ def test_original_forking_runner_claims_our_orphan_at_start(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     first = client.get_queue(QUEUE).enqueue("orphaned")
-    _, dead = _hold_and_crash(ours, client, redis_url, started)
+    _, dead = _hold_and_crash(ours, client, redis_url, drivers)
 
     runner = original.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner.report()
     wait_finished(client, 1)
     runner.stop()
@@ -407,13 +407,13 @@ def test_our_forking_runner_requeues_and_runs_a_dead_original_listeners_task(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     first = client.get_queue(QUEUE).enqueue("orphaned")
-    _, dead = _hold_and_crash(original, client, redis_url, started)
+    _, dead = _hold_and_crash(original, client, redis_url, drivers)
 
     runner = ours.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner.report()
     wait_finished(client, 1)
     runner.stop()
@@ -432,15 +432,15 @@ def test_our_forking_runner_fails_a_task_whose_original_process_died(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     first = client.get_queue(QUEUE).enqueue("killed mid-run")
-    task_id, dead = _hold_and_crash(original, client, redis_url, started, status="started")
+    task_id, dead = _hold_and_crash(original, client, redis_url, drivers, status="started")
     pid = int(dead.rsplit("_", 1)[1])
     assert client.redis.smembers(client.keys.started(QUEUE)) == {f"{dead} {pid} {first}"}
 
     runner = ours.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner.report()
     wait_finished(client, 1)
     runner.stop()
@@ -462,18 +462,18 @@ def test_our_forking_runner_leaves_a_live_original_listener_alone(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     queue = client.get_queue(QUEUE)
     held = queue.enqueue("held by the original")
     holder = original.start(redis_url, "hold", QUEUE, "started")
-    started.append(holder)
+    drivers.append(holder)
     assert holder.report()["id"] == held
     live = f"{HOST}_{holder.pid}"
     other = queue.enqueue("for ours")
 
     runner = ours.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner.report()
     wait_finished(client, 1)  # after its first recovery sweep, which comes before reserving
     runner.stop()
@@ -491,13 +491,13 @@ def test_our_forking_runner_runs_a_task_the_original_scheduled_when_due(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     due = original.run(redis_url, "schedule", QUEUE, "soon", "0.5")["id"]
     later = original.run(redis_url, "schedule", QUEUE, "later", "3600")["id"]
 
     runner = ours.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner.report()
     wait_finished(client, 1)
     runner.stop()
@@ -616,14 +616,14 @@ def test_enqueue_many_and_idempotent_ids_are_run_by_the_original(
 
 
 def test_original_forking_runner_runs_bulk_enqueued_tasks(
-    original: Implementation, client: blueque.Client, redis_url: str, started: list[Running]
+    original: Implementation, client: blueque.Client, redis_url: str, drivers: list[Running]
 ) -> None:
     ids = client.get_queue(QUEUE).enqueue_many(
         [f"bulk {n}" for n in range(20)], task_ids=[f"bulk-{n}" for n in range(20)]
     ).task_ids
 
     runner = original.start(redis_url, "runner", QUEUE)
-    started.append(runner)
+    drivers.append(runner)
     runner.report()
     wait_finished(client, len(ids))
     runner.stop()
@@ -640,11 +640,11 @@ def test_both_forking_runners_share_one_queue_and_run_each_task_once(
     ours: Implementation,
     client: blueque.Client,
     redis_url: str,
-    started: list[Running],
+    drivers: list[Running],
 ) -> None:
     queue = client.get_queue(QUEUE)
     runners = [original.start(redis_url, "runner", QUEUE), ours.start(redis_url, "runner", QUEUE)]
-    started.extend(runners)
+    drivers.extend(runners)
     for runner in runners:
         runner.report()
     ids = queue.enqueue_many([f"shared {n}" for n in range(30)]).task_ids

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from blueque import leftovers
 from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
 from tests import leftover_jobs
-from tests.daemons import Daemon, daemons, gone, lines, listen_command, wait_until
+from tests.daemons import Daemon, gone, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +33,6 @@ FAST = ("--interval", "0.5", "--poll", "0.1")
 STOPPED_WITHIN = 15.0
 
 Start = Callable[..., Daemon]
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 @pytest.fixture

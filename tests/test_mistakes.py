@@ -18,7 +18,7 @@ import blueque
 from blueque.keys import Keys
 from blueque.testing import RedisServer, free_port
 from tests.conftest import Done
-from tests.daemons import Daemon, daemons, kill_session_children, listen_command, wait_until
+from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
 from tests.fake_servers import FakeServer, old_redis
 from tests.test_cli import ROOT, cli, environment
 
@@ -35,12 +35,6 @@ def refused(done: Done | subprocess.CompletedProcess[str], code: int, *words: st
     assert done.stderr.startswith("blueque: error: "), done.stderr
     for word in words:
         assert word in done.stderr, done.stderr
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 # --- intervals --------------------------------------------------------------------------------

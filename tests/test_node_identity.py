@@ -11,7 +11,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -21,7 +21,7 @@ import blueque
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.node import hostname
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, listen_command, wait_until
 
 FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
@@ -61,12 +61,6 @@ def in_new_pid_namespace(command: Sequence[str], first_pid: int) -> list[str]:
 
 def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 @pytest.fixture

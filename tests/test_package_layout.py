@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -117,14 +118,18 @@ def test_loading_every_runtime_module_loads_no_test_helpers() -> None:
     assert report["helpers"] == []
 
 
+#: What a build starts from besides blueque/: the metadata, its README, the setup.py shim.
+SOURCE_FILES = ("pyproject.toml", "README.md", "setup.py")
+
+
 def build_wheel(directory: Path) -> zipfile.ZipFile:
-    """The wheel pip builds from a copy of pyproject.toml, README.md and blueque/ (so nothing
+    """The wheel pip builds from a copy of SOURCE_FILES and blueque/ (so nothing
     else of the tree is needed, and no build directory lands in it), without network: no
     build isolation, the installed setuptools (the test extra's)."""
     source = directory / "source"
     shutil.copytree(PACKAGE, source / "blueque",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in SOURCE_FILES:
         shutil.copy(ROOT / name, source / name)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-index",
@@ -157,3 +162,33 @@ def test_the_wheel_ships_the_package_its_data_and_its_metadata(tmp_path: Path) -
     for extra in project["optional-dependencies"]:
         assert f"Provides-Extra: {extra}\n" in metadata
     assert "# Blueque" in metadata  # the README is the long description
+
+
+def test_setup_py_is_the_thin_shim_and_an_sdist_builds_from_it(tmp_path: Path) -> None:
+    """setup.py (the layout the project was specified with) carries no metadata of its own:
+    one argument-less setup() call, so pyproject.toml stays the only place the metadata is
+    written; and an sdist built through it, as a PEP 517 frontend calls setuptools, holds
+    the shim, the metadata and every file of the package."""
+    tree = ast.parse((ROOT / "setup.py").read_text("utf-8"))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    assert [(call.func.id, call.args, call.keywords) for call in calls
+            if isinstance(call.func, ast.Name)] == [("setup", [], [])]
+    source = tmp_path / "source"
+    shutil.copytree(PACKAGE, source / "blueque",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in SOURCE_FILES:
+        shutil.copy(ROOT / name, source / name)
+    program = ("import setuptools.build_meta as backend\n"
+               "print(backend.build_sdist('dist'))\n")
+    built = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                           cwd=source, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    name = built.stdout.strip().splitlines()[-1]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    assert name == f"blueque-{version}.tar.gz"
+    with tarfile.open(source / "dist" / name) as sdist:
+        members = {m.split("/", 1)[1] for m in sdist.getnames() if "/" in m}
+    sources = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert set(SOURCE_FILES) <= members
+    assert sorted(sources - members) == []

@@ -11,7 +11,7 @@ import logging
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -21,7 +21,7 @@ import blueque
 from blueque.keys import Keys
 from blueque.preemption import NodePreemption
 from tests.conftest import Done
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +31,6 @@ KEYS = Keys()
 
 def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 def listen(started: list[Daemon], tmp_path: Path, url: str, function: str, node: str,

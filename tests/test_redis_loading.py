@@ -12,14 +12,13 @@ import socket
 import threading
 import time
 
-import psutil
 import pytest
 import redis
 
 import blueque
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
-from tests.daemons import daemons, wait_until
+from tests.daemons import daemons, gone, wait_until
 from tests.test_redis_outages import cli, lines, listener
 
 pytestmark = pytest.mark.slow
@@ -111,5 +110,6 @@ def test_a_restart_loading_for_longer_than_a_lease_kills_no_task(  # type: ignor
             assert "recovered listener" not in log and "lost its lease" not in log
             assert "superseded" not in log and "Traceback" not in log
         assert admin.dbsize() > PADDING_KEYS  # the same data, loaded
-    assert not any(psutil.pid_exists(pid or 0) and psutil.Process(pid or 0).status()
-                   != psutil.STATUS_ZOMBIE for pid in pids.values())
+    # each task process exits once its listener has recorded its outcome: soon, not at once
+    wait_until(lambda: all(gone(pid or 0) for pid in pids.values()), timeout=10,
+               what="the task processes exited after their outcomes")
