@@ -26,6 +26,7 @@ from blueque import eviction
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
+from blueque.exclusive import ExclusiveGuard
 from blueque.leftovers import child_subreaper
 from blueque.listener import Listener, listener_id
 from blueque.membership import Membership
@@ -84,9 +85,11 @@ class ListenerDaemon:
         node_name: str | None = None,
         allow_eviction: bool | None = None,
         in_program: bool = False,
+        exclusive: bool = False,
     ) -> None:
         """``in_program``: run() is called by a program that keeps its own SIGTERM and SIGINT
-        handling (ForkingRunner.run(), see ProgramSignals); else they stop the listener."""
+        handling (ForkingRunner.run(), see ProgramSignals); else they stop the listener.
+        ``exclusive``: every run is exclusive (PROTOCOL.md 6.6), as an exclusive task's is."""
         _check(queues, concurrency, on_stop, interval, poll)
         self.client = client
         # the loop's operations retry for half an interval at most, then the loop's own
@@ -102,7 +105,7 @@ class ListenerDaemon:
         self.node = node_identity(self.node_name)
         self.clock = clock
         self.membership = Membership(self.store, self.id, self.node, self.node_name,
-                                     self.weights, interval, clock)
+                                     self.weights, interval, clock, exclusive)
         self.lease_ms = self.membership.lease_ms
         self.recovery = Recovery(self.store, host=self.node_name, lease_ms=self.lease_ms,
                                  node=self.node)
@@ -113,7 +116,8 @@ class ListenerDaemon:
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             self.lease_ms / 1000), clock, self.rng)
-        self.renewal = Renewal(self.store, self.membership, self.supervisor)
+        self.renewal = Renewal(self.store, self.membership, self.supervisor, clock)
+        self.guard = ExclusiveGuard(self.supervisor, self.lease_ms / 1000, exclusive, clock)
         self.wakeup = Wakeup(self.store, interval)
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
         self.inbox = Inbox(self.store.keys, self.id, queues, self.preemption)
@@ -136,7 +140,9 @@ class ListenerDaemon:
         return self.function
 
     def register(self) -> None:
+        sent = self.clock()
         self.membership.register(self.concurrency)
+        self.guard.renewed_at(sent)  # its leases run from here
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
 
@@ -154,6 +160,7 @@ class ListenerDaemon:
         # the orphans of our runs (what they started and left) come to us: we reap them, and
         # stop those of runs that ended (blueque.leftovers)
         subreaper = child_subreaper(True)
+        self.guard.start()  # stops exclusive runs in time, even while the loop waits on Redis
         try:
             while True:
                 self.run_once()
@@ -212,6 +219,7 @@ class ListenerDaemon:
                 self.membership.release()  # leave cleanly: nothing of ours to recover
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
+        self.guard.close()
         self.supervisor.close()
         self.wakeup.close()
 
@@ -281,6 +289,8 @@ class ListenerDaemon:
 
     def _renew(self) -> None:
         self.inbox.cancel(self.renewal.renew(self.busy()))
+        if self.renewal.renewed is not None:
+            self.guard.renewed_at(self.renewal.renewed)
 
     def _sweep(self) -> None:
         """Recovery, as adopter (Slots.sweep), and the cleanup of old output files."""

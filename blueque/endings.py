@@ -9,6 +9,7 @@ other failure is retried by the policy while attempts remain (preempted runs not
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,3 +78,28 @@ class RunEnd:
     result_ttl_ms: int | None = None  # complete and failed: how long the task is kept
     cancelled: bool = False  # a failed run that was cancelled: stamped ``cancelled``
     traceback: str | None = None
+
+
+#: What a task may be after recover took back a run that was in fact alive (PROTOCOL.md 5.6,
+#: "A late ending"), and the history outcomes recover writes for a started run.
+LATE_STATUSES = ("failed", "scheduled", "pending")
+RECOVERED_OUTCOMES = ("failed", "retry", "preempted")
+
+
+def late_ending_allowed(task: Mapping[str, str], listener: str, attempt: int) -> bool:
+    """Whether finish.lua would record the late ending of ``attempt``, run by ``listener``
+    (PROTOCOL.md 5.6): recover took this very attempt back from it, and no newer attempt has
+    started (nor was the task cancelled). The twin of finish.lua's ``late``."""
+    if task.get("attempts") != str(attempt) or task.get("status") not in LATE_STATUSES:
+        return False
+    if task.get("cancelled"):
+        return False
+    try:
+        history = json.loads(task.get("history") or "[]")
+    except ValueError:
+        return False
+    last = history[-1] if isinstance(history, list) and history else None
+    return (isinstance(last, dict) and last.get("recovered") is True
+            and last.get("node") == listener
+            and str(last.get("attempt")) == str(attempt)
+            and last.get("outcome") in RECOVERED_OUTCOMES)

@@ -67,6 +67,8 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "started": "time",
     "renewed": "time",
     "busy": "int",
+    "renewal_seconds": "number",
+    "exclusive": "int",
     "preempting_until": "time",
     "adopted_by": "text",
 }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import signal
@@ -57,7 +58,11 @@ def task_title(queue: str, task_id: str, attempt: int | str) -> str:
     return f"blueque: {queue} {task_id} attempt {attempt}"
 
 
+@functools.cache
 def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once: ctypes.util.find_library runs ``ldconfig -p`` in a
+    subprocess, which a running listener must not start at every ended run (the chaos test
+    counted it among a node's task processes)."""
     if not sys.platform.startswith("linux"):
         return None
     try:

@@ -16,7 +16,7 @@ from blueque.metrics import ListenerMetrics
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
 from blueque.recovery import Recovery, RecoveryReport, started_verdict
-from blueque.store import RedisStore
+from blueque.store import NodeRenewal, RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
@@ -36,6 +36,7 @@ class Membership:
     weights: dict[str, int]
     interval: float
     clock: Callable[[], float] = time.monotonic
+    exclusive: bool = False  # every run exclusive (PROTOCOL.md 6.6): said in the info hash
 
     def __post_init__(self) -> None:
         self.lease_ms = int(self.interval * 2000)
@@ -115,6 +116,8 @@ class Membership:
             "concurrency": str(concurrency), "interval": repr(self.interval),
             "started": repr(self.store.now()),
         }
+        if self.exclusive:
+            self.info["exclusive"] = "1"
         self.store.check_server()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
         for queue in self.weights:
@@ -132,28 +135,37 @@ class Membership:
         self.store.delete_listener_info(self.id)
         self.registered = False
 
-    def renew(self, busy: int, metrics: ListenerMetrics | None = None) -> None:
-        """Renew every lease (one that was lost: register again, our old runs are fenced
-        out) and write the info hash whole: after a pause longer than its TTL (SIGSTOP, an
-        outage) it is gone, and recover_local needs pid_created to tell us from a reused pid."""
+    def renewal(self, busy: int, runs: dict[str, str], runs_ttl: int,
+                tasks: list[str], took: float | None) -> NodeRenewal:
+        """What one renewal writes (PROTOCOL.md 6, step 2): the leases, the info hash whole
+        (after a pause longer than its TTL it is gone, and recover_local needs pid_created
+        to tell us from a reused pid), the node's runs; and which tasks it reads.
+        ``took``: how long the previous renewal took (renewal_seconds)."""
+        info = {**self.info, "renewed": repr(self.store.now()), "busy": str(busy)}
+        if took is not None:
+            info["renewal_seconds"] = f"{took:.3f}"
+        return NodeRenewal(self.id, self.node, list(self.weights), self.lease_ms, info,
+                           self._info_ttl(), runs, runs_ttl, tasks)
+
+    def renewed(self, leases: dict[str, int], metrics: ListenerMetrics | None = None) -> None:
+        """After a renewal: a lease that was lost (we were declared dead and recovered) is
+        registered again; our old runs are fenced out."""
         if metrics:
             metrics.renewal(self.clock(), self.interval)
-        for queue in self.weights:
-            if self.store.lease(queue, self.id, self.lease_ms, "renew") == -1:
+        for queue, deadline in leases.items():
+            if deadline == -1:
                 if metrics:
                     metrics.lease_lost(queue)
                 log.error("listener %s lost its lease on %s (declared dead and recovered); "
                           "registering again", self.id, queue)
                 self.store.add_listener(queue, self.id)
                 self.store.lease(queue, self.id, self.lease_ms, "register")
-        self.store.write_listener_info(
-            self.id, {**self.info, "renewed": repr(self.store.now()), "busy": str(busy)},
-            self._info_ttl())
 
     def _info_ttl(self) -> int:
         return int(self.interval * 3) + 1
 
-    def heal(self, ours: Collection[str]) -> None:
+    def heal(self, ours: Collection[str], reserved: dict[str, list[str]] | None = None
+             ) -> None:
         """Settle tasks left in our reserved lists that no child of ours runs (``ours``).
         Put back: a reserve cut off between LMOVE and stamp.lua (Redis went away), an LMOVE
         whose reply a failover lost (the retried one took another task), a refused stamp.
@@ -161,7 +173,10 @@ class Membership:
         no longer have (Redis came back older than it went away: restored from an earlier
         copy, or a failover lost the writes that recorded their ending)."""
         for queue in self.weights:
-            ids = [i for i in self.store.reserved_ids(queue, self.id) if i not in ours]
+            listed = (reserved or {}).get(queue)  # as the renewal just read it
+            if listed is None:
+                listed = self.store.reserved_ids(queue, self.id)
+            ids = [i for i in listed if i not in ours]
             if not ids:
                 continue
             verdicts: list[k.Verdict] = []

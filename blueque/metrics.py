@@ -201,6 +201,10 @@ class ListenerMetrics:
         self.run_time = Histogram(
             "blueque_task_run_seconds", "Run time of task attempts on this listener",
             ["queue", "outcome"], buckets=RUN_TIME_BUCKETS, registry=self.registry)
+        self.renewal_time = Gauge(
+            "blueque_listener_renewal_seconds",
+            "How long the latest lease renewal took (one round trip): more than a quarter of "
+            "the lease (half an interval) and renewals come late", registry=self.registry)
         self._last_renewal: float | None = None
 
     def renewal(self, at: float, interval: float) -> None:
@@ -208,6 +212,9 @@ class ListenerMetrics:
         if self._last_renewal is not None and at - self._last_renewal > interval:
             self.late.inc()
         self._last_renewal = at
+
+    def renewal_took(self, seconds: float) -> None:
+        self.renewal_time.set(seconds)
 
     def lease_lost(self, queue: str) -> None:
         self.lost.labels(queue=queue).inc()

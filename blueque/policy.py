@@ -25,10 +25,18 @@ OPTION_TYPES: dict[str, type] = {
     "max_preemptions": int,
     # 1: the processes a run started are left running when it ends (leftovers.py)
     "keep_processes": int,
+    # 1: never two runs at once: stopped before its lease can lapse (blueque.exclusive)
+    "exclusive": int,
     # read by Task.save_checkpoint, not by Policy: the largest checkpoint, in bytes
     "checkpoint_max_bytes": int,
 }
 
+
+#: The options that are 0 or 1 (which also take True and False), and what they mean.
+FLAGS = {
+    "keep_processes": "0 (stop what a run started when it ends, the default) or 1 (keep it)",
+    "exclusive": "0 (the default) or 1 (never two runs at once: PROTOCOL.md 6.6)",
+}
 
 _RANDOM = random.Random()
 
@@ -46,6 +54,9 @@ class Policy:
     #: 1: what a run started is left running when it ends (a task that starts a daemon on
     #: purpose); 0: stopped with it, SIGTERM then SIGKILL after kill_grace (blueque.leftovers)
     keep_processes: int = 0
+    #: 1: the task never runs twice at once (PROTOCOL.md 6.6): its listener stops it before
+    #: its lease can lapse, other nodes recover it only a margin past the lapse
+    exclusive: int = 0
 
     def result_ttl_ms(self) -> int | None:
         """The result TTL in milliseconds for PEXPIRE, None to keep the result."""
@@ -105,6 +116,8 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
             )
         if value is None:
             continue
+        if isinstance(value, bool) and name in FLAGS:
+            value = int(value)  # exclusive=True
         try:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise TypeError(type(value).__name__)
@@ -117,8 +130,7 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
         if number < least:
             raise ConfigurationError(f"option {name}={value!r} is out of range: it must be at "
                                      f"least {least}")
-        if name == "keep_processes" and number not in (0, 1):
-            raise ConfigurationError(f"option keep_processes={value!r} must be 0 (stop what a "
-                                     "run started when it ends, the default) or 1 (keep it)")
+        if name in FLAGS and number not in (0, 1):
+            raise ConfigurationError(f"option {name}={value!r} must be 0 or 1: {FLAGS[name]}")
         encoded[name] = str(OPTION_TYPES[name](number))
     return encoded

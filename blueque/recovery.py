@@ -24,7 +24,7 @@ from typing import Literal
 from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import decide
-from blueque.leases import LeaseWatch
+from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
 from blueque.leftovers import Leftovers, RunMark, signal_escaped
 from blueque.node import hostname, local_process, node_identity
 from blueque.policy import Policy, field_float
@@ -71,6 +71,7 @@ class Recovery:
         rng: random.Random | None = None,
         kill: Callable[[int, int], None] = signal_group,
         node: str | None = None,
+        watch_ms: int | None = None,
     ) -> None:
         self.store = store
         self.lease_ms = lease_ms
@@ -90,7 +91,8 @@ class Recovery:
         self._marks: dict[int, RunMark] = {}
         #: what adopted runs that died left behind, being stopped
         self.leftovers = Leftovers(everywhere=True)
-        self.watch = LeaseWatch(store, lease_ms)
+        #: judges leases; its own stalls by ``watch_ms`` (two of its sweeps), else its lease
+        self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
 
     def _signal_run(self, pid: int, signum: int) -> None:
         self._kill(pid, signum)
@@ -214,6 +216,11 @@ class Recovery:
             verdicts, _ = self._verdicts(
                 queue, listener, f"listener {listener} stopped renewing its lease", adopt=False
             )
+            if listeners is not None and not self.watch.still_dead(listener):
+                continue  # Redis stalled while we read its tasks: judge it again next sweep
+            if (listeners is not None and self._holds_exclusive(queue, listener)
+                    and not self.watch.lapsed_past(listener, EXCLUSIVE_MARGIN)):
+                continue  # an exclusive run: its listener stops it; wait past the margin
             counts = self.store.recover(queue, listener, verdicts, self.store.now(), mode="lease")
             if counts != [-1]:
                 report.add(counts)
@@ -222,6 +229,18 @@ class Recovery:
                     "recovered listener %s on queue %s (lease expired): %d requeued, "
                     "%d retried, %d failed", listener, queue, *counts[:3],
                 )
+
+    def _holds_exclusive(self, queue: str, listener: str) -> bool:
+        """Whether a dead listener's reserved tasks include an exclusive one (PROTOCOL.md
+        6.6: by the task's option or its queue's, or the listener's --exclusive)."""
+        if self.store.listener_info(listener).get("exclusive") == "1":
+            return True
+        ids = self.store.reserved_ids(queue, listener)
+        if not ids:
+            return False
+        config = self.store.queue_config(queue)
+        return any(Policy.resolve(data, config).exclusive == 1
+                   for data in self.store.task_data_many(ids))
 
     def recover_local(self, queue: str, report: RecoveryReport, exclude: Iterable[str] = (),
                       adopter: str | None = None) -> None:
@@ -345,7 +364,7 @@ class Recovery:
         self.watch.begin()
         for queue in swept:
             self.recover_local(queue, report, excluded, adopter)
-            self.recover_expired(queue, report, self.watch.expired(queue))
+            self.recover_expired(queue, report, self.watch.expired(queue, excluded))
             # waiting tasks whose parents' endings nobody told (PROTOCOL.md 5.21)
             self.store.perform(dependencies.settle_waiting, queue, self.store.now())
         runs = self.store.node_runs(self.node)

@@ -5,37 +5,87 @@ could record nothing), and a cancel whose message was missed is found."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
 
 from blueque import keys as k
+from blueque.endings import late_ending_allowed
 from blueque.membership import Membership
 from blueque.runs import Running
 from blueque.store import RedisStore
 from blueque.supervisor import NODE_RUNS_TTL, Supervisor
 
+log = logging.getLogger("blueque.daemon")
+
+
+#: A renewal that takes more than this share of the lease is slow: the next one is due
+#: before it ended (it comes every quarter lease), and the lease's slack is being used up.
+SLOW_SHARE = 0.25
+#: How often a slow renewal is warned of, at most (s).
+SLOW_WARN_EVERY = 60.0
+
 
 class Renewal:
-    def __init__(self, store: RedisStore, membership: Membership,
-                 supervisor: Supervisor) -> None:
+    def __init__(self, store: RedisStore, membership: Membership, supervisor: Supervisor,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.membership, self.supervisor = store, membership, supervisor
+        self.clock = clock
+        #: how long the latest renewal took (s), written to the info hash by the next one
+        self.took: float | None = None
+        self._warned_at: float | None = None
+        #: the reserved lists as the latest renewal read them, for the heal that follows it
+        self._reserved: dict[str, list[str]] | None = None
+        #: when the latest renewal that renewed every lease was sent (this clock), or None
+        self.renewed: float | None = None
 
     def renew(self, busy: int) -> list[str]:
-        """Renew, and return the tasks whose cancel was asked for (their message may have
-        been missed). Raises RedisUnavailable."""
+        """Renew in one round trip (RedisStore.renew_node), and return the tasks whose
+        cancel was asked for (their message may have been missed). Raises
+        RedisUnavailable."""
         supervisor = self.supervisor
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
-        self.membership.renew(busy, supervisor.recorder.metrics)
-        self.store.record_runs(self.membership.node, supervisor.records(), NODE_RUNS_TTL)
+        started = self.clock()
         checked = self.checked()
-        if not checked:
-            return []
-        datas = self.store.task_data_many([r.task_id for r in checked])
-        return self.check(zip(checked, datas, strict=True))
+        reply = self.store.renew_node(self.membership.renewal(
+            busy, supervisor.records(), NODE_RUNS_TTL, [r.task_id for r in checked],
+            self.took))
+        if all(deadline != -1 for deadline in reply.leases.values()):
+            self.renewed = started  # each lease lapses no earlier than a lease from now
+        self.membership.renewed(reply.leases, supervisor.recorder.metrics)
+        cancels = self.check(zip(checked, reply.tasks, strict=True))
+        self._reserved = reply.reserved
+        self._took(self.clock() - started)
+        return cancels
 
     def heal(self) -> None:
         """Put back the ids in our reserved lists that no child of ours runs or still has
-        an ending to record (Membership.heal). Raises RedisUnavailable."""
-        self.membership.heal(self.supervisor.task_ids())
+        an ending to record (Membership.heal): as the renewal just before read them, if one
+        did. Raises RedisUnavailable."""
+        reserved, self._reserved = self._reserved, None
+        self.membership.heal(self.supervisor.task_ids(), reserved)
+
+    def _took(self, seconds: float) -> None:
+        """Measure the renewal; warn (at most every SLOW_WARN_EVERY) when it is slow for the
+        lease, naming an --interval that would hold."""
+        self.took = seconds
+        metrics = self.supervisor.recorder.metrics
+        if metrics:
+            metrics.renewal_took(seconds)
+        lease = self.membership.lease_ms / 1000
+        if seconds <= SLOW_SHARE * lease:
+            return
+        now = self.clock()
+        if self._warned_at is not None and now - self._warned_at < SLOW_WARN_EVERY:
+            return
+        self._warned_at = now
+        holds = math.ceil(seconds / (2 * SLOW_SHARE) * 2) / 2  # renewing in a quarter lease
+        log.warning("listener %s: its lease renewal took %.2f s, more than a quarter of its "
+                    "%g-s lease (--interval %g): a slow or distant Redis; renewals may come "
+                    "too late and live tasks be run again elsewhere. --interval %g or more "
+                    "would hold", self.membership.id, seconds, lease,
+                    self.membership.interval, holds)
 
     def check(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
         """With each running child's task as it is now: stop the runs that were taken back
@@ -57,6 +107,9 @@ class Renewal:
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         if not data or running.attempt is None:
             return False
+        if (data.get("status") == k.FAILED
+                and late_ending_allowed(data, self.membership.id, running.attempt)):
+            return False  # recovered while it lived, and no attempt will follow: it may end
         return (data.get("attempts") != str(running.attempt)
                 or data.get("node") != self.membership.id
                 or data.get("status") not in (k.RESERVED, k.STARTED))

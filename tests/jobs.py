@@ -5,6 +5,7 @@ named in their parameters."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -227,3 +228,22 @@ def page(task: Task) -> object:
 def words(task: Task) -> object:
     """The README's Spark pages: ``{"doc_id", "page", "text"}`` -> ``{"words": N}``."""
     return {"words": len(str(_params(task).get("text", "")).split())}
+
+
+def holds_a_lock(task: Task) -> str:
+    """Holds an exclusive flock on the ``lock`` file while it runs (the kernel drops it when
+    the process dies, however): marks "overlap [attempt]" if another run holds it when it
+    starts, else "start [attempt]"; returns once ``release`` exists or after ``seconds``."""
+    params = _params(task)
+    handle = open(params["lock"], "a")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _mark(params, f"overlap {task.attempts}")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    _mark(params, f"start {task.attempts}")
+    deadline = time.monotonic() + float(params.get("seconds", 60))
+    while time.monotonic() < deadline and not os.path.exists(params["release"]):
+        time.sleep(0.01)
+    _mark(params, "end")
+    return "done"

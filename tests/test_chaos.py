@@ -1,7 +1,9 @@
 """Chaos: three listeners with their own node names, hundreds of tasks, and for a minute the
 things operators and machines do to them: SIGKILL, SIGTERM and restart of listeners, SIGSTOP of
-a whole node, SIGKILL and SIGTERM of task processes, and Redis SIGKILLed and restarted from its
-append-only file, once for longer than a lease.
+a whole node, SIGKILL and SIGTERM of task processes, Redis SIGKILLed and restarted from its
+append-only file, once for longer than a lease, Redis stalled (DEBUG SLEEP) for longer than a
+lease while a `blueque scheduler` sweeps too, and a node's link to Redis cut (each node reaches
+Redis through a blueque.testing.DelayingProxy) for less than a lease.
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
 one task overlapped while one of them went on to finish its work, no node ever ran more task
@@ -15,6 +17,7 @@ import json
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -24,9 +27,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 import blueque
-from blueque.testing import RedisServer
+from blueque.testing import DelayingProxy, RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
@@ -131,7 +135,8 @@ def runs_of(journal: Path) -> list[Run]:
 @pytest.fixture
 def chaos_server(tmp_path: Path) -> Iterator[RedisServer]:
     (tmp_path / "redis").mkdir()
-    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
+    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always",
+                                     "--enable-debug-command", "local"),
                          directory=str(tmp_path / "redis"))
     server.start()
     try:
@@ -144,10 +149,12 @@ class Chaos:
     """The operator from hell: one random action per step, on a random node."""
 
     ACTIONS = {"kill listener": 2, "term listener": 2, "stop node": 2, "kill child": 3,
-               "term child": 1, "restart redis": 1}
+               "term child": 1, "restart redis": 1, "stall redis": 1, "cut node": 2}
 
-    def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random) -> None:
+    def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random,
+                 links: dict[str, DelayingProxy] | None = None) -> None:
         self.server, self.nodes, self.rng = server, nodes, rng
+        self.links = links or {}  # node name -> the proxy its processes reach Redis through
         self.events: Counter[str] = Counter()
         self.signalled: set[int] = set()  # task processes the chaos itself killed or stopped
         self.long_outage_due = True  # one Redis outage longer than a lease, the rest shorter
@@ -159,6 +166,10 @@ class Chaos:
             kind = "restart redis"
         if kind == "restart redis":
             self.restart_redis()
+        elif kind == "stall redis":
+            self.stall_redis()
+        elif kind == "cut node" and node.name in self.links:
+            self.cut(node)
         elif not node.alive():
             node.start()  # a listener the chaos stopped comes back
             return
@@ -177,6 +188,20 @@ class Chaos:
         self.server.kill()
         time.sleep(down)  # the outage itself: how long Redis stays away
         self.server.start()
+
+    def stall_redis(self) -> None:
+        """Redis answers nobody for longer than a lease, shorter than any socket timeout
+        (DEBUG SLEEP): a stall is no death, for the listeners' sweeps and the scheduler's."""
+        stall = self.rng.uniform(LEASE, 1.25 * LEASE)
+        redis.Redis(port=self.server.port).execute_command("DEBUG", "SLEEP", f"{stall:.2f}")
+
+    def cut(self, node: Node) -> None:
+        """The node's link to Redis goes (its connections drop, new ones are refused) for
+        less than a lease, then comes back."""
+        link = self.links[node.name]
+        link.cut()
+        time.sleep(self.rng.uniform(0.3, LEASE / 2))
+        link.restore()
 
     def restart_listener(self, node: Node, kill: bool) -> None:
         assert node.daemon is not None
@@ -249,6 +274,18 @@ def unleash(chaos: Chaos, rng: random.Random, began: float,
     return ids
 
 
+def clean_up(nodes: list[Node], others: list[Daemon], links: dict[str, DelayingProxy],
+             tag: str) -> None:
+    for daemon in others + [node.daemon for node in nodes if node.daemon is not None]:
+        daemon.close()
+    for link in links.values():
+        link.close()
+    for process in tagged(tag):  # a failing run must not leave processes behind either
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+
+
 def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
                                                     tmp_path: Path) -> None:
     seed = int(os.environ.get("BLUEQUE_CHAOS_SEED", "0")) or random.randrange(1 << 30)
@@ -256,8 +293,9 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
     tag = f"chaos-{os.getpid()}-{seed}"
     journal = tmp_path / "journal"
     journal.mkdir()
-    nodes = [Node(f"node-{letter}", chaos_server.url, tmp_path, tag) for letter in "abc"]
-    chaos = Chaos(chaos_server, nodes, rng)
+    links = {f"node-{letter}": DelayingProxy(chaos_server.port) for letter in "abc"}
+    nodes = [Node(name, link.url(), tmp_path, tag) for name, link in links.items()]
+    chaos = Chaos(chaos_server, nodes, rng, links)
     client = blueque.Client(chaos_server.url)
     queue = client.get_queue("chaos")
 
@@ -270,11 +308,17 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
 
     ids = enqueue(TASKS_BEFORE)
     began = time.monotonic()
+    scheduler: Daemon | None = None
     slots = SlotWatch(nodes)
     slots.start()
     try:
         for node in nodes:
             node.start()
+        # a scheduler sweeps too (it judged leases by a 30-s stall rule of its own and took
+        # listeners stalled behind a DEBUG SLEEP for dead)
+        scheduler = Daemon([sys.executable, "-m", "blueque.cli", "scheduler", "--url",
+                            chaos_server.url, "--interval", "0.5", "--recovery-interval", "1"],
+                           tmp_path / "scheduler.log", env={TAG: tag})
         ids += unleash(chaos, rng, began, enqueue)
         chaos_took = time.monotonic() - began
         for node in nodes:
@@ -293,6 +337,8 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
         assert statuses == {"complete": len(ids)}, statuses
         assert {client.get_task(task_id).result for task_id in ids} == {"ok"}
         figures = check_journal(ids, journal, chaos.signalled)
+        assert scheduler.alive() and "recovered listener" not in scheduler.log()
+        scheduler.stop(timeout=30)
         for node in nodes:
             assert node.daemon is not None
             node.daemon.stop(timeout=30)
@@ -301,13 +347,7 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
         wait_until(lambda: not tagged(tag), timeout=15, what="no process left behind")
     finally:
         slots.stop()
-        for node in nodes:
-            if node.daemon is not None:
-                node.daemon.close()
-        for process in tagged(tag):  # a failing run must not leave processes behind either
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(signal.SIGCONT)
-                process.kill()
+        clean_up(nodes, [scheduler] if scheduler is not None else [], links, tag)
     print("chaos figures:", json.dumps({
         "seed": seed, "tasks": len(ids), "complete": statuses["complete"], **figures,
         "events": dict(chaos.events), "listener_starts": sum(n.starts for n in nodes),

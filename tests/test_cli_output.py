@@ -30,7 +30,7 @@ import redis
 
 import blueque
 from blueque.cli import EXIT_CLOSED_PIPE
-from blueque.cli.inspecting import CLEAR_SCREEN
+from blueque.cli.inspecting import CLEAR_SCREEN, _renewal_text
 from blueque.fields import CORRUPT, LISTENER_FIELDS, TASK_FIELDS
 from blueque.keys import Keys
 from blueque.testing import RedisServer
@@ -327,9 +327,20 @@ def test_status_shows_each_listeners_busy_slots(fleet: Fleet, run: Run) -> None:
     shown = run("status").stdout
     header = next(line for line in shown.splitlines() if line.startswith("LISTENER"))
     assert header.split() == ["LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
-                              "STATE"]
+                              "RENEWAL", "STATE"]
     row = next(line for line in shown.splitlines() if f" {fleet.listener.pid} " in line)
     assert row.split()[4] == "1/2"
+    # how long its latest renewal took (one round trip, PROTOCOL.md 6 step 2), once measured
+    assert re.search(r" (-|\d+ms|[\d.]+s)( SLOW \(--interval [\d.]+ would hold\))? ", row)
+
+
+def test_status_says_when_renewals_are_slow_for_the_interval() -> None:
+    """A renewal that took more than half an interval (a quarter of the lease) is SLOW, and
+    the column names an --interval that would hold (issue 19 item 4)."""
+    assert _renewal_text({"renewal_seconds": "0.004", "interval": "2"}) == "4ms"
+    assert _renewal_text({"renewal_seconds": "1.6", "interval": "2"}) == (
+        "1.6s SLOW (--interval 3.5 would hold)")
+    assert _renewal_text({"interval": "2"}) == "-"  # a listener older than the field
 
 
 def read_until(stream: Any, wanted: Callable[[str], bool], timeout: float = 30) -> str:

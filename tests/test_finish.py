@@ -434,3 +434,78 @@ def test_a_preempted_run_puts_its_task_back_first_in_line_without_spending_an_at
     assert again is not None and again.id == task.id and again.attempts == 2
     with pytest.raises(StaleAttempt):
         processor.preempt("a superseded run cannot put it back")
+
+
+# --- a late ending (PROTOCOL.md 5.6): a run recovered while it lived ------------------------
+def recovered_alive(client: blueque.Client, verdict: str, **options: object
+                    ) -> tuple[blueque.Task, Processor]:
+    """A started run whose listener's lease lapsed (cut off from Redis) while the run went
+    on: recover records ``verdict`` for it, as a sweep on another node does."""
+    client.get_queue("q").enqueue("p", **options)  # type: ignore[arg-type]
+    listener = Listener("q", client.store)
+    task = listener.reserve()
+    assert task is not None
+    processor = client.get_processor(task)
+    processor.start(4242)
+    eta = time.time() + 60 if verdict == "retry" else None
+    counts = client.store.recover("q", listener.id, [(task.id, "1", verdict, eta, "cut off")],
+                                  time.time(), mode="host")
+    assert counts != [-1]
+    return task, processor
+
+
+def test_a_late_ending_of_the_only_attempt_is_recorded(any_client: blueque.Client) -> None:
+    """Issue 19 item 5: a node cut off longer than its lease; its max_attempts=1 task was
+    recorded failed by the recovery, though its only run then completed normally."""
+    r = any_client.redis
+    task, processor = recovered_alive(any_client, "failed", max_attempts=1)
+    assert r.hget(K.task(task.id), "status") == "failed"
+    processor.complete("done late")
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["result"], data["attempts"]) == ("complete", "done late", "1")
+    assert r.lrange(K.failed("q"), 0, -1) == []
+    assert r.lrange(K.complete("q"), 0, -1) == [task.id]
+    assert [entry["outcome"] for entry in any_client.get_task(task.id).history] == [
+        "failed", "complete"]  # recover's guess, then what the run came to
+
+
+def test_a_late_ending_takes_the_task_out_of_its_retry(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, processor = recovered_alive(any_client, "retry", max_attempts=3)
+    assert r.zscore(K.scheduled("q"), task.id) is not None
+    processor.complete("done late")
+    assert r.zscore(K.scheduled("q"), task.id) is None  # the retry that had not begun
+    assert r.hget(K.task(task.id), "status") == "complete"
+
+
+def test_no_late_ending_once_a_newer_attempt_started(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, processor = recovered_alive(any_client, "pending")
+    assert r.hget(K.task(task.id), "status") == "pending"
+    again = any_client.get_listener("q").reserve()
+    assert again is not None and again.id == task.id and again.attempts == 2
+    with pytest.raises(StaleAttempt):
+        processor.complete("too late")
+    assert r.hget(K.task(task.id), "status") == "reserved"
+
+
+def test_no_late_ending_for_a_cancelled_task(any_client: blueque.Client) -> None:
+    r = any_client.redis
+    task, processor = recovered_alive(any_client, "cancelled")
+    with pytest.raises(InvalidTaskState):
+        processor.complete("too late")
+    assert r.hget(K.task(task.id), "status") == "failed"
+    assert r.hget(K.task(task.id), "cancelled") is not None
+
+
+def test_a_finished_task_is_no_late_ending(any_client: blueque.Client) -> None:
+    """Only recover's endings of a started run (history ``recovered``) make room for a late
+    one: a run's own recorded failure is not followed by another ending."""
+    r = any_client.redis
+    task, _ = reserved_task(any_client)
+    processor = any_client.get_processor(task)
+    processor.start(4242)
+    processor.fail("broken")
+    with pytest.raises(InvalidTaskState):
+        processor.complete("a second ending")
+    assert r.hget(K.task(task.id), "status") == "failed"

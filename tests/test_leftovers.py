@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import psutil
 import pytest
 
 import blueque
+from blueque import leftovers
 from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
 from tests import leftover_jobs
@@ -200,3 +202,15 @@ def test_keep_processes_is_0_or_1_per_task_or_queue(client: blueque.Client, redi
     assert blueque_main("configure", "work", "--keep-processes", "1",
                         "--url", redis_url).returncode == 0
     assert queue.config()["keep_processes"] == "1"
+
+
+def test_the_subreaper_check_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ctypes.util.find_library runs ``ldconfig -p``: looked up at every ended run, a listener
+    started a process beside its tasks, which the chaos test counted over --concurrency."""
+    leftovers.is_subreaper()  # the first look-up may start one
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    leftovers.is_subreaper()

@@ -145,6 +145,11 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="1: leave running what a run started when it ends (a task that "
                              "starts a daemon on purpose); 0 (default): stop it, SIGTERM then "
                              "SIGKILL after kill_grace")
+    parser.add_argument("--exclusive", dest="exclusive", default=default,
+                        type=int if default is None else _attempts_value, metavar="0|1",
+                        help="1: never two runs of a task at once, even when a node is cut "
+                             "off from Redis: its run is stopped before its lease can lapse "
+                             "(PROTOCOL.md 6.6); 0 (default)")
 
 
 # --- handlers ---------------------------------------------------------------------------------

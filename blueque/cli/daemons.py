@@ -98,7 +98,9 @@ def cmd_scheduler(client: Client, args: argparse.Namespace) -> int:
     client = client.bounded(max(1.0, args.interval))
     scheduler = Scheduler(
         client, cron_entries(args), interval=args.interval,
-        recovery=Recovery(client.store, host=args.node_name),
+        # its own stalls are judged by its cadence: two sweeps, as a listener's lease
+        recovery=Recovery(client.store, host=args.node_name,
+                          watch_ms=int(2000 * args.recovery_interval)),
         recovery_interval=args.recovery_interval,
         purge_interval=args.purge_interval, allow_eviction=args.allow_eviction,
     )

@@ -94,9 +94,10 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
                  [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
              _slots_text(item), _lease_text(item.lease_remaining),
-             _age_text(item.renewed_age), _state_text(item, current)) for item in listeners]
+             _age_text(item.renewed_age), _renewal_text(item.info),
+             _state_text(item, current)) for item in listeners]
     text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
-                             "STATE"), rows) if rows else "no listeners")
+                             "RENEWAL", "STATE"), rows) if rows else "no listeners")
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
     text += "\n\n" + policy.summary()
     data = {"time": current, "queues": stats,
@@ -164,6 +165,18 @@ def _lease_text(remaining: float | None) -> str:
     if remaining < 0:
         return f"EXPIRED {format_seconds(-remaining)} ago"
     return f"{format_seconds(remaining)} left"
+
+
+def _renewal_text(info: dict[str, str]) -> str:
+    """How long its latest lease renewal took; SLOW, with an --interval that would hold,
+    past half its interval (a quarter of its lease: PROTOCOL.md 6, step 2)."""
+    took, interval = field_float(info.get("renewal_seconds")), field_float(info.get("interval"))
+    if took is None:
+        return "-"
+    text = format_seconds(took)
+    if interval and took > interval / 2:
+        text += f" SLOW (--interval {math.ceil(took * 4) / 2:g} would hold)"
+    return text
 
 
 def _age_text(age: float | None) -> str:

@@ -67,6 +67,11 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=positive_int, default=1,
                         help="tasks run at once (one child each); no task is reserved "
                              "without a free slot (default 1)")
+    parser.add_argument("--exclusive", action="store_true",
+                        help="never two runs of a task at once, even when this node is cut "
+                             "off from Redis: a run is stopped before the lease can lapse "
+                             "(PROTOCOL.md 6.6); a Redis outage longer than half a lease "
+                             "stops every run")
     parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
                         help="on SIGTERM: keep children running for the next listener to "
                              "adopt (default), drain (wait for them), or terminate them")
@@ -168,6 +173,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
         client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name, allow_eviction=args.allow_eviction,
+        exclusive=args.exclusive,
     )
     daemon.supervisor.recorder.task_logs = task_log_settings(args)
     daemon.preemption.grace = args.preempt_grace

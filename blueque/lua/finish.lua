@@ -11,6 +11,8 @@
 -- KEYS[8] checkpoint hash      blueque_checkpoint_[id] (follows the result TTL)
 -- KEYS[9] listener's counts    blueque_listener_counts_[queue]_[listener id] (kept 604800 s)
 -- KEYS[10] listeners seen      blueque_listeners_seen_[queue] (kept 604800 s)
+-- KEYS[11] pending list, KEYS[12] scheduled zset, KEYS[13] failed list: where recover put a
+--         task whose late ending this is (PROTOCOL.md 5.6)
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] pid ("" if it never started)
 -- ARGV[4] outcome: complete | failed | retry | preempted, ARGV[5] result, error text or (for
 -- preempted) why, ARGV[6] now
@@ -78,9 +80,32 @@ if ARGV[7] ~= '' and status == recorded[ARGV[4]] then
     return status
   end
 end
+-- a late ending: recover took this very attempt back from this listener (it was cut off
+-- longer than its lease) and no newer attempt has started: the run's real ending is recorded
+local function late()
+  if ARGV[7] == '' or not KEYS[13] then
+    return false
+  end
+  if status ~= 'failed' and status ~= 'scheduled' and status ~= 'pending' then
+    return false
+  end
+  if redis.call('HEXISTS', KEYS[1], 'cancelled') == 1 then
+    return false
+  end
+  local last = history()
+  last = last[#last]
+  return type(last) == 'table' and last.recovered == true and last.node == ARGV[2]
+    and tostring(last.attempt) == ARGV[7]
+    and (last.outcome == 'failed' or last.outcome == 'retry' or last.outcome == 'preempted')
+end
 if status ~= 'reserved' and status ~= 'started' then
-  return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. tostring(status)
-    .. ': only a reserved or started task can finish')
+  if not late() then
+    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' is ' .. tostring(status)
+      .. ': only a reserved or started task can finish')
+  end
+  redis.call('LREM', KEYS[11], 1, ARGV[1])
+  redis.call('ZREM', KEYS[12], ARGV[1])
+  redis.call('LREM', KEYS[13], 1, ARGV[1])
 end
 local pid = ARGV[3]
 if pid == '' and cur[3] then

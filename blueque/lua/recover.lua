@@ -103,7 +103,9 @@ for i = 13, #KEYS do
                          error = cut(verdict == 'pending'
                                      and 'its listener ' .. ARGV[1] .. ' did not run it'
                                      or ARGV[a + 4]),
-                         eta = verdict == 'retry' and tonumber(ARGV[a + 3]) or nil})
+                         eta = verdict == 'retry' and tonumber(ARGV[a + 3]) or nil,
+                         -- a started run recover ended: its run may report a late ending
+                         recovered = cur[1] == 'started' or nil})
     end
     if verdict == 'pending' then
       redis.call('HSET', KEYS[i], 'status', 'pending', 'updated', ARGV[2])

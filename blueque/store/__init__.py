@@ -18,7 +18,6 @@ from blueque.retry import NoRetry
 from blueque.store.core import (
     BLOCK_SLICE,
     CHECKPOINT_MAX_BYTES,
-    Health,
     RedisLike,
     Reservation,
     StoreCore,
@@ -31,7 +30,8 @@ from blueque.store.errors import (
     translate,
     translate_errors,
 )
-from blueque.store.listeners import ListenerOperations
+from blueque.store.health import Health
+from blueque.store.listeners import ListenerOperations, NodeRenewal, RenewalReply
 from blueque.store.runs import RunOperations
 from blueque.store.subscription import (
     CLOSED_UNDER_US,
@@ -64,9 +64,11 @@ __all__ = [
     "ListenersAtWork",
     "Message",
     "NoRetry",
+    "NodeRenewal",
     "QueueCounts",
     "RedisLike",
     "RedisStore",
+    "RenewalReply",
     "Reservation",
     "Resubscribing",
     "StoreCore",

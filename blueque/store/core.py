@@ -28,6 +28,7 @@ from blueque.store.errors import (
     translate,
     translate_errors,
 )
+from blueque.store.health import Health
 from blueque.store.subscription import Subscription
 
 log = logging.getLogger("blueque.store")
@@ -53,18 +54,6 @@ def _tolerating_wrong_types(pipe: Any) -> list[Any]:
         if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
             raise reply
     return replies
-
-
-class Health:
-    """Counts operations that failed transiently (a lost connection, READONLY, LOADING...),
-    shared by a store and its bounded copies: a recovery sweep that sees the count move
-    knows its view of the leases was interrupted (PROTOCOL.md 6, "Outages")."""
-
-    def __init__(self) -> None:
-        self.disruptions = 0
-
-    def disrupted(self) -> None:
-        self.disruptions += 1
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,10 @@ class _Retry(Protocol):
 class _Health(Protocol):
     def disrupted(self) -> None: ...
 
+    def asked(self) -> float: ...
+
+    def answered(self, asked_at: float) -> None: ...
+
 
 class _Guarded(Protocol):
     """What translate_errors needs of a store: its retry policy, health and address."""
@@ -58,12 +62,15 @@ def translate_errors(method: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(method)
     def wrapper(self: _Guarded, *args: Any, **kwargs: Any) -> T:
         def attempt() -> T:
+            asked = self.health.asked()
             try:
-                return method(self, *args, **kwargs)
+                result = method(self, *args, **kwargs)
             except Exception as error:
                 if is_transient(error):
                     self.health.disrupted()
                 raise
+            self.health.answered(asked)
+            return result
 
         try:
             return self.retry.call(attempt)

@@ -4,6 +4,7 @@ run records, the server's clock and restarts, cron ticks and preemption requests
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -12,6 +13,46 @@ from blueque import keys as k
 from blueque.eviction import MemoryPolicy
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
+
+#: The fields of a running task a lease renewal reads (PROTOCOL.md 6, step 2): whether it was
+#: taken back, cancelled, or recovered while it lived.
+RENEWAL_FIELDS = ("status", "attempts", "node", "cancel_requested", "cancelled", "history")
+
+
+@dataclass(frozen=True)
+class NodeRenewal:
+    """What one lease renewal writes and reads (RedisStore.renew_node)."""
+
+    listener: str
+    node: str
+    queues: Sequence[str]
+    lease_ms: int
+    info: dict[str, str]
+    info_ttl: int
+    runs: dict[str, str]
+    runs_ttl: int
+    tasks: Sequence[str]
+
+
+@dataclass(frozen=True)
+class RenewalReply:
+    """What a renewal found: each queue's lease (-1: it was lost), the read fields of each
+    task (missing ones left out; {} for a missing hash), each queue's reserved ids."""
+
+    leases: dict[str, int]
+    tasks: list[dict[str, str]]
+    reserved: dict[str, list[str]]
+
+    @classmethod
+    def of(cls, renewal: NodeRenewal, replies: Sequence[Any]) -> RenewalReply:
+        queues = list(renewal.queues)
+        leases = {q: int(r) for q, r in zip(queues, replies, strict=False)}
+        tasks_from = len(queues) + 4
+        tasks = [{name: value for name, value in zip(RENEWAL_FIELDS, values, strict=True)
+                  if value is not None}
+                 for values in replies[tasks_from:tasks_from + len(renewal.tasks)]]
+        lists = replies[tasks_from + len(renewal.tasks):]
+        return cls(leases, tasks, {q: list(ids) for q, ids in zip(queues, lists, strict=True)})
 
 
 class ListenerOperations(StoreCore):
@@ -141,6 +182,51 @@ class ListenerOperations(StoreCore):
             pipe.hset(self.keys.node_runs(node), mapping=runs)
         pipe.expire(self.keys.node_runs(node), ttl_s)
         pipe.execute()
+
+    @translate_errors
+    def renew_node(self, renewal: NodeRenewal) -> RenewalReply:
+        """A listener's whole lease renewal in one round trip (PROTOCOL.md 6, step 2): its
+        leases (lease.lua renew), its info hash and its node's runs, the few fields of its
+        running tasks a renewal looks at (never their parameters), and its reserved lists.
+        A pipeline, sent again whole after a NOSCRIPT (each command may be repeated); on a
+        Redis Cluster (whose pipelines refuse scripts) command by command."""
+        script = self._script("lease")
+        if hasattr(self.redis, "get_nodes"):  # a cluster: its pipelines refuse scripts
+            return RenewalReply.of(renewal, self._renewal_commands(self.redis, renewal, script))
+        for _ in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            self._renewal_commands(pipe, renewal, script)
+            replies = pipe.execute(raise_on_error=False)
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                script.sha = self.redis.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return RenewalReply.of(renewal, replies)
+        raise redis.exceptions.NoScriptError("lease.lua: the server did not keep it")
+
+    def _renewal_commands(self, pipe: Any, renewal: NodeRenewal, script: Any) -> list[Any]:
+        """Queue the renewal's commands on a pipeline, or run them one by one on a cluster
+        client (``pipe`` is then the client: their replies are returned)."""
+        cluster = pipe is self.redis
+        out: list[Any] = []
+        for queue in renewal.queues:
+            keys = [self.keys.leases(queue)]
+            args = [renewal.listener, renewal.lease_ms, "renew"]
+            out.append(script(keys=keys, args=args) if cluster
+                       else pipe.evalsha(script.sha, 1, *keys, *args))
+        info, runs = self.keys.listener_info(renewal.listener), self.keys.node_runs(renewal.node)
+        out.append(pipe.hset(info, mapping=renewal.info))
+        out.append(pipe.expire(info, renewal.info_ttl))
+        # with no run to write, HLEN keeps the replies in place
+        out.append(pipe.hset(runs, mapping=renewal.runs) if renewal.runs else pipe.hlen(runs))
+        out.append(pipe.expire(runs, renewal.runs_ttl))
+        for task_id in renewal.tasks:
+            out.append(pipe.hmget(self.keys.task(task_id), list(RENEWAL_FIELDS)))
+        for queue in renewal.queues:
+            out.append(pipe.lrange(self.keys.reserved(queue, renewal.listener), 0, -1))
+        return out
 
     @translate_errors
     def forget_runs(self, node: str, pids: Sequence[str]) -> None:

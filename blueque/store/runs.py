@@ -110,7 +110,8 @@ class RunOperations(StoreCore):
         keys = [self.keys.task(end.task_id), self.keys.reserved(queue, end.listener),
                 self.keys.started(queue), target, *self._outcome_keys(queue, end.now),
                 self.keys.checkpoint(end.task_id), self.keys.listener_counts(queue, end.listener),
-                self.keys.listeners_seen(queue)]
+                self.keys.listeners_seen(queue), self.keys.pending(queue),
+                self.keys.scheduled(queue), self.keys.failed(queue)]
         args = [end.task_id, end.listener, "" if end.pid is None else end.pid, end.outcome,
                 end.text, repr(end.now), "" if end.attempt is None else end.attempt,
                 "" if end.retry_eta is None else repr(end.retry_eta),

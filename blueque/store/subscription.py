@@ -16,7 +16,8 @@ from blueque.retry import Backoff, is_transient
 from blueque.store.errors import translate
 
 if TYPE_CHECKING:
-    from blueque.store.core import Health, StoreCore
+    from blueque.store.core import StoreCore
+    from blueque.store.health import Health
 
 log = logging.getLogger("blueque.store")
 

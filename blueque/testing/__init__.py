@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from blueque.private_redis import RedisServer, free_port, kill_process, stop_process
 from blueque.testing.polling import wait_for
+from blueque.testing.proxy import DelayingProxy
 from blueque.testing.topology import (
     ClusterTopology,
     SentinelProcess,
@@ -30,6 +31,7 @@ from blueque.testing.topology import (
 
 __all__ = [
     "ClusterTopology",
+    "DelayingProxy",
     "RedisServer",
     "SentinelProcess",
     "SentinelTopology",

@@ -1,0 +1,129 @@
+"""Exclusive runs (PROTOCOL.md 6.6; issue 19 item 5): a listener cut off from Redis (its link
+through blueque.testing.DelayingProxy cut) stops its exclusive run before its lease can lapse,
+and the task's retry on another node starts only after: the two runs never overlap. The runs
+hold a flock on one file, which the kernel drops only when the holder dies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+import blueque
+from blueque.keys import Keys
+from blueque.policy import encode_options
+from blueque.testing import DelayingProxy, RedisServer
+from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
+
+pytestmark = pytest.mark.slow
+
+KEYS = Keys()
+
+
+@pytest.fixture
+def cuttable(redis_server: RedisServer, redis_client: redis.Redis
+             ) -> Iterator[tuple[str, str, DelayingProxy]]:
+    """The test's database directly, and through a proxy whose link can be cut."""
+    db = int(redis_client.connection_pool.connection_kwargs.get("db", 0))
+    with DelayingProxy(redis_server.port) as proxy:
+        yield f"redis://127.0.0.1:{redis_server.port}/{db}", proxy.url(db), proxy
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("how", ["task option", "listen --exclusive"])
+def test_a_cut_off_exclusive_run_stops_before_its_lease_lapses_and_never_overlaps(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path, how: str):
+    direct, through_proxy, proxy = cuttable
+    marker, release, lock = tmp_path / "marker", tmp_path / "release", tmp_path / "lock"
+    client = blueque.Client(direct)
+    flag = ("--exclusive",) if how == "listen --exclusive" else ()
+    with daemons(tmp_path) as started:
+        far = Daemon(listen_command(through_proxy, "work", "tests.jobs:holds_a_lock",
+                                    "--interval", "1", "--poll", "0.1", "--identity",
+                                    "far.example_1", "--no-task-logs", *flag),
+                     tmp_path / "far.log")
+        started.append(far)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 1, what="listener")
+        options = {} if flag else {"exclusive": True}
+        task_id = client.get_queue("work").enqueue(json.dumps(
+            {"marker": str(marker), "release": str(release), "lock": str(lock)}),
+            max_attempts=3, retry_backoff=0.01, **options)
+        wait_until(lambda: lines(marker), what="running on the listener to be cut off")
+        first = client.get_task(task_id).pid
+        assert first is not None
+        near = Daemon(listen_command(direct, "work", "tests.jobs:holds_a_lock", "--interval",
+                                     "0.5", "--poll", "0.1", "--identity", "near.example_2",
+                                     "--no-task-logs", *flag), tmp_path / "near.log")
+        started.append(near)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 2, what="two")
+        proxy.cut()
+        wait_until(lambda: gone(first), timeout=10, what="the cut-off run stopped")
+        # stopped before its lease lapsed: the lease (2 s) is still live on Redis' clock
+        deadline = redis_client.zscore(KEYS.leases("work"), "far.example_1")
+        seconds, micros = redis_client.time()
+        assert deadline is not None and deadline > seconds * 1000 + micros / 1000
+        wait_until(lambda: any(line.startswith("start 2") for line in lines(marker)),
+                   timeout=20, what="the retry running on the other node")
+        assert not any(line.startswith("overlap") for line in lines(marker)), lines(marker)
+        assert "preemption notice" in far.log()
+        proxy.restore()
+        release.touch()
+        task = client.get_task(task_id).wait(30)
+        assert task.status == "complete" and task.attempts == 2
+        assert task.node == "near.example_2"
+        assert far.alive() and near.alive()
+
+
+def test_exclusive_is_a_task_and_queue_option() -> None:
+    assert encode_options({"exclusive": True}) == {"exclusive": "1"}
+    assert encode_options({"exclusive": 0}) == {"exclusive": "0"}
+    with pytest.raises(blueque.errors.ConfigurationError, match="exclusive=2 must be 0 or 1"):
+        encode_options({"exclusive": 2})
+
+
+def test_a_cut_off_node_records_the_late_ending_of_its_only_attempt(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path):
+    """Default mode, max_attempts=1: the node is cut off past its lease, another node's sweep
+    records the task failed, the run completes during the cut; when the link is back its
+    ending is recorded (PROTOCOL.md 5.6, a late ending): complete, not failed."""
+    direct, through_proxy, proxy = cuttable
+    marker, release, lock = tmp_path / "marker", tmp_path / "release", tmp_path / "lock"
+    client = blueque.Client(direct)
+    with daemons(tmp_path) as started:
+        far = Daemon(listen_command(through_proxy, "work", "tests.jobs:holds_a_lock",
+                                    "--interval", "0.5", "--poll", "0.1", "--identity",
+                                    "far.example_1", "--no-task-logs"), tmp_path / "far.log")
+        started.append(far)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 1, what="listener")
+        task_id = client.get_queue("work").enqueue(json.dumps(
+            {"marker": str(marker), "release": str(release), "lock": str(lock)}),
+            max_attempts=1)
+        wait_until(lambda: lines(marker), what="running on the listener to be cut off")
+        near = Daemon(listen_command(direct, "work", "tests.jobs:holds_a_lock", "--interval",
+                                     "0.5", "--poll", "0.1", "--identity", "near.example_2",
+                                     "--no-task-logs"), tmp_path / "near.log")
+        started.append(near)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 2, what="two")
+        proxy.cut()
+        wait_until(lambda: client.get_task(task_id).status == "failed", timeout=15,
+                   what="the cut-off node's task recorded failed by the other node")
+        release.touch()  # its only run completes while the node is cut off
+        wait_until(lambda: lines(marker)[-1].startswith("end"), what="the run completed")
+        proxy.restore()
+        wait_until(lambda: client.get_task(task_id).status == "complete", timeout=20,
+                   what="the late ending recorded")
+        task = client.get_task(task_id)
+        assert task.attempts == 1 and task.result == "done"
+        assert [entry["outcome"] for entry in task.history] == ["failed", "complete"]
+        assert [line.split()[0] for line in lines(marker)] == ["start", "end"]  # ran once
+        assert far.alive() and near.alive()
