@@ -17,6 +17,7 @@ from blueque.errors import (
     TaskNotFound,
     UnsupportedServer,
     WaitTimeout,
+    WritesRefused,
     WrongType,
 )
 from blueque.queue import BulkEnqueue, Queue, QueueStats
@@ -43,6 +44,7 @@ __all__ = [
     "TaskNotFound",
     "UnsupportedServer",
     "WaitTimeout",
+    "WritesRefused",
     "WrongType",
     "report_progress",
 ]

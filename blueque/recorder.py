@@ -24,6 +24,7 @@ from blueque.runs import (
     describe_ending,
     describe_exit,
 )
+from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
@@ -42,6 +43,9 @@ class Recorder:
         self.clock, self.rng, self.defaults = clock, rng, defaults
         self.task_logs: TaskLogSettings | None = None
         self.metrics: ListenerMetrics | None = None
+        #: where endings Redis cannot take are written to outlive us (PROTOCOL.md 6.5)
+        self.spool: Spool | None = None
+        self.spooled: set[tuple[str, int]] = set()  # (task, attempt) of the files we wrote
         self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
         self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
 
@@ -125,15 +129,14 @@ class Recorder:
                           running.task_id, running.attempt, running.policy.result_ttl_ms(),
                           output if isinstance(output, dict) else {})
             running.output_shipped = True
+        ending, trace = self._reported(running)
         if running.progress is not None and running.state == "running":
-            self.write_progress(running)  # its last report shows beside its outcome
-        ran = report.get("outcome")
-        trace = str(report.get("traceback") or "") or None
-        ending = decide(running.policy, running.fields,
-                        ran if ran in ("complete", "preempted") else "failed",
-                        str(report.get("text") or ""), self.store.now(),
-                        retry=bool(report.get("retry", True)), stopped=running.reason,
-                        rng=self.rng)
+            try:
+                self.write_progress(running)  # its last report shows beside its outcome
+            except RedisUnavailable:
+                # refused or away: the outcome would be too; it is held (spooled) meanwhile
+                self._hold(self._run_end(running, ending, trace), forget=True)
+                raise
         failpoints.hit("listener-before-finish")
         try:
             running.recorded = self._finish_run(running, ending, trace, forget=True)
@@ -146,21 +149,43 @@ class Recorder:
         if running.channel is not None:  # a reaped child's is closed
             running.channel.send({"recorded": running.recorded})
 
+    def _reported(self, running: Running) -> tuple[Ending, str | None]:
+        """The ending of the outcome a child reported (endings.decide), and its traceback."""
+        report = running.report or {}
+        ran = report.get("outcome")
+        ending = decide(running.policy, running.fields,
+                        ran if ran in ("complete", "preempted") else "failed",
+                        str(report.get("text") or ""), self.store.now(),
+                        retry=bool(report.get("retry", True)), stopped=running.reason,
+                        rng=self.rng)
+        return ending, str(report.get("traceback") or "") or None
+
+    def hold_report(self, running: Running) -> None:
+        """Redis is away or refuses writes, and the step that records reported outcomes did
+        not run: spool this child's (PROTOCOL.md 6.5), so that it outlives us."""
+        if (running.report is None or running.recorded is not None or running.attempt is None
+                or (running.task_id, running.attempt) in self.spooled):
+            return
+        ending, trace = self._reported(running)
+        self._hold(self._run_end(running, ending, trace), forget=True)
+
     def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
                     forget: bool = False, listener: str | None = None,
                     attempt: int | None = None) -> str:
         """Record ``ending`` for the child's run (finish, fenced by its attempt); with
         ``forget``, drop its run record in the same round trip. Keeps what was recorded for
         the listener's log line."""
-        current = self.store.now()
-        final = ending.outcome in ("complete", "failed")
-        status = self.store.finish(RunEnd(
-            running.queue, running.task_id, listener or self.listener, running.pid,
-            running.attempt if attempt is None else attempt, ending.outcome, ending.text, current,
-            retry_eta=ending.eta,
-            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
-            cancelled=ending.cancelled, traceback=trace),
-            forget_run=(self.node, running.pid) if forget else None)
+        end = self._run_end(running, ending, trace, listener, attempt)
+        try:
+            status = self.store.finish(end, forget_run=(self.node, running.pid)
+                                       if forget else None)
+        except RedisUnavailable:
+            self._hold(end, forget)
+            raise
+        if self.spool is not None and (end.task_id, end.attempt) in self.spooled:
+            self.spooled.discard((end.task_id, end.attempt or 0))
+            self.spool.release(end.task_id, end.attempt)  # recorded: the file is moot
+        current = end.now
         # the fields finish.lua wrote that describe_ending reads
         running.ending = {"status": status, "attempts": str(running.attempt),
                           "updated": repr(current)}
@@ -171,6 +196,24 @@ class Recorder:
                                   eta="" if ending.eta is None else repr(ending.eta),
                                   cancelled=repr(current) if ending.cancelled else "")
         return status
+
+    def _run_end(self, running: Running, ending: Ending, trace: str | None = None,
+                 listener: str | None = None, attempt: int | None = None) -> RunEnd:
+        final = ending.outcome in ("complete", "failed")
+        return RunEnd(
+            running.queue, running.task_id, listener or self.listener, running.pid,
+            running.attempt if attempt is None else attempt, ending.outcome, ending.text,
+            self.store.now(), retry_eta=ending.eta,
+            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
+            cancelled=ending.cancelled, traceback=trace)
+
+    def _hold(self, end: RunEnd, forget: bool) -> None:
+        """Redis did not take ``end``: besides memory, the spool keeps it (once per run), so
+        that the node's next listener records it if we die before Redis takes it (6.5)."""
+        if self.spool is None or end.attempt is None or (end.task_id, end.attempt) in self.spooled:
+            return
+        if self.spool.hold(Held(end, self.node if forget else None, server_of(self.store))):
+            self.spooled.add((end.task_id, end.attempt))
 
     def write_progress(self, running: Running) -> None:
         if running.progress is None or running.attempt is None:

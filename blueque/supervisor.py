@@ -100,7 +100,8 @@ class Supervisor:
             ours.close()
             self.close()  # its siblings' sockets are not its own
             run_reporting_child(self.task_store, theirs,
-                                Assignment(task_id, queue, self.owner.id, self.owner.lease_s),
+                                Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
+                                           self.recorder.spool),
                                 function, self.recorder.task_logs)
         theirs.close()
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
@@ -196,6 +197,11 @@ class Supervisor:
         for running in list(self.children.values()):
             if running.report is not None and running.recorded is None:
                 self.recorder.record_report(running)
+
+    def hold_reports(self) -> None:
+        """While Redis cannot take them: spool the outcomes our children reported (6.5)."""
+        for running in list(self.children.values()):
+            self.recorder.hold_report(running)
 
     def write_progress(self) -> None:
         """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
