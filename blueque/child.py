@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from blueque import failpoints, progress
 from blueque import keys as k
+from blueque.capture import CappedOutput, capture
 from blueque.endings import Ran, RunEnd, decide
 from blueque.errors import (
     BluequeError,
@@ -45,7 +46,7 @@ from blueque.retry import Backoff
 from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.task import Task
-from blueque.tasklog import Shipper, TaskLogSettings, capture
+from blueque.tasklog import Shipper, TaskLogSettings
 
 log = logging.getLogger("blueque.child")
 
@@ -221,6 +222,8 @@ def _ship_output(store: RedisStore, task: Task, policy: Policy,
     shipper = Shipper(store.bounded(0.0), task_logs, task.id, task.attempts,
                       task_logs.path(task.queue or "", task.id, task.attempts),
                       policy.result_ttl_ms())
+    if _captured is not None:  # at the cap: what the file holds is shipped before it moves
+        _captured.rotate = shipper.rotate
     shipper.start()
     return shipper
 
@@ -233,6 +236,7 @@ def _end_output(shipper: Shipper, trace: str | None, ship: bool = True) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken by the task
             stream.flush()
+    _drain()
     shipper.close(ship=ship)  # with ship: the rest of its output and the attempt's end
 
 
@@ -287,11 +291,25 @@ def _prepare(title: str) -> None:
     set_title(title)
 
 
-def _capture(task_logs: TaskLogSettings | None, task: Task) -> TaskLogSettings | None:
+#: this task process's capped output (blueque.capture), drained before its end is shipped
+_captured: CappedOutput | None = None
+
+
+def _capture(task_logs: TaskLogSettings | None, task: Task, policy: Policy,
+             pipe: tuple[int, int] | None = None) -> TaskLogSettings | None:
+    """The attempt's file as stdout and stderr: capped exactly through a pipe, but for a task
+    that keeps its processes past its end (they would write to a pipe nobody reads)."""
+    global _captured
     if task_logs is None:
         return None
+    path = task_logs.path(task.queue or "", task.id, task.attempts)
     try:
-        capture(task_logs.path(task.queue or "", task.id, task.attempts))
+        if policy.keep_processes:
+            for fd in pipe or ():
+                os.close(fd)
+            capture(path)
+        else:
+            _captured = CappedOutput(path, task_logs.max_bytes, pipe)
     except OSError as error:  # a full or read-only disk must not stop the task
         log.error("task %s: output not captured (%s): it is dropped, never mixed into the "
                   "listener's log", task.id, error)
@@ -300,10 +318,16 @@ def _capture(task_logs: TaskLogSettings | None, task: Task) -> TaskLogSettings |
     return task_logs
 
 
+def _drain() -> None:
+    if _captured is not None:
+        _captured.drain()
+
+
 def _leave(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    _drain()
     os._exit(code)
 
 
@@ -315,7 +339,7 @@ def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Pol
     code = EXIT_REPORT_FAILED
     try:
         _prepare(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
-        code = _run(store, task, function, policy, _capture(task_logs, task))
+        code = _run(store, task, function, policy, _capture(task_logs, task, policy))
     except BaseException:
         traceback.print_exc()
     finally:
@@ -336,6 +360,7 @@ class Assignment:
     listener: str
     patience: float
     spool: Spool | None = None  # where it holds its ending should it have to record it
+    output: tuple[int, int] | None = None  # the pipe its output goes through (capture.py)
 
 
 def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
@@ -366,7 +391,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     task = Task(assignment.task_id, store, dict(word["go"]))
     policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
     _mark(task, assignment.queue)
-    task_logs = _capture(task_logs, task)
+    task_logs = _capture(task_logs, task, policy, assignment.output)
     reporter = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
     progress.install(reporter)
     shipper = _ship_output(store, task, policy, task_logs)
@@ -415,7 +440,7 @@ def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFu
         policy = Policy.resolve(data, store.queue_config(assignment.queue))
     except BluequeError:
         policy = Policy.resolve(data, {})
-    task_logs = _capture(task_logs, task)
+    task_logs = _capture(task_logs, task, policy, assignment.output)
     log.warning("task %s: its listener %s died after starting it; running it as an orphan",
                 task.id, assignment.listener)
     return _run_orphan(store, task, assignment.queue, function, policy, task_logs,

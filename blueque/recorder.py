@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from blueque import failpoints
 from blueque import keys as k
+from blueque.capture import drain_ended
 from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide
@@ -54,6 +55,11 @@ class Recorder:
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         running.exit_code = code
         if running.recorded is None and running.state != "refused":
+            if running.output is not None and self.task_logs is not None:
+                # what it wrote last and its reader thread never took (a crash) is output too
+                drain_ended(running.output, self.task_logs.path(
+                    running.queue, running.task_id, running.attempt), self.task_logs.max_bytes)
+                running.output = None
             if running.report is None:
                 self.ended_pids.append(str(pid))
                 if self.task_logs is not None and running.state == "running":
