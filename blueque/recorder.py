@@ -147,10 +147,13 @@ class Recorder:
         try:
             running.recorded = self._finish_run(running, ending, trace, forget=True)
         except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
-            log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
-                        running.task_id, ending.outcome, running.attempt, refused)
             running.recorded = ""
             running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
+            if not running.ending:
+                self._gone(running)
+            else:
+                log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
+                            running.task_id, ending.outcome, running.attempt, refused)
         failpoints.hit("listener-before-recorded")
         if running.channel is not None:  # a reaped child's is closed
             running.channel.send({"recorded": running.recorded})
@@ -221,16 +224,28 @@ class Recorder:
         if self.spool.hold(Held(end, self.node if forget else None, server_of(self.store))):
             self.spooled.add((end.task_id, end.attempt))
 
+    def _gone(self, running: Running) -> None:
+        """Its task's hash is gone from Redis: said once per run, in one clear line."""
+        if not running.gone:
+            running.gone = True
+            log.warning("task %s is gone from Redis (its hash was lost): its run goes on, its "
+                        "ending cannot be recorded", running.task_id, extra={
+                            "task_id": running.task_id, "queue": running.queue,
+                            "event": "gone"})
+
     def write_progress(self, running: Running) -> None:
         if running.progress is None or running.attempt is None:
             return
         fraction, message = running.progress
         try:
-            self.store.progress(running.task_id, running.attempt, fraction, message,
-                                self.store.now())
+            if not running.gone:
+                self.store.progress(running.task_id, running.attempt, fraction, message,
+                                    self.store.now())
         except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
             fields = self.store.task_fields(running.task_id, ("status", "attempts"))
-            if (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
+            if not fields:  # Redis lost it (flushed, or back empty): said once per run
+                self._gone(running)
+            elif (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
                     and fields.get("attempts") == str(running.attempt)):
                 # this attempt has ended (its run recorded that itself when its listener was
                 # silent a lease, as in an outage): its last progress is moot, nothing lost
