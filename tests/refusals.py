@@ -34,6 +34,8 @@ class Refusal:
             self.admin.config_set("maxmemory-policy", "noeviction")
             self.admin.config_set("maxmemory", "1")
         else:
+            if self.blocked.is_file():  # the snapshot a free() wrote
+                self.blocked.unlink()
             self.blocked.mkdir(exist_ok=True)
             self.admin.config_set("save", "3600 1")
             self._snapshot("err")
@@ -48,7 +50,7 @@ class Refusal:
     def free(self) -> None:
         """Memory or disk space is back: writes are taken again."""
         self.admin.config_set("maxmemory", "0")
-        if self.blocked.exists():
+        if self.blocked.is_dir():
             os.rmdir(self.blocked)
             self._snapshot("ok")
             self.admin.config_set("save", "")

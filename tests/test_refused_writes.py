@@ -6,19 +6,23 @@ names the cause."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import redis
 
 import blueque
 import blueque.aio
 from blueque.errors import WritesRefused
+from blueque.spool import Held, Spool, server_of
 from blueque.testing import RedisServer
 from tests.aio_facade import AioClient, LoopThread
 from tests.daemons import ROOT, Daemon, daemons, lines, listen_command, wait_until
@@ -38,6 +42,36 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
     (tmp_path / "redis").mkdir()
     with RedisServer(directory=str(tmp_path / "redis"), extra_args=SERVER_ARGS) as started:
         yield started
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4-MiB tmpfs of the test's own, to put an append-only file on and fill (root only)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): it takes "
+                    "root (or CAP_SYS_ADMIN); the other tests refuse writes without it")
+    try:
+        yield where
+    finally:
+        wait_until(lambda: subprocess.run(["umount", str(where)]).returncode == 0,
+                   what="the small disk unmounted")
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte; the file to remove to free it."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):  # ENOSPC: full
+            while os.write(fd, b"\0" * 65536):
+                pass
+    finally:
+        os.close(fd)
+    return filler
 
 
 def listener(started: list[Daemon], tmp_path: Path, url: str, *options: str) -> Daemon:
@@ -92,6 +126,47 @@ def test_a_listener_keeps_its_run_through_refused_writes_and_records_it_once(
         log = daemon.log()
         assert log.count(f"listener {daemon_id(log)}: {CAUSES[kind]}") == 1, log
         assert "Redis refused a Blueque command" not in log
+
+
+def test_a_full_disk_under_the_append_only_file_is_waited_out(
+        small_disk: Path, tmp_path: Path) -> None:
+    """The issue's own scenario: the AOF on a disk that fills up (MISCONF Errors writing to
+    the AOF file: No space left on device). The listener keeps its run, holds its ending, and
+    records it once space is freed: the max_attempts=1 task ends complete, run once."""
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    server = RedisServer(directory=str(small_disk), extra_args=(
+        "--appendonly", "yes", "--appendfsync", "everysec")).start()
+    try:
+        client = blueque.Client(server.url)
+        admin = redis.Redis(port=server.port, decode_responses=True)
+        with daemons(tmp_path) as started:
+            daemon = listener(started, tmp_path, server.url)
+            task_id = client.get_queue("work").enqueue(
+                json.dumps({"marker": str(marker), "release": str(release)}), max_attempts=1)
+            wait_until(lambda: len(starts(marker)) == 1, what="the task started")
+            filler = fill(small_disk)
+
+            def refused() -> bool:
+                try:
+                    admin.set("blueque_test_probe", "x" * 4096)
+                except redis.exceptions.ResponseError as error:
+                    return str(error).startswith("MISCONF")
+                return False
+
+            wait_until(refused, what="Redis refusing writes: its AOF cannot be written")
+            release.touch()
+            wait_until(lambda: spooled(tmp_path) == [f"1-{task_id}.json"], what="spooled")
+            wait_until(lambda: CAUSES["cannot persist"] in daemon.log(), what="outage logged")
+            assert daemon.alive() and client.get_task(task_id).status == "started"
+            filler.unlink()
+            wait_until(lambda: client.get_task(task_id).status == "complete", timeout=30,
+                       what="the held outcome recorded once the disk has room")
+            task = client.get_task(task_id)
+            assert (task.result, task.attempts) == ("held", 1) and len(starts(marker)) == 1
+            wait_until(lambda: spooled(tmp_path) == [], what="the spool emptied")
+            assert daemon.alive() and daemon.log().count(CAUSES["cannot persist"]) == 1
+    finally:
+        server.stop()
 
 
 def daemon_id(log: str) -> str:
@@ -166,3 +241,32 @@ def test_enqueue_raises_an_error_that_names_the_cause(
     finally:
         refusal.free()
     assert blueque.Client(url).get_queue("work").enqueue("{}")  # taken again
+
+
+def test_the_spool_replays_its_own_servers_endings_and_keeps_what_it_cannot_read(
+        client: blueque.Client, tmp_path: Path) -> None:
+    """PROTOCOL.md 6.5: a replay records each ending through finish (a repeat changes
+    nothing), removes its file, leaves another server's files alone and renames a file that
+    is no spooled ending to .bad (never deleted)."""
+    queue = client.get_queue("work")
+    task_id = queue.enqueue("{}", max_attempts=1)
+    listener = client.get_listener("work")
+    task = listener.reserve()
+    assert task is not None and task.id == task_id
+    processor = client.get_processor(task)
+    processor.start(os.getpid())
+    spool = Spool(tmp_path / "spool")
+    end = processor.run_end("complete", "from the spool", result_ttl_ms=None)
+    assert spool.hold(Held(end, None, server_of(client.store)))
+    elsewhere = replace(end, task_id="another", attempt=1)
+    assert spool.hold(Held(elsewhere, None, "10.0.0.9:6379/0"))
+    (tmp_path / "spool" / "9-junk.json").write_text("{not json")
+    assert spool.replay(client.store) == 1
+    assert client.get_task(task_id).status == "complete"
+    assert client.get_task(task_id).result == "from the spool"
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [
+        "1-another.json", "9-junk.json.bad"]
+    assert spool.hold(Held(end, None, server_of(client.store)))
+    assert spool.replay(client.store) == 1  # a repeat: the same status, nothing changed
+    assert client.get_task(task_id).attempts == 1
+    assert not spool.path(task_id, 1).exists()
