@@ -1,7 +1,8 @@
 """Chaos: three listeners with their own node names, hundreds of tasks, and for a minute the
 things operators and machines do to them: SIGKILL, SIGTERM and restart of listeners, SIGSTOP of
-a whole node, SIGKILL and SIGTERM of task processes, and Redis SIGKILLed and restarted from its
-append-only file, once for longer than a lease.
+a whole node, SIGKILL and SIGTERM of task processes, Redis SIGKILLed and restarted from its
+append-only file, once for longer than a lease, and Redis refusing writes (out of memory, or
+unable to persist) for a few seconds.
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
 one task overlapped while one of them went on to finish its work, no node ever ran more task
@@ -28,6 +29,7 @@ import pytest
 import blueque
 from blueque.testing import RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
+from tests.refusals import SERVER_ARGS, Refusal
 
 pytestmark = pytest.mark.slow
 
@@ -131,8 +133,8 @@ def runs_of(journal: Path) -> list[Run]:
 @pytest.fixture
 def chaos_server(tmp_path: Path) -> Iterator[RedisServer]:
     (tmp_path / "redis").mkdir()
-    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always"),
-                         directory=str(tmp_path / "redis"))
+    server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always",
+                                     *SERVER_ARGS), directory=str(tmp_path / "redis"))
     server.start()
     try:
         yield server
@@ -144,7 +146,7 @@ class Chaos:
     """The operator from hell: one random action per step, on a random node."""
 
     ACTIONS = {"kill listener": 2, "term listener": 2, "stop node": 2, "kill child": 3,
-               "term child": 1, "restart redis": 1}
+               "term child": 1, "restart redis": 1, "refuse writes": 1}
 
     def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random) -> None:
         self.server, self.nodes, self.rng = server, nodes, rng
@@ -159,6 +161,8 @@ class Chaos:
             kind = "restart redis"
         if kind == "restart redis":
             self.restart_redis()
+        elif kind == "refuse writes":
+            self.refuse_writes()
         elif not node.alive():
             node.start()  # a listener the chaos stopped comes back
             return
@@ -177,6 +181,14 @@ class Chaos:
         self.server.kill()
         time.sleep(down)  # the outage itself: how long Redis stays away
         self.server.start()
+
+    def refuse_writes(self) -> None:
+        """Redis out of memory or unable to persist (issue 19): it answers, refuses writes."""
+        refusal = Refusal(self.server)
+        refusal.refuse(self.rng.choice(["out of memory", "cannot persist"]))
+        time.sleep(self.rng.uniform(0.5, 3.0))  # how long until the operator frees space
+        refusal.free()
+        refusal.admin.close()
 
     def restart_listener(self, node: Node, kill: bool) -> None:
         assert node.daemon is not None
