@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import select
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+log = logging.getLogger("blueque.child")
 
 #: ``rotate(move)``: the file is full; ``move()`` moves it aside and opens a new one (the
 #: shipper ships what the file holds first, and starts the new one from its head).
@@ -153,3 +156,34 @@ def _line_buffered() -> None:
         if isinstance(stream, io.TextIOWrapper):
             with contextlib.suppress(ValueError):
                 stream.reconfigure(line_buffering=True)
+
+
+#: this task process's capped output, drained before its attempt's end is shipped
+current: CappedOutput | None = None
+
+
+def capture_attempt(path: Path, max_bytes: int, keep_processes: bool,
+                    pipe: tuple[int, int] | None = None) -> bool:
+    """In a task process: its attempt's file as stdout and stderr, capped exactly through a
+    pipe, but for a task that keeps its processes past its end (they would write to a pipe
+    nobody reads). False: the file cannot be opened, and the output goes to /dev/null."""
+    global current
+    try:
+        if keep_processes:
+            for fd in pipe or ():
+                os.close(fd)
+            capture(path)
+        else:
+            current = CappedOutput(path, max_bytes, pipe)
+    except OSError as error:  # a full or read-only disk must not stop the task
+        log.error("output not captured to %s (%s): it is dropped, never mixed into the "
+                  "listener's log", path, error)
+        capture(Path(os.devnull))
+        return False
+    return True
+
+
+def drain() -> None:
+    """What the task process wrote so far, into its file (before its end is shipped)."""
+    if current is not None:
+        current.drain()

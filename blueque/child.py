@@ -22,12 +22,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
+from blueque import capture as captured_output
 from blueque import failpoints, progress
 from blueque import keys as k
-from blueque.capture import CappedOutput, capture
 from blueque.endings import Ran, RunEnd, decide
 from blueque.errors import (
     BluequeError,
@@ -222,8 +221,8 @@ def _ship_output(store: RedisStore, task: Task, policy: Policy,
     shipper = Shipper(store.bounded(0.0), task_logs, task.id, task.attempts,
                       task_logs.path(task.queue or "", task.id, task.attempts),
                       policy.result_ttl_ms())
-    if _captured is not None:  # at the cap: what the file holds is shipped before it moves
-        _captured.rotate = shipper.rotate
+    if captured_output.current is not None:  # at the cap: shipped first, then moved aside
+        captured_output.current.rotate = shipper.rotate
     shipper.start()
     return shipper
 
@@ -236,7 +235,7 @@ def _end_output(shipper: Shipper, trace: str | None, ship: bool = True) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken by the task
             stream.flush()
-    _drain()
+    captured_output.drain()
     shipper.close(ship=ship)  # with ship: the rest of its output and the attempt's end
 
 
@@ -291,43 +290,21 @@ def _prepare(title: str) -> None:
     set_title(title)
 
 
-#: this task process's capped output (blueque.capture), drained before its end is shipped
-_captured: CappedOutput | None = None
-
-
 def _capture(task_logs: TaskLogSettings | None, task: Task, policy: Policy,
              pipe: tuple[int, int] | None = None) -> TaskLogSettings | None:
-    """The attempt's file as stdout and stderr: capped exactly through a pipe, but for a task
-    that keeps its processes past its end (they would write to a pipe nobody reads)."""
-    global _captured
     if task_logs is None:
         return None
     path = task_logs.path(task.queue or "", task.id, task.attempts)
-    try:
-        if policy.keep_processes:
-            for fd in pipe or ():
-                os.close(fd)
-            capture(path)
-        else:
-            _captured = CappedOutput(path, task_logs.max_bytes, pipe)
-    except OSError as error:  # a full or read-only disk must not stop the task
-        log.error("task %s: output not captured (%s): it is dropped, never mixed into the "
-                  "listener's log", task.id, error)
-        capture(Path(os.devnull))
-        return None
-    return task_logs
-
-
-def _drain() -> None:
-    if _captured is not None:
-        _captured.drain()
+    captured = captured_output.capture_attempt(path, task_logs.max_bytes,
+                                               bool(policy.keep_processes), pipe)
+    return task_logs if captured else None
 
 
 def _leave(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    _drain()
+    captured_output.drain()
     os._exit(code)
 
 
