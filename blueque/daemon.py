@@ -258,6 +258,10 @@ class ListenerDaemon:
     def _step(self, current: float) -> None:
         """One step's work with Redis (PROTOCOL.md 6 "One step"); RedisUnavailable ends it."""
         supervisor = self.supervisor
+        if self.cadence.down_since is not None:
+            # back only once Redis takes a write: under OOM some writes pass and others are
+            # refused, and "back" must not be said between two refusals (PROTOCOL.md 6.5)
+            self.store.probe_writes(self.id)
         self._renew_when_due(current)
         self._check_preemption()
         supervisor.begin_waiting()
