@@ -187,3 +187,13 @@ def drain() -> None:
     """What the task process wrote so far, into its file (before its end is shipped)."""
     if current is not None:
         current.drain()
+
+
+def _forked() -> None:
+    """A process the task forks has no reader thread (its lock may have been held at the
+    fork): its writes go through the pipe to its parent's, and it drains nothing itself."""
+    global current
+    current = None
+
+
+os.register_at_fork(after_in_child=_forked)
