@@ -18,6 +18,7 @@ from blueque.errors import (
     TaskNotFound,
     UnsupportedServer,
     WaitTimeout,
+    WritesRefused,
     WrongType,
 )
 from blueque.queue import BulkEnqueue, Queue, QueueStats
@@ -45,6 +46,7 @@ __all__ = [
     "TaskNotFound",
     "UnsupportedServer",
     "WaitTimeout",
+    "WritesRefused",
     "WrongType",
     "report_progress",
 ]

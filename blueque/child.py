@@ -22,12 +22,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
+from blueque import capture as captured_output
 from blueque import failpoints, progress
 from blueque import keys as k
-from blueque.endings import Ran, decide
+from blueque.endings import Ran, RunEnd, decide
 from blueque.errors import (
     BluequeError,
     CallbackError,
@@ -42,9 +42,10 @@ from blueque.processor import Processor, encode_result
 from blueque.progress import ParentProgress, ProgressReporter, report_progress
 from blueque.reporting import ParentLink
 from blueque.retry import Backoff
+from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.task import Task
-from blueque.tasklog import Shipper, TaskLogSettings, capture
+from blueque.tasklog import Shipper, TaskLogSettings
 
 log = logging.getLogger("blueque.child")
 
@@ -140,7 +141,8 @@ def _run(store: RedisStore, task: Task, function: TaskFunction, policy: Policy,
 
 
 def _run_orphan(store: RedisStore, task: Task, queue: str, function: TaskFunction,
-                policy: Policy, task_logs: TaskLogSettings | None) -> int:
+                policy: Policy, task_logs: TaskLogSettings | None,
+                spool: Spool | None = None) -> int:
     """Run a started task and record its outcome in Redis (no listener records it); then stop
     what it left behind itself (no listener does)."""
     notice.install(None)  # an adopter's notice comes without a deadline
@@ -152,7 +154,7 @@ def _run_orphan(store: RedisStore, task: Task, queue: str, function: TaskFunctio
     reporter.close()
     if shipper is not None:
         _end_output(shipper, outcome.traceback)
-    code = _record_itself(store, Processor(task, store), policy, outcome)
+    code = _record_itself(store, Processor(task, store), policy, outcome, spool)
     _leave_nothing(task, queue, policy)
     return code
 
@@ -181,20 +183,30 @@ def _leave_nothing(task: Task, queue: str, policy: Policy) -> None:
 
 
 def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
-                   outcome: Outcome) -> int:
-    """Record the outcome, holding on to it while Redis is away (the work is done)."""
+                   outcome: Outcome, spool: Spool | None = None) -> int:
+    """Record the outcome, holding on to it while Redis is away or refuses it (the work is
+    done): in memory, and in the node's spool (PROTOCOL.md 6.5) should this process end too."""
     task_id = processor.task.id
     backoff, deadline = Backoff(0.1, 5.0), time.monotonic() + REPORT_PATIENCE
+    end = _run_end(processor, policy, outcome, store.now())
+    # first of all on the node's disk: its listener is gone, and nothing else holds it should
+    # this process end before Redis takes it (each try may wait the whole retry_deadline)
+    spooled = spool is not None and spool.hold(Held(end, None, server_of(store)), quiet=True)
+    said = False
     while True:
         try:
-            _report(processor, policy, outcome, store.now())
+            processor.record(end)
+            if spooled and spool is not None:
+                spool.release(end.task_id, end.attempt)
             return EXIT_REPORTED
         except RedisUnavailable as error:
             if time.monotonic() > deadline:
                 log.error("task %s: gave up recording its outcome: %s", task_id, error)
                 return EXIT_REPORT_FAILED
             delay = backoff.next()
-            log.warning("task %s: %s; retrying in %.1f s", task_id, error, delay)
+            log.log(logging.DEBUG if said else logging.WARNING,
+                    "task %s: %s; retrying until Redis takes it", task_id, error)
+            said = True
             time.sleep(delay)
         except BluequeError as error:
             log.error("task %s: outcome (%s) not recorded: %s", task_id, outcome.outcome, error)
@@ -209,6 +221,8 @@ def _ship_output(store: RedisStore, task: Task, policy: Policy,
     shipper = Shipper(store.bounded(0.0), task_logs, task.id, task.attempts,
                       task_logs.path(task.queue or "", task.id, task.attempts),
                       policy.result_ttl_ms())
+    if captured_output.current is not None:  # at the cap: shipped first, then moved aside
+        captured_output.current.rotate = shipper.rotate
     shipper.start()
     return shipper
 
@@ -221,6 +235,7 @@ def _end_output(shipper: Shipper, trace: str | None, ship: bool = True) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or broken by the task
             stream.flush()
+    captured_output.drain()
     shipper.close(ship=ship)  # with ship: the rest of its output and the attempt's end
 
 
@@ -248,19 +263,21 @@ def describe_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def _report(processor: Processor, policy: Policy, outcome: Outcome, current: float) -> None:
-    """Record the outcome as the one rule (blueque.endings) says, from the task's fields
+def _run_end(processor: Processor, policy: Policy, outcome: Outcome, current: float) -> RunEnd:
+    """The ending to record, as the one rule (blueque.endings) says, from the task's fields
     (``current``: now, on Redis' clock)."""
     ending = decide(policy, processor.task.data, outcome.outcome, outcome.text, current,
                     retry=outcome.retry)
     if ending.outcome == "complete":
-        processor.complete(ending.text, policy.result_ttl_ms())
-    elif ending.outcome == "preempted":
-        processor.preempt(ending.text)
-    elif ending.outcome == "retry" and ending.eta is not None:
-        processor.retry(ending.text, ending.eta, traceback=outcome.traceback)
-    else:
-        processor.fail(ending.text, policy.result_ttl_ms(), traceback=outcome.traceback)
+        return processor.run_end("complete", encode_result(ending.text),
+                                 result_ttl_ms=policy.result_ttl_ms())
+    if ending.outcome == "preempted":
+        return processor.run_end("preempted", ending.text)
+    if ending.outcome == "retry" and ending.eta is not None:
+        return processor.run_end("retry", encode_result(ending.text), retry_eta=ending.eta,
+                                 traceback=outcome.traceback)
+    return processor.run_end("failed", encode_result(ending.text),
+                             result_ttl_ms=policy.result_ttl_ms(), traceback=outcome.traceback)
 
 
 def _prepare(title: str) -> None:
@@ -273,23 +290,21 @@ def _prepare(title: str) -> None:
     set_title(title)
 
 
-def _capture(task_logs: TaskLogSettings | None, task: Task) -> TaskLogSettings | None:
+def _capture(task_logs: TaskLogSettings | None, task: Task, policy: Policy,
+             pipe: tuple[int, int] | None = None) -> TaskLogSettings | None:
     if task_logs is None:
         return None
-    try:
-        capture(task_logs.path(task.queue or "", task.id, task.attempts))
-    except OSError as error:  # a full or read-only disk must not stop the task
-        log.error("task %s: output not captured (%s): it is dropped, never mixed into the "
-                  "listener's log", task.id, error)
-        capture(Path(os.devnull))
-        return None
-    return task_logs
+    path = task_logs.path(task.queue or "", task.id, task.attempts)
+    captured = captured_output.capture_attempt(path, task_logs.max_bytes,
+                                               bool(policy.keep_processes), pipe)
+    return task_logs if captured else None
 
 
 def _leave(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    captured_output.drain()
     os._exit(code)
 
 
@@ -301,7 +316,7 @@ def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Pol
     code = EXIT_REPORT_FAILED
     try:
         _prepare(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
-        code = _run(store, task, function, policy, _capture(task_logs, task))
+        code = _run(store, task, function, policy, _capture(task_logs, task, policy))
     except BaseException:
         traceback.print_exc()
     finally:
@@ -321,6 +336,8 @@ class Assignment:
     queue: str
     listener: str
     patience: float
+    spool: Spool | None = None  # where it holds its ending should it have to record it
+    output: tuple[int, int] | None = None  # the pipe its output goes through (capture.py)
 
 
 def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
@@ -351,7 +368,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     task = Task(assignment.task_id, store, dict(word["go"]))
     policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
     _mark(task, assignment.queue)
-    task_logs = _capture(task_logs, task)
+    task_logs = _capture(task_logs, task, policy, assignment.output)
     reporter = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
     progress.install(reporter)
     shipper = _ship_output(store, task, policy, task_logs)
@@ -373,7 +390,7 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
                 "itself", task.id, assignment.listener)
     if shipper is not None:
         shipper.ship(end=True)
-    code = _record_itself(store, Processor(task, store), policy, outcome)
+    code = _record_itself(store, Processor(task, store), policy, outcome, assignment.spool)
     _leave_nothing(task, assignment.queue, policy)
     return code
 
@@ -400,7 +417,8 @@ def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFu
         policy = Policy.resolve(data, store.queue_config(assignment.queue))
     except BluequeError:
         policy = Policy.resolve(data, {})
-    task_logs = _capture(task_logs, task)
+    task_logs = _capture(task_logs, task, policy, assignment.output)
     log.warning("task %s: its listener %s died after starting it; running it as an orphan",
                 task.id, assignment.listener)
-    return _run_orphan(store, task, assignment.queue, function, policy, task_logs)
+    return _run_orphan(store, task, assignment.queue, function, policy, task_logs,
+                       assignment.spool)

@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Literal
 
 from blueque import eviction
@@ -35,6 +36,8 @@ from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
 from blueque.renewal import Renewal
 from blueque.slots import Slots
+from blueque.spool import Spool
+from blueque.spool import default_directory as spool_directory
 from blueque.store import RedisStore
 from blueque.supervisor import Owner, Supervisor
 from blueque.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
@@ -85,17 +88,20 @@ class ListenerDaemon:
         node_name: str | None = None,
         allow_eviction: bool | None = None,
         in_program: bool = False,
+        spool_dir: Path | None = None,
         exclusive: bool = False,
     ) -> None:
         """``in_program``: run() is called by a program that keeps its own SIGTERM and SIGINT
         handling (ForkingRunner.run(), see ProgramSignals); else they stop the listener.
+        ``spool_dir``: where endings Redis cannot take are held on this node (PROTOCOL.md
+        6.5; default $XDG_STATE_HOME/blueque/spool).
         ``exclusive``: every run is exclusive (PROTOCOL.md 6.6), as an exclusive task's is."""
         _check(queues, concurrency, on_stop, interval, poll)
         self.client = client
         # the loop's operations retry for half an interval at most, then the loop's own
         # backoff takes over (it keeps enforcing time limits and hearing signals meanwhile);
         # children get the client's whole retry_deadline for their start and outcome
-        self.store = client.store.bounded(interval / 2)
+        self.store = client.store.bounded(interval / 2, quiet=True)
         self.weights = dict(queues)
         self.concurrency = concurrency
         self.on_stop = on_stop
@@ -116,6 +122,8 @@ class ListenerDaemon:
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             self.lease_ms / 1000), clock, self.rng)
+        self.spool = Spool(spool_dir or spool_directory())
+        self.supervisor.recorder.spool = self.spool
         self.renewal = Renewal(self.store, self.membership, self.supervisor, clock)
         self.guard = ExclusiveGuard(self.supervisor, self.lease_ms / 1000, exclusive, clock)
         self.wakeup = Wakeup(self.store, interval)
@@ -234,6 +242,9 @@ class ListenerDaemon:
                     eviction.check(self.store.memory_policy(), f"listener {self.id}",
                                    self.allow_eviction, log)
                     self._memory_checked = True
+                # endings our node's listeners could not record: before any recovery could
+                # take their stopped runs for deaths (PROTOCOL.md 6.5)
+                self.spool.replay(self.store)
                 if not self.membership.claim(self.recovery, self._interrupted):
                     return
                 self.register()
@@ -248,12 +259,17 @@ class ListenerDaemon:
                 log.error("listener %s: %s; %s", self.id, error, "children keep running, "
                           "retrying" if self.membership.registered else "not started yet: "
                           "it takes no task until Redis answers, retrying")
+            self.supervisor.hold_reports()  # what our children reported outlives us (6.5)
             self._enforce_limits()
         self._wait(timeout)
 
     def _step(self, current: float) -> None:
         """One step's work with Redis (PROTOCOL.md 6 "One step"); RedisUnavailable ends it."""
         supervisor = self.supervisor
+        if self.cadence.down_since is not None:
+            # back only once Redis takes a write: under OOM some writes pass and others are
+            # refused, and "back" must not be said between two refusals (PROTOCOL.md 6.5)
+            self.store.probe_writes(self.id)
         self._renew_when_due(current)
         self._check_preemption()
         supervisor.begin_waiting()
@@ -282,6 +298,7 @@ class ListenerDaemon:
         if self.cadence.due("renew", current):
             self.preemption.heard = True  # a request whose message we missed: read it now
             self._renew()
+            self.spool.replay(self.store)  # what a listener of ours held when it died
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back
             self.renewal.heal()

@@ -19,6 +19,18 @@ class RedisUnavailable(BluequeError, ConnectionError):
     """Redis could not be reached, or went away and did not come back in time."""
 
 
+class WritesRefused(RedisUnavailable):
+    """Redis answers but refuses every write: it is out of memory (``maxmemory`` reached under
+    ``noeviction``: OOM), cannot persist (a full disk, an AOF or RDB error: MISCONF) or lacks
+    the replicas its ``min-replicas-to-write`` asks for (NOREPLICAS). An outage, not a fault
+    of the command: nothing was written, and the same write succeeds once the cause is fixed
+    (free memory or disk space). ``cause`` says which, in words."""
+
+    def __init__(self, message: str, cause: str = "") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class WaitTimeout(BluequeError, TimeoutError):
     """A wait for tasks ran out of time (a TimeoutError, as before)."""
 

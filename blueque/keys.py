@@ -184,6 +184,11 @@ class Keys:
         """Hash describing one listener process (host, pid, create time, queues...)."""
         return _key("listener", listener_id)
 
+    def write_probe(self, listener_id: str) -> str:
+        """String a listener writes (1 s TTL) to learn whether Redis takes writes again after
+        an outage, refused writes included (PROTOCOL.md 6.5)."""
+        return _key("write_probe", listener_id)
+
     def node_runs(self, node: str) -> str:
         """Hash: pid -> the task run a listener of node identity ``node`` forked (JSON)."""
         return _key("node", node)
@@ -293,6 +298,7 @@ KEY_BUILDERS = (
     "dependents",
     "leases",
     "listener_info",
+    "write_probe",
     "node_runs",
     "queue_config",
     "cron",

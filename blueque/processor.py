@@ -83,8 +83,17 @@ class Processor:
         self._finish("preempted", reason)
 
     def _finish(self, outcome: Outcome, text: str, **options: Any) -> None:
-        self._store.finish(RunEnd(self._queue, self._task.id, self._listener, self._pid,
-                                  self._attempt, outcome, text, self._store.now(), **options))
+        self.record(self.run_end(outcome, text, **options))
+
+    def run_end(self, outcome: Outcome, text: str, **options: Any) -> RunEnd:
+        """This run's ending as finish records it (now, on Redis' clock), not yet sent: what
+        a task process that records itself holds (and spools) while Redis cannot take it."""
+        return RunEnd(self._queue, self._task.id, self._listener, self._pid, self._attempt,
+                      outcome, text, self._store.now(), **options)
+
+    def record(self, end: RunEnd) -> None:
+        """Record an ending made by ``run_end`` (finish.lua, fenced by its attempt)."""
+        self._store.finish(end)
 
     def progress(self, fraction: float, message: str = "") -> None:
         """Report how far the task has got (0.0 to 1.0) and what it is doing."""

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from blueque import failpoints
 from blueque import keys as k
+from blueque.capture import drain_ended
 from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide
@@ -24,6 +25,7 @@ from blueque.runs import (
     describe_ending,
     describe_exit,
 )
+from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
@@ -42,6 +44,9 @@ class Recorder:
         self.clock, self.rng, self.defaults = clock, rng, defaults
         self.task_logs: TaskLogSettings | None = None
         self.metrics: ListenerMetrics | None = None
+        #: where endings Redis cannot take are written to outlive us (PROTOCOL.md 6.5)
+        self.spool: Spool | None = None
+        self.spooled: set[tuple[str, int]] = set()  # (task, attempt) of the files we wrote
         self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
         self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
 
@@ -50,6 +55,11 @@ class Recorder:
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         running.exit_code = code
         if running.recorded is None and running.state != "refused":
+            if running.output is not None and self.task_logs is not None:
+                # what it wrote last and its reader thread never took (a crash) is output too
+                drain_ended(running.output, self.task_logs.path(
+                    running.queue, running.task_id, running.attempt), self.task_logs.max_bytes)
+                running.output = None
             if running.report is None:
                 self.ended_pids.append(str(pid))
                 if self.task_logs is not None and running.state == "running":
@@ -125,26 +135,48 @@ class Recorder:
                           running.task_id, running.attempt, running.policy.result_ttl_ms(),
                           output if isinstance(output, dict) else {})
             running.output_shipped = True
+        ending, trace = self._reported(running)
         if running.progress is not None and running.state == "running":
-            self.write_progress(running)  # its last report shows beside its outcome
+            try:
+                self.write_progress(running)  # its last report shows beside its outcome
+            except RedisUnavailable:
+                # refused or away: the outcome would be too; it is held (spooled) meanwhile
+                self._hold(self._run_end(running, ending, trace), forget=True)
+                raise
+        failpoints.hit("listener-before-finish")
+        try:
+            running.recorded = self._finish_run(running, ending, trace, forget=True)
+        except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
+            running.recorded = ""
+            running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
+            if not running.ending:
+                self._gone(running)
+            else:
+                log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
+                            running.task_id, ending.outcome, running.attempt, refused)
+        failpoints.hit("listener-before-recorded")
+        if running.channel is not None:  # a reaped child's is closed
+            running.channel.send({"recorded": running.recorded})
+
+    def _reported(self, running: Running) -> tuple[Ending, str | None]:
+        """The ending of the outcome a child reported (endings.decide), and its traceback."""
+        report = running.report or {}
         ran = report.get("outcome")
-        trace = str(report.get("traceback") or "") or None
         ending = decide(running.policy, running.fields,
                         ran if ran in ("complete", "preempted") else "failed",
                         str(report.get("text") or ""), self.store.now(),
                         retry=bool(report.get("retry", True)), stopped=running.reason,
                         rng=self.rng)
-        failpoints.hit("listener-before-finish")
-        try:
-            running.recorded = self._finish_run(running, ending, trace, forget=True)
-        except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
-            log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
-                        running.task_id, ending.outcome, running.attempt, refused)
-            running.recorded = ""
-            running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
-        failpoints.hit("listener-before-recorded")
-        if running.channel is not None:  # a reaped child's is closed
-            running.channel.send({"recorded": running.recorded})
+        return ending, str(report.get("traceback") or "") or None
+
+    def hold_report(self, running: Running) -> None:
+        """Redis is away or refuses writes, and the step that records reported outcomes did
+        not run: spool this child's (PROTOCOL.md 6.5), so that it outlives us."""
+        if (running.report is None or running.recorded is not None or running.attempt is None
+                or (running.task_id, running.attempt) in self.spooled):
+            return
+        ending, trace = self._reported(running)
+        self._hold(self._run_end(running, ending, trace), forget=True)
 
     def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
                     forget: bool = False, listener: str | None = None,
@@ -152,15 +184,17 @@ class Recorder:
         """Record ``ending`` for the child's run (finish, fenced by its attempt); with
         ``forget``, drop its run record in the same round trip. Keeps what was recorded for
         the listener's log line."""
-        current = self.store.now()
-        final = ending.outcome in ("complete", "failed")
-        status = self.store.finish(RunEnd(
-            running.queue, running.task_id, listener or self.listener, running.pid,
-            running.attempt if attempt is None else attempt, ending.outcome, ending.text, current,
-            retry_eta=ending.eta,
-            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
-            cancelled=ending.cancelled, traceback=trace),
-            forget_run=(self.node, running.pid) if forget else None)
+        end = self._run_end(running, ending, trace, listener, attempt)
+        try:
+            status = self.store.finish(end, forget_run=(self.node, running.pid)
+                                       if forget else None)
+        except RedisUnavailable:
+            self._hold(end, forget)
+            raise
+        if self.spool is not None and (end.task_id, end.attempt) in self.spooled:
+            self.spooled.discard((end.task_id, end.attempt or 0))
+            self.spool.release(end.task_id, end.attempt)  # recorded: the file is moot
+        current = end.now
         # the fields finish.lua wrote that describe_ending reads
         running.ending = {"status": status, "attempts": str(running.attempt),
                           "updated": repr(current)}
@@ -172,16 +206,46 @@ class Recorder:
                                   cancelled=repr(current) if ending.cancelled else "")
         return status
 
+    def _run_end(self, running: Running, ending: Ending, trace: str | None = None,
+                 listener: str | None = None, attempt: int | None = None) -> RunEnd:
+        final = ending.outcome in ("complete", "failed")
+        return RunEnd(
+            running.queue, running.task_id, listener or self.listener, running.pid,
+            running.attempt if attempt is None else attempt, ending.outcome, ending.text,
+            self.store.now(), retry_eta=ending.eta,
+            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
+            cancelled=ending.cancelled, traceback=trace)
+
+    def _hold(self, end: RunEnd, forget: bool) -> None:
+        """Redis did not take ``end``: besides memory, the spool keeps it (once per run), so
+        that the node's next listener records it if we die before Redis takes it (6.5)."""
+        if self.spool is None or end.attempt is None or (end.task_id, end.attempt) in self.spooled:
+            return
+        if self.spool.hold(Held(end, self.node if forget else None, server_of(self.store))):
+            self.spooled.add((end.task_id, end.attempt))
+
+    def _gone(self, running: Running) -> None:
+        """Its task's hash is gone from Redis: said once per run, in one clear line."""
+        if not running.gone:
+            running.gone = True
+            log.warning("task %s is gone from Redis (its hash was lost): its run goes on, its "
+                        "ending cannot be recorded", running.task_id, extra={
+                            "task_id": running.task_id, "queue": running.queue,
+                            "event": "gone"})
+
     def write_progress(self, running: Running) -> None:
         if running.progress is None or running.attempt is None:
             return
         fraction, message = running.progress
         try:
-            self.store.progress(running.task_id, running.attempt, fraction, message,
-                                self.store.now())
+            if not running.gone:
+                self.store.progress(running.task_id, running.attempt, fraction, message,
+                                    self.store.now())
         except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
             fields = self.store.task_fields(running.task_id, ("status", "attempts"))
-            if (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
+            if not fields:  # Redis lost it (flushed, or back empty): said once per run
+                self._gone(running)
+            elif (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
                     and fields.get("attempts") == str(running.attempt)):
                 # this attempt has ended (its run recorded that itself when its listener was
                 # silent a lease, as in an outage): its last progress is moot, nothing lost

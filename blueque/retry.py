@@ -31,7 +31,15 @@ T = TypeVar("T")
 #: BUSY (another client's script runs too long) is one too: the command was not run, and the
 #: server answers again once that script ends or is killed.
 TRANSIENT_REPLIES = ("READONLY", "MASTERDOWN", "UNBLOCKED", "NOREPLICAS", "LOADING", "TRYAGAIN",
-                     "CLUSTERDOWN", "MOVED", "ASK", "BUSY")
+                     "CLUSTERDOWN", "MOVED", "ASK", "BUSY", "MISCONF", "OOM")
+
+#: Replies of a server that refuses every write until an operator frees memory or disk (or a
+#: replica comes back), and what each means: an outage (PROTOCOL.md 6.5), never a bad command.
+WRITE_REFUSALS = {
+    "OOM": "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction)",
+    "MISCONF": "Redis cannot persist (disk full, or an AOF/RDB write error)",
+    "NOREPLICAS": "Redis has fewer replicas than its min-replicas-to-write asks for",
+}
 
 _PERMANENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 _TRANSIENT = (
@@ -42,6 +50,7 @@ _TRANSIENT = (
     redis.exceptions.TryAgainError,
     redis.exceptions.AskError,  # and MovedError
     redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.OutOfMemoryError,  # OOM: writes refused (PROTOCOL.md 6.5)
 )
 
 
@@ -56,6 +65,21 @@ def certificate_refused(error: BaseException) -> ssl.SSLCertVerificationError | 
     return None
 
 
+def _reply(error: BaseException) -> str:
+    """The first word of a server's error reply (a pipeline prefixes the reply with "Command #
+    1 (...) of pipeline caused error: ")."""
+    return str(error).rpartition("caused error: ")[2].split(" ", 1)[0]
+
+
+def write_refusal(error: BaseException) -> str | None:
+    """What a refusal of every write means (out of memory, cannot persist...), or None."""
+    if isinstance(error, redis.exceptions.OutOfMemoryError):  # redis-py drops its "OOM "
+        return WRITE_REFUSALS["OOM"]
+    if isinstance(error, redis.exceptions.ResponseError):
+        return WRITE_REFUSALS.get(_reply(error))
+    return None
+
+
 def is_transient(error: BaseException) -> bool:
     """True if ``error`` is what a failover, a restart or a resharding looks like."""
     if isinstance(error, _PERMANENT) or certificate_refused(error) is not None:
@@ -65,9 +89,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, _TRANSIENT):
         return True
     if isinstance(error, redis.exceptions.ResponseError):
-        # a pipeline prefixes the reply with "Command # 1 (...) of pipeline caused error: "
-        reply = str(error).rpartition("caused error: ")[2]
-        return reply.split(" ", 1)[0] in TRANSIENT_REPLIES
+        return _reply(error) in TRANSIENT_REPLIES
     return False
 
 
@@ -129,7 +151,8 @@ class _Tries:
             self.backoff = Backoff(self.policy.initial_backoff_s, self.policy.max_backoff_s,
                                    jitter=True)
         wait = min(self.backoff.next(), left)
-        log.log(logging.WARNING if self.failures == 1 else logging.DEBUG,
+        log.log(logging.WARNING if self.failures == 1 and not self.policy.quiet
+                else logging.DEBUG,
                 "Redis operation failed (%s: %s); retry %d in %.2f s (retrying for up "
                 "to %g s)", type(error).__name__, error, self.failures, wait,
                 self.policy.deadline_s)
@@ -137,8 +160,9 @@ class _Tries:
 
     def succeeded(self) -> None:
         if self.failures:
-            log.info("Redis answered again after %d failed tr%s (%.1f s)", self.failures,
-                     "y" if self.failures == 1 else "ies", self.policy.clock() - self.started)
+            log.log(logging.DEBUG if self.policy.quiet else logging.INFO,
+                    "Redis answered again after %d failed tr%s (%.1f s)", self.failures,
+                    "y" if self.failures == 1 else "ies", self.policy.clock() - self.started)
 
 
 @dataclass(frozen=True)
@@ -159,15 +183,20 @@ class RetryPolicy:
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     async_sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False,
                                                             compare=False)
+    #: its failures and recoveries at debug level only: a loop that says itself, once, that
+    #: Redis is away and back (the listener's, PROTOCOL.md 6 "Outages")
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         # the waits are checked here, once: a try makes its Backoff only when it fails
         Backoff(self.initial_backoff_s, self.max_backoff_s)
 
-    def bounded(self, seconds: float) -> RetryPolicy:
+    def bounded(self, seconds: float, quiet: bool | None = None) -> RetryPolicy:
         """The same policy with a deadline of at most ``seconds`` (a daemon's loop, which
-        must keep enforcing time limits and hearing signals, retries in its own steps)."""
-        return replace(self, deadline_s=min(self.deadline_s, seconds))
+        must keep enforcing time limits and hearing signals, retries in its own steps);
+        ``quiet``: see the field (None keeps this policy's)."""
+        return replace(self, deadline_s=min(self.deadline_s, seconds),
+                       quiet=self.quiet if quiet is None else quiet)
 
     def call(self, operation: Callable[[], T]) -> T:
         tries = _Tries(self)
@@ -210,5 +239,5 @@ class NoRetry:
     async def acall(self, operation: Callable[[], Awaitable[T]]) -> T:
         return await operation()
 
-    def bounded(self, seconds: float) -> NoRetry:
+    def bounded(self, seconds: float, quiet: bool | None = None) -> NoRetry:
         return self

@@ -48,6 +48,9 @@ class Running:
     progress: tuple[float, str] | None = None  # the latest report, not written yet
     progress_due: float = 0.0  # monotonic: no progress write for this child before
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
+    gone: bool = False  # its task's hash is gone from Redis (said once: see Recorder)
+    #: our read end of its output pipe (blueque.capture): drained into its file once it ends
+    output: int | None = None
 
     def mark(self) -> RunMark | None:
         """How its other processes are told (blueque.leftovers); None before the stamp told it

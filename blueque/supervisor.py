@@ -87,12 +87,14 @@ class Supervisor:
         """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
         the task for it. False if no process could be forked."""
         ours, theirs = socket.socketpair()
+        output = os.pipe() if self.recorder.task_logs is not None else None
         try:
             with self._pool_lock():
                 pid = os.fork()
         except OSError as error:  # EAGAIN at a pids limit (systemd TasksMax), ENOMEM
             ours.close()
             theirs.close()
+            _close(output)
             log.error("task %s: cannot fork a process to run it (%s); putting it back",
                       task_id, error)
             return False
@@ -100,11 +102,16 @@ class Supervisor:
             ours.close()
             self.close()  # its siblings' sockets are not its own
             run_reporting_child(self.task_store, theirs,
-                                Assignment(task_id, queue, self.owner.id, self.owner.lease_s),
+                                Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
+                                           self.recorder.spool, output),
                                 function, self.recorder.task_logs)
         theirs.close()
+        if output is not None:  # the read end stays ours too: see Recorder.settle
+            os.close(output[1])
+            os.set_blocking(output[0], False)
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
                           Policy(), pid, created=create_time(pid), channel=ChildChannel(ours),
+                          output=None if output is None else output[0],
                           state="starting")
         self.children[pid] = running
         failpoints.hit("listener-before-stamp")
@@ -196,6 +203,11 @@ class Supervisor:
         for running in list(self.children.values()):
             if running.report is not None and running.recorded is None:
                 self.recorder.record_report(running)
+
+    def hold_reports(self) -> None:
+        """While Redis cannot take them: spool the outcomes our children reported (6.5)."""
+        for running in list(self.children.values()):
+            self.recorder.hold_report(running)
 
     def write_progress(self) -> None:
         """Write each child's latest progress, at most every PROGRESS_SPACING seconds."""
@@ -330,6 +342,9 @@ class Supervisor:
         for running in self.children.values():
             if running.channel is not None:
                 running.channel.close()
+            if running.output is not None:
+                _close((running.output,))
+                running.output = None
 
     def let_go(self, patience: float = 1.0) -> None:
         """Before the listener leaves its children to the next one: those still waiting for
@@ -344,3 +359,8 @@ class Supervisor:
             self.reap()
             time.sleep(0.01)
 
+
+def _close(fds: Iterable[int] | None) -> None:
+    for fd in fds or ():
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -98,21 +96,6 @@ class TaskLogSettings:
         return removed
 
 
-def capture(path: Path) -> None:
-    """In the child: make ``path`` its stdout and stderr (fds 1 and 2), line-buffered."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper):
-            with contextlib.suppress(ValueError):
-                stream.reconfigure(line_buffering=True)
-
-
 class Shipper:
     """Ships an attempt's file to the task's log stream: ``ship()`` sends what is new,
     ``start()`` does so every ``interval`` seconds in a thread, ``close(end=True)`` sends the
@@ -149,21 +132,33 @@ class Shipper:
         attempt wrote nothing and nothing was shipped: then the stream is left alone."""
         with self._lock:
             try:
-                begin, data = self._read_new(whole=not end)
-                start = 0
-                while start < len(data):
-                    stop = _cut(data, start + CHUNK_BYTES, after=start)
-                    self._send(data[start:stop], begin + stop)
-                    self.offset = begin + stop  # shipped: only now it counts
-                    start = stop
-                if end and (self.offset or self._kept):
-                    self._send(b"", self.offset, end=True)
-            except BluequeError as error:  # the same bytes are read again next time
-                log.debug("task %s: output not shipped yet: %s", self.task_id, error)
+                self._ship_new(end)
             finally:
                 # after shipping (what moves to .1 is in the stream already), and while Redis
                 # is away too: the file stays bounded whatever Redis does
                 self._cap_file()
+
+    def _ship_new(self, end: bool) -> None:
+        try:
+            begin, data = self._read_new(whole=not end)
+            start = 0
+            while start < len(data):
+                stop = _cut(data, start + CHUNK_BYTES, after=start)
+                self._send(data[start:stop], begin + stop)
+                self.offset = begin + stop  # shipped: only now it counts
+                start = stop
+            if end and (self.offset or self._kept):
+                self._send(b"", self.offset, end=True)
+        except BluequeError as error:  # the same bytes are read again next time
+            log.debug("task %s: output not shipped yet: %s", self.task_id, error)
+
+    def rotate(self, move: Callable[[], None]) -> None:
+        """The file is full (blueque.capture): ship what it holds, let ``move`` put it
+        aside, and start again from the new file's head."""
+        with self._lock:
+            self._ship_new(end=False)
+            move()
+            self.offset = 0
 
     def close(self, ship: bool = True) -> None:
         """Stop the shipping thread; with ``ship``, send the rest and the end mark."""

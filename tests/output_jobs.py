@@ -105,3 +105,15 @@ def unfinished_line(task: Task) -> str:
     print("first line")
     sys.stdout.write("50% and no newline")
     return "ok"
+
+
+def blast(task: Task) -> str:
+    """Writes ``bytes`` bytes of numbered 1-MiB lines to fd 1 as fast as it can (os.write:
+    C speed, between two looks of any poller), then "BLAST DONE"."""
+    params = _params(task)
+    chunks = int(params["bytes"]) // (1 << 20)
+    for number in range(chunks):
+        line = (f"chunk {number:06d} ".encode() + b"x" * ((1 << 20) - 14))[:(1 << 20) - 1]
+        os.write(1, line + b"\n")
+    print("BLAST DONE", flush=True)
+    return "ok"

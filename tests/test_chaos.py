@@ -1,9 +1,10 @@
 """Chaos: three listeners with their own node names, hundreds of tasks, and for a minute the
 things operators and machines do to them: SIGKILL, SIGTERM and restart of listeners, SIGSTOP of
 a whole node, SIGKILL and SIGTERM of task processes, Redis SIGKILLed and restarted from its
-append-only file, once for longer than a lease, Redis stalled (DEBUG SLEEP) for longer than a
-lease while a `blueque scheduler` sweeps too, and a node's link to Redis cut (each node reaches
-Redis through a blueque.testing.DelayingProxy) for less than a lease.
+append-only file, once for longer than a lease, Redis refusing writes (out of memory, or
+unable to persist) for a few seconds, Redis stalled (DEBUG SLEEP) for longer than a lease while a
+`blueque scheduler` sweeps too, and a node's link to Redis cut (each node reaches Redis through a
+blueque.testing.DelayingProxy) for less than a lease.
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
 one task overlapped while one of them went on to finish its work, no node ever ran more task
@@ -32,6 +33,7 @@ import redis
 import blueque
 from blueque.testing import DelayingProxy, RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
+from tests.refusals import SERVER_ARGS, Refusal
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +138,7 @@ def runs_of(journal: Path) -> list[Run]:
 def chaos_server(tmp_path: Path) -> Iterator[RedisServer]:
     (tmp_path / "redis").mkdir()
     server = RedisServer(extra_args=("--appendonly", "yes", "--appendfsync", "always",
-                                     "--enable-debug-command", "local"),
+                                     "--enable-debug-command", "local", *SERVER_ARGS),
                          directory=str(tmp_path / "redis"))
     server.start()
     try:
@@ -149,7 +151,8 @@ class Chaos:
     """The operator from hell: one random action per step, on a random node."""
 
     ACTIONS = {"kill listener": 2, "term listener": 2, "stop node": 2, "kill child": 3,
-               "term child": 1, "restart redis": 1, "stall redis": 1, "cut node": 2}
+               "term child": 1, "restart redis": 1, "refuse writes": 1, "stall redis": 1,
+               "cut node": 2}
 
     def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random,
                  links: dict[str, DelayingProxy] | None = None) -> None:
@@ -166,6 +169,8 @@ class Chaos:
             kind = "restart redis"
         if kind == "restart redis":
             self.restart_redis()
+        elif kind == "refuse writes":
+            self.refuse_writes()
         elif kind == "stall redis":
             self.stall_redis()
         elif kind == "cut node" and node.name in self.links:
@@ -188,6 +193,14 @@ class Chaos:
         self.server.kill()
         time.sleep(down)  # the outage itself: how long Redis stays away
         self.server.start()
+
+    def refuse_writes(self) -> None:
+        """Redis out of memory or unable to persist (issue 19): it answers, refuses writes."""
+        refusal = Refusal(self.server)
+        refusal.refuse(self.rng.choice(["out of memory", "cannot persist"]))
+        time.sleep(self.rng.uniform(0.5, 3.0))  # how long until the operator frees space
+        refusal.free()
+        refusal.admin.close()
 
     def stall_redis(self) -> None:
         """Redis answers nobody for longer than a lease, shorter than any socket timeout

@@ -13,6 +13,7 @@ from blueque.errors import (
     InvalidTaskState,
     RedisUnavailable,
     TaskNotFound,
+    WritesRefused,
 )
 from blueque.store import translate
 from blueque.testing import RedisServer, TLSFiles, free_port
@@ -220,6 +221,21 @@ def test_transient_server_states_are_unavailability_not_refusals(
     assert "cannot serve Blueque right now" in str(translated)
     refusal = translate(redis.exceptions.ResponseError("ERR unknown subcommand"), "h")
     assert type(refusal) is BluequeError
+
+
+@pytest.mark.parametrize(("reply", "cause"), [
+    ("OOM command not allowed when used memory > 'maxmemory'.",
+     "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction)"),
+    ("MISCONF Errors writing to the AOF file: No space left on device",
+     "Redis cannot persist (disk full, or an AOF/RDB write error)"),
+])
+def test_refused_writes_are_an_outage_that_names_its_cause(reply: str, cause: str) -> None:
+    """Issue 19: a full disk or memory is WritesRefused (a RedisUnavailable, waited out by
+    daemons), whose message says what is wrong, not "Redis refused a Blueque command"."""
+    translated = translate(redis.exceptions.ResponseError(reply), "127.0.0.1:1")
+    assert isinstance(translated, WritesRefused) and isinstance(translated, RedisUnavailable)
+    assert translated.cause == cause
+    assert str(translated).startswith(cause) and "127.0.0.1:1" in str(translated)
 
 
 def test_an_unreachable_cluster_is_redis_unavailable(connect) -> None:  # type: ignore[no-untyped-def]

@@ -67,3 +67,33 @@ def test_a_run_whose_ending_redis_lost_is_settled_by_its_listener(  # type: igno
         assert admin.llen(KEYS.reserved("work", listener)) == 0
         assert admin.scard(KEYS.started("work")) == 0
         assert daemon.alive(), daemon.log()
+
+
+def test_a_task_whose_hash_redis_lost_is_said_once_not_every_second(  # type: ignore[no-untyped-def]
+        aof_server, tmp_path):
+    """Issue 19 item 8: after Redis came back empty, each running task's listener logged
+    "progress of task X not recorded: task is false on attempt false" at every report. Now
+    one clear line per task says it is gone, and its run goes on."""
+    client = blueque.Client(aof_server.url)
+    admin = redis.Redis(port=aof_server.port, decode_responses=True)
+    marker, release, phase = tmp_path / "marker", tmp_path / "release", tmp_path / "phase"
+    with daemons(tmp_path) as started:
+        daemon = Daemon(listen_command(aof_server.url, "work", "tests.jobs:keeps_reporting",
+                                       *FAST), tmp_path / "listen.log")
+        started.append(daemon)
+        task_id = client.get_queue("work").enqueue(json.dumps(
+            {"marker": str(marker), "release": str(release), "phase": str(phase)}))
+        wait_until(lambda: client.get_task(task_id).progress_message == "phase none",
+                   what="progress reported")
+        admin.flushall()  # Redis lost everything (its files, or a replica's empty copy)
+        gone = f"task {task_id} is gone from Redis (its hash was lost)"
+        wait_until(lambda: gone in daemon.log(), what="the loss said")
+        phase.write_text("after")  # its reports go on: each would have logged a line
+        wait_until(lambda: "reported after" in " ".join(lines(marker)), what="reports go on")
+        release.touch()
+        wait_until(lambda: f"task {task_id} queue work attempt 1" in daemon.log(),
+                   what="the run's end logged")
+        assert daemon.alive() and lines(marker)[-1].startswith("end")
+        log = daemon.log()
+        assert log.count(gone) == 1, log
+        assert "on attempt false" not in log, log

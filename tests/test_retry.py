@@ -16,7 +16,7 @@ import blueque.aio
 import blueque.ha
 from blueque.aio.store import AsyncRedisStore
 from blueque.ha import Durability, NotReplicated
-from blueque.retry import Backoff, RetryPolicy, is_transient
+from blueque.retry import Backoff, RetryPolicy, is_transient, write_refusal
 
 
 def test_backoff_doubles_to_its_cap_with_jitter_in_the_lower_half() -> None:
@@ -196,3 +196,21 @@ def test_retry_policy_and_durability_are_typed_where_they_are_given(constructor:
     retry = hints.get("retry_policy", hints.get("retry"))
     assert RetryPolicy in typing.get_args(retry) and typing.Any not in typing.get_args(retry)
     assert hints["durability"] == Durability | None
+
+
+@pytest.mark.parametrize(("reply", "cause"), [
+    ("OOM command not allowed when used memory > 'maxmemory'.", "out of memory"),
+    ("MISCONF Errors writing to the AOF file: No space left on device", "cannot persist"),
+    ("Command # 1 (EVALSHA x) of pipeline caused error: MISCONF Redis is configured to save "
+     "RDB snapshots, but it's currently unable to persist to disk.", "cannot persist"),
+    ("NOREPLICAS Not enough good replicas to write.", "replicas"),
+])
+def test_refused_writes_are_transient_and_say_why(reply: str, cause: str) -> None:
+    """A Redis refusing writes is waited out as an outage (issue 19), never a bad command."""
+    error = redis.exceptions.ResponseError(reply)
+    assert is_transient(error)
+    assert cause in (write_refusal(error) or "")
+    # redis-py's own class for OOM, whose message has lost its "OOM "
+    error = redis.exceptions.OutOfMemoryError("command not allowed when used memory > ...")
+    assert is_transient(error) and "out of memory" in (write_refusal(error) or "")
+    assert write_refusal(redis.exceptions.ResponseError("READONLY replica")) is None

@@ -3,6 +3,7 @@ any process; the listener's own log stays clean; task processes carry readable t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -406,15 +407,41 @@ def test_listener_caps_and_cleans_its_task_log_files(  # type: ignore[no-untyped
         json.dumps({"bytes": 300_000, "release": str(release)}))
     path = logs_dir / "work" / f"{task_id}.1.log"
     rotated = path.with_name(path.name + ".1")
-    wait_until(lambda: rotated.exists() and path.stat().st_size <= 64 * 1024,
-               what="the file moved aside at the cap")
-    assert "FLOOD DONE" in rotated.read_text() + path.read_text()
+    wait_until(lambda: rotated.exists()
+               and "FLOOD DONE" in rotated.read_text() + path.read_text(),
+               what="the file moved aside at the cap, and the flood's end written")
+    assert path.stat().st_size <= 64 * 1024 and rotated.stat().st_size <= 64 * 1024
     release.touch()
     assert client.get_task(task_id).wait(20).status == "complete"
     output = read_output(client.store, task_id)
     assert output is not None and output.ended and "FLOOD DONE" in output.text
     wait_until(lambda: not path.exists() and not rotated.exists(), timeout=20,
                what="the files older than --log-keep removed by the listener")
+
+
+def test_the_file_cap_holds_for_a_task_that_writes_as_fast_as_it_can(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start, logs_dir: Path) -> None:
+    """Issue 19 item 8: the shipper cut the file every half second, and a task writing at C
+    speed filled 200 MB against a 10 MB cap in between. Now no file of the attempt ever
+    holds more than --log-max-bytes, and the end of the output is kept and shipped."""
+    start("tests.output_jobs:blast", "--log-max-bytes", "1M")
+    task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 64 << 20}))
+    path = logs_dir / "work" / f"{task_id}.1.log"
+    rotated = path.with_name(path.name + ".1")
+    sizes: list[int] = []
+
+    def ended() -> bool:
+        for file in (path, rotated):
+            with contextlib.suppress(OSError):
+                sizes.append(file.stat().st_size)
+        return client.get_task(task_id).status == "complete"
+
+    wait_until(ended, timeout=60, what="the task complete")
+    assert sizes and max(sizes) <= 1 << 20, max(sizes)
+    assert path.stat().st_size <= 1 << 20 and rotated.stat().st_size <= 1 << 20
+    assert (rotated.read_bytes() + path.read_bytes()).endswith(b"BLAST DONE\n")
+    output = read_output(client.store, task_id)
+    assert output is not None and output.text.endswith("BLAST DONE\n")
 
 
 def test_follow_waits_for_a_task_that_has_not_started(  # type: ignore[no-untyped-def]

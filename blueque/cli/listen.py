@@ -30,6 +30,7 @@ from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metri
 from blueque.node import checked_node_name
 from blueque.process import set_title
 from blueque.queue import check_queue_name
+from blueque.spool import default_directory as spool_directory
 from blueque.tasklog import TaskLogSettings, default_directory
 
 
@@ -92,6 +93,11 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-keep", type=positive_duration, default=7 * 86400.0,
                         metavar="DURATION", help="remove task log files older than this, and "
                                                  "expire unfinished streams after it (7d)")
+    parser.add_argument("--spool-dir", type=Path, default=None, metavar="DIR",
+                        help="where a run's ending that Redis refuses or cannot take is held "
+                             "on this node until it can (default "
+                             f"{spool_directory()}); the node's next listener records "
+                             "what a dead one held")
     parser.add_argument("--no-task-logs", action="store_true",
                         help="do not capture task output: it goes to the listener's stderr")
     parser.add_argument("--preempt-grace", type=positive_duration, default=90.0,
@@ -173,6 +179,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
         client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name, allow_eviction=args.allow_eviction,
+        spool_dir=args.spool_dir,
         exclusive=args.exclusive,
     )
     daemon.supervisor.recorder.task_logs = task_log_settings(args)

@@ -104,12 +104,13 @@ class StoreCore:
         start and outcome do, however the Task object was read."""
         return self if self._unbounded is None else self._unbounded
 
-    def bounded(self, seconds: float) -> Self:
+    def bounded(self, seconds: float, quiet: bool | None = None) -> Self:
         """This store (same connection, scripts and Health) retrying each operation for at most
         ``seconds``: daemons take it for their loop, which must keep enforcing time limits
-        and hearing signals while Redis is away, and retries in its own steps."""
+        and hearing signals while Redis is away, and retries in its own steps. ``quiet``: its
+        retries log at debug level only (the loop says once that Redis is away)."""
         view = copy.copy(self)
-        view.retry = self.retry.bounded(seconds)
+        view.retry = self.retry.bounded(seconds, quiet)
         view._unbounded = self.unbounded
         return view
 

@@ -20,8 +20,9 @@ from blueque.errors import (
     StaleAttempt,
     TaskNotFound,
     UnsupportedServer,
+    WritesRefused,
 )
-from blueque.retry import certificate_refused, is_transient
+from blueque.retry import certificate_refused, is_transient, write_refusal
 
 T = TypeVar("T")
 
@@ -121,15 +122,9 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
             f"Redis at {where} is unreachable ({error}); check the URL and that "
             "redis-server is running"
         )
-    if is_transient(error):
-        # READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY...: this server cannot
-        # serve us right now (a demoted master, a restart loading its data, a failover); the
-        # command was not run, and waiting is what helps: unavailability, not a refusal
-        return RedisUnavailable(
-            f"Redis at {where} cannot serve Blueque right now ({type(error).__name__}: "
-            f"{error}): it is loading its data, was made a replica, or its cluster is failing "
-            "over; retry later, or raise the URL's retry_deadline"
-        )
+    unavailable = _cannot_serve(error, where)
+    if unavailable is not None:
+        return unavailable
     if isinstance(error, redis.exceptions.RedisClusterException):
         if "cluster mode is not enabled" in str(error).lower():
             # a node answered, but it is a plain Redis: waiting will not make it a cluster
@@ -146,6 +141,28 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
             "URL's host and port"
         )
     return BluequeError(f"Redis client error at {where}: {type(error).__name__}: {error}")
+
+
+def _cannot_serve(error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
+                  where: str) -> RedisUnavailable | None:
+    """A server that answers but cannot serve us now: refusing writes (out of memory, cannot
+    persist: WritesRefused, naming the cause), or loading, demoted, failing over."""
+    cause = write_refusal(error)
+    if cause is not None:
+        return WritesRefused(
+            f"{cause}: Redis at {where} refuses every write ({error}); nothing was written. "
+            "Free memory or disk space (or bring its replicas back): writes are accepted again "
+            "at once, and daemons wait for that", cause)
+    if is_transient(error):
+        # READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY...: this server cannot
+        # serve us right now (a demoted master, a restart loading its data, a failover); the
+        # command was not run, and waiting is what helps: unavailability, not a refusal
+        return RedisUnavailable(
+            f"Redis at {where} cannot serve Blueque right now ({type(error).__name__}: "
+            f"{error}): it is loading its data, was made a replica, or its cluster is failing "
+            "over; retry later, or raise the URL's retry_deadline"
+        )
+    return None
 
 
 def _protocol_error(error: redis.exceptions.ResponseError, where: str = "?") -> BluequeError:

@@ -228,6 +228,11 @@ class ListenerOperations(StoreCore):
             out.append(pipe.lrange(self.keys.reserved(queue, renewal.listener), 0, -1))
         return out
 
+    def probe_writes(self, listener_id: str) -> None:
+        """SET blueque_write_probe_[listener id] 1 PX 1000: raises WritesRefused (or
+        RedisUnavailable) while Redis cannot take a write (PROTOCOL.md 6.5)."""
+        self.redis.set(self.keys.write_probe(listener_id), "1", px=1000)
+
     @translate_errors
     def forget_runs(self, node: str, pids: Sequence[str]) -> None:
         """HDEL ended runs from blueque_node_[node] (the hash goes with its last field)."""
