@@ -3,6 +3,7 @@ reported, or what its exit says; by the one rule of blueque.endings, fenced by a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -54,12 +55,18 @@ class Recorder:
         """A reaped child: record its ending unless already done, count it, log it."""
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         running.exit_code = code
-        if running.recorded is None and running.state != "refused":
-            if running.output is not None and self.task_logs is not None:
-                # what it wrote last and its reader thread never took (a crash) is output too
+        if running.output is not None:
+            # the read end of its output pipe, ours since the fork: what it wrote last and its
+            # reader thread never took (a crash) is output too; then it is closed, whatever the
+            # ending (one descriptor per run otherwise: select() refused the 1024th)
+            if self.task_logs is not None and running.attempt is not None:
                 drain_ended(running.output, self.task_logs.path(
                     running.queue, running.task_id, running.attempt), self.task_logs.max_bytes)
-                running.output = None
+            else:
+                with contextlib.suppress(OSError):
+                    os.close(running.output)
+            running.output = None
+        if running.recorded is None and running.state != "refused":
             if running.report is None:
                 self.ended_pids.append(str(pid))
                 if self.task_logs is not None and running.state == "running":

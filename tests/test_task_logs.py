@@ -768,3 +768,20 @@ def test_a_log_file_that_cannot_be_read_or_capped_is_not_an_error(client: bluequ
     path = settings.path("work", "t1", 1)
     Shipper(client.store, settings, "t1", 1, path, None).ship(end=True)
     assert read_output(client.store, "t1") is None
+
+
+def test_a_listener_keeps_no_descriptor_of_its_ended_runs(  # type: ignore[no-untyped-def]
+        client: blueque.Client, start) -> None:
+    """Each run's output pipe is the listener's to read until the run ends, then closed: a
+    read end kept per run made a listener die at its 1,020th task (select() refuses higher
+    descriptor numbers) in a 10,000-task fan-in."""
+    daemon = start("tests.jobs:text")
+    queue = client.get_queue("work")
+    first = queue.enqueue("warm up")  # what the listener opens once (connections, log file)
+    assert client.get_task(first).wait(30).status == "complete"
+    before = len(os.listdir(f"/proc/{daemon.pid}/fd"))
+    ids = [queue.enqueue(f"task {n}") for n in range(60)]
+    for task_id in ids:
+        assert client.get_task(task_id).wait(60).status == "complete"
+    wait_until(lambda: len(os.listdir(f"/proc/{daemon.pid}/fd")) <= before + 3, timeout=10,
+               what=f"the listener back to about {before} descriptors after 60 runs")
