@@ -228,6 +228,7 @@ class ListenerOperations(StoreCore):
             out.append(pipe.lrange(self.keys.reserved(queue, renewal.listener), 0, -1))
         return out
 
+    @translate_errors
     def probe_writes(self, listener_id: str) -> None:
         """SET blueque_write_probe_[listener id] 1 PX 1000: raises WritesRefused (or
         RedisUnavailable) while Redis cannot take a write (PROTOCOL.md 6.5)."""
