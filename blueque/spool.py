@@ -33,8 +33,10 @@ def default_directory() -> Path:
 
 def server_of(store: RedisStore) -> str:
     """Which Redis (and database) an ending belongs to: a spool shared by listeners of
-    several servers replays each file against its own only."""
-    kwargs = getattr(store.redis.connection_pool, "connection_kwargs", {})
+    several servers replays each file against its own only. A Redis Cluster (no connection
+    pool of its own: one per node) has database 0 only."""
+    pool = getattr(store.redis, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {})
     return f"{store.where}/{kwargs.get('db', 0)}"
 
 
