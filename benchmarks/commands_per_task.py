@@ -80,10 +80,15 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "finish.lua: SREM"): "out of the started set",
     ("blueque", "finish.lua: HDEL"): "an earlier attempt's error and traceback",
     ("blueque", "finish.lua: LPUSH"): "onto the complete list (1.0.1's)",
-    ("blueque", "finish.lua: HINCRBY"): "outcome counters: this minute's and all time's "
-                                        "(5.6, the dashboard's rates)",
-    ("blueque", "finish.lua: EXPIRE"): "a minute's counter lives two hours (its first "
-                                       "ending only)",
+    ("blueque", "finish.lua: HINCRBY"): "outcome counters: this minute's, this hour's, all "
+                                        "time's and the listener's (5.6, the dashboard)",
+    ("blueque", "finish.lua: EXPIRE"): "the listener's counts and its last-seen entry live 7 "
+                                       "days after its last run; a minute's or hour's "
+                                       "counter its TTL at its first ending",
+    ("blueque", "finish.lua: ZADD"): "blueque_listeners_seen_[queue]: when this listener's "
+                                     "last run ended (the nodes page)",
+    ("blueque", "finish.lua: ZREMRANGEBYSCORE"): "listeners seen: entries older than 7 days "
+                                                 "dropped",
     ("blueque", "finish.lua: PUBLISH"): "blueque_done_[queue] [id]: wakes wait_for_tasks",
     ("blueque", "HDEL"): "the run leaves its node's runs hash once reaped (6.2), pipelined "
                          "with the ending",
@@ -98,7 +103,8 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "TIME"): "Redis' clock, measured once a minute (clock.py)",
     ("blueque", "INFO"): "the eviction policy, checked every few minutes (eviction.py)",
     ("blueque", "CONFIG"): "the eviction policy, checked every few minutes (eviction.py)",
-    ("blueque", "SMEMBERS"): "recovery sweep: the queue's listeners (6)",
+    ("blueque", "SMEMBERS"): "the ended task's dependents (5.21), pipelined with the ending; "
+                             "and the recovery sweep's listeners of a queue (6)",
     ("blueque", "ZRANGE"): "recovery sweep: the queue's leases (6)",
     ("blueque", "PING"): "the subscription's keepalive, once an interval (6, step 7)",
     # --- the original 1.0.1's ForkingRunner ---------------------------------------------------
@@ -119,7 +125,8 @@ PER_TASK = ("LMOVE", "HSET", "EXPIRE", "EVALSHA stamp.lua", "stamp.lua: HMGET",
             "stamp.lua: HINCRBY", "stamp.lua: HDEL", "stamp.lua: SADD", "stamp.lua: HSET",
             "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HGET", "finish.lua: HSET",
             "finish.lua: HMGET", "finish.lua: LREM", "finish.lua: SREM", "finish.lua: HDEL",
-            "finish.lua: LPUSH", "finish.lua: HINCRBY", "finish.lua: PUBLISH", "HDEL")
+            "finish.lua: LPUSH", "finish.lua: HINCRBY", "finish.lua: EXPIRE", "finish.lua: ZADD",
+            "finish.lua: ZREMRANGEBYSCORE", "finish.lua: PUBLISH", "SMEMBERS", "HDEL")
 
 
 @dataclass(frozen=True)
