@@ -20,6 +20,7 @@ import redis
 import blueque
 from blueque import protocol
 from blueque.keys import Keys
+from blueque.store import load_script
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import DashboardProcess
 from tests.test_cli import cli
@@ -156,17 +157,23 @@ def test_a_cancel_of_a_waiting_or_retrying_task_is_its_history_too(
     assert task.history[-1]["error"] == "cancelled: not needed"
 
 
-def test_every_script_that_writes_history_keeps_the_same_bounds() -> None:
-    """The scripts write the history themselves (no script includes another): each keeps
-    HISTORY_KEEP entries and HISTORY_ERROR_BYTES of an error."""
-    writers = [path for path in sorted(LUA.glob("*.lua")) if "'history'" in path.read_text()]
-    assert {path.name for path in writers} >= {"finish.lua", "recover.lua", "cancel.lua",
-                                              "stamp.lua", "retry_failed.lua"}
-    for path in writers:
+def test_every_script_that_writes_history_uses_the_one_history_library() -> None:
+    """The history is written in one place (lua/lib/history.lua, which every script that
+    writes it includes with ``-- uses: history``): it keeps HISTORY_KEEP entries and
+    HISTORY_ERROR_BYTES of an error, and no script writes the field itself."""
+    library = (LUA / "lib" / "history.lua").read_text()
+    assert f"while #list > {protocol.HISTORY_KEEP} do" in library
+    assert library.count(str(protocol.HISTORY_ERROR_BYTES)) >= 3
+    users = [path for path in sorted(LUA.glob("*.lua")) if "remember(" in path.read_text()]
+    assert {path.name for path in users} >= {"finish.lua", "recover.lua", "cancel.lua",
+                                            "cancel_pending.lua", "cancel_scheduled.lua",
+                                            "stamp.lua", "retry_failed.lua", "tell.lua"}
+    for path in sorted(LUA.glob("*.lua")):
         body = path.read_text()
-        assert f"while #list > {protocol.HISTORY_KEEP} do" in body, path.name
-        if "local function cut" in body:
-            assert body.count(str(protocol.HISTORY_ERROR_BYTES)) >= 3, path.name
+        assert "'history'" not in body, f"{path.name} writes the history itself"
+        if "remember(" in body:
+            assert "-- uses: history" in body, path.name
+            assert library in load_script(path.stem), path.name
 
 
 # --- as an operator sees it -----------------------------------------------------------------

@@ -16,37 +16,7 @@
 -- A cancelled task is failed, stamped `cancelled`, listed in KEYS[4] (not in the failed
 -- list), counted `cancelled`, its `eta` removed and the cancel added to its `history`
 -- (PROTOCOL.md 3.2): what cancel_pending.lua and cancel_scheduled.lua write for each task too.
-local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
-  redis.call('HINCRBY', KEYS[5], outcome, 1)
-  redis.call('EXPIRE', KEYS[5], ARGV[4])
-  redis.call('HINCRBY', KEYS[6], outcome, 1)
-  redis.call('HINCRBY', KEYS[7], outcome, 1)
-  redis.call('EXPIRE', KEYS[7], 691200)  -- keys.FINISHED_HOUR_TTL
-end
-local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
-  if #text <= 500 then
-    return text
-  end
-  local n = 500
-  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
-    n = n - 1
-  end
-  return string.sub(text, 1, n) .. '...'
-end
-local function remember(entry)  -- the history: one JSON entry per ending, the last 20
-  local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
-  local list = {}
-  if ok and type(old) == 'table' then
-    for i = 1, #old do
-      list[i] = old[i]
-    end
-  end
-  list[#list + 1] = entry
-  while #list > 20 do
-    table.remove(list, 1)
-  end
-  redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
-end
+-- uses: history, counts
 local cur = redis.call('HMGET', KEYS[1], 'status', 'node', 'attempts')
 local status = cur[1]
 if not status then
@@ -70,12 +40,12 @@ elseif status ~= 'reserved' then
     .. ': a finished task cannot be cancelled')
 end
 -- a reserved task is refused by start.lua, which drops it from its listener's reserved list
-remember({attempt = tonumber(cur[3]), outcome = 'cancelled', at = tonumber(ARGV[2]),
+remember(KEYS[1], {attempt = tonumber(cur[3]), outcome = 'cancelled', at = tonumber(ARGV[2]),
           node = cur[2] or nil, error = cut(ARGV[3]), was = status})
 redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[3], 'cancelled', ARGV[2],
            'updated', ARGV[2], 'finished_at', ARGV[2])
 redis.call('HDEL', KEYS[1], 'eta', 'traceback')
 redis.call('LPUSH', KEYS[4], ARGV[1])
-count_outcome('cancelled')
+count_outcome('cancelled', 1, KEYS[5], ARGV[4], KEYS[6], KEYS[7])
 redis.call('PUBLISH', ARGV[5], ARGV[1])
 return {'cancelled', status}

@@ -19,30 +19,7 @@
 -- left (moved to pending when due), the tasks from its eta on.
 local now, cutoff, limit = ARGV[1], ARGV[5], tonumber(ARGV[8])
 local anchor, score = ARGV[6], ARGV[7]
-local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
-  if #text <= 500 then
-    return text
-  end
-  local n = 500
-  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
-    n = n - 1
-  end
-  return string.sub(text, 1, n) .. '...'
-end
-local function remember(key, entry)  -- the history: one JSON entry per ending, the last 20
-  local ok, old = pcall(cjson.decode, redis.call('HGET', key, 'history') or '[]')
-  local list = {}
-  if ok and type(old) == 'table' then
-    for i = 1, #old do
-      list[i] = old[i]
-    end
-  end
-  list[#list + 1] = entry
-  while #list > 20 do
-    table.remove(list, 1)
-  end
-  redis.call('HSET', key, 'history', cjson.encode(list))
-end
+-- uses: history, counts
 local cancelled = 0
 for i = 9, #ARGV, 2 do
   local id, key = ARGV[i], KEYS[5 + (i - 7) / 2]
@@ -67,13 +44,7 @@ for i = 9, #ARGV, 2 do
   end
 end
 if cancelled > 0 then
-  if redis.call('HINCRBY', KEYS[3], 'cancelled', cancelled) == cancelled then
-    redis.call('EXPIRE', KEYS[3], ARGV[3])  -- the minute's first cancels
-  end
-  redis.call('HINCRBY', KEYS[4], 'cancelled', cancelled)
-  if redis.call('HINCRBY', KEYS[5], 'cancelled', cancelled) == cancelled then
-    redis.call('EXPIRE', KEYS[5], 691200)  -- keys.FINISHED_HOUR_TTL: the hour's first
-  end
+  count_outcome('cancelled', cancelled, KEYS[3], ARGV[3], KEYS[4], KEYS[5])
 end
 local next_batch
 local rank = anchor ~= '' and redis.call('ZRANK', KEYS[1], anchor)

@@ -27,37 +27,7 @@
 -- The ending is appended to the task's `history` (PROTOCOL.md 3.2); the current fields then
 -- describe the current attempt only: complete drops `error` and `traceback`, retry and
 -- preempted (the task waits for its next attempt) drop the run's node, pid and progress.
-local function history()
-  local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
-  local list = {}
-  if ok and type(old) == 'table' then
-    for i = 1, #old do
-      list[i] = old[i]
-    end
-  end
-  return list
-end
-local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
-  if not text or text == '' then
-    return nil
-  end
-  if #text <= 500 then
-    return text
-  end
-  local n = 500
-  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
-    n = n - 1
-  end
-  return string.sub(text, 1, n) .. '...'
-end
-local function remember(entry)  -- the history: one JSON entry per ending, the last 20
-  local list = history()
-  list[#list + 1] = entry
-  while #list > 20 do
-    table.remove(list, 1)
-  end
-  redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
-end
+-- uses: history, counts
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at')
 local status = cur[1]
 if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
@@ -73,7 +43,7 @@ end
 -- our own earlier try: by its listener (kept on a finished task) or, for a task put back
 -- (its node removed), by the history's last entry: this attempt, ended so by this listener
 if ARGV[7] ~= '' and status == recorded[ARGV[4]] then
-  local last = history()
+  local last = history_of(KEYS[1])
   last = last[#last]
   if cur[4] == ARGV[2] or (type(last) == 'table' and last.node == ARGV[2]
       and last.outcome == counted and tostring(last.attempt) == ARGV[7]) then
@@ -92,7 +62,7 @@ local function late()
   if redis.call('HEXISTS', KEYS[1], 'cancelled') == 1 then
     return false
   end
-  local last = history()
+  local last = history_of(KEYS[1])
   last = last[#last]
   return type(last) == 'table' and last.recovered == true and last.node == ARGV[2]
     and tostring(last.attempt) == ARGV[7]
@@ -114,7 +84,7 @@ end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
 local outcome = ARGV[4]
-remember({attempt = tonumber(cur[2]), outcome = counted, at = tonumber(ARGV[6]),
+remember(KEYS[1], {attempt = tonumber(cur[2]), outcome = counted, at = tonumber(ARGV[6]),
           node = ARGV[2], pid = tonumber(pid), started = tonumber(cur[5]),
           error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
           eta = outcome == 'retry' and tonumber(ARGV[8]) or nil})
@@ -161,13 +131,7 @@ end
 if ARGV[9] ~= '' and final then
   redis.call('PEXPIRE', KEYS[8], ARGV[9])  -- the checkpoint goes with its task
 end
-if redis.call('HINCRBY', KEYS[5], counted, 1) == 1 then  -- the minute's first of them
-  redis.call('EXPIRE', KEYS[5], ARGV[13])
-end
-redis.call('HINCRBY', KEYS[6], counted, 1)
-if redis.call('HINCRBY', KEYS[7], counted, 1) == 1 then  -- the hour's first of them
-  redis.call('EXPIRE', KEYS[7], 691200)  -- keys.FINISHED_HOUR_TTL
-end
+count_outcome(counted, 1, KEYS[5], ARGV[13], KEYS[6], KEYS[7])
 local kept = 604800  -- keys.LISTENER_COUNTS_TTL: the runs of a listener, 7 days after its last
 redis.call('HINCRBY', KEYS[9], counted, 1)
 redis.call('EXPIRE', KEYS[9], kept)

@@ -46,42 +46,9 @@ if ARGV[7] == '1' then
     redis.call('ZINCRBY', KEYS[8], -1, ARGV[4])
   end
 end
-local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
-  if not text or text == '' then
-    return nil
-  end
-  if #text <= 500 then
-    return text
-  end
-  local n = 500
-  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
-    n = n - 1
-  end
-  return string.sub(text, 1, n) .. '...'
-end
-local function remember(key, entry)  -- the history: one JSON entry per ending, the last 20
-  local ok, old = pcall(cjson.decode, redis.call('HGET', key, 'history') or '[]')
-  local list = {}
-  if ok and type(old) == 'table' then
-    for i = 1, #old do
-      list[i] = old[i]
-    end
-  end
-  list[#list + 1] = entry
-  while #list > 20 do
-    table.remove(list, 1)
-  end
-  redis.call('HSET', key, 'history', cjson.encode(list))
-end
+-- uses: history, counts
 local RUN_FIELDS = {'node', 'pid', 'pid_created', 'started_at', 'progress', 'progress_message'}
 local counts = {0, 0, 0, 0}
-local function count(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
-  redis.call('HINCRBY', KEYS[9], outcome, 1)
-  redis.call('EXPIRE', KEYS[9], ARGV[8])
-  redis.call('HINCRBY', KEYS[10], outcome, 1)
-  redis.call('HINCRBY', KEYS[11], outcome, 1)
-  redis.call('EXPIRE', KEYS[11], 691200)  -- keys.FINISHED_HOUR_TTL
-end
 for i = 13, #KEYS do
   local a = 9 + (i - 13) * 5
   local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -118,14 +85,14 @@ for i = 13, #KEYS do
       redis.call('HDEL', KEYS[i], unpack(RUN_FIELDS))
       redis.call('HINCRBY', KEYS[i], 'preemptions', 1)
       redis.call('RPUSH', KEYS[4], id)
-      count('preempted')
+      count_outcome('preempted', 1, KEYS[9], ARGV[8], KEYS[10], KEYS[11])
       counts[1] = counts[1] + 1
     elseif verdict == 'retry' then
       redis.call('HSET', KEYS[i], 'status', 'scheduled', 'eta', ARGV[a + 3], 'error', ARGV[a + 4],
                  'updated', ARGV[2])
       redis.call('HDEL', KEYS[i], 'traceback', unpack(RUN_FIELDS))
       redis.call('ZADD', KEYS[6], ARGV[a + 3], id)
-      count('retry')
+      count_outcome('retry', 1, KEYS[9], ARGV[8], KEYS[10], KEYS[11])
       counts[2] = counts[2] + 1
     elseif verdict == 'failed' or verdict == 'cancelled' then
       redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
@@ -134,7 +101,7 @@ for i = 13, #KEYS do
       if verdict == 'cancelled' then
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
       end
-      count(verdict)
+      count_outcome(verdict, 1, KEYS[9], ARGV[8], KEYS[10], KEYS[11])
       redis.call('LPUSH', verdict == 'cancelled' and KEYS[12] or KEYS[7], id)
       counts[3] = counts[3] + 1
     end

@@ -15,6 +15,7 @@
 -- The run's error moves to `last_error`; the fields of the finished run (result, node, pid,
 -- finish and cancel stamps, progress, eta) are removed, and so is any expiry the result TTL set;
 -- the retry is added to the task's `history` (PROTOCOL.md 3.2).
+-- uses: history
 local cur = redis.call('HMGET', KEYS[1], 'status', 'cancelled', 'attempts')
 local status = cur[1]
 if not status then
@@ -55,19 +56,8 @@ local error_text = redis.call('HGET', KEYS[1], 'error')
 if error_text then
   redis.call('HSET', KEYS[1], 'last_error', error_text)
 end
-local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
-local list = {}
-if ok and type(old) == 'table' then
-  for i = 1, #old do
-    list[i] = old[i]
-  end
-end
-list[#list + 1] = {attempt = tonumber(cur[3]), outcome = 'retried', at = tonumber(ARGV[2]),
-                   was = cur[2] and 'cancelled' or 'failed'}
-while #list > 20 do  -- the history: one JSON entry per ending, the last 20
-  table.remove(list, 1)
-end
-redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
+remember(KEYS[1], {attempt = tonumber(cur[3]), outcome = 'retried', at = tonumber(ARGV[2]),
+                   was = cur[2] and 'cancelled' or 'failed'})
 redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'eta',
            'started_at', 'finished_at', 'cancelled', 'cancel_requested', 'progress',
            'progress_message', 'traceback', 'cancel_reason')

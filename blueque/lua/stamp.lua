@@ -19,40 +19,10 @@
 -- A new attempt removes what described the last one: `error`, `traceback` (they stay in the
 -- task's `history`, PROTOCOL.md 3.2) and `eta` (the task is no longer scheduled); a bad task's
 -- failure is added to its history.
-local function count_outcome(outcome)  -- the outcome counters (PROTOCOL.md 5.6)
-  redis.call('HINCRBY', KEYS[4], outcome, 1)
-  redis.call('EXPIRE', KEYS[4], ARGV[5])
-  redis.call('HINCRBY', KEYS[5], outcome, 1)
-  redis.call('HINCRBY', KEYS[6], outcome, 1)
-  redis.call('EXPIRE', KEYS[6], 691200)  -- keys.FINISHED_HOUR_TTL
-end
+-- uses: history, counts
 local id, listener, now, pid = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
 local function drop()
   redis.call('LREM', KEYS[2], 1, id)
-end
-local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
-  if #text <= 500 then
-    return text
-  end
-  local n = 500
-  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
-    n = n - 1
-  end
-  return string.sub(text, 1, n) .. '...'
-end
-local function remember(entry)  -- the history: one JSON entry per ending, the last 20
-  local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
-  local list = {}
-  if ok and type(old) == 'table' then
-    for i = 1, #old do
-      list[i] = old[i]
-    end
-  end
-  list[#list + 1] = entry
-  while #list > 20 do
-    table.remove(list, 1)
-  end
-  redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
 end
 local function record_failure(reason)
   drop()
@@ -62,10 +32,10 @@ local function record_failure(reason)
       redis.call('HSET', KEYS[1], 'queue', ARGV[4], 'created', now)
     end
     redis.call('HSET', KEYS[1], 'status', 'failed', 'error', reason, 'updated', now)
-    remember({outcome = 'failed', at = tonumber(now), node = listener, error = cut(reason)})
+    remember(KEYS[1], {outcome = 'failed', at = tonumber(now), node = listener, error = cut(reason)})
   end
   redis.call('LPUSH', KEYS[3], id)
-  count_outcome('failed')
+  count_outcome('failed', 1, KEYS[4], ARGV[5], KEYS[5], KEYS[6])
   return {'bad', reason}
 end
 local function start()  -- the writes of start.lua (PROTOCOL.md 5.5), for the given pid

@@ -20,32 +20,9 @@
 -- {'waiting', parents still awaited}, {'told', ''} (this parent was told before: nothing
 -- changed) or {'not waiting', status or ''} (nothing changed). A repeat of a cancel whose reply
 -- was lost (`cancelled` == ARGV[5]) returns {'cancelled', ''} again.
-local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
-  if #text <= 500 then
-    return text
-  end
-  local n = 500
-  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
-    n = n - 1
-  end
-  return string.sub(text, 1, n) .. '...'
-end
-local function remember(entry)  -- the history: one JSON entry per ending, the last 20
-  local ok, old = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'history') or '[]')
-  local list = {}
-  if ok and type(old) == 'table' then
-    for i = 1, #old do
-      list[i] = old[i]
-    end
-  end
-  list[#list + 1] = entry
-  while #list > 20 do
-    table.remove(list, 1)
-  end
-  redis.call('HSET', KEYS[1], 'history', cjson.encode(list))
-end
+-- uses: history
 local function finish(outcome)  -- the waiting task ends without running
-  remember({outcome = outcome, at = tonumber(ARGV[5]), error = cut(ARGV[4]), was = 'waiting'})
+  remember(KEYS[1], {outcome = outcome, at = tonumber(ARGV[5]), error = cut(ARGV[4]), was = 'waiting'})
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'updated', ARGV[5],
              'finished_at', ARGV[5])
   redis.call('HDEL', KEYS[1], 'eta')

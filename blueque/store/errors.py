@@ -53,7 +53,17 @@ class _Guarded(Protocol):
 
 
 def load_script(name: str) -> str:
-    """The source of ``blueque/lua/<name>.lua`` (registered once per store)."""
+    """The source of ``blueque/lua/<name>.lua`` as Redis runs it (registered once per store):
+    the libraries its ``-- uses: a, b`` line names (``blueque/lua/lib/a.lua``...: functions
+    several scripts share, such as the task's history) first, then the script itself."""
+    source = _lua(name)
+    uses = [line.removeprefix("-- uses:") for line in source.splitlines()
+            if line.startswith("-- uses:")]
+    libraries = [_lua(f"lib/{used.strip()}") for line in uses for used in line.split(",")]
+    return "".join(libraries) + source
+
+
+def _lua(name: str) -> str:
     return importlib.resources.files("blueque").joinpath(f"lua/{name}.lua").read_text("utf-8")
 
 

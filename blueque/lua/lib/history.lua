@@ -1,0 +1,33 @@
+-- lib/history: the `history` field of a task hash (PROTOCOL.md 3.2), for every script that
+-- records an ending. A script that says `-- uses: history` gets these functions before its body.
+local function cut(text)  -- an error as the history keeps it: 500 bytes, whole characters
+  if not text or text == '' then
+    return nil
+  end
+  if #text <= 500 then  -- protocol.HISTORY_ERROR_BYTES
+    return text
+  end
+  local n = 500
+  while n > 0 and string.byte(text, n + 1) >= 128 and string.byte(text, n + 1) < 192 do
+    n = n - 1
+  end
+  return string.sub(text, 1, n) .. '...'
+end
+local function history_of(key)  -- the entries so far; a corrupt field counts as none
+  local ok, old = pcall(cjson.decode, redis.call('HGET', key, 'history') or '[]')
+  local list = {}
+  if ok and type(old) == 'table' then
+    for i = 1, #old do
+      list[i] = old[i]
+    end
+  end
+  return list
+end
+local function remember(key, entry)  -- one JSON entry per ending, the last 20
+  local list = history_of(key)
+  list[#list + 1] = entry
+  while #list > 20 do  -- protocol.HISTORY_KEEP
+    table.remove(list, 1)
+  end
+  redis.call('HSET', key, 'history', cjson.encode(list))
+end
