@@ -38,6 +38,7 @@ import redis
 
 import blueque
 from benchmarks import venvs
+from blueque.store import load_script
 from blueque.testing import RedisServer
 
 HERE = Path(__file__).resolve().parent
@@ -148,7 +149,7 @@ class Totals:
 
 def script_names() -> dict[str, str]:
     """sha1 -> "name.lua" for Blueque's scripts, as EVALSHA names them."""
-    return {hashlib.sha1(path.read_text("utf-8").encode()).hexdigest(): path.name
+    return {hashlib.sha1(load_script(path.stem).encode()).hexdigest(): path.name
             for path in sorted(LUA.glob("*.lua"))}
 
 
