@@ -52,11 +52,11 @@ def test_zero_or_negative_interval_is_a_usage_error(blueque_main: Run, redis_url
 
 
 def test_interval_is_checked_by_the_library_too(client: blueque.Client) -> None:
-    from blueque.daemon import ListenerDaemon
+    from blueque.listener_options import ListenerOptions
     from blueque.scheduler import Scheduler
 
     with pytest.raises(blueque.ConfigurationError, match="more than 0"):
-        ListenerDaemon(client, {"work": 1}, "tests.jobs:echo", interval=0)
+        ListenerOptions({"work": 1}, "tests.jobs:echo", interval=0)
     with pytest.raises(blueque.ConfigurationError, match="more than 0"):
         Scheduler(client, interval=-1)
 
