@@ -45,6 +45,7 @@ from blueque.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
+
 def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str]:
     """Kale's ReducedLottery: draw queues by weight; a drawn queue leaves the pool, so every
     queue is tried once per round, heavier ones first more often, and none starves."""
