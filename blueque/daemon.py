@@ -20,17 +20,18 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Literal
 
 from blueque import eviction
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
-from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
+from blueque.errors import BluequeError, RedisUnavailable
 from blueque.exclusive import ExclusiveGuard
 from blueque.leftovers import child_subreaper
-from blueque.listener import Listener, listener_id
+from blueque.listener import listener_id
+from blueque.listener_options import ListenerOptions
 from blueque.membership import Membership
+from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
@@ -43,8 +44,6 @@ from blueque.supervisor import Owner, Supervisor
 from blueque.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 
 log = logging.getLogger("blueque.daemon")
-
-ON_STOP = ("keep", "drain", "terminate")
 
 
 def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str]:
@@ -74,68 +73,49 @@ class ListenerDaemon:
     what each renewal does (Renewal), its children (Supervisor), what wakes it (Wakeup, Inbox),
     its slots and recovery (Slots, Recovery) and its node's preemption (NodePreemption)."""
 
-    def __init__(
-        self,
-        client: Client,
-        queues: dict[str, int],
-        function: TaskFunction | str,
-        concurrency: int = 1,
-        on_stop: str = "keep",
-        interval: float = 10.0,
-        poll: float = 1.0,
-        identity: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        node_name: str | None = None,
-        allow_eviction: bool | None = None,
-        in_program: bool = False,
-        spool_dir: Path | None = None,
-        exclusive: bool = False,
-    ) -> None:
-        """``in_program``: run() is called by a program that keeps its own SIGTERM and SIGINT
-        handling (ForkingRunner.run(), see ProgramSignals); else they stop the listener.
-        ``spool_dir``: where endings Redis cannot take are held on this node (PROTOCOL.md
-        6.5; default $XDG_STATE_HOME/blueque/spool).
-        ``exclusive``: every run is exclusive (PROTOCOL.md 6.6), as an exclusive task's is."""
-        _check(queues, concurrency, on_stop, interval, poll)
-        self.client = client
+    def __init__(self, client: Client, options: ListenerOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Each part is given what it needs of ``options`` when it is made."""
+        self.options = options
+        interval = options.interval
         # the loop's operations retry for half an interval at most, then the loop's own
         # backoff takes over (it keeps enforcing time limits and hearing signals meanwhile);
         # children get the client's whole retry_deadline for their start and outcome
         self.store = client.store.bounded(interval / 2, quiet=True)
-        self.weights = dict(queues)
-        self.concurrency = concurrency
-        self.on_stop = on_stop
-        self.interval = interval
-        self.poll = poll
-        self.node_name, self.id = daemon_identity(node_name, identity)
+        self.weights = options.queues
+        self.on_stop = options.on_stop
+        self.node_name, self.id = daemon_identity(options.node_name, options.identity)
         self.node = node_identity(self.node_name)
         self.clock = clock
         self.membership = Membership(self.store, self.id, self.node, self.node_name,
-                                     self.weights, interval, clock, exclusive)
-        self.lease_ms = self.membership.lease_ms
-        self.recovery = Recovery(self.store, host=self.node_name, lease_ms=self.lease_ms,
+                                     self.weights, interval, clock, options.exclusive)
+        lease_ms = self.membership.lease_ms
+        self.recovery = Recovery(self.store, host=self.node_name, lease_ms=lease_ms,
                                  node=self.node)
-        self.listeners = {q: Listener(q, self.store, self.id, register=False) for q in queues}
-        self.function_spec = function if isinstance(function, str) else None
+        function = options.function
         self.function: TaskFunction | None = None if isinstance(function, str) else function
         self.rng = random.Random()
+        #: the loop's Prometheus counters (options.metrics), for a server to serve
+        self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency,
+                                        busy=self.busy) if options.metrics else None)
+        self.spool = Spool(options.spool_dir or spool_directory())
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
-                                            self.lease_ms / 1000), clock, self.rng)
-        self.spool = Spool(spool_dir or spool_directory())
-        self.supervisor.recorder.spool = self.spool
-        self.renewal = Renewal(self.store, self.membership, self.supervisor, clock)
-        self.guard = ExclusiveGuard(self.supervisor, self.lease_ms / 1000, exclusive, clock)
+                                            lease_ms / 1000), clock, self.rng,
+            task_logs=options.task_logs, spool=self.spool,
+            count_ending=self.metrics.task_ended if self.metrics else None)
+        self.renewal = Renewal(self.store, self.membership, self.supervisor, clock,
+                               self.metrics)
+        self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
+                                    clock)
         self.wakeup = Wakeup(self.store, interval)
-        self.preemption = NodePreemption(self.store, self.node_name, self.id, clock)
-        self.inbox = Inbox(self.store.keys, self.id, queues, self.preemption)
-        self.slots = Slots(concurrency)
+        self.preemption = NodePreemption(self.store, self.node_name, self.id, clock,
+                                         options.preempt_grace)
+        self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
+        self.slots = Slots(options.concurrency)
         self.stopping = False
-        self.cadence = Cadence(interval, poll)
-        #: start on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
-        self.allow_eviction = allow_eviction
+        self.cadence = Cadence(interval, options.poll)
         self._memory_checked = False
-        self.in_program = in_program
         self.program_signals: ProgramSignals | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -144,12 +124,12 @@ class ListenerDaemon:
         a spec that cannot be imported stops the listener at start (CallbackError) instead of
         failing every task it would take."""
         if self.function is None:
-            self.function = import_function(self.function_spec or "")
+            self.function = import_function(str(self.options.function))
         return self.function
 
     def register(self) -> None:
         sent = self.clock()
-        self.membership.register(self.concurrency)
+        self.membership.register(self.options.concurrency)
         self.guard.renewed_at(sent)  # its leases run from here
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
@@ -161,7 +141,7 @@ class ListenerDaemon:
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
         program = self.program_signals = (ProgramSignals(self._request_stop)
-                                          if self.in_program else None)
+                                          if self.options.in_program else None)
         stop = self._request_stop if program is None else program.handler
         self.wakeup.install_signals({signal.SIGTERM: stop, signal.SIGINT: stop,
                                      signal.SIGUSR1: self.preemption.on_signal})
@@ -240,7 +220,7 @@ class ListenerDaemon:
                 self.store.check_server()  # once: before the identity check's first command
                 if not self._memory_checked:  # refuses a Redis that may evict our keys
                     eviction.check(self.store.memory_policy(), f"listener {self.id}",
-                                   self.allow_eviction, log)
+                                   self.options.allow_eviction, log)
                     self._memory_checked = True
                 # endings our node's listeners could not record: before any recovery could
                 # take their stopped runs for deaths (PROTOCOL.md 6.5)
@@ -252,7 +232,7 @@ class ListenerDaemon:
                 if self.wakeup.subscriber is None:  # once the server is known to be usable
                     self.start_subscriber()
             self._step(self.clock())
-            timeout = self.poll
+            timeout = self.options.poll
         except RedisUnavailable as error:
             news, timeout = self.cadence.outage(self.clock())
             if news:
@@ -312,10 +292,9 @@ class ListenerDaemon:
     def _sweep(self) -> None:
         """Recovery, as adopter (Slots.sweep), and the cleanup of old output files."""
         report = self.slots.sweep(self.recovery, self.weights, self.id)
-        self.supervisor.clean_logs(self.interval)
-        metrics = self.supervisor.recorder.metrics
-        if metrics:
-            metrics.swept(report)
+        self.supervisor.clean_logs(self.options.interval)
+        if self.metrics:
+            self.metrics.swept(report)
 
     def busy(self) -> int:
         """Slots in use: our children (and what ended runs left that we are stopping), the
@@ -395,15 +374,3 @@ def on_stop_here(on_stop: str, listener: str) -> str:
                 "Run it under an init that outlives it to keep them", listener)
     return "terminate"
 
-
-def _check(queues: dict[str, int], concurrency: int, on_stop: str, interval: float,
-           poll: float) -> None:
-    if not queues:
-        raise ConfigurationError("a listener needs at least one queue")
-    if concurrency < 1:
-        raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
-    if on_stop not in ON_STOP:
-        raise ConfigurationError(f"--on-stop must be one of {ON_STOP}, not {on_stop!r}")
-    if not interval > 0 or not poll > 0:
-        raise ConfigurationError(
-            f"interval and poll must be more than 0 seconds, not {interval!r} and {poll!r}")

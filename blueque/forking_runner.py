@@ -8,6 +8,7 @@ import os
 from blueque.child import TaskFunction, run_child
 from blueque.client import Client
 from blueque.daemon import ListenerDaemon
+from blueque.listener_options import ListenerOptions
 from blueque.policy import Policy
 from blueque.task import Task
 
@@ -24,8 +25,8 @@ class ForkingRunner:
         KeyboardInterrupt out of run(), a handler of the program's is called, the default
         SIGTERM ends the process; each once the listener has left cleanly (a running task
         keeps running, to be adopted). When run() ends, the program's handlers are back."""
-        ListenerDaemon(self._client, {self._queue: 1}, self._task_callback,
-                       in_program=True).run()
+        options = ListenerOptions({self._queue: 1}, self._task_callback, in_program=True)
+        ListenerDaemon(self._client, options).run()
 
     def fork_task(self, task: Task) -> int:
         """blueque 1.0.1's: fork a child that starts ``task`` (reserved by the caller's

@@ -16,7 +16,6 @@ from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide
 from blueque.errors import InvalidTaskState, RedisUnavailable
-from blueque.metrics import ListenerMetrics
 from blueque.policy import Policy
 from blueque.runs import (
     ENDING_FIELDS,
@@ -37,16 +36,24 @@ log = logging.getLogger("blueque.daemon")
 PROGRESS_SPACING = 0.1
 
 
+#: Told of each run that ended (not a refused one): its task, queue, attempt and how long
+#: it took (the loop's ListenerMetrics.task_ended).
+CountEnding = Callable[[str, str, int | None, float], None]
+
+
 class Recorder:
     def __init__(self, store: RedisStore, listener: str, node: str,
                  clock: Callable[[], float], rng: random.Random,
-                 defaults: Callable[[str], dict[str, str]]) -> None:
+                 defaults: Callable[[str], dict[str, str]], *,
+                 task_logs: TaskLogSettings | None = None, spool: Spool | None = None,
+                 count_ending: CountEnding | None = None) -> None:
         self.store, self.listener, self.node = store, listener, node
         self.clock, self.rng, self.defaults = clock, rng, defaults
-        self.task_logs: TaskLogSettings | None = None
-        self.metrics: ListenerMetrics | None = None
+        #: where task output goes on the node (None: the listener's stderr)
+        self.task_logs = task_logs
+        self.count_ending = count_ending
         #: where endings Redis cannot take are written to outlive us (PROTOCOL.md 6.5)
-        self.spool: Spool | None = None
+        self.spool = spool
         self.spooled: set[tuple[str, int]] = set()  # (task, attempt) of the files we wrote
         self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
         self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
@@ -86,8 +93,8 @@ class Recorder:
         if self.task_logs is not None and running.attempt is not None:
             # its writer is gone: an attempt that wrote nothing leaves no file (5.19)
             drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))
-        if self.metrics and running.state != "refused":
-            self.metrics.task_ended(running.task_id, running.queue, running.attempt, duration)
+        if self.count_ending is not None and running.state != "refused":
+            self.count_ending(running.task_id, running.queue, running.attempt, duration)
         self._log_end(pid, running, duration)
 
     def _log_end(self, pid: int, running: Running, duration: float) -> None:

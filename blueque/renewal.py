@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from blueque import keys as k
 from blueque.endings import late_ending_allowed
 from blueque.membership import Membership
+from blueque.metrics import ListenerMetrics
 from blueque.runs import Running
 from blueque.store import RedisStore
 from blueque.supervisor import NODE_RUNS_TTL, Supervisor
@@ -29,9 +30,10 @@ SLOW_WARN_EVERY = 60.0
 
 class Renewal:
     def __init__(self, store: RedisStore, membership: Membership, supervisor: Supervisor,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 metrics: ListenerMetrics | None = None) -> None:
         self.store, self.membership, self.supervisor = store, membership, supervisor
-        self.clock = clock
+        self.clock, self.metrics = clock, metrics  # the loop's counters
         #: how long the latest renewal took (s), written to the info hash by the next one
         self.took: float | None = None
         self._warned_at: float | None = None
@@ -53,7 +55,7 @@ class Renewal:
             self.took))
         if all(deadline != -1 for deadline in reply.leases.values()):
             self.renewed = started  # each lease lapses no earlier than a lease from now
-        self.membership.renewed(reply.leases, supervisor.recorder.metrics)
+        self.membership.renewed(reply.leases, self.metrics)
         cancels = self.check(zip(checked, reply.tasks, strict=True))
         self._reserved = reply.reserved
         self._took(self.clock() - started)
@@ -70,9 +72,8 @@ class Renewal:
         """Measure the renewal; warn (at most every SLOW_WARN_EVERY) when it is slow for the
         lease, naming an --interval that would hold."""
         self.took = seconds
-        metrics = self.supervisor.recorder.metrics
-        if metrics:
-            metrics.renewal_took(seconds)
+        if self.metrics:
+            self.metrics.renewal_took(seconds)
         lease = self.membership.lease_ms / 1000
         if seconds <= SLOW_SHARE * lease:
             return

@@ -27,10 +27,12 @@ from blueque.errors import BluequeError, RedisUnavailable
 from blueque.leftovers import Leftovers
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time, signal_group
-from blueque.recorder import Recorder
+from blueque.recorder import CountEnding, Recorder
 from blueque.reporting import ChildChannel
 from blueque.runs import Running
+from blueque.spool import Spool
 from blueque.store import RedisStore
+from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
@@ -66,7 +68,10 @@ class Owner:
 
 class Supervisor:
     def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
-                 clock: Callable[[], float], rng: random.Random) -> None:
+                 clock: Callable[[], float], rng: random.Random, *,
+                 task_logs: TaskLogSettings | None = None, spool: Spool | None = None,
+                 count_ending: CountEnding | None = None) -> None:
+        """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.recorder)."""
         self.store = store  # the loop's, bounded
         self.task_store = task_store  # the children's: the client's whole retry_deadline
         self.owner = owner
@@ -79,7 +84,8 @@ class Supervisor:
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
         self.stopping = Stopping(kill=self._signal_run)
-        self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults)
+        self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults,
+                                 task_logs=task_logs, spool=spool, count_ending=count_ending)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
 
     # --- forking and starting ---------------------------------------------------------------

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -52,13 +53,30 @@ def test_zero_or_negative_interval_is_a_usage_error(blueque_main: Run, redis_url
 
 
 def test_interval_is_checked_by_the_library_too(client: blueque.Client) -> None:
-    from blueque.daemon import ListenerDaemon
+    from blueque.listener_options import ListenerOptions
     from blueque.scheduler import Scheduler
 
     with pytest.raises(blueque.ConfigurationError, match="more than 0"):
-        ListenerDaemon(client, {"work": 1}, "tests.jobs:echo", interval=0)
+        ListenerOptions({"work": 1}, "tests.jobs:echo", interval=0)
     with pytest.raises(blueque.ConfigurationError, match="more than 0"):
         Scheduler(client, interval=-1)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"queues": {}}, "at least one queue"),
+    ({"concurrency": 0}, "concurrency must be at least 1"),
+    ({"on_stop": "linger"}, "--on-stop must be one of"),
+    ({"poll": 0.0}, "more than 0"),
+    ({"preempt_grace": -1.0}, "grace must be 0 seconds or more"),
+])
+def test_listener_options_are_checked_once_made(options: dict[str, object],
+                                                message: str) -> None:
+    """ListenerOptions, the daemon's one front door, refuses what the CLI's parser refuses."""
+    from blueque.listener_options import ListenerOptions
+
+    given: dict[str, Any] = {"queues": {"work": 1}, "function": "tests.jobs:echo", **options}
+    with pytest.raises(blueque.ConfigurationError, match=message):
+        ListenerOptions(**given)
 
 
 # --- the task function ------------------------------------------------------------------------

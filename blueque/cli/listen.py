@@ -14,7 +14,7 @@ from blueque.cli.base import (
     positive_duration,
 )
 from blueque.client import Client
-from blueque.daemon import ON_STOP, ListenerDaemon
+from blueque.daemon import ListenerDaemon
 from blueque.display import (
     LOG_LEVELS,
     log_level,
@@ -24,9 +24,10 @@ from blueque.display import (
 )
 from blueque.errors import CallbackError, ConfigurationError
 from blueque.hosts import allowed_hosts
+from blueque.listener_options import ON_STOP, ListenerOptions, default
 from blueque.logs import configure as configure_logs
 from blueque.logs import printed_as_logs
-from blueque.metrics import ListenerMetrics, MetricsServer, serve_listener_metrics
+from blueque.metrics import MetricsServer, serve_listener_metrics
 from blueque.node import checked_node_name
 from blueque.process import set_title
 from blueque.queue import check_queue_name
@@ -65,23 +66,24 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("function", metavar="package.module:function",
                         help="called with the Task in a forked child; its return value is the "
                              "result (a string, or JSON for other values)")
-    parser.add_argument("--concurrency", type=positive_int, default=1,
+    parser.add_argument("--concurrency", type=positive_int, default=default("concurrency"),
                         help="tasks run at once (one child each); no task is reserved "
-                             "without a free slot (default 1)")
+                             f"without a free slot (default {default('concurrency')})")
     parser.add_argument("--exclusive", action="store_true",
                         help="never two runs of a task at once, even when this node is cut "
                              "off from Redis: a run is stopped before the lease can lapse "
                              "(PROTOCOL.md 6.6); a Redis outage longer than half a lease "
                              "stops every run")
-    parser.add_argument("--on-stop", choices=ON_STOP, default="keep",
+    parser.add_argument("--on-stop", choices=ON_STOP, default=default("on_stop"),
                         help="on SIGTERM: keep children running for the next listener to "
                              "adopt (default), drain (wait for them), or terminate them")
-    parser.add_argument("--interval", type=positive_seconds, default=10.0,
+    parser.add_argument("--interval", type=positive_seconds, default=default("interval"),
                         help="lease renewal and recovery sweep interval in seconds (a dead "
-                             "listener is recovered within 3 intervals; default 10)")
-    parser.add_argument("--poll", type=positive_seconds, default=1.0,
+                             "listener is recovered within 3 intervals; default "
+                             f"{default('interval'):g})")
+    parser.add_argument("--poll", type=positive_seconds, default=default("poll"),
                         help="fallback poll for enqueues that publish nothing, such as "
-                             "blueque 1.0.1's (seconds, default 1)")
+                             f"blueque 1.0.1's (seconds, default {default('poll'):g})")
     add_node_name_argument(parser)
     parser.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
                         help="where each task attempt's stdout and stderr go on this node "
@@ -100,10 +102,11 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                              "what a dead one held")
     parser.add_argument("--no-task-logs", action="store_true",
                         help="do not capture task output: it goes to the listener's stderr")
-    parser.add_argument("--preempt-grace", type=positive_duration, default=90.0,
-                        metavar="DURATION",
+    parser.add_argument("--preempt-grace", type=positive_duration,
+                        default=default("preempt_grace"), metavar="DURATION",
                         help="on SIGUSR1 (this node goes away), how long its tasks have to "
-                             "save and stop before they are terminated and put back (90s)")
+                             "save and stop before they are terminated and put back "
+                             f"({default('preempt_grace'):g}s)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     add_allow_eviction(parser, "listener")
     add_log_arguments(parser)
@@ -170,20 +173,23 @@ def task_log_settings(args: argparse.Namespace) -> TaskLogSettings | None:
     return settings
 
 
+def listener_options(args: argparse.Namespace) -> ListenerOptions:
+    """The daemon's options, as `blueque listen`'s arguments give them."""
+    return ListenerOptions(
+        parse_queues(args.queues), args.function, concurrency=args.concurrency,
+        on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
+        node_name=args.node_name, allow_eviction=args.allow_eviction,
+        spool_dir=args.spool_dir, exclusive=args.exclusive,
+        task_logs=task_log_settings(args), preempt_grace=args.preempt_grace,
+        metrics=args.metrics_port is not None)
+
+
 def run_listen(client: Client, args: argparse.Namespace) -> int:
     configure_logs(args.log_format, args.log_level)
     # as `python -m` does (and RQ and Celery): the current directory's packages are importable
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    daemon = ListenerDaemon(
-        client, parse_queues(args.queues), args.function, concurrency=args.concurrency,
-        on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
-        node_name=args.node_name, allow_eviction=args.allow_eviction,
-        spool_dir=args.spool_dir,
-        exclusive=args.exclusive,
-    )
-    daemon.supervisor.recorder.task_logs = task_log_settings(args)
-    daemon.preemption.grace = args.preempt_grace
+    daemon = ListenerDaemon(client, listener_options(args))
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
         with printed_as_logs("blueque.task_module"):
@@ -196,13 +202,10 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
             f"Python ({sys.executable})"
         ) from error
     server: MetricsServer | None = None
-    if args.metrics_port is not None:
-        metrics = ListenerMetrics(daemon.store, daemon.id, daemon.concurrency,
-                                  busy=daemon.busy)
-        daemon.supervisor.recorder.metrics = metrics
+    if daemon.metrics is not None:
         try:
             server = serve_listener_metrics(
-                metrics, args.metrics_port, args.metrics_host,
+                daemon.metrics, args.metrics_port, args.metrics_host,
                 allowed_hosts(args.metrics_host, args.metrics_allowed_host))
         except OSError as error:
             raise ConfigurationError(f"cannot serve metrics on {args.metrics_host}:"

@@ -12,6 +12,8 @@ import pytest
 
 from blueque.daemon import ListenerDaemon
 from blueque.keys import Keys
+from blueque.listener import Listener
+from blueque.listener_options import ListenerOptions
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.runs import Running
@@ -165,10 +167,11 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
     the parent's finish, which is refused. The daemon must log that and go on."""
     queue = client.get_queue("work")
     task_id = queue.enqueue("{}")
-    daemon = ListenerDaemon(client, {"work": 1}, "tests.jobs:echo", identity="racer.example_1")
+    daemon = ListenerDaemon(client, ListenerOptions({"work": 1}, "tests.jobs:echo",
+                                                    identity="racer.example_1"))
     try:
         daemon.register()
-        task = daemon.listeners["work"].reserve()
+        task = Listener("work", daemon.store, daemon.id, register=False).reserve()
         assert task is not None and task.id == task_id
         running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242)
         real_read = daemon.store.task_data

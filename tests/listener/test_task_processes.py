@@ -16,6 +16,7 @@ import pytest
 
 from blueque.daemon import ListenerDaemon
 from blueque.keys import Keys
+from blueque.listener_options import ListenerOptions
 from tests import jobs
 from tests.daemons import gone, kill_session_children, lines, wait_until
 
@@ -89,7 +90,8 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
     a child forked at that moment must not inherit the lock held, or its pool reset (its first
     Redis call: here the task function's own read) waits forever and the task hangs."""
     task_id = client.get_queue("work").enqueue("held")
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.reread, identity="forker.example_1")
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.reread, identity="forker.example_1"))
     lock = client.redis.connection_pool._lock
     held, pid = threading.Event(), 0
     daemon.register()
@@ -136,8 +138,8 @@ def test_failed_fork_puts_the_task_back_and_the_daemon_goes_on(  # type: ignore[
     """fork() fails with EAGAIN when the service hits its pids limit (systemd TasksMax) or
     memory is short: the reserved task must go back to pending, the listener must live on."""
     task_id = client.get_queue("work").enqueue("{}")
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="forkless.example_1",
-                            poll=0.05)
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.text, identity="forkless.example_1", poll=0.05))
 
     def no_more_processes() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")

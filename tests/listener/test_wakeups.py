@@ -16,6 +16,7 @@ import pytest
 import blueque
 from blueque.daemon import ListenerDaemon
 from blueque.keys import Keys
+from blueque.listener_options import ListenerOptions
 from blueque.preemption import NodePreemption
 from blueque.testing import RedisServer
 from blueque.wakeup import Inbox
@@ -124,8 +125,8 @@ def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_cl
     again, or wakeups are lost and pickups fall back to --poll for good."""
     proxy = FreezingProxy(redis_server.port)
     client = blueque.Client(f"redis://127.0.0.1:{proxy.port}/0")
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="nat.example_1",
-                            interval=0.5)
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.text, identity="nat.example_1", interval=0.5))
     try:
         daemon.start_subscriber()
         wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
@@ -148,7 +149,8 @@ def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_cl
 def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  # type: ignore[no-untyped-def]
     """The subscriber thread outlives the loop by up to a second; a message in that second
     must not be written into whatever file reuses the wake pipe's descriptor numbers."""
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="closer.example_1")
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.text, identity="closer.example_1"))
     daemon.start_subscriber()
     thread = daemon.wakeup.subscriber
     assert thread is not None
@@ -176,8 +178,8 @@ def test_run_gives_back_the_signal_handlers_it_took(client):  # type: ignore[no-
     closed signal pipe's descriptor number."""
     before = {signum: signal.getsignal(signum)
               for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="signals.example_1",
-                            interval=0.5, poll=0.05)
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.text, identity="signals.example_1", interval=0.5, poll=0.05))
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
@@ -199,8 +201,8 @@ def test_a_refused_subscriber_backs_off_and_the_listener_keeps_working(  # type:
     redis_client.acl_setuser(user, enabled=True, passwords=["+secret"], keys=["*"],
                              channels=["*"], commands=["+@all", "-subscribe"])
     client = blueque.Client(f"redis://{user}:secret@127.0.0.1:{redis_server.port}/0")
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="refused.example_1",
-                            poll=0.2)
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.text, identity="refused.example_1", poll=0.2))
     caplog.set_level("WARNING", logger="blueque.daemon")
     try:
         daemon.start_subscriber()
@@ -244,7 +246,8 @@ def test_a_child_socket_numbered_past_1023_still_wakes_the_wait(client):  # type
     open files, has such numbers. The wait must hear a frame on one."""
     from blueque.reporting import ChildChannel
 
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="many.example_1")
+    daemon = ListenerDaemon(client, ListenerOptions(
+        {"work": 1}, jobs.text, identity="many.example_1"))
     ours, theirs = socket.socketpair()
     high = 1500
     os.dup2(ours.fileno(), high)

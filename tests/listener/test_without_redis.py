@@ -14,6 +14,8 @@ import pytest
 import blueque
 from blueque.daemon import ListenerDaemon
 from blueque.keys import Keys
+from blueque.listener import Listener
+from blueque.listener_options import ListenerOptions
 from blueque.policy import Policy
 from blueque.runs import Running
 from blueque.testing import RedisServer, free_port
@@ -103,10 +105,11 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
     lease renewal: the heal must not drop that started task from the reserved list (nothing
     would ever find it there again); the pending record settles it."""
     task_id = client.get_queue("work").enqueue("{}")
-    daemon = ListenerDaemon(client, {"work": 1}, jobs.text, identity="healer.example_1")
+    daemon = ListenerDaemon(client, ListenerOptions({"work": 1}, jobs.text,
+                                                    identity="healer.example_1"))
     try:
         daemon.register()
-        task = daemon.listeners["work"].reserve()
+        task = Listener("work", daemon.store, daemon.id, register=False).reserve()
         assert task is not None
         client.get_processor(task).start(4242)
         running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242, exit_code=9)

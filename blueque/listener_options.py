@@ -1,0 +1,70 @@
+"""A listener daemon's options: one frozen value, one table of defaults, checked once.
+
+``blueque listen`` builds it from its arguments, ``ForkingRunner`` from 1.0.1's (one queue, a
+callback), tests as they need; ``ListenerDaemon(client, options)`` gives each of its parts what
+it needs of it when it makes them (huey's consumer options are the model)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from blueque.child import TaskFunction
+from blueque.errors import ConfigurationError
+from blueque.tasklog import TaskLogSettings
+
+ON_STOP = ("keep", "drain", "terminate")
+
+
+@dataclass(frozen=True)
+class ListenerOptions:
+    """Everything a listener daemon is told. Raises ConfigurationError when made wrong."""
+
+    #: the queues served and their weights ({"high": 3, "low": 1}: high drawn more often)
+    queues: dict[str, int]
+    #: called with the Task in a forked child ("package.module:function", imported at start)
+    function: TaskFunction | str
+    concurrency: int = 1  # tasks run at once, one child each
+    on_stop: str = "keep"  # on SIGTERM: one of ON_STOP
+    interval: float = 10.0  # lease renewal and recovery sweep interval (s)
+    poll: float = 1.0  # fallback poll for enqueues that publish nothing (s)
+    identity: str | None = None  # its listener id (default [node name]_[pid])
+    node_name: str | None = None  # default: the fully qualified host name
+    #: start on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
+    allow_eviction: bool | None = None
+    #: run() is called by a program that keeps its own SIGTERM and SIGINT handling
+    #: (ForkingRunner.run(), see wakeup.ProgramSignals); else they stop the listener
+    in_program: bool = False
+    #: where endings Redis cannot take are held on this node (PROTOCOL.md 6.5; None:
+    #: $XDG_STATE_HOME/blueque/spool)
+    spool_dir: Path | None = None
+    exclusive: bool = False  # every run is exclusive (PROTOCOL.md 6.6)
+    #: where task output goes on the node and how much is kept (None: the listener's stderr)
+    task_logs: TaskLogSettings | None = None
+    #: on SIGUSR1 (this node goes away), how long its tasks have to save and stop (s)
+    preempt_grace: float = 90.0
+    #: keep Prometheus counters (ListenerDaemon.metrics) for a metrics server to serve
+    metrics: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queues", dict(self.queues))  # a copy: never the caller's
+        if not self.queues:
+            raise ConfigurationError("a listener needs at least one queue")
+        if self.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, not {self.concurrency}")
+        if self.on_stop not in ON_STOP:
+            raise ConfigurationError(f"--on-stop must be one of {ON_STOP}, not "
+                                     f"{self.on_stop!r}")
+        if not self.interval > 0 or not self.poll > 0:
+            raise ConfigurationError(f"interval and poll must be more than 0 seconds, not "
+                                     f"{self.interval!r} and {self.poll!r}")
+        if not (self.preempt_grace >= 0 and math.isfinite(self.preempt_grace)):
+            raise ConfigurationError(f"the preemption grace must be 0 seconds or more, not "
+                                     f"{self.preempt_grace!r}")
+
+
+def default(name: str) -> Any:
+    """The default of one option: the one table the CLI's defaults come from too."""
+    return {option.name: option.default for option in fields(ListenerOptions)}[name]
