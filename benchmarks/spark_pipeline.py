@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import blueque
-from blueque.testing import RedisServer
+from blueque.process import signal_group
+from blueque.testing import RedisServer, wait_for
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 #: Each mode drains its own queue, so that modes may share one Redis database (--url).
@@ -110,28 +111,13 @@ def listeners(url: str, mode: Mode) -> Iterator[list[subprocess.Popen[bytes]]]:
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM the process group ``process`` leads, SIGKILL it if it lingers."""
     if process.poll() is None:
-        _signal_group(process.pid, signal.SIGTERM)
+        signal_group(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
             process.wait()
-    _signal_group(process.pid, signal.SIGKILL)  # task children left in the group
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
+    signal_group(process.pid, signal.SIGKILL)  # task children left in the group
 
 
 def figures(seconds: dict[str, float], rows: int) -> dict[str, float]:
@@ -165,8 +151,8 @@ def run_pipeline(url: str, rows: int, mode: Mode,
         log(f"session started in {seconds['session']:.1f} s")
         started = time.perf_counter()
         with listeners(url, mode) as processes:
-            _wait(lambda: len(client.store.listener_ids(queue)) >= LISTENERS
-                  or any(p.poll() is not None for p in processes), 60, "listeners registered")
+            wait_for(lambda: len(client.store.listener_ids(queue)) >= LISTENERS
+                     or any(p.poll() is not None for p in processes), timeout=60)
             if any(p.poll() is not None for p in processes):
                 raise RuntimeError("a listener exited at start")
             seconds["listeners"] = time.perf_counter() - started
@@ -184,7 +170,8 @@ def run_pipeline(url: str, rows: int, mode: Mode,
             seconds["drain"] = time.perf_counter() - started
             log(f"drained in {seconds['drain']:.1f} s more: {waited.counts}")
         started = time.perf_counter()
-        statuses = dict(read_tasks(spark, url, queue).groupBy("status").count().collect())
+        counted = read_tasks(spark, url, queue).groupBy("status").count().collect()
+        statuses: dict[str, int] = {row["status"]: row["count"] for row in counted}
         seconds["read"] = time.perf_counter() - started
     finally:
         stop_session(spark)
