@@ -10,6 +10,8 @@ scenario in the interpreter of the system it measures (benchmarks/scripts/*.py, 
 object on stdout each), repeats the scenarios with the systems interleaved so machine noise
 spreads over all of them, and prints one table of medians with min-max, then the targets of
 issues 4 and 11 as ratios of figures measured in this same run. It asserts nothing about speed.
+Scenario 10, the Spark pipeline (benchmarks/spark_pipeline.py, in a fresh process each run), is
+skipped with the reason in its rows where pyspark or Java is missing.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import venvs
+from benchmarks import spark_pipeline, venvs
 from blueque.testing import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -57,14 +59,16 @@ class Profile:
     scale_ops: int
     recovery_default: bool  # the default lease is 10 s: up to 30 s a run
     redis_benchmark_n: int
+    spark_n: int  # rows of the Spark pipeline (scenario 10)
 
 
 PROFILES = {
     "full": Profile("full", 3, 3, 5000, 20000, 200, 40, 2000, 10000, 1000, 1_000_000, 1000,
-                    True, 200_000),
+                    True, 200_000, 20_000),
     "quick": Profile("quick", 3, 2, 2000, 5000, 60, 15, 500, 2000, 1000, 100_000, 300,
-                     True, 50_000),
-    "smoke": Profile("smoke", 1, 1, 100, 1000, 4, 2, 20, 100, 100, 2000, 20, False, 2000),
+                     True, 50_000, 500),
+    "smoke": Profile("smoke", 1, 1, 100, 1000, 4, 2, 20, 100, 100, 2000, 20, False, 2000,
+                     100),
 }
 
 
@@ -130,7 +134,8 @@ def drain_cost_rows(p: Profile) -> list[Row]:
 
 def build_rows(p: Profile) -> list[Row]:
     """Every row of the table, scenario by scenario."""
-    return [*_enqueue_rows(), *_pickup_and_drain_rows(p), *_cost_rows(p), *_ceiling_rows()]
+    return [*_enqueue_rows(), *_pickup_and_drain_rows(p), *_cost_rows(p), *_ceiling_rows(),
+            *_spark_rows(p)]
 
 
 def _enqueue_rows() -> list[Row]:
@@ -193,6 +198,39 @@ def _ceiling_rows() -> list[Row]:
             Row("aio_enqueue_sync.blueque", aio, "sync, one at a time", "blueque", "tasks/s"),
             Row("aio_enqueue_cpu.blueque", aio, "client CPU, at once", "blueque.aio", "us"),
             Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us")]
+
+
+def _spark_rows(p: Profile) -> list[Row]:
+    """The Spark pipeline (benchmarks.spark_pipeline): each stage's seconds and share of the
+    total, and tasks/s, for each mode the listeners can run in."""
+    scenario = f"10 Spark pipeline, {p.spark_n:,} no-op rows"
+    rows = []
+    for mode in spark_pipeline.MODES:
+        system = f"blueque, {mode.label}"
+        for stage, label in [*spark_pipeline.STAGES.items(), ("total", "total")]:
+            rows.append(Row(f"spark_{stage}_s.{mode.name}", scenario, label, system, "s", 2))
+        rows += [Row(f"spark_{stage}_share.{mode.name}", scenario, f"share, {stage}", system,
+                     "%", 1) for stage in spark_pipeline.STAGES]
+        rows.append(Row(f"spark_rate.{mode.name}", scenario, "tasks/s, enqueue to done",
+                        system, "tasks/s"))
+    return rows
+
+
+def _spark_jobs(p: Profile) -> list[Job]:
+    """One fresh process per run: the Spark session's start (its JVM) is one of the stages."""
+    stages = [*spark_pipeline.STAGES, "total"]
+
+    def argv(mode: str) -> Callable[[str], list[str]]:
+        return lambda url: [sys.executable, "-m", "benchmarks.spark_pipeline", "--rows",
+                            str(p.spark_n), "--mode", mode, "--json-line", "--url", url]
+
+    return [Job("spark", "spark", "10", argv(mode.name),
+                {**{f"spark_{stage}_s.{mode.name}": f"{stage}_s" for stage in stages},
+                 **{f"spark_{stage}_share.{mode.name}": f"{stage}_share"
+                    for stage in spark_pipeline.STAGES},
+                 f"spark_rate.{mode.name}": "rate"},
+                slow=True, timeout=p.spark_n * 0.1 + 600)
+            for mode in spark_pipeline.MODES]
 
 
 def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
@@ -273,7 +311,7 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                     script(system, name, "scale", "--op", op, "--present", present,
                            "--n", p.scale_ops),
                     {f"scale_{op}_{size}.{system}": "us_per_op"}))
-    return jobs
+    return [*jobs, *_spark_jobs(p)]
 
 
 # --- redis-benchmark -----------------------------------------------------------------------
@@ -367,6 +405,10 @@ def prepare(log: Callable[[str], None]) -> tuple[dict[str, str], dict[str, str],
                                        text=True).stdout.strip(),
     }
     unavailable: dict[str, str] = {}
+    spark_missing = spark_pipeline.missing()
+    if spark_missing is not None:
+        unavailable["spark"] = f"skipped: {spark_missing}"
+        log(f"  ! Spark pipeline {unavailable['spark']}")
     for name, peer in venvs.PEERS.items():
         try:
             python = venvs.ensure(peer)
@@ -594,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="fewer tasks and repeats")
     mode.add_argument("--smoke", action="store_true",
                       help="the smallest run that exercises every scenario (seconds)")
-    parser.add_argument("--only", help="comma-separated scenario numbers, e.g. 1,2,8")
+    parser.add_argument("--only", help="comma-separated scenario numbers, e.g. 1,2,8,10")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown")
     parser.add_argument("--from-json", metavar="PATH",
@@ -619,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     log(f"benchmarks: profile {profile.name}; load average {loadavg()}")
     results, env_info = measure(profile, only, log)
-    rows = [r for r in build_rows(profile) if only is None or r.scenario[0] in only]
+    rows = [r for r in build_rows(profile) if only is None or r.scenario.split()[0] in only]
     entries = table(rows, results)
     targets = evaluate(results)
     header = (
@@ -637,6 +679,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{time.monotonic() - started:.0f} s."
     )
     print(render(entries, targets, header))
+    if only is None or "10" in only:
+        for name, why in spark_pipeline.NOT_YET.items():
+            print(f"\nSpark pipeline, {name} mode: not measured: {why}")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"profile": dataclasses.asdict(profile), "environment": env_info, "header": header,

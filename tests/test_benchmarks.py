@@ -87,3 +87,15 @@ def test_profile_enqueue_prints_the_client_and_the_redis_side_of_an_enqueue() ->
     # one script call per enqueue, and the commands it runs: no ZINCRBY of a listed queue
     assert commands["EVALSHA"] == 1.0 and commands["HSET"] == 1.0 and commands["LPUSH"] == 1.0
     assert "ZINCRBY" not in commands and "ZADD" not in commands
+
+
+def test_the_spark_pipeline_figures_give_each_stage_its_share_of_the_total() -> None:
+    from benchmarks.spark_pipeline import STAGES, figures
+
+    seconds = {"session": 5.0, "listeners": 1.0, "enqueue": 10.0, "drain": 30.0, "read": 4.0}
+    assert list(seconds) == list(STAGES)
+    out = figures(seconds, 2000)
+    assert out["total_s"] == 50.0
+    assert out["enqueue_share"] == 20.0 and out["drain_share"] == 60.0
+    assert sum(out[f"{stage}_share"] for stage in STAGES) == 100.0
+    assert out["rate"] == 2000 / 40.0  # from the start of the enqueue to the last task done
