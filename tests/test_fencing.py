@@ -5,11 +5,16 @@ verdict of a task that no run of a listener ran (recovery, the heal, a child nev
 from __future__ import annotations
 
 import pytest
+import redis
 
+import blueque
 from blueque.fencing import is_current_run, unstarted_verdict
-from blueque.keys import Verdict
+from blueque.keys import Keys, Verdict
+from blueque.listener import Listener
+from blueque.recovery import Recovery, RecoveryReport
 
 A, B = "listener-a", "listener-b"
+KEYS = Keys()
 
 
 def task(status: str, node: str = A, attempts: str | None = "2",
@@ -81,3 +86,25 @@ def test_verdict_is_what_recover_lua_reads() -> None:
     """A Verdict is the five values recover.lua takes per task, in its order."""
     assert tuple(Verdict("t1", "3", "retry", 12.5, "boom")) == ("t1", "3", "retry", 12.5,
                                                                 "boom")
+
+
+def test_recovery_leaves_a_task_another_listener_holds_to_it(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    """A dead listener's reserved list names a task that another listener reserved (an id
+    in two lists): recovery drops it from the dead one's list and leaves it reserved by the
+    other, as the recorder always did; it once put it back in pending, to be run twice."""
+    task_id = client.get_queue("work").enqueue("{}")
+    holder = Listener("work", client.store, identity="host-b_2")
+    assert holder.reserve() is not None  # reserved by host-b_2
+    Listener("work", client.store, identity="host-a_1")
+    redis_client.lpush(KEYS.reserved("work", "host-a_1"), task_id)
+    seconds, micros = redis_client.time()
+    redis_client.zadd(KEYS.leases("work"), {"host-a_1": (seconds + micros / 1e6 - 1) * 1000})
+    report = RecoveryReport()
+    Recovery(client.store, host="me.example", lease_ms=1000).recover_expired("work", report)
+    assert report.listeners == ["host-a_1"] and report.requeued == 0
+    data = redis_client.hgetall(KEYS.task(task_id))
+    assert (data["status"], data["node"]) == ("reserved", "host-b_2")
+    assert redis_client.lrange(KEYS.pending("work"), 0, -1) == []
+    assert redis_client.lrange(KEYS.reserved("work", "host-a_1"), 0, -1) == []
+    assert redis_client.lrange(KEYS.reserved("work", "host-b_2"), 0, -1) == [task_id]
