@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 
 from blueque import capture as captured_output
 from blueque import failpoints, progress
-from blueque import keys as k
 from blueque.endings import Ran, RunEnd, decide
 from blueque.errors import (
     BluequeError,
@@ -34,6 +33,7 @@ from blueque.errors import (
     Preempted,
     RedisUnavailable,
 )
+from blueque.fencing import is_current_run
 from blueque.leftovers import TASK_VARIABLE, RunMark, stop_own, task_mark, task_title
 from blueque.policy import Policy
 from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
@@ -408,9 +408,7 @@ def _run_unannounced(store: RedisStore, assignment: Assignment, function: TaskFu
         log.error("task %s: its listener is gone and its state cannot be read (%s); not "
                   "running it", assignment.task_id, error)
         return EXIT_NOT_STARTED
-    mine = (data.get("status") == k.STARTED and data.get("node") == assignment.listener
-            and data.get("pid") == str(os.getpid()))
-    if not mine:
+    if not is_current_run(data, assignment.listener, None, os.getpid()):
         return EXIT_NOT_STARTED
     task = Task(assignment.task_id, store, data)
     try:

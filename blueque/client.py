@@ -77,10 +77,7 @@ class ListenerStatus:
     def preempting_until(self) -> float | None:
         """When its node goes away (Unix s), if it was told so (``blueque preempt``,
         SIGUSR1); None otherwise."""
-        try:
-            return float(self.info.get("preempting_until") or "")
-        except ValueError:
-            return None
+        return field_float(self.info.get("preempting_until"))
 
 
 class Client:

@@ -92,15 +92,16 @@ def parse_eta(text: str) -> float:
     return moment.timestamp()
 
 
-def format_time(timestamp: float | None) -> str:
-    """UTC, to the second: ``2026-11-22 18:30:05Z``."""
+def format_time(timestamp: float | None, zone: str = "Z") -> str:
+    """UTC, to the second: ``2026-11-22 18:30:05Z`` (the dashboard's ``zone``: `` UTC``); a
+    time that is no date (past year 9999, nan) as its number, ``-`` for none."""
     if timestamp is None:
         return "-"
     try:
         moment = datetime.fromtimestamp(timestamp, UTC)
     except (OverflowError, OSError, ValueError):  # past year 9999 (--delay 600000w), nan
         return f"{timestamp:.0f} (not a date)"
-    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + zone
 
 
 def format_bytes(size: int) -> str:

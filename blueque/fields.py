@@ -10,11 +10,10 @@ stored; the other fields are listed here.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Literal
 
-from blueque.policy import OPTION_TYPES
+from blueque.policy import OPTION_TYPES, field_float
 
 #: text: a string as it is; int: a whole number; number: any number; time: Unix seconds;
 #: json: a JSON document (the ``history`` list).
@@ -110,12 +109,7 @@ def _json(raw: str) -> object:
 
 
 def _number(raw: str, kind: Kind) -> int | float | None:
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    if not math.isfinite(value):
-        return None
-    if kind == "int":
-        return int(value) if value.is_integer() else None
-    return value
+    value = field_float(raw)
+    if value is None or kind != "int":
+        return value
+    return int(value) if value.is_integer() else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeGuard
+from typing import Literal, NamedTuple, TypeGuard
 
 PREFIX = "blueque"
 
@@ -61,8 +61,17 @@ LeaseMode = Literal["register", "renew", "release"]
 RecoverMode = Literal["lease", "host"]
 #: What recover.lua does with one task of a dead listener.
 VerdictKind = Literal["pending", "preempted", "retry", "failed", "cancelled", "drop"]
-#: One task's verdict for recover.lua: (task id, attempts seen, verdict, eta, error).
-Verdict = tuple[str, str, VerdictKind, "float | None", str]
+
+
+class Verdict(NamedTuple):
+    """One task's verdict for recover.lua (PROTOCOL.md 5.12)."""
+
+    task_id: str
+    attempts: str  # as the caller saw them: recover.lua applies the verdict only if unchanged
+    kind: VerdictKind
+    eta: float | None = None  # retry: when the next attempt runs
+    error: str = ""  # why (failed, retry, cancelled, preempted)
+
 
 #: How a task's run or life ended, as counted in finished_per_minute and outcome_counts:
 #: complete, failed (for good), cancelled (failed with ``cancelled``), retry (a failed attempt

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from blueque import keys as k
 from blueque.errors import ConfigurationError
+from blueque.fencing import unstarted_verdict
 from blueque.metrics import ListenerMetrics
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
@@ -187,9 +188,7 @@ class Membership:
                     verdicts.append(started_verdict(task_id, data, config, LOST_RUN.format(
                         listener=self.id), self.store.now()))
                     continue
-                waiting = data.get("status") in (k.PENDING, k.RESERVED) or not data
-                verdicts.append((task_id, data.get("attempts", ""),
-                                 "pending" if waiting else "drop", None, ""))
+                verdicts.append(unstarted_verdict(task_id, data, self.id))
             counts = self.store.recover(queue, self.id, verdicts, self.store.now(), mode="host",
                                         release=False)
             log.warning("listener %s: put back %s task(s) left in its reserved list on %s"

@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 from blueque import keys as k
 from blueque.errors import BluequeError, ConfigurationError
 from blueque.hosts import HostRule
+from blueque.policy import field_float
 from blueque.recovery import RecoveryReport
 from blueque.store import RedisStore
 
@@ -149,16 +150,10 @@ class QueueCollector(Collector):
             if not info:
                 continue  # its info expired: a dead listener not yet recovered
             host = info.get("host", "")
-            slots.add_metric([listener, host], _number(info.get("concurrency")))
-            busy.add_metric([listener, host], _number(info.get("busy")))
+            # a count that is missing or corrupt is shown as 0
+            slots.add_metric([listener, host], field_float(info.get("concurrency")) or 0.0)
+            busy.add_metric([listener, host], field_float(info.get("busy")) or 0.0)
         return [tasks, age, finished, listeners, slots, busy]
-
-
-def _number(raw: str | None) -> float:
-    try:
-        return float(raw) if raw else 0.0
-    except ValueError:
-        return 0.0
 
 
 class ListenerMetrics:

@@ -11,26 +11,9 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import get_type_hints
 
 from blueque.errors import ConfigurationError
-
-#: Fields a task hash or a queue config may carry, with their types.
-OPTION_TYPES: dict[str, type] = {
-    "max_attempts": int,
-    "retry_backoff": float,
-    "retry_backoff_max": float,
-    "time_limit": float,
-    "kill_grace": float,
-    "result_ttl": float,
-    "max_preemptions": int,
-    # 1: the processes a run started are left running when it ends (leftovers.py)
-    "keep_processes": int,
-    # 1: never two runs at once: stopped before its lease can lapse (blueque.exclusive)
-    "exclusive": int,
-    # read by Task.save_checkpoint, not by Policy: the largest checkpoint, in bytes
-    "checkpoint_max_bytes": int,
-}
-
 
 #: The options that are 0 or 1 (which also take True and False), and what they mean.
 FLAGS = {
@@ -97,13 +80,22 @@ class Policy:
         return now + delay / 2 + jitter * delay / 2
 
 
+#: Fields a task hash or a queue config may carry, with their types: Policy's fields, in its
+#: order, and the largest checkpoint in bytes (read by Task.save_checkpoint, not by Policy:
+#: its default is the client's).
+OPTION_TYPES: dict[str, type] = {**get_type_hints(Policy), "checkpoint_max_bytes": int}
+
+
 def field_float(raw: str | None) -> float | None:
-    """A number field of a hash (a create time, an interval): None when missing or corrupt,
-    which its readers take as unknown rather than failing on."""
+    """A number field of a hash (a create time, an interval, a time): None when missing or
+    corrupt (no number, or none that is finite: ``"abc"``, ``"inf"``, ``"nan"``, as
+    ``fields.typed`` says), which its readers take as unknown rather than failing on. The one
+    reader of such fields: a reader that wants a default says it (``field_float(raw) or 0.0``)."""
     try:
-        return float(raw) if raw else None
+        value = float(raw) if raw else None
     except ValueError:
         return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def encode_options(options: Mapping[str, object]) -> dict[str, str]:

@@ -135,9 +135,8 @@ class NodePreemption:
         if not request or requested == self._seen:
             return None
         self._seen = requested
-        try:
-            deadline = float(request.get("deadline") or "")
-        except ValueError:
+        deadline = field_float(request.get("deadline"))
+        if deadline is None:
             listener_log.error("listener %s: unreadable preemption request %r ignored",
                                self.listener, request)
             return None

@@ -25,6 +25,7 @@ from typing import Any, TypeVar, cast
 
 from blueque import keys as k
 from blueque.errors import InvalidTaskState, TaskNotFound
+from blueque.policy import field_float
 
 T = TypeVar("T")
 
@@ -431,10 +432,7 @@ def oldest_finished(keys: k.Keys, queue: str, state: str, count: int
 
 def finished_time(data: Mapping[str, str]) -> float:
     """When a task finished; a corrupt timestamp counts as long ago, so purge gets past it."""
-    try:
-        return float(data.get("finished_at") or data.get("updated") or "0")
-    except ValueError:
-        return 0.0
+    return field_float(data.get("finished_at") or data.get("updated")) or 0.0
 
 
 def purge(keys: k.Keys, queue: str, state: str, cutoff: float, batch: int = 500

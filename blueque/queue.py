@@ -236,7 +236,7 @@ class Queue:
         False if the task already existed). With ``task_id``, enqueueing the same id again
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
-        time_limit, kill_grace, result_ttl, max_preemptions, keep_processes,
+        time_limit, kill_grace, result_ttl, max_preemptions, keep_processes, exclusive,
         checkpoint_max_bytes (blueque.policy).
 
         ``after``: a task id or ids (of any queue): the task is created ``waiting`` and

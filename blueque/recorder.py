@@ -16,6 +16,7 @@ from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide
 from blueque.errors import InvalidTaskState, RedisUnavailable
+from blueque.fencing import is_current_run, unstarted_verdict
 from blueque.policy import Policy
 from blueque.runs import (
     ENDING_FIELDS,
@@ -304,22 +305,17 @@ class Recorder:
         the stamp (whose reply never came) started it for that child, the task goes back to
         the head of the line, its attempt not held against it (recover, verdict pending)."""
         data = self.store.task_data(running.task_id)
-        ours = data.get("node") == self.listener and (
-            data.get("status") == k.RESERVED
-            or (data.get("status") == k.STARTED and data.get("pid") == str(running.pid)))
+        verdict = unstarted_verdict(running.task_id, data, self.listener, running.pid)
         running.ending = data
-        if data.get("status") == k.PENDING or ours:
-            self.store.recover(running.queue, self.listener,
-                               [(running.task_id, data.get("attempts", ""), "pending", None, "")],
-                               self.store.now(), mode="host", release=False)
+        if data and verdict.kind == "pending":  # a hash that is gone is left to the heal
+            self.store.recover(running.queue, self.listener, [verdict], self.store.now(),
+                               mode="host", release=False)
             running.ending = {"status": k.PENDING}
 
     def _its_run(self, running: Running, data: dict[str, str]) -> bool:
-        """Is the task's current run this child's? By attempt, once the stamp told it; for a
-        stamp whose reply never came, by the pid and listener the stamp would have written."""
-        if running.attempt is not None:
-            return data.get("attempts") == str(running.attempt)
-        return data.get("pid") == str(running.pid) and data.get("node") == self.listener
+        """Is the task's current run this child's (blueque.fencing)? By attempt, once the
+        stamp told it; for a stamp whose reply never came, by the pid it would have written."""
+        return is_current_run(data, self.listener, running.attempt, running.pid)
 
     def forget_ended(self) -> None:
         """Drop the runs that ended from blueque_node_[node]. Raises RedisUnavailable (they

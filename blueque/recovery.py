@@ -24,6 +24,7 @@ from typing import Literal
 from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import decide
+from blueque.fencing import is_current_run, unstarted_verdict
 from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
 from blueque.leftovers import Leftovers, RunMark, signal_escaped
 from blueque.node import hostname, local_process, node_identity
@@ -124,11 +125,8 @@ class Recovery:
         verdicts: list[k.Verdict] = []
         live: dict[str, tuple[int, float | None]] = {}
         for task_id, data in zip(ids, datas, strict=True):
-            status, attempts = data.get("status"), data.get("attempts", "")
             pid = data.get("pid")
-            if status in (k.PENDING, k.RESERVED) or not data:
-                verdicts.append((task_id, attempts, "pending", None, ""))
-            elif status == k.STARTED:
+            if data.get("status") == k.STARTED:
                 created = field_float(data.get("pid_created"))
                 if adopt and pid and pid.isdigit() and self._alive(int(pid), created):
                     live[task_id] = (int(pid), created)
@@ -141,9 +139,9 @@ class Recovery:
                 verdicts.append(self._started_verdict(
                     task_id, data, config, self._why(why, stopped, data, config), current,
                     preempted=stopped == "preempted"))
-            else:
-                verdicts.append((task_id, attempts, "drop", None, ""))
-                if pid and pid.isdigit():
+            else:  # never started by a run of it: put back, or dropped if it moved on
+                verdicts.append(unstarted_verdict(task_id, data, listener))
+                if verdicts[-1].kind == "drop" and pid and pid.isdigit():
                     self._marks.pop(int(pid), None)
         return verdicts, live
 
@@ -328,11 +326,7 @@ class Recovery:
             data = self.store.task_data(task_id)
             # the task's current run (adopted by recover_local): by attempt, or for a record
             # written at fork, before the stamp fixed the attempt, by the pid it stamped
-            current = (data.get("node") == listener
-                       and data.get("status") in (k.RESERVED, k.STARTED)
-                       and (data.get("attempts") == attempt if attempt is not None
-                            else data.get("pid") == str(pid)))
-            if not data or current:
+            if not data or is_current_run(data, listener, attempt, pid):
                 continue
             policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
             self._mark(pid, {"queue": str(run.get("queue", "")), "id": task_id}, policy,
@@ -393,7 +387,7 @@ def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], 
     verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else
                               "preempted" if ending.outcome == "preempted" else
                               "cancelled" if ending.cancelled else "failed")
-    return (task_id, attempts, verdict, ending.eta, ending.text)
+    return k.Verdict(task_id, attempts, verdict, ending.eta, ending.text)
 
 
 def _run_queues(runs: dict[str, str]) -> set[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from blueque import keys as k
 from blueque.endings import late_ending_allowed
+from blueque.fencing import is_current_run
 from blueque.membership import Membership
 from blueque.metrics import ListenerMetrics
 from blueque.runs import Running
@@ -111,6 +112,4 @@ class Renewal:
         if (data.get("status") == k.FAILED
                 and late_ending_allowed(data, self.membership.id, running.attempt)):
             return False  # recovered while it lived, and no attempt will follow: it may end
-        return (data.get("attempts") != str(running.attempt)
-                or data.get("node") != self.membership.id
-                or data.get("status") not in (k.RESERVED, k.STARTED))
+        return not is_current_run(data, self.membership.id, running.attempt)

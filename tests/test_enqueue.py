@@ -13,8 +13,10 @@ import pytest
 import redis
 
 import blueque
+from blueque.aio.client import Queue as AsyncQueue
 from blueque.errors import ConfigurationError, WrongType
 from blueque.keys import Keys
+from blueque.policy import OPTION_TYPES, Policy, field_float
 from blueque.store import BULK_CHUNK
 from tests.daemons import between
 
@@ -97,6 +99,27 @@ def test_options_that_are_no_finite_number_in_range_are_refused(
         queue.configure(**options)  # type: ignore[arg-type]
     assert contract_client.redis.llen(K.pending("q")) == 0
     assert contract_client.redis.exists(K.queue_config("q")) == 0
+
+
+def test_the_options_are_policy_s_fields_and_the_checkpoint_s_bound() -> None:
+    policy = {name: type(value) for name, value in vars(Policy()).items()}
+    assert {**policy, "checkpoint_max_bytes": int} == OPTION_TYPES  # and in that order
+    assert list(OPTION_TYPES) == [*policy, "checkpoint_max_bytes"]
+
+
+@pytest.mark.parametrize("enqueue", [blueque.Queue.enqueue, AsyncQueue.enqueue])
+def test_both_enqueue_docstrings_name_every_option(enqueue) -> None:  # type: ignore[no-untyped-def]
+    words = set(re.findall(r"\w+", enqueue.__doc__ or ""))
+    assert set(OPTION_TYPES) - words == set()
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("12.5", 12.5), ("3", 3.0), ("-1", -1.0), ("1e3", 1000.0),
+    # missing or corrupt: unknown, never an error (its reader says what unknown means)
+    (None, None), ("", None), ("abc", None), ("inf", None), ("-inf", None), ("nan", None),
+])
+def test_a_number_field_is_read_one_way(raw: str | None, expected: float | None) -> None:
+    assert field_float(raw) == expected
 
 
 def test_pending_tasks_are_taken_first_in_first_out(contract_client: blueque.Client) -> None:

@@ -182,7 +182,8 @@ class Queue:
                       **options: object) -> TaskId:
         """Create a pending task; a ``TaskId`` whose ``created`` is False if it existed.
         ``options``: max_attempts, retry_backoff, retry_backoff_max, time_limit,
-        kill_grace, result_ttl, max_preemptions, keep_processes, checkpoint_max_bytes.
+        kill_grace, result_ttl, max_preemptions, keep_processes, exclusive,
+        checkpoint_max_bytes.
         ``after``, ``after_any``: it waits for those tasks (blueque.Queue.enqueue)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)

@@ -3,20 +3,14 @@ them)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from blueque.display import format_bytes, format_seconds
+from blueque.display import format_bytes, format_seconds, format_time
 
 
 def _when(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "-"
-    try:
-        return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):  # past year 9999: a task scheduled for never
-        return f"{timestamp:.0f} (not a date)"
+    """A time as the dashboard shows it: display.format_time, its zone spelled out."""
+    return format_time(timestamp, zone=" UTC")
 
 
 def _ago(timestamp: float | None, at: float) -> str:

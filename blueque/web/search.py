@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from blueque import keys as k
+from blueque.policy import field_float
 from blueque.store import RedisStore
 
 #: Tasks a filtered page looks at, at most (ids read in one window, fields of those whose id
@@ -84,17 +85,10 @@ class Filters:
             return False
         for name, bound in self.times.items():
             which, side = TIME_FILTERS[name]
-            value = _number(fields.get(which))
+            value = field_float(fields.get(which))
             if value is None or (value < bound if side == "from" else value > bound):
                 return False
         return True
-
-
-def _number(raw: str | None) -> float | None:
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
 
 
 def window_ids(store: RedisStore, queue: str, state: str, start: int, stop: int) -> list[str]:

@@ -15,6 +15,7 @@ from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
 from blueque.fields import TIME_FIELDS
 from blueque.metrics import pending_age
+from blueque.policy import field_float
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, readable_history
 from blueque.tasklog import read_outputs
@@ -47,25 +48,17 @@ SHOWN_CHARS = 65536
 EXCERPT_CHARS = 60
 
 
-def number(raw: str | None) -> float | None:
-    try:
-        value = float(raw) if raw else None
-    except ValueError:
-        return None
-    return value if value is not None and math.isfinite(value) else None
-
-
 def progress_fraction(data: dict[str, str]) -> float | None:
-    value = number(data.get("progress"))
+    value = field_float(data.get("progress"))
     return None if value is None else min(1.0, max(0.0, value))
 
 
 def run_time(data: dict[str, str], at: float) -> float | None:
     """Seconds the current attempt has run (started) or ran (finished)."""
-    started = number(data.get("started_at"))
+    started = field_float(data.get("started_at"))
     if started is None or data.get("status") not in (k.STARTED, k.COMPLETE, k.FAILED):
         return None
-    end = number(data.get("finished_at")) if data.get("status") != k.STARTED else None
+    end = field_float(data.get("finished_at")) if data.get("status") != k.STARTED else None
     return max(0.0, (end or at) - started)
 
 
@@ -77,8 +70,8 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
         "status": k.state_of(data) or "(missing)",
         "progress": progress_fraction(data),
         "run_time": run_time(data, at),
-        "updated": number(data.get("updated")),
-        "eta": number(data.get("eta")),
+        "updated": field_float(data.get("updated")),
+        "eta": field_float(data.get("eta")),
         "error_line": error.strip().splitlines()[-1] if error.strip() else "",
         "parameters": excerpt(data.get("parameters")),
         "result": excerpt(data.get("result")),
@@ -203,12 +196,12 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
         return None
     fields = []
     for name in sorted(set(data) - {"history"}):  # the history has a table of its own
-        stamp = number(data[name]) if name in TIME_FIELDS else None
+        stamp = field_float(data[name]) if name in TIME_FIELDS else None
         fields.append({"name": name, "value": data[name], "time": stamp})
     row = task_row(task_id, data, at)
     row.update(
         fields=fields,
-        times={name: number(data.get(name)) for name in TIME_FIELDS},
+        times={name: field_float(data.get(name)) for name in TIME_FIELDS},
         attempts=data.get("attempts") or "0",
         max_attempts=data.get("max_attempts") or "1",
         error=data.get("error") or "",
@@ -310,7 +303,7 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
         entry["pid"] = info.get("pid") or listener.rpartition("_")[2]
         entry["busy"] = info.get("busy")
         entry["slots"] = info.get("concurrency")
-        entry["renewed"] = number(info.get("renewed") or info.get("started"))
+        entry["renewed"] = field_float(info.get("renewed") or info.get("started"))
         tasks = running.get(listener, [])
         entry["running"] = len(tasks)
         entry["more"] = {}  # queue -> tasks not shown
@@ -357,7 +350,7 @@ def cron_rows(store: RedisStore, entries: Sequence[CronEntry], at: float
     ticks = store.cron_ticks()
     rows = []
     for entry in entries:
-        last = number(ticks.get(entry.name))
+        last = field_float(ticks.get(entry.name))
         try:
             upcoming = entry.next_tick(last if last is not None and last > at - 86400 else at)
         except (BluequeError, ValueError):
@@ -368,5 +361,5 @@ def cron_rows(store: RedisStore, entries: Sequence[CronEntry], at: float
     defined = {entry.name for entry in entries}
     for name in sorted(set(ticks) - defined):
         rows.append({"name": name, "cron": "", "queue": "", "timezone": "",
-                     "last": number(ticks[name]), "next": None, "next_task": ""})
+                     "last": field_float(ticks[name]), "next": None, "next_task": ""})
     return rows
