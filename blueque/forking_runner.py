@@ -8,7 +8,7 @@ import os
 from blueque.child import TaskFunction, run_child
 from blueque.client import Client
 from blueque.daemon import ListenerDaemon
-from blueque.listener_options import ListenerOptions
+from blueque.daemon.options import ListenerOptions
 from blueque.policy import Policy
 from blueque.task import Task
 

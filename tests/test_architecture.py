@@ -68,8 +68,38 @@ def test_imports_flow_one_way() -> None:
     assert upward == [], "imports that flow upwards"
 
 
+def daemon_layers() -> dict[str, int]:
+    """Module of blueque/daemon/ -> its inner layer, from the table under "## The listener
+    daemon, in parts" (top first)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## The listener daemon, in parts", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| inner layer", "| ---"))]
+    return {module: height for height, row in enumerate(reversed(rows))
+            for module in re.findall(r"`([a-z_]+)`", row.split("|")[2])}
+
+
+def test_the_daemon_package_is_layered_inside() -> None:
+    """Inside blueque/daemon/ too: every module is in an inner layer, and imports flow down."""
+    known = daemon_layers()
+    modules = {path.stem for path in (PACKAGE / "daemon").glob("*.py")} - {"__init__"}
+    assert modules == set(known), "blueque/daemon/ and ARCHITECTURE.md's table differ"
+    upward = []
+    for module in modules:
+        tree = ast.parse((PACKAGE / "daemon" / f"{module}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "blueque.daemon."):
+                other = (node.module or "").split(".")[2]
+                if known[other] > known[module]:
+                    upward.append(f"daemon/{module}.py imports daemon/{other}.py")
+    assert upward == [], "imports that flow upwards inside the daemon package"
+    assert known["loop"] > known["supervisor"] > known["recorder"]  # not vacuous
+
+
 def test_the_check_sees_imports() -> None:
     """Not vacuous: the daemon is found importing the store, the CLI the daemon."""
-    assert "store" in imported(PACKAGE / "daemon.py")
+    assert "store" in imported(PACKAGE / "daemon" / "loop.py")
     assert "daemon" in imported(PACKAGE / "cli" / "listen.py")
     assert layers()["cli"] > layers()["daemon"] > layers()["store"] > layers()["keys"]
+

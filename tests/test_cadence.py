@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from blueque.wakeup import Cadence, Timer
+from blueque.daemon.wakeup import Cadence, Timer
 
 
 @pytest.mark.parametrize(("timer", "period"), [("renew", 5.0), ("sweep", 10.0), ("due", 1.0)])

@@ -53,7 +53,7 @@ def test_zero_or_negative_interval_is_a_usage_error(blueque_main: Run, redis_url
 
 
 def test_interval_is_checked_by_the_library_too(client: blueque.Client) -> None:
-    from blueque.listener_options import ListenerOptions
+    from blueque.daemon.options import ListenerOptions
     from blueque.scheduler import Scheduler
 
     with pytest.raises(blueque.ConfigurationError, match="more than 0"):
@@ -72,7 +72,7 @@ def test_interval_is_checked_by_the_library_too(client: blueque.Client) -> None:
 def test_listener_options_are_checked_once_made(options: dict[str, object],
                                                 message: str) -> None:
     """ListenerOptions, the daemon's one front door, refuses what the CLI's parser refuses."""
-    from blueque.listener_options import ListenerOptions
+    from blueque.daemon.options import ListenerOptions
 
     given: dict[str, Any] = {"queues": {"work": 1}, "function": "tests.jobs:echo", **options}
     with pytest.raises(blueque.ConfigurationError, match=message):

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 import blueque
+from blueque.daemon.membership import Membership
+from blueque.daemon.recorder import Recorder
 from blueque.endings import Stopped
 from blueque.listener import Listener
-from blueque.membership import Membership
 from blueque.policy import Policy
-from blueque.recorder import Recorder
 from blueque.runs import Running
 
 LISTENER = "table.example_1"

@@ -15,6 +15,7 @@ from blueque.cli.base import (
 )
 from blueque.client import Client
 from blueque.daemon import ListenerDaemon
+from blueque.daemon.options import ON_STOP, ListenerOptions, default
 from blueque.display import (
     LOG_LEVELS,
     log_level,
@@ -24,7 +25,6 @@ from blueque.display import (
 )
 from blueque.errors import CallbackError, ConfigurationError
 from blueque.hosts import allowed_hosts
-from blueque.listener_options import ON_STOP, ListenerOptions, default
 from blueque.logs import configure as configure_logs
 from blueque.logs import printed_as_logs
 from blueque.metrics import MetricsServer, serve_listener_metrics

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from blueque.daemon import ListenerDaemon
+from blueque.daemon.options import ListenerOptions
 from blueque.keys import Keys
 from blueque.listener import Listener
-from blueque.listener_options import ListenerOptions
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.runs import Running

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from blueque.daemon import ListenerDaemon
+from blueque.daemon.options import ListenerOptions
 from blueque.keys import Keys
-from blueque.listener_options import ListenerOptions
 from tests import jobs
 from tests.daemons import gone, kill_session_children, lines, wait_until
 

@@ -15,11 +15,11 @@ import pytest
 
 import blueque
 from blueque.daemon import ListenerDaemon
+from blueque.daemon.options import ListenerOptions
+from blueque.daemon.wakeup import Inbox
 from blueque.keys import Keys
-from blueque.listener_options import ListenerOptions
 from blueque.preemption import NodePreemption
 from blueque.testing import RedisServer
-from blueque.wakeup import Inbox
 from tests import jobs
 from tests.daemons import Daemon, daemons, listen_command, subscribed, wait_until
 

@@ -13,9 +13,9 @@ import pytest
 
 import blueque
 from blueque.daemon import ListenerDaemon
+from blueque.daemon.options import ListenerOptions
 from blueque.keys import Keys
 from blueque.listener import Listener
-from blueque.listener_options import ListenerOptions
 from blueque.policy import Policy
 from blueque.runs import Running
 from blueque.testing import RedisServer, free_port
@@ -114,7 +114,7 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
         client.get_processor(task).start(4242)
         running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242, exit_code=9)
         daemon.supervisor.recorder.unrecorded.append((running, "process exited with code 9"))
-        daemon.renewal.heal()
+        daemon.heal()
         assert redis_client.lrange(KEYS.reserved("work", "healer.example_1"), 0, -1) == [task_id]
         daemon.supervisor.recorder.record_unrecorded()
     finally:

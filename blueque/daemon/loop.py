@@ -5,9 +5,8 @@ lease, record every ending, recover dead listeners, and stop without losing work
 lease, sweep for dead listeners, enforce time limits and cancellations, fill free slots, then
 wait for something to happen (a child's frame or exit, an enqueue published on a queue's
 channel, a cancel message, a signal, a timer). The children are the Supervisor's
-(supervisor.py), the listener's presence in Redis the Membership's (membership.py), what a
-lease renewal does the Renewal's (renewal.py), what wakes the loop the Wakeup's and the
-Inbox's (wakeup.py).
+(supervisor.py), the listener's presence in Redis and its renewal's round trip the
+Membership's (membership.py), what wakes the loop the Wakeup's and the Inbox's (wakeup.py).
 """
 
 from __future__ import annotations
@@ -25,23 +24,22 @@ from typing import Literal
 from blueque import eviction
 from blueque.child import TaskFunction, import_function
 from blueque.client import Client
+from blueque.daemon.exclusive import ExclusiveGuard
+from blueque.daemon.membership import Membership
+from blueque.daemon.options import ListenerOptions
+from blueque.daemon.slots import Slots
+from blueque.daemon.supervisor import NODE_RUNS_TTL, Owner, Supervisor
+from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 from blueque.errors import BluequeError, RedisUnavailable
-from blueque.exclusive import ExclusiveGuard
 from blueque.leftovers import child_subreaper
 from blueque.listener import listener_id
-from blueque.listener_options import ListenerOptions
-from blueque.membership import Membership
 from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
-from blueque.renewal import Renewal
-from blueque.slots import Slots
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
 from blueque.store import RedisStore
-from blueque.supervisor import Owner, Supervisor
-from blueque.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 
 log = logging.getLogger("blueque.daemon")
 
@@ -70,7 +68,7 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
 
 class ListenerDaemon:
     """The loop: what to run and when. It composes its presence in Redis (Membership) and
-    what each renewal does (Renewal), its children (Supervisor), what wakes it (Wakeup, Inbox),
+    its children (Supervisor), what wakes it (Wakeup, Inbox),
     its slots and recovery (Slots, Recovery) and its node's preemption (NodePreemption)."""
 
     def __init__(self, client: Client, options: ListenerOptions,
@@ -104,8 +102,6 @@ class ListenerDaemon:
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None)
-        self.renewal = Renewal(self.store, self.membership, self.supervisor, clock,
-                               self.metrics)
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)
         self.wakeup = Wakeup(self.store, interval)
@@ -228,7 +224,7 @@ class ListenerDaemon:
                 if not self.membership.claim(self.recovery, self._interrupted):
                     return
                 self.register()
-                self.renewal.heal()
+                self.heal()
                 if self.wakeup.subscriber is None:  # once the server is known to be usable
                     self.start_subscriber()
             self._step(self.clock())
@@ -271,7 +267,7 @@ class ListenerDaemon:
         supervisor.write_progress()
         if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
-            self.renewal.heal()
+            self.heal()
 
     def _renew_when_due(self, current: float) -> None:
         """Every half interval, and first thing after an outage (Cadence)."""
@@ -281,17 +277,35 @@ class ListenerDaemon:
             self.spool.replay(self.store)  # what a listener of ours held when it died
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back
-            self.renewal.heal()
+            self.heal()
             self.cadence.done("renew", current)
 
     def _renew(self) -> None:
-        self.inbox.cancel(self.renewal.renew(self.busy()))
-        if self.renewal.renewed is not None:
-            self.guard.renewed_at(self.renewal.renewed)
+        """Renew our leases and info hash and write our runs (Membership.renew), and look at
+        each running child's task as it is now (Supervisor.look_at): a superseded run is
+        stopped, a cancel whose message was missed is taken."""
+        supervisor = self.supervisor
+        supervisor.defaults.clear()  # an operator's Queue.configure applies from now
+        watched = supervisor.watched()
+        reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
+                                      [r.task_id for r in watched], self.metrics)
+        self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
+        if self.membership.renewed_at is not None:
+            self.guard.renewed_at(self.membership.renewed_at)
+
+    def heal(self) -> None:
+        """Put back the ids in our reserved lists that no child of ours runs or still has
+        an ending to record (Membership.heal): as the renewal just before read them, if one
+        did. Raises RedisUnavailable."""
+        self.membership.heal(self.supervisor.task_ids())
 
     def _sweep(self) -> None:
-        """Recovery, as adopter (Slots.sweep), and the cleanup of old output files."""
-        report = self.slots.sweep(self.recovery, self.weights, self.id)
+        """Recovery, as adopter: the live runs of dead listeners of our node that it adopts
+        take our slots (Slots.take); then the cleanup of old output files."""
+        report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
+        if self.slots.take(report):
+            log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
+                     self.id, len(self.slots.adopted))
         self.supervisor.clean_logs(self.options.interval)
         if self.metrics:
             self.metrics.swept(report)
@@ -307,7 +321,7 @@ class ListenerDaemon:
             if moved is None:
                 return
             if not self.supervisor.fork(*moved, self.load_function()):
-                self.renewal.heal()
+                self.heal()
                 return
 
     def _enforce_limits(self) -> None:

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from blueque.daemon.supervisor import Supervisor
 from blueque.runs import Running
-from blueque.supervisor import Supervisor
 
 log = logging.getLogger("blueque.daemon")
 

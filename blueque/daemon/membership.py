@@ -1,10 +1,12 @@
 """A listener's presence in Redis (PROTOCOL.md 6 "Registration", 6.1 "Identity check"): its
 id, which no other live listener may hold; its info hash; its lease on each queue, renewed
-every half interval; and its reserved lists, healed of ids no child of its runs."""
+every half interval in one round trip (timed, and warned of when slow for the lease); and its
+reserved lists, healed of ids no child of its runs."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Collection
@@ -17,9 +19,15 @@ from blueque.metrics import ListenerMetrics
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
 from blueque.recovery import Recovery, RecoveryReport, started_verdict
-from blueque.store import NodeRenewal, RedisStore
+from blueque.store import NodeRenewal, RedisStore, RenewalReply
 
 log = logging.getLogger("blueque.daemon")
+
+#: A renewal that takes more than this share of the lease is slow: the next one is due
+#: before it ended (it comes every quarter lease), and the lease's slack is being used up.
+SLOW_SHARE = 0.25
+#: How often a slow renewal is warned of, at most (s).
+SLOW_WARN_EVERY = 60.0
 
 #: The error of a started task whose listener has no run of it (Membership.heal).
 LOST_RUN = ("listener {listener} has no run of it any more: its ending was lost (Redis came "
@@ -43,6 +51,13 @@ class Membership:
         self.lease_ms = int(self.interval * 2000)
         self.info: dict[str, str] = {}  # what register wrote, written whole at each renewal
         self.registered = False
+        #: how long the latest renewal took (s), written to the info hash by the next one
+        self.took: float | None = None
+        #: when the latest renewal that renewed every lease was sent (this clock), or None
+        self.renewed_at: float | None = None
+        self._warned_at: float | None = None
+        #: the reserved lists as the latest renewal read them, for the heal that follows it
+        self._reserved: dict[str, list[str]] | None = None
 
     @property
     def created(self) -> float | None:
@@ -136,6 +151,20 @@ class Membership:
         self.store.delete_listener_info(self.id)
         self.registered = False
 
+    def renew(self, busy: int, runs: dict[str, str], runs_ttl: int, tasks: list[str],
+              metrics: ListenerMetrics | None = None) -> RenewalReply:
+        """One renewal in one round trip (RedisStore.renew_node, PROTOCOL.md 6 step 2): what
+        ``renewal`` writes, and the fields of ``tasks`` (our running children's) as they are
+        now. Raises RedisUnavailable."""
+        started = self.clock()
+        reply = self.store.renew_node(self.renewal(busy, runs, runs_ttl, tasks, self.took))
+        if all(deadline != -1 for deadline in reply.leases.values()):
+            self.renewed_at = started  # each lease lapses no earlier than a lease from now
+        self.renewed(reply.leases, metrics)
+        self._reserved = reply.reserved
+        self._took(self.clock() - started, metrics)
+        return reply
+
     def renewal(self, busy: int, runs: dict[str, str], runs_ttl: int,
                 tasks: list[str], took: float | None) -> NodeRenewal:
         """What one renewal writes (PROTOCOL.md 6, step 2): the leases, the info hash whole
@@ -162,6 +191,25 @@ class Membership:
                 self.store.add_listener(queue, self.id)
                 self.store.lease(queue, self.id, self.lease_ms, "register")
 
+    def _took(self, seconds: float, metrics: ListenerMetrics | None) -> None:
+        """Measure the renewal; warn (at most every SLOW_WARN_EVERY) when it is slow for the
+        lease, naming an --interval that would hold."""
+        self.took = seconds
+        if metrics:
+            metrics.renewal_took(seconds)
+        lease = self.lease_ms / 1000
+        if seconds <= SLOW_SHARE * lease:
+            return
+        now = self.clock()
+        if self._warned_at is not None and now - self._warned_at < SLOW_WARN_EVERY:
+            return
+        self._warned_at = now
+        holds = math.ceil(seconds / (2 * SLOW_SHARE) * 2) / 2  # renewing in a quarter lease
+        log.warning("listener %s: its lease renewal took %.2f s, more than a quarter of its "
+                    "%g-s lease (--interval %g): a slow or distant Redis; renewals may come "
+                    "too late and live tasks be run again elsewhere. --interval %g or more "
+                    "would hold", self.id, seconds, lease, self.interval, holds)
+
     def _info_ttl(self) -> int:
         return int(self.interval * 3) + 1
 
@@ -172,7 +220,10 @@ class Membership:
         whose reply a failover lost (the retried one took another task), a refused stamp.
         Retried or failed by their policy: tasks Redis has as started by us, whose run we
         no longer have (Redis came back older than it went away: restored from an earlier
-        copy, or a failover lost the writes that recorded their ending)."""
+        copy, or a failover lost the writes that recorded their ending). ``reserved``: the
+        lists as read just before (by default, as the latest renewal read them, if the heal
+        follows one). Raises RedisUnavailable."""
+        reserved, self._reserved = reserved or self._reserved, None
         for queue in self.weights:
             listed = (reserved or {}).get(queue)  # as the renewal just read it
             if listed is None:

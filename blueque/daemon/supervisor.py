@@ -17,17 +17,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from blueque import failpoints
+from blueque import keys as k
 from blueque.child import (
     Assignment,
     TaskFunction,
     run_reporting_child,
 )
-from blueque.endings import Stopped
+from blueque.daemon.recorder import CountEnding, Recorder
+from blueque.endings import Stopped, late_ending_allowed
 from blueque.errors import BluequeError, RedisUnavailable
+from blueque.fencing import is_current_run
 from blueque.leftovers import Leftovers
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time, signal_group
-from blueque.recorder import CountEnding, Recorder
 from blueque.reporting import ChildChannel
 from blueque.runs import Running
 from blueque.spool import Spool
@@ -222,6 +224,32 @@ class Supervisor:
             if (running.progress is not None and running.report is None
                     and running.attempt is not None and current >= running.progress_due):
                 self.recorder.write_progress(running)
+
+    # --- what a renewal finds ------------------------------------------------------------------
+    def watched(self) -> list[Running]:
+        """The children whose task a renewal looks at: running, and not yet reported (one
+        whose outcome we took in is only exiting, not superseded by its own end)."""
+        return [r for r in self.children.values() if r.report is None and r.state == "running"]
+
+    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
+        """With each watched child's task as a renewal read it: stop the runs that were taken
+        back or reserved again (superseded: they could record nothing); returns the tasks
+        whose cancel was asked for (their message may have been missed)."""
+        cancels = []
+        for running, data in fields:
+            if data.get("cancel_requested"):
+                cancels.append(running.task_id)
+            elif self._superseded(running, data):
+                self.stop(running, "superseded")
+        return cancels
+
+    def _superseded(self, running: Running, data: dict[str, str]) -> bool:
+        if not data or running.attempt is None:
+            return False
+        if (data.get("status") == k.FAILED
+                and late_ending_allowed(data, self.owner.id, running.attempt)):
+            return False  # recovered while it lived, and no attempt will follow: it may end
+        return not is_current_run(data, self.owner.id, running.attempt)
 
     # --- children that end ------------------------------------------------------------------
     def reap(self) -> None:

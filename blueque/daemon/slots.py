@@ -1,15 +1,13 @@
 """A listener's slots (``--concurrency``): its children, and the runs of dead listeners of its
-node that it answers for, each holding one until its process ends (PROTOCOL.md 6 step 3)."""
+node that it answers for, each holding one until its process ends (PROTOCOL.md 6 step 3).
+Slots count; the loop sweeps (recovery) and gives them what the sweep found ours."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from blueque.process import process_alive
-from blueque.recovery import Recovery, RecoveryReport
-
-log = logging.getLogger("blueque.daemon")
+from blueque.recovery import RecoveryReport
 
 
 @dataclass
@@ -19,16 +17,6 @@ class Slots:
     adopted: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     #: fenced runs of dead listeners of this node that our sweep is stopping: pid -> created
     fenced: dict[int, float | None] = field(default_factory=dict)
-
-    def sweep(self, recovery: Recovery, queues: dict[str, int], listener: str
-              ) -> RecoveryReport:
-        """Recovery, with ``listener`` as adopter: the live runs of dead listeners it adopts
-        take its slots."""
-        report = recovery.sweep(queues, exclude=[listener], adopter=listener)
-        if self.take(report):
-            log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
-                     listener, len(self.adopted))
-        return report
 
     def take(self, report: RecoveryReport) -> bool:
         """The runs a sweep found ours; True if the adopted ones changed."""

@@ -1,0 +1,10 @@
+"""The listener daemon (``blueque listen``), in parts: the loop (``loop.ListenerDaemon``: what to
+run and when), its options (``options.ListenerOptions``), its presence in Redis
+(``membership``), its children (``supervisor``) and their endings (``recorder``), its slots
+(``slots``), what wakes it (``wakeup``) and the guard of exclusive runs (``exclusive``).
+Nothing outside this package but the surfaces (the CLI, ForkingRunner) imports it."""
+
+from blueque.daemon.loop import ListenerDaemon
+from blueque.daemon.options import ListenerOptions
+
+__all__ = ["ListenerDaemon", "ListenerOptions"]
