@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from blueque import dependencies, protocol
+from blueque import dependencies, ended, protocol
 from blueque import keys as k
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
@@ -324,7 +324,7 @@ class Queue:
         Cancelled tasks are left alone (cancelled means never) unless ``include_cancelled``
         (then after the failed ones). Returns the ids retried; a task retried, deleted or
         expired meanwhile is skipped."""
-        return self._store.run(protocol.retry_failed_tasks(
+        return self._store.run(ended.retry_failed_tasks(
             self._store.keys, self._name, self._store.now, check_limit(limit),
             include_cancelled))
 
@@ -360,5 +360,5 @@ class Queue:
         first; each deletion finds its entry at the list's old end, so the cost is
         O(deleted), not O(list length)."""
         cutoff = purge_cutoff(status, older_than, self._store.now())
-        return self._store.run(protocol.purge(self._store.keys, self._name, status, cutoff,
+        return self._store.run(ended.purge(self._store.keys, self._name, status, cutoff,
                                               batch))

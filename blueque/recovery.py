@@ -9,6 +9,9 @@ Two ways a listener is known dead (PROTOCOL.md, "Liveness and recovery"):
 
 Verdicts per task: not started yet -> pending again (front of the queue); started -> retried
 later or failed, by the task's retry policy; cancel requested -> failed as cancelled.
+
+This module decides and records; the processes of the runs it finds (adopted runs told of
+their cancel or time limit, fenced runs stopped) are signalled by ``blueque.orphaned_runs``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,17 +26,16 @@ from typing import Literal
 from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import decide
-from blueque.fencing import is_current_run, unstarted_verdict
+from blueque.fencing import unstarted_verdict
 from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
-from blueque.leftovers import Leftovers, RunMark, signal_escaped
 from blueque.node import hostname, local_process, node_identity
+from blueque.orphaned_runs import OrphanedRuns
 from blueque.policy import Policy, field_float
-from blueque.process import Stopping, process_alive, signal_group
+from blueque.process import process_alive, signal_group
 from blueque.runs import describe_exit
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")
-
 
 
 @dataclass
@@ -81,37 +82,10 @@ class Recovery:
         self.node = node or node_identity(self.host)
         self._alive = alive
         self._rng = rng or random.Random()
-        self._kill = kill
-        # a sweeper's runs are not its children: it says SIGTERM again at each sweep until
-        # the grace has passed. Adopted runs stopped by task id (why: cancelled, time limit,
-        # shutdown), fenced runs by pid.
-        self._stopping = Stopping(self._signal_run, repeat=True)
-        self._fenced = Stopping(self._signal_run, repeat=True)
-        #: how the runs being stopped are told (by pid): their processes outside their
-        #: group are signalled too, unless their task keeps its processes (blueque.leftovers)
-        self._marks: dict[int, RunMark] = {}
-        #: what adopted runs that died left behind, being stopped
-        self.leftovers = Leftovers(everywhere=True)
+        #: the live runs of dead listeners of this node that it signals (adopted, fenced)
+        self.runs = OrphanedRuns(store, self.host, self.node, alive, kill)
         #: judges leases; its own stalls by ``watch_ms`` (two of its sweeps), else its lease
         self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
-
-    def _signal_run(self, pid: int, signum: int) -> None:
-        self._kill(pid, signum)
-        run = self._marks.get(pid)
-        if run is not None:
-            signal_escaped(run, signum)
-
-    def _mark(self, pid: int, data: dict[str, str], policy: Policy,
-              attempt: str | None = None) -> RunMark | None:
-        """Note how run ``pid`` of the task ``data`` is told; None if its task keeps its
-        processes."""
-        if policy.keep_processes:
-            self._marks.pop(pid, None)
-            return None
-        run = RunMark.of(pid, data.get("queue", ""), data.get("id", ""),
-                         data.get("attempts", "") if attempt is None else attempt)
-        self._marks[pid] = run
-        return run
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
@@ -130,61 +104,27 @@ class Recovery:
                 created = field_float(data.get("pid_created"))
                 if adopt and pid and pid.isdigit() and self._alive(int(pid), created):
                     live[task_id] = (int(pid), created)
-                    self._enforce(task_id, int(pid), data, Policy.resolve(data, config), current)
+                    self.runs.enforce(task_id, int(pid), data, Policy.resolve(data, config),
+                                      current)
                     continue
-                stopped = self._stopping.reason(task_id) or ""
-                self._stopping.forget(task_id, kill=False)
+                stopped = self.runs.gone(task_id)
                 if adopt and pid and pid.isdigit():
-                    self._ended(task_id, int(pid), data, Policy.resolve(data, config), stopped)
+                    self.runs.ended(task_id, int(pid), data, Policy.resolve(data, config), stopped)
                 verdicts.append(self._started_verdict(
                     task_id, data, config, self._why(why, stopped, data, config), current,
                     preempted=stopped == "preempted"))
             else:  # never started by a run of it: put back, or dropped if it moved on
                 verdicts.append(unstarted_verdict(task_id, data, listener))
                 if verdicts[-1].kind == "drop" and pid and pid.isdigit():
-                    self._marks.pop(int(pid), None)
+                    self.runs.forget_mark(int(pid))
         return verdicts, live
-
-    def _enforce(self, task_id: str, pid: int, data: dict[str, str], policy: Policy,
-                 current: float) -> None:
-        """An adopted task's dead listener no longer hears its cancel message nor watches its
-        time limit: do both here. SIGTERM to its group, SIGKILL after kill_grace; once it is
-        gone a later sweep records it (failed and cancelled, or by the retry policy)."""
-        started_at = field_float(data.get("started_at"))
-        if data.get("cancel_requested"):
-            reason = "cancelled"
-        elif policy.time_limit and started_at and current - started_at > policy.time_limit:
-            reason = "time limit"
-        elif task_id in self._stopping:
-            reason = self._stopping.reason(task_id) or "shutdown"  # stop_adopted began it
-        else:
-            return
-        self._mark(pid, {**data, "id": task_id}, policy)
-        signum = self._stopping.step(task_id, pid, policy.kill_grace, reason)
-        log.warning("task %s: %s while adopted, sending %s to pid %d's group", task_id, reason,
-                    signal.Signals(signum).name, pid)
-
-    def _ended(self, task_id: str, pid: int, data: dict[str, str], policy: Policy,
-               stopped: str) -> None:
-        """An adopted run's process died unrecorded (a run that returns records itself and
-        stops what it left): what it left is stopped, SIGTERM now and SIGKILL after its
-        kill_grace (at later sweeps; at the next one if we were stopping it already)."""
-        run = self._mark(pid, {**data, "id": task_id}, policy)
-        self._marks.pop(pid, None)
-        if run is not None:  # SIGTERM now, SIGKILL at a later sweep
-            self.leftovers.ended(run, 0.0 if stopped else policy.kill_grace)
 
     def stop_adopted(self, runs: dict[str, tuple[int, float | None]],
                      reason: Literal["shutdown", "preempted"] = "shutdown") -> None:
         """A listener stopping with --on-stop=terminate, or preempted at its deadline, stops
-        the runs it adopted as it stops its own children: SIGTERM to their groups now, SIGKILL
-        once kill_grace has passed (later sweeps), and a sweep records each once its process
-        is gone (a preempted one as preempted: back to pending, no attempt spent)."""
-        for task_id, (pid, created) in runs.items():
-            if task_id not in self._stopping and self._alive(pid, created):
-                log.warning("task %s: adopted run (pid %d) stopped (%s), sending SIGTERM to "
-                            "its group", task_id, pid, reason)
-                self._stopping.begin(task_id, pid, Policy().kill_grace, reason)
+        the runs it adopted as it stops its own children (``OrphanedRuns.stop_adopted``);
+        a sweep records each once its process is gone."""
+        self.runs.stop_adopted(runs, reason)
 
     @staticmethod
     def _why(why: str, stopped: str, data: dict[str, str], config: dict[str, str]) -> str:
@@ -298,55 +238,11 @@ class Recovery:
 
     def stop_fenced_runs(self, report: RecoveryReport,
                          runs: dict[str, str] | None = None) -> None:
-        """Runs forked on this node (blueque_node_[node]) whose listener is dead and whose
-        task was taken back meanwhile (requeued, retried, cancelled, finished, or stamped
-        again): fenced, they can record nothing and only duplicate the task's next attempt.
-        Their group gets SIGTERM, then SIGKILL once kill_grace has passed, as a listener
-        stops a superseded run of its own. Entries of ended processes are dropped. A run's
-        listener is judged by the process the entry names (pid and create time), so a later
-        listener with the same id (a pid reused) does not pass for it."""
-        ended: list[str] = []
-        for field_, raw in (self.store.node_runs(self.node) if runs is None else runs).items():
-            try:
-                run = json.loads(raw)
-                pid, task_id, listener = int(field_), str(run["task"]), str(run["listener"])
-                attempt = None if run.get("attempt") is None else str(run["attempt"])
-                created = field_float(str(run.get("created") or ""))
-            except (ValueError, KeyError, TypeError):
-                ended.append(field_)  # unreadable: nothing to act on
-                continue
-            if not self._alive(pid, created):
-                ended.append(field_)
-                self._fenced.forget(pid)  # SIGKILL: grandchildren left in its group
-                self._marks.pop(pid, None)
-                continue
-            owner = self._run_owner(run, listener)
-            if owner is not None and self._alive(*owner):
-                continue  # its own listener watches it
-            data = self.store.task_data(task_id)
-            # the task's current run (adopted by recover_local): by attempt, or for a record
-            # written at fork, before the stamp fixed the attempt, by the pid it stamped
-            if not data or is_current_run(data, listener, attempt, pid):
-                continue
-            policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
-            self._mark(pid, {"queue": str(run.get("queue", "")), "id": task_id}, policy,
-                       attempt=attempt or "")
-            signum = self._fenced.step(pid, pid, policy.kill_grace)
-            log.warning("task %s: attempt %s (pid %d) of dead listener %s was taken back "
-                        "(now %s, attempt %s); sending %s to its group", task_id, attempt, pid,
-                        listener, data.get("status"), data.get("attempts"),
-                        signal.Signals(signum).name)
-            report.stopped_runs += 1
-            report.fenced_runs[pid] = created
-        self.store.forget_runs(self.node, ended)
-
-    def _run_owner(self, run: dict[str, object], listener: str
-                   ) -> tuple[int, float | None] | None:
-        owner_pid = run.get("listener_pid")
-        if isinstance(owner_pid, int):
-            return owner_pid, field_float(str(run.get("listener_created") or ""))
-        return local_process(listener, self.store.listener_info(listener), self.node,
-                             self.host)
+        """Stop the fenced runs of this node's dead listeners (``OrphanedRuns.stop_fenced``;
+        ``runs``: the node's run records, read anew if None), counted in ``report``."""
+        signalled = self.runs.stop_fenced(runs)
+        report.stopped_runs += len(signalled)
+        report.fenced_runs.update(signalled)
 
     def sweep(self, queues: Iterable[str], exclude: Iterable[str] = (),
               adopter: str | None = None) -> RecoveryReport:
@@ -368,7 +264,7 @@ class Recovery:
         for queue in sorted(_run_queues(runs) - set(swept)):
             self.recover_local(queue, report, excluded, adopter)
         self.stop_fenced_runs(report, runs)
-        self.leftovers.step()
+        self.runs.step()
         self.watch.end()
         return report
 

@@ -11,9 +11,9 @@ from typing import Any, Literal
 from blueque import keys as k
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Stopped
-from blueque.leftovers import RunMark
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel
+from blueque.run_processes import RunMark
 
 #: A run's state: the stamp not yet confirmed, its task started for it, or refused.
 RunState = Literal["starting", "running", "refused"]
@@ -53,8 +53,8 @@ class Running:
     output: int | None = None
 
     def mark(self) -> RunMark | None:
-        """How its other processes are told (blueque.leftovers); None before the stamp told it
-        its attempt (nothing of the task ran yet)."""
+        """How its other processes are told (blueque.run_processes); None before the stamp
+        told it its attempt (nothing of the task ran yet)."""
         if self.attempt is None:
             return None
         return RunMark.of(self.pid, self.queue, self.task_id, self.attempt)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import blueque
-from blueque import leftovers
+from blueque import run_processes
 from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
 from tests import leftover_jobs
@@ -207,10 +207,10 @@ def test_keep_processes_is_0_or_1_per_task_or_queue(client: blueque.Client, redi
 def test_the_subreaper_check_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """ctypes.util.find_library runs ``ldconfig -p``: looked up at every ended run, a listener
     started a process beside its tasks, which the chaos test counted over --concurrency."""
-    leftovers.is_subreaper()  # the first look-up may start one
+    run_processes.is_subreaper()  # the first look-up may start one
 
     def no_process(*args: object, **kwargs: object) -> None:
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(subprocess, "Popen", no_process)
-    leftovers.is_subreaper()
+    run_processes.is_subreaper()

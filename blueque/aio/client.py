@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import dependencies, protocol, waiting
+from blueque import dependencies, ended, protocol, waiting
 from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
@@ -155,7 +155,7 @@ class Client:
         queue = (await self.get_task(task_id)).queue
         if queue is None:
             raise TaskNotFound(task_id)
-        await self.store.perform(protocol.retry_failed, queue, task_id,
+        await self.store.perform(ended.retry_failed, queue, task_id,
                                  await self.store.now())
 
     async def queue_names(self) -> list[str]:
@@ -245,7 +245,7 @@ class Queue:
         """Delete a complete or failed task (its hash and its entry in the complete, failed
         or cancelled list)."""
         state = check_deletable(self._name, task.id, task.queue, task.status, task.cancelled)
-        await self._store.perform(protocol.delete, self._name, task.id, state)
+        await self._store.perform(ended.delete, self._name, task.id, state)
 
     async def stats(self) -> QueueStats:
         """Counts per state and listeners, from O(1) commands; cancelled tasks apart from
@@ -262,7 +262,7 @@ class Queue:
         """Make this queue's failed tasks pending again, oldest first; cancelled ones only
         with ``include_cancelled``. See blueque.Queue.retry_failed."""
         await self._store.now()  # measures Redis' clock if due: the steps read it as measured
-        return await self._store.run(protocol.retry_failed_tasks(
+        return await self._store.run(ended.retry_failed_tasks(
             self._store.keys, self._name, self._store.clock.now, check_limit(limit),
             include_cancelled))
 
@@ -293,7 +293,7 @@ class Queue:
         """Delete finished tasks of ``status`` that finished more than ``older_than``
         seconds ago, oldest first; returns how many."""
         cutoff = purge_cutoff(status, older_than, await self._store.now())
-        return await self._store.run(protocol.purge(self._store.keys, self._name, status,
+        return await self._store.run(ended.purge(self._store.keys, self._name, status,
                                                     cutoff, batch))
 
 

@@ -13,7 +13,8 @@ core (connection, retry policy, scripts, the runner of blueque.protocol's operat
 
 from __future__ import annotations
 
-from blueque.protocol import BULK_CHUNK, CHECKPOINT_KEEP, DELETE_WINDOW, QueueCounts
+from blueque.ended import DELETE_WINDOW
+from blueque.protocol import BULK_CHUNK, CHECKPOINT_KEEP, QueueCounts
 from blueque.retry import NoRetry
 from blueque.store.core import (
     BLOCK_SLICE,

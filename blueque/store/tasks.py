@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+from blueque import ended, protocol
 from blueque import keys as k
-from blueque import protocol
 from blueque.protocol import CHECKPOINT_KEEP, QueueCounts
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
@@ -114,7 +114,7 @@ class TaskOperations(StoreCore):
         """Failed -> pending again, attempts kept, checkpoint kept for the re-run
         (retry_failed.lua); False for a cancelled task with ``skip_cancelled``. Raises
         TaskNotFound or InvalidTaskState (not failed)."""
-        return self._execute(protocol.retry_failed(self.keys, queue, task_id, now,
+        return self._execute(ended.retry_failed(self.keys, queue, task_id, now,
                                                    skip_cancelled))
 
     # --- finished tasks -------------------------------------------------------------------
@@ -122,17 +122,17 @@ class TaskOperations(StoreCore):
     def delete(self, queue: str, task_id: str, state: str) -> bool:
         """DEL the task hash, its output stream and checkpoint, and its entry in the
         complete, failed or cancelled list (``state``) (delete.lua)."""
-        return self._execute(protocol.delete(self.keys, queue, task_id, state))
+        return self._execute(ended.delete(self.keys, queue, task_id, state))
 
     @translate_errors
     def drop_finished_entry(self, queue: str, status: str, task_id: str) -> None:
         """LREM one entry from the old end of a finished list, leaving the hash alone."""
-        self._execute(protocol.drop_finished_entry(self.keys, queue, status, task_id))
+        self._execute(ended.drop_finished_entry(self.keys, queue, status, task_id))
 
     @translate_errors
     def oldest_finished(self, queue: str, status: str, count: int) -> list[str]:
         """The ``count`` oldest ids of a finished list, oldest first (from its right end)."""
-        return self._execute(protocol.oldest_finished(self.keys, queue, status, count))
+        return self._execute(ended.oldest_finished(self.keys, queue, status, count))
 
     # --- queue configuration --------------------------------------------------------------
     @translate_errors
