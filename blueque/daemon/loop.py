@@ -31,12 +31,12 @@ from blueque.daemon.slots import Slots
 from blueque.daemon.supervisor import NODE_RUNS_TTL, Owner, Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 from blueque.errors import BluequeError, RedisUnavailable
-from blueque.leftovers import child_subreaper
 from blueque.listener import listener_id
 from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
+from blueque.run_processes import child_subreaper
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
 from blueque.store import RedisStore
