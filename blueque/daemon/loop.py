@@ -101,7 +101,8 @@ class ListenerDaemon:
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
-            count_ending=self.metrics.task_ended if self.metrics else None)
+            count_ending=self.metrics.task_ended if self.metrics else None,
+            reuse=options.reuse)
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)
         self.wakeup = Wakeup(self.store, interval)
