@@ -144,6 +144,7 @@ class Supervisor:
         forked one (6.7). False: none is idle."""
         idle = self.warm.take(task_id, queue)
         if idle is not None:
+            failpoints.hit("listener-before-warm-stamp")  # told its task, not stamped
             self._start(task_id, queue, idle.pid, idle.created, idle.channel, idle.output)
         return idle is not None
 
