@@ -32,7 +32,7 @@ from blueque.child import (
 )
 from blueque.errors import ConfigurationError
 from blueque.preemption import notice
-from blueque.process import set_title
+from blueque.process import process_alive, set_title
 from blueque.reporting import ChildChannel, ParentLink
 from blueque.run_processes import TASK_VARIABLE, RunMark, signs
 from blueque.runs import Running
@@ -135,7 +135,9 @@ class WarmProcesses:
         while self.idle:
             idle = self.idle.pop(next(iter(self.idle)))
             idle.channel.receive()  # an idle process says nothing: this sees one that is gone
-            if idle.channel.closed:
+            # or dying: a killed process's first thread is a zombie while its others still
+            # hold its socket open (told to go then, its death would count as its task's)
+            if idle.channel.closed or not process_alive(idle.pid):
                 idle.close()
                 continue
             idle.assign(task_id, queue)
