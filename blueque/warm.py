@@ -137,7 +137,7 @@ class WarmProcesses:
             idle.channel.receive()  # an idle process says nothing: this sees one that is gone
             # or dying: a killed process's first thread is a zombie while its others still
             # hold its socket open (told to go then, its death would count as its task's)
-            if idle.channel.closed or not process_alive(idle.pid):
+            if idle.channel.closed or not _alive(idle.pid):
                 idle.close()
                 continue
             idle.assign(task_id, queue)
@@ -227,6 +227,18 @@ def _children_psutil(pid: int) -> set[int]:
     with contextlib.suppress(psutil.Error):
         return {child.pid for child in psutil.Process(pid).children()}
     return set()
+
+
+def _alive(pid: int) -> bool:
+    """Our child ``pid`` runs (not a zombie): one read of /proc/[pid]/stat, psutil elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:  # gone, or no /proc here (then psutil tells)
+        return not os.path.isdir("/proc/self") and process_alive(pid)
+    except OSError:
+        return process_alive(pid)
+    return data[data.rfind(b")") + 2:data.rfind(b")") + 3] not in (b"Z", b"X", b"")
 
 
 def _group(pid: int) -> int | None:
