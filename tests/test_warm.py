@@ -16,7 +16,9 @@ import psutil
 import pytest
 
 import blueque
+from blueque import warm
 from blueque.keys import Keys
+from blueque.preemption import notice, on_preempt
 from tests.daemons import Daemon, gone, lines, listen_command, owned_processes, wait_until
 
 pytestmark = pytest.mark.slow
@@ -146,12 +148,15 @@ def test_a_warm_process_killed_in_the_middle_of_a_task_has_its_death_recorded(  
     marker = tmp_path / "marker"
     daemon, victim = one_warm(client, started, tmp_path, redis_url, marker)
     second = enqueue(client, marker=str(marker), release=str(tmp_path / "never"),
-                     max_attempts=1)
+                     max_attempts=1, print="said before the kill")
     wait_until(lambda: len(lines(marker)) == 2, what="the second task running")
     assert ran_by(marker)[1] == victim  # in the warm process
     psutil.Process(victim).kill()
     task = client.get_task(second).wait(30)
     assert task.status == "failed" and "SIGKILL" in (task.error or ""), task.data
+    # its output went to its own attempt's file, none of the first task's
+    output = tmp_path / "task-logs" / "work" / f"{second}.1.log"
+    assert output.read_text() == "said before the kill\n"
     third = enqueue(client, marker=str(marker), value=3)
     assert client.get_task(third).wait(30).status == "complete"
     assert ran_by(marker)[2] != victim
@@ -267,3 +272,15 @@ def test_a_listener_killed_after_telling_a_warm_process_its_task_before_the_stam
     assert task.status == "complete" and task.result == "2" and task.attempts == 1
     assert len(lines(marker)) == 2 and ran_by(marker)[1] not in (warm, first.pid)
     assert outcomes(redis_client, "complete") == 2
+
+
+def test_a_warm_process_forgets_the_preemption_notice_of_its_last_task() -> None:
+    """Between two tasks: the on_preempt callbacks of the one before are dropped, and a
+    notice it had is not the next one's."""
+    on_preempt(lambda: None)
+    notice.noticed, notice.deadline = True, 123.0
+    try:
+        warm._forget_last_task()
+        assert notice.callbacks == [] and not notice.noticed and notice.deadline is None
+    finally:
+        warm._forget_last_task()
