@@ -5,7 +5,8 @@ happened in frames: a 4-byte big-endian length, then that many bytes of one JSON
 
 - listener -> child: ``{"go": fields, "defaults": queue defaults}`` (the task is started: run
   it), ``{"stop": why}`` (do not run it), ``{"recorded": status}`` (your outcome is recorded:
-  exit);
+  exit); to a warm process (6.7) after ``recorded``: ``{"task": id, "queue": queue}`` (your
+  next task: wait for its word) or ``{"retire": why}`` (exit);
 - child -> listener: ``{"progress": fraction, "message": text}``, then one ``{"outcome":
   "complete" | "failed", "text", "traceback", "retry", "output"}``.
 
