@@ -29,6 +29,7 @@ from blueque.child import (
     _leave,
     _prepare,
     _run_reporting,
+    run_reporting_child,
 )
 from blueque.errors import ConfigurationError
 from blueque.preemption import notice
@@ -48,6 +49,16 @@ def idle_title(queue: str) -> str:
 
 
 # --- the task process ----------------------------------------------------------------------------
+def run_task_process(store: RedisStore, sock: socket.socket, assignment: Assignment,
+                     function: TaskFunction, task_logs: TaskLogSettings | None,
+                     reuse: int) -> NoReturn:
+    """Body of a listener daemon's task process; never returns: one task (``reuse`` 1,
+    PROTOCOL.md 6.2), or up to ``reuse`` tasks in turn (6.7)."""
+    if reuse == 1:
+        run_reporting_child(store, sock, assignment, function, task_logs)
+    run_warm_child(store, sock, assignment, function, task_logs, reuse)
+
+
 def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
                    function: TaskFunction, task_logs: TaskLogSettings | None,
                    reuse: int) -> NoReturn:

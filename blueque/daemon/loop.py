@@ -27,8 +27,9 @@ from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
+from blueque.daemon.owner import NODE_RUNS_TTL, Owner
 from blueque.daemon.slots import Slots
-from blueque.daemon.supervisor import NODE_RUNS_TTL, Owner, Supervisor
+from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.listener import listener_id

@@ -13,16 +13,12 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from blueque import failpoints
 from blueque import keys as k
-from blueque.child import (
-    Assignment,
-    TaskFunction,
-    run_reporting_child,
-)
+from blueque.child import Assignment, TaskFunction
+from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder
 from blueque.endings import Stopped, late_ending_allowed
 from blueque.errors import BluequeError, RedisUnavailable
@@ -35,39 +31,9 @@ from blueque.runs import Running
 from blueque.spool import Spool
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import WarmProcesses, run_warm_child
+from blueque.warm import WarmProcesses, run_task_process
 
 log = logging.getLogger("blueque.daemon")
-
-#: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
-#: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
-NODE_RUNS_TTL = 7 * 24 * 3600
-
-
-class Defaults(dict[str, dict[str, str]]):
-    """Queue defaults as read from blueque_queue_config_[queue], one read per queue until
-    cleared; called with a queue, it gives that queue's."""
-
-    def __init__(self, store: RedisStore) -> None:
-        super().__init__()
-        self._store = store
-
-    def __call__(self, queue: str) -> dict[str, str]:
-        if queue not in self:
-            self[queue] = self._store.queue_config(queue)
-        return self[queue]
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The listener a Supervisor works for: its id, node identity and process."""
-
-    id: str
-    node: str
-    pid: int
-    created: float | None
-    lease_s: float  # a child waits this long for a word before counting it gone
-
 
 class Supervisor:
     def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
@@ -95,9 +61,8 @@ class Supervisor:
 
     # --- forking and starting ---------------------------------------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
-        """Fork the child that will run ``task_id`` (moved into our reserved list), or give it
-        to an idle warm process (6.7), then stamp the task for it. False if no process could
-        be forked."""
+        """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
+        the task for it (or give it to an idle warm process). False if none could be forked."""
         if self._assign(queue, task_id):
             return True
         ours, theirs = socket.socketpair()
@@ -115,13 +80,10 @@ class Supervisor:
         if pid == 0:
             ours.close()
             self.close()  # its siblings' sockets are not its own
-            assignment = Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
-                                    self.recorder.spool, output)
-            if self.warm.reuse == 1:
-                run_reporting_child(self.task_store, theirs, assignment, function,
-                                    self.recorder.task_logs)
-            run_warm_child(self.task_store, theirs, assignment, function,
-                           self.recorder.task_logs, self.warm.reuse)
+            run_task_process(self.task_store, theirs,
+                             Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
+                                        self.recorder.spool, output),
+                             function, self.recorder.task_logs, self.warm.reuse)
         theirs.close()
         if output is not None:  # the read end stays ours too: see Recorder.settle
             os.close(output[1])
