@@ -40,7 +40,13 @@ from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
 from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
 from blueque.progress import ParentProgress, ProgressReporter, report_progress
-from blueque.reporting import ParentLink
+from blueque.reporting import (
+    EXIT_NOT_STARTED,
+    EXIT_REPORT_FAILED,
+    EXIT_REPORTED,
+    OutcomeFrame,
+    ParentLink,
+)
 from blueque.retry import Backoff
 from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
@@ -55,10 +61,6 @@ __all__ = ["Preempted", "TaskFunction", "on_preempt", "preempt_deadline", "preem
 
 TaskFunction = Callable[[Task], Any]
 
-#: Exit codes of the child; anything else (or a signal) means it died without reporting.
-EXIT_REPORTED = 0
-EXIT_NOT_STARTED = 3  # the task could not be started (cancelled, superseded): nothing ran
-EXIT_REPORT_FAILED = 4  # ran, but its outcome could not be recorded (see the log)
 #: How long a finished child keeps retrying to record its outcome while Redis is away.
 REPORT_PATIENCE = 3600.0
 
@@ -91,7 +93,7 @@ def import_function(spec: str) -> TaskFunction:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CallOutcome:
     """What one call of the task function came to."""
 
     outcome: Ran  # complete, failed, or preempted (it raised Preempted)
@@ -100,7 +102,7 @@ class Outcome:
     retry: bool = True  # False: the work finished (its value could not be encoded)
 
 
-def execute(function: TaskFunction, task: Task) -> Outcome:
+def execute(function: TaskFunction, task: Task) -> CallOutcome:
     """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
     not the child: they are recorded as what they are. Preempted stops it to run again
     elsewhere (PROTOCOL.md 6.3)."""
@@ -108,16 +110,16 @@ def execute(function: TaskFunction, task: Task) -> Outcome:
     try:
         result = function(task)
     except Preempted as error:
-        return Outcome("preempted", str(error) or "the task stopped: its node goes away")
+        return CallOutcome("preempted", str(error) or "the task stopped: its node goes away")
     except (Exception, SystemExit, KeyboardInterrupt) as error:
-        return Outcome("failed", describe_error(error), traceback.format_exc())
+        return CallOutcome("failed", describe_error(error), traceback.format_exc())
     finally:
         notice.running = False
     try:
-        return Outcome("complete", encode_result(result))
+        return CallOutcome("complete", encode_result(result))
     except Exception as error:
         # the work is done; running it again would only return the same value
-        return Outcome("failed", retry=False, text=(
+        return CallOutcome("failed", retry=False, text=(
             f"the task function returned a {type(result).__name__}, which is not a string and "
             f"cannot be encoded as JSON ({type(error).__name__}: {error}); not retried: return "
             "a str or a JSON-serialisable value"))
@@ -183,7 +185,7 @@ def _leave_nothing(task: Task, queue: str, policy: Policy) -> None:
 
 
 def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
-                   outcome: Outcome, spool: Spool | None = None) -> int:
+                   outcome: CallOutcome, spool: Spool | None = None) -> int:
     """Record the outcome, holding on to it while Redis is away or refuses it (the work is
     done): in memory, and in the node's spool (PROTOCOL.md 6.5) should this process end too."""
     task_id = processor.task.id
@@ -263,7 +265,7 @@ def describe_error(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def _run_end(processor: Processor, policy: Policy, outcome: Outcome, current: float) -> RunEnd:
+def _run_end(processor: Processor, policy: Policy, outcome: CallOutcome, current: float) -> RunEnd:
     """The ending to record, as the one rule (blueque.endings) says, from the task's fields
     (``current``: now, on Redis' clock)."""
     ending = decide(policy, processor.task.data, outcome.outcome, outcome.text, current,
@@ -374,13 +376,13 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     shipper = _ship_output(store, task, policy, task_logs)
     outcome = execute(function, task)
     reporter.close()
-    output: dict[str, Any] = {}
+    output: dict[str, object] = {}
     if shipper is not None:
         _end_output(shipper, outcome.traceback, ship=False)
         output = shipper.state()
-    sent = link.send({"outcome": outcome.outcome, "text": outcome.text,
-                      "traceback": outcome.traceback, "retry": outcome.retry,
-                      "output": output})
+    sent = link.send(OutcomeFrame(outcome=outcome.outcome, text=outcome.text,
+                                  traceback=outcome.traceback, retry=outcome.retry,
+                                  output=output))
     failpoints.hit("child-after-outcome")
     if sent and link.receive() is not None:
         return EXIT_REPORTED  # "recorded": the listener wrote it

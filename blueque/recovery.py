@@ -25,14 +25,13 @@ from typing import Literal
 
 from blueque import dependencies
 from blueque import keys as k
-from blueque.endings import decide
+from blueque.endings import decide, describe_exit
 from blueque.fencing import unstarted_verdict
 from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
 from blueque.node import hostname, local_process, node_identity
 from blueque.orphaned_runs import OrphanedRuns
 from blueque.policy import Policy, field_float
 from blueque.process import process_alive, signal_group
-from blueque.runs import describe_exit
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")

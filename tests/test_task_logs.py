@@ -23,7 +23,7 @@ import blueque
 from blueque.display import format_seconds
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
-from blueque.runs import describe_ending
+from blueque.running import describe_ending
 from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings, read_output
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 

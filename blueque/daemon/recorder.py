@@ -7,25 +7,19 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from blueque import failpoints
 from blueque import keys as k
 from blueque.capture import drain_ended
-from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
-from blueque.endings import Ending, RunEnd, decide
+from blueque.endings import Ending, RunEnd, decide, describe_exit
 from blueque.errors import InvalidTaskState, RedisUnavailable
 from blueque.fencing import is_current_run, unstarted_verdict
 from blueque.policy import Policy
-from blueque.runs import (
-    ENDING_FIELDS,
-    WARNING_OUTCOMES,
-    Outcome,
-    Running,
-    describe_ending,
-    describe_exit,
-)
+from blueque.reporting import EXIT_NOT_STARTED, EXIT_REPORTED
+from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running, describe_ending
 from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
@@ -104,7 +98,7 @@ class Recorder:
         process = ("not started" if running.state in ("refused", "starting")
                    else "reported" if running.report is not None else "died")
         took = format_seconds(duration)
-        outcome: Outcome
+        outcome: LogOutcome
         if running.state == "refused":
             outcome, what = "refused", "not started: the stamp refused it"
         elif running.ending is None:
@@ -143,7 +137,7 @@ class Recorder:
         """Record the outcome a child reported (finish, fenced by its attempt), after the
         rest of its output and its last progress; then tell the child, which exits. Raises
         RedisUnavailable: the outcome is kept (and the child waits) until Redis takes it."""
-        report = running.report or {}
+        report: Mapping[str, Any] = running.report or {}  # a child may send anything
         if self.task_logs is not None and not running.output_shipped:
             output = report.get("output")
             ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
@@ -175,7 +169,7 @@ class Recorder:
 
     def _reported(self, running: Running) -> tuple[Ending, str | None]:
         """The ending of the outcome a child reported (endings.decide), and its traceback."""
-        report = running.report or {}
+        report: Mapping[str, Any] = running.report or {}  # a child may send anything
         ran = report.get("outcome")
         ending = decide(running.policy, running.fields,
                         ran if ran in ("complete", "preempted") else "failed",

@@ -14,7 +14,6 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from blueque import failpoints
 from blueque import keys as k
@@ -30,8 +29,8 @@ from blueque.fencing import is_current_run
 from blueque.leftovers import Leftovers
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time, signal_group
-from blueque.reporting import ChildChannel
-from blueque.runs import Running
+from blueque.reporting import ChildChannel, ToChild
+from blueque.running import Running
 from blueque.spool import Spool
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
@@ -183,7 +182,7 @@ class Supervisor:
         return {str(r.pid): self.record(r) for r in self.children.values()}
 
     @staticmethod
-    def tell(running: Running, message: dict[str, Any]) -> None:
+    def tell(running: Running, message: ToChild) -> None:
         if running.channel is not None:
             running.channel.send(message)
 
@@ -319,7 +318,7 @@ class Supervisor:
         self.stopping.escalate()
         self.leftovers.step(self.children)
 
-    def notify(self, message: dict[str, Any], signum: int) -> int:
+    def notify(self, message: ToChild, signum: int) -> int:
         """Tell every running child ``message``, then send it ``signum`` (a preemption's
         notice); returns how many were told."""
         runs = [r for r in self.children.values() if r.state == "running"]
