@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from blueque import keys as k
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Stopped
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel, OutcomeFrame
 from blueque.run_processes import RunMark
+from blueque.statuses import COMPLETE, FAILED, PENDING, SCHEDULED
 
 #: A run's state: the stamp not yet confirmed, its task started for it, or refused.
 RunState = Literal["starting", "running", "refused"]
@@ -95,19 +95,19 @@ def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
     if attempt is not None and fields.get("attempts") not in (None, str(attempt)):
         return "superseded", (f"ended in {took}, superseded: the task is {status} at attempt "
                               f"{fields.get('attempts')}")
-    if status == k.COMPLETE:
+    if status == COMPLETE:
         return "complete", f"complete in {took}"
-    if status == k.FAILED and fields.get("cancelled"):
+    if status == FAILED and fields.get("cancelled"):
         return "cancelled", f"cancelled in {took}: {error}"
-    if status == k.FAILED:
+    if status == FAILED:
         return "failed", f"failed in {took}: {error}"
-    if status == k.SCHEDULED and fields.get("eta"):
+    if status == SCHEDULED and fields.get("eta"):
         wait = format_seconds(max(0.0, float(fields["eta"]) - current))
         return "retrying", f"failed in {took}, retry in {wait}: {error}"
-    if status == k.PENDING and fields.get("preempted_at") and (
+    if status == PENDING and fields.get("preempted_at") and (
             fields.get("preempted_at") == fields.get("updated")):  # its last change
         return "preempted", (f"preempted in {took}: the task is pending again, its attempt "
                              "not spent")
-    if status == k.PENDING:
+    if status == PENDING:
         return "requeued", f"ended in {took}, put back: the task is pending again"
     return "unsettled", f"ended in {took}; the task is {status}"

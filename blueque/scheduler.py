@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from blueque import eviction
-from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry, check_unique
 from blueque.display import format_time
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
 from blueque.retry import Backoff
+from blueque.statuses import ENDED_LISTS
 
 log = logging.getLogger("blueque.scheduler")
 
@@ -221,7 +221,7 @@ class Scheduler:
         ttl = Policy.resolve({}, q.config()).result_ttl
         if ttl <= 0:
             return
-        deleted = sum(q.purge(state, ttl) for state in k.ENDED_LISTS)  # cancelled too
+        deleted = sum(q.purge(state, ttl) for state in ENDED_LISTS)  # cancelled too
         if deleted:
             report.purged[queue] = deleted
             log.info("purged %d finished task(s) older than %g s from %s", deleted, ttl, queue)

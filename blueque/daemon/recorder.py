@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from blueque import failpoints
-from blueque import keys as k
 from blueque.capture import drain_ended
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide, describe_exit
@@ -21,6 +20,7 @@ from blueque.policy import Policy
 from blueque.reporting import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running, describe_ending
 from blueque.spool import Held, Spool, server_of
+from blueque.statuses import FINISHED_STATUSES, PENDING, RESERVED, SCHEDULED, STARTED
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
@@ -254,7 +254,7 @@ class Recorder:
             fields = self.store.task_fields(running.task_id, ("status", "attempts"))
             if not fields:  # Redis lost it (flushed, or back empty): said once per run
                 self._gone(running)
-            elif (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
+            elif (fields.get("status") in (*FINISHED_STATUSES, SCHEDULED)
                     and fields.get("attempts") == str(running.attempt)):
                 # this attempt has ended (its run recorded that itself when its listener was
                 # silent a lease, as in an outage): its last progress is moot, nothing lost
@@ -269,12 +269,12 @@ class Recorder:
         said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
         if said:
             fields = self.store.task_fields(running.task_id, (*ENDING_FIELDS, "pid", "node"))
-            if fields.get("status") != k.STARTED or not self._its_run(running, fields):
+            if fields.get("status") != STARTED or not self._its_run(running, fields):
                 # it recorded an outcome itself, or never started the task
                 running.ending = fields
                 return
         data = self.store.task_data(running.task_id)
-        if data.get("status") not in (k.RESERVED, k.STARTED) or not self._its_run(running, data):
+        if data.get("status") not in (RESERVED, STARTED) or not self._its_run(running, data):
             # the task moved on (recovered, cancelled), or the stamp never started it
             running.ending = data
             return
@@ -304,7 +304,7 @@ class Recorder:
         if data and verdict.kind == "pending":  # a hash that is gone is left to the heal
             self.store.recover(running.queue, self.listener, [verdict], self.store.now(),
                                mode="host", release=False)
-            running.ending = {"status": k.PENDING}
+            running.ending = {"status": PENDING}
 
     def _its_run(self, running: Running, data: dict[str, str]) -> bool:
         """Is the task's current run this child's (blueque.fencing)? By attempt, once the

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from blueque import failpoints
-from blueque import keys as k
 from blueque.child import (
     Assignment,
     TaskFunction,
@@ -32,6 +31,7 @@ from blueque.process import Stopping, create_time, signal_group
 from blueque.reporting import ChildChannel, ToChild
 from blueque.running import Running
 from blueque.spool import Spool
+from blueque.statuses import FAILED
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
 
@@ -245,7 +245,7 @@ class Supervisor:
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         if not data or running.attempt is None:
             return False
-        if (data.get("status") == k.FAILED
+        if (data.get("status") == FAILED
                 and late_ending_allowed(data, self.owner.id, running.attempt)):
             return False  # recovered while it lived, and no attempt will follow: it may end
         return not is_current_run(data, self.owner.id, running.attempt)
