@@ -32,7 +32,7 @@ class Running:
     kill_grace: float
     policy: Policy
     pid: int = 0
-    reason: Stopped = ""  # why we stop it (its group: Supervisor's Stopping)
+    reason: Stopped = ""  # why we stop it (its group: Supervisor.stops)
     exit_code: int | None = None  # None while it runs, or when a signal ended it
     created: float | None = None  # the process's create time
     #: the task's fields once its ending is recorded (for the listener's log line)

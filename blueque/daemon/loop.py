@@ -109,7 +109,7 @@ class ListenerDaemon:
                                          options.preempt_grace)
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
-        self.stopping = False
+        self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
         self._memory_checked = False
         self.program_signals: ProgramSignals | None = None
@@ -150,7 +150,7 @@ class ListenerDaemon:
                 self.run_once()
                 if program is not None:
                     program.deliver()  # the program's own handlers, between two steps
-                if self.stopping and self._may_exit():
+                if self.stop_asked and self._may_exit():
                     break
                 if self._preempted_and_done():
                     log.warning("listener %s: preempted, and every task it ran is handed back; "
@@ -170,15 +170,15 @@ class ListenerDaemon:
         self.wakeup.subscribe(self.inbox.channels, self.inbox.heard)
 
     def _request_stop(self, signum: int, frame: object) -> None:
-        if not self.stopping:
+        if not self.stop_asked:
             log.info("listener %s: signal %d, stopping (on-stop=%s)", self.id, signum,
                      self.on_stop)
-        self.stopping = True
+        self.stop_asked = True
 
     def _interrupted(self) -> bool:
         """Asked to stop, or a signal for the program's own handler waits: a wait for our
         identity (a lease to lapse) gives way to either."""
-        return self.stopping or bool(self.program_signals and self.program_signals.pending)
+        return self.stop_asked or bool(self.program_signals and self.program_signals.pending)
 
     def _may_exit(self) -> bool:
         if self.on_stop == "keep":
@@ -262,7 +262,7 @@ class ListenerDaemon:
             self.cadence.done("due", current)
         supervisor.stop_tasks(self.inbox.cancels(), "cancelled")
         self._enforce_limits()
-        if not self.stopping and self.preemption.deadline is None:
+        if not self.stop_asked and self.preemption.deadline is None:
             self._fill_slots()
         supervisor.write_progress()
         if self.cadence.back():
@@ -316,7 +316,7 @@ class ListenerDaemon:
         return self.slots.busy(self.supervisor.occupied())
 
     def _fill_slots(self) -> None:
-        while self.slots.free(self.supervisor.occupied()) > 0 and not self.stopping:
+        while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
             moved = reserve(self.store, self.weights, self.id, self.rng)
             if moved is None:
                 return
@@ -359,7 +359,7 @@ class ListenerDaemon:
 
     # --- waiting ----------------------------------------------------------------------------
     def _wait(self, timeout: float) -> None:
-        if self.stopping and self.on_stop == "keep":
+        if self.stop_asked and self.on_stop == "keep":
             return
         deadlines = [*self.supervisor.deadlines(), *self.cadence.deadlines(),
                      *self.preemption.deadlines()]

@@ -84,7 +84,7 @@ class Supervisor:
         self.children: dict[int, Running] = {}
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
-        self.stopping = Stopping(kill=self._signal_run)
+        self.stops = Stopping(kill=self._signal_run)  # the groups it is stopping
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults,
                                  task_logs=task_logs, spool=spool, count_ending=count_ending)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
@@ -268,7 +268,7 @@ class Supervisor:
                 continue  # an orphan of one of our runs, reaped
             if running.channel is not None:
                 running.channel.close()
-            stopped = self.stopping.forget(pid)  # a group we stopped: SIGKILL what is left
+            stopped = self.stops.forget(pid)  # a group we stopped: SIGKILL what is left
             del self.children[pid]
             run = running.mark()
             if run is not None and running.state == "running" \
@@ -296,7 +296,7 @@ class Supervisor:
             running.reason = reason
             log.info("task %s: %s, sending SIGTERM to its process group", running.task_id,
                      reason)
-            self.stopping.begin(running.pid, running.pid, running.kill_grace, reason)
+            self.stops.begin(running.pid, running.pid, running.kill_grace, reason)
 
     def stop_tasks(self, task_ids: Iterable[str], reason: Stopped) -> None:
         wanted = set(task_ids)
@@ -315,7 +315,7 @@ class Supervisor:
         for running in list(self.children.values()):
             if running.time_limit and current - running.started > running.time_limit:
                 self.stop(running, "time limit")
-        self.stopping.escalate()
+        self.stops.escalate()
         self.leftovers.step(self.children)
 
     def notify(self, message: ToChild, signum: int) -> int:
@@ -337,7 +337,7 @@ class Supervisor:
         """When something is due for a child: a time limit, a SIGKILL, a progress write."""
         due = [r.started + r.time_limit for r in self.children.values()
                if r.time_limit and not r.reason]
-        due += self.stopping.deadlines() + self.leftovers.deadlines()
+        due += self.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         return due
 
