@@ -55,7 +55,7 @@ from blueque.tasklog import Shipper, TaskLogSettings
 
 log = logging.getLogger("blueque.child")
 
-#: What a task function imports from here (the rest is the task process's own machinery).
+#: What task functions imported from here before ``blueque`` had it all (the rest: machinery).
 __all__ = ["Preempted", "TaskFunction", "on_preempt", "preempt_deadline", "preempted",
            "report_progress", "run_child", "run_reporting_child"]
 
@@ -63,7 +63,6 @@ TaskFunction = Callable[[Task], Any]
 
 #: How long a finished child keeps retrying to record its outcome while Redis is away.
 REPORT_PATIENCE = 3600.0
-
 
 
 def import_function(spec: str) -> TaskFunction:
