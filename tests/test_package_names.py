@@ -24,9 +24,9 @@ AUTHOR_NAMES = {
     "CheckpointTooLarge": "blueque.errors",
 }
 #: The task process's and the listener's machinery: no producer needs it.
-MACHINERY = ("blueque.child", "blueque.supervisor", "blueque.recorder", "blueque.daemon",
-             "blueque.reporting", "blueque.progress", "blueque.preemption", "blueque.capture",
-             "blueque.spool", "blueque.tasklog", "blueque.leftovers")
+MACHINERY = ("blueque.child", "blueque.daemon", "blueque.reporting", "blueque.progress",
+             "blueque.preemption", "blueque.capture", "blueque.spool", "blueque.tasklog",
+             "blueque.leftovers")
 
 
 def test_import_blueque_leaves_the_task_machinery_unloaded() -> None:
@@ -36,7 +36,8 @@ def test_import_blueque_leaves_the_task_machinery_unloaded() -> None:
         capture_output=True, text=True, timeout=60, check=True)
     loaded = set(json.loads(done.stdout))
     assert "blueque.client" in loaded
-    assert not loaded & set(MACHINERY), sorted(loaded & set(MACHINERY))
+    machinery = sorted(m for m in loaded if m.startswith(MACHINERY))  # a package's parts too
+    assert not machinery, machinery
 
 
 @pytest.mark.parametrize(("name", "module"), sorted(AUTHOR_NAMES.items()))
