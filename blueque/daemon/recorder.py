@@ -90,29 +90,7 @@ class Recorder:
             drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))
         if self.count_ending is not None and running.state != "refused":
             self.count_ending(running.task_id, running.queue, running.attempt, duration)
-        self._log_end(pid, running, duration)
-
-    def _log_end(self, pid: int, running: Running, duration: float) -> None:
-        """One line per run: its outcome (the log's "outcome" field, at warning for a failure)
-        and how its process ended ("process_end": reported its outcome, died, or not started)."""
-        process = ("not started" if running.state in ("refused", "starting")
-                   else "reported" if running.report is not None else "died")
-        took = format_seconds(duration)
-        outcome: LogOutcome
-        if running.state == "refused":
-            outcome, what = "refused", "not started: the stamp refused it"
-        elif running.ending is None:
-            outcome, what = "unrecorded", f"ended in {took}, to be recorded when Redis is back"
-        else:
-            outcome, what = describe_ending(running.ending, running.attempt, took,
-                                            self.store.now())
-        log.log(logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO,
-                "task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
-                running.queue, running.attempt, what, pid, process, self.node, extra={
-                    "task_id": running.task_id, "queue": running.queue, "pid": pid,
-                    "attempt": running.attempt, "node": self.node,
-                    "duration": round(duration, 6), "event": "ended", "outcome": outcome,
-                    "process_end": process, "ending": what})
+        log_end(self.node, pid, running, duration, self.store.now())
 
     def record_unrecorded(self) -> None:
         """Record endings of children that are gone: the outcome a child reported, or what
@@ -159,7 +137,7 @@ class Recorder:
             running.recorded = ""
             running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
             if not running.ending:
-                self._gone(running)
+                say_gone(running)
             else:
                 log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
                             running.task_id, ending.outcome, running.attempt, refused)
@@ -233,15 +211,6 @@ class Recorder:
         if self.spool.hold(Held(end, self.node if forget else None, server_of(self.store))):
             self.spooled.add((end.task_id, end.attempt))
 
-    def _gone(self, running: Running) -> None:
-        """Its task's hash is gone from Redis: said once per run, in one clear line."""
-        if not running.gone:
-            running.gone = True
-            log.warning("task %s is gone from Redis (its hash was lost): its run goes on, its "
-                        "ending cannot be recorded", running.task_id, extra={
-                            "task_id": running.task_id, "queue": running.queue,
-                            "event": "gone"})
-
     def write_progress(self, running: Running) -> None:
         if running.progress is None or running.attempt is None:
             return
@@ -253,7 +222,7 @@ class Recorder:
         except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
             fields = self.store.task_fields(running.task_id, ("status", "attempts"))
             if not fields:  # Redis lost it (flushed, or back empty): said once per run
-                self._gone(running)
+                say_gone(running)
             elif (fields.get("status") in (*FINISHED_STATUSES, SCHEDULED)
                     and fields.get("attempts") == str(running.attempt)):
                 # this attempt has ended (its run recorded that itself when its listener was
@@ -317,3 +286,35 @@ class Recorder:
         if self.ended_pids:
             self.store.forget_runs(self.node, self.ended_pids)
             self.ended_pids = []
+
+
+def log_end(node: str, pid: int, running: Running, duration: float, now: float) -> None:
+    """One line per run: its outcome (the log's "outcome" field, at warning for a failure)
+    and how its process ended ("process_end": reported its outcome, died, or not started)."""
+    process = ("not started" if running.state in ("refused", "starting")
+               else "reported" if running.report is not None else "died")
+    took = format_seconds(duration)
+    outcome: LogOutcome
+    if running.state == "refused":
+        outcome, what = "refused", "not started: the stamp refused it"
+    elif running.ending is None:
+        outcome, what = "unrecorded", f"ended in {took}, to be recorded when Redis is back"
+    else:
+        outcome, what = describe_ending(running.ending, running.attempt, took, now)
+    log.log(logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO,
+            "task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
+            running.queue, running.attempt, what, pid, process, node, extra={
+                "task_id": running.task_id, "queue": running.queue, "pid": pid,
+                "attempt": running.attempt, "node": node,
+                "duration": round(duration, 6), "event": "ended", "outcome": outcome,
+                "process_end": process, "ending": what})
+
+
+def say_gone(running: Running) -> None:
+    """Its task's hash is gone from Redis: said once per run, in one clear line."""
+    if not running.gone:
+        running.gone = True
+        log.warning("task %s is gone from Redis (its hash was lost): its run goes on, its "
+                    "ending cannot be recorded", running.task_id, extra={
+                        "task_id": running.task_id, "queue": running.queue,
+                        "event": "gone"})
