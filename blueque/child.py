@@ -11,7 +11,6 @@ its whole process group), reseeds random, and always leaves through ``os._exit``
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import random
@@ -20,16 +19,15 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from blueque import capture as captured_output
 from blueque import failpoints, progress
-from blueque.endings import Ran, RunEnd, decide
+from blueque.calling import CallOutcome, TaskFunction, execute
+from blueque.endings import RunEnd, decide
 from blueque.errors import (
     BluequeError,
-    CallbackError,
     Preempted,
     RedisUnavailable,
 )
@@ -59,69 +57,8 @@ log = logging.getLogger("blueque.child")
 __all__ = ["Preempted", "TaskFunction", "on_preempt", "preempt_deadline", "preempted",
            "report_progress", "run_child", "run_reporting_child"]
 
-TaskFunction = Callable[[Task], Any]
-
 #: How long a finished child keeps retrying to record its outcome while Redis is away.
 REPORT_PATIENCE = 3600.0
-
-
-def import_function(spec: str) -> TaskFunction:
-    """``package.module:function`` -> the function; CallbackError says what is wrong."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise CallbackError(f"task function {spec!r} must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as error:  # sys.exit() at import: the module cannot serve
-        said = (f"its import called sys.exit({error.code!r})" if isinstance(error, SystemExit)
-                else str(error))
-        raise CallbackError(
-            f"cannot import module {module_name!r} for task function {spec!r}: {said}"
-        ) from error
-    target: Any = module
-    for part in attribute.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise CallbackError(
-                f"module {module_name!r} has no attribute {attribute!r} for task function "
-                f"{spec!r}"
-            )
-    if not callable(target):
-        raise CallbackError(f"{spec!r} is not callable")
-    return target  # type: ignore[no-any-return]
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """What one call of the task function came to."""
-
-    outcome: Ran  # complete, failed, or preempted (it raised Preempted)
-    text: str  # the result, or the error (1.0.1's str(exception))
-    traceback: str | None = None
-    retry: bool = True  # False: the work finished (its value could not be encoded)
-
-
-def execute(function: TaskFunction, task: Task) -> CallOutcome:
-    """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
-    not the child: they are recorded as what they are. Preempted stops it to run again
-    elsewhere (PROTOCOL.md 6.3)."""
-    notice.running = True  # from now on an on_preempt callback's Preempted stops it
-    try:
-        result = function(task)
-    except Preempted as error:
-        return CallOutcome("preempted", str(error) or "the task stopped: its node goes away")
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        return CallOutcome("failed", describe_error(error), traceback.format_exc())
-    finally:
-        notice.running = False
-    try:
-        return CallOutcome("complete", encode_result(result))
-    except Exception as error:
-        # the work is done; running it again would only return the same value
-        return CallOutcome("failed", retry=False, text=(
-            f"the task function returned a {type(result).__name__}, which is not a string and "
-            f"cannot be encoded as JSON ({type(error).__name__}: {error}); not retried: return "
-            "a str or a JSON-serialisable value"))
 
 
 # --- blueque 1.0.1's fork_task: the child starts and records its task itself --------------------
@@ -248,20 +185,6 @@ def _refreshed(task: Task) -> Task:
     except RedisUnavailable as error:
         log.warning("task %s: could not re-read it (%s); running it as reserved", task.id, error)
         return task
-
-
-def describe_error(error: BaseException) -> str:
-    """The ``error`` field of a run that raised: the message, as blueque 1.0.1 recorded it
-    (``str(error)``), the exception's name when it has none, and for ``sys.exit(n)`` the exit
-    code. The traceback goes to its own field."""
-    if isinstance(error, SystemExit):
-        if isinstance(error.code, str):
-            return error.code
-        code = 0 if error.code is None else error.code
-        return f"exit code {code}: the task function called sys.exit({code!r})"
-    if isinstance(error, KeyboardInterrupt):
-        return "KeyboardInterrupt: the task function was interrupted"
-    return str(error) or type(error).__name__
 
 
 def _run_end(processor: Processor, policy: Policy, outcome: CallOutcome, current: float) -> RunEnd:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Literal
 
 from blueque import eviction
-from blueque.child import TaskFunction, import_function
+from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
 from blueque.daemon.membership import Membership
