@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import blueque
-from blueque import keys as k
+from blueque.statuses import FAILED
 from blueque.tasklog import TAIL_BYTES
 from blueque.testing import RedisServer, stop_process
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         running = []
         for n in range(args.queues):
             running += fill(client, f"queue{n}", args.tasks, args.running)
-        some_failed = client.get_queue("queue0").task_ids(k.FAILED, 5, 5)[0]
+        some_failed = client.get_queue("queue0").task_ids(FAILED, 5, 5)[0]
         give_output(client, some_failed)
         fill_big(client, args.pending)
         print(f"filled {args.queues} queue(s) x ({args.tasks} pending, complete, failed; "

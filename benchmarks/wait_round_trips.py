@@ -34,6 +34,7 @@ import redis.connection
 import blueque
 from blueque import cli
 from blueque import keys as k
+from blueque.statuses import COMPLETE
 from blueque.testing import RedisServer
 
 QUEUE = "bench-wait"
@@ -68,7 +69,7 @@ def finish(admin: redis.Redis, keys: k.Keys, ids: list[str]) -> None:
     """What finish.lua does that a waiter sees: the status, then the publish."""
     pipe = admin.pipeline(transaction=False)
     for task_id in ids:
-        pipe.hset(keys.task(task_id), "status", k.COMPLETE)
+        pipe.hset(keys.task(task_id), "status", COMPLETE)
         pipe.publish(keys.done_channel(QUEUE), task_id)
     pipe.execute()
 

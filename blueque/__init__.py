@@ -1,6 +1,16 @@
-"""Blueque: a Redis job queue for very long jobs, wire-compatible with blueque 1.0.1."""
+"""Blueque: a Redis job queue for very long jobs, wire-compatible with blueque 1.0.1.
 
-from blueque.child import report_progress
+A producer's names (Client, Queue, Task, the errors) are imported with the package; a task
+function author's (``from blueque import report_progress, preempted, on_preempt, ...``) are
+imported when first used (PEP 562), so that ``import blueque`` in a producer does not load the
+task process's machinery (blueque.child, the listener's frames, preemption, progress).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from blueque.client import Client, ListenerStatus
 from blueque.errors import (
     AuthenticationFailed,
@@ -22,13 +32,42 @@ from blueque.errors import (
     WrongType,
 )
 from blueque.queue import BulkEnqueue, Queue, QueueStats
-from blueque.task import Task
+from blueque.task import CheckpointInfo, Task
+
+if TYPE_CHECKING:
+    from blueque.child import TaskFunction
+    from blueque.preemption import on_preempt, preempt_deadline, preempted
+    from blueque.progress import report_progress
+
+#: What a task function's author uses, and the module each comes from (imported on first use).
+_TASK_AUTHOR_NAMES = {
+    "report_progress": "blueque.progress",
+    "preempted": "blueque.preemption",
+    "on_preempt": "blueque.preemption",
+    "preempt_deadline": "blueque.preemption",
+    "TaskFunction": "blueque.child",
+}
+
+if not TYPE_CHECKING:  # mypy reads the imports above; an unknown name stays an error for it
+
+    def __getattr__(name: str) -> Any:
+        module = _TASK_AUTHOR_NAMES.get(name)
+        if module is None:
+            raise AttributeError(f"module 'blueque' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # imported once
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(_TASK_AUTHOR_NAMES))
+
 
 __all__ = [
     "AuthenticationFailed",
     "BluequeError",
     "BulkEnqueue",
     "CallbackError",
+    "CheckpointInfo",
     "CheckpointTooLarge",
     "Client",
     "ConfigurationError",
@@ -43,10 +82,14 @@ __all__ = [
     "RedisUnavailable",
     "StaleAttempt",
     "Task",
+    "TaskFunction",
     "TaskNotFound",
     "UnsupportedServer",
     "WaitTimeout",
     "WritesRefused",
     "WrongType",
+    "on_preempt",
+    "preempt_deadline",
+    "preempted",
     "report_progress",
 ]

@@ -11,7 +11,6 @@ its whole process group), reseeds random, and always leaves through ``os._exit``
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import random
@@ -20,16 +19,15 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from blueque import capture as captured_output
 from blueque import failpoints, progress
-from blueque.endings import Ran, RunEnd, decide
+from blueque.calling import CallOutcome, TaskFunction, execute
+from blueque.endings import RunEnd, decide
 from blueque.errors import (
     BluequeError,
-    CallbackError,
     Preempted,
     RedisUnavailable,
 )
@@ -40,7 +38,13 @@ from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
 from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
 from blueque.progress import ParentProgress, ProgressReporter, report_progress
-from blueque.reporting import ParentLink
+from blueque.reporting import (
+    EXIT_NOT_STARTED,
+    EXIT_REPORT_FAILED,
+    EXIT_REPORTED,
+    OutcomeFrame,
+    ParentLink,
+)
 from blueque.retry import Backoff
 from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
@@ -49,78 +53,12 @@ from blueque.tasklog import Shipper, TaskLogSettings
 
 log = logging.getLogger("blueque.child")
 
-#: What a task function imports from here (the rest is the task process's own machinery).
+#: What task functions imported from here before ``blueque`` had it all (the rest: machinery).
 __all__ = ["Preempted", "TaskFunction", "on_preempt", "preempt_deadline", "preempted",
            "report_progress", "run_child", "run_reporting_child"]
 
-TaskFunction = Callable[[Task], Any]
-
-#: Exit codes of the child; anything else (or a signal) means it died without reporting.
-EXIT_REPORTED = 0
-EXIT_NOT_STARTED = 3  # the task could not be started (cancelled, superseded): nothing ran
-EXIT_REPORT_FAILED = 4  # ran, but its outcome could not be recorded (see the log)
 #: How long a finished child keeps retrying to record its outcome while Redis is away.
 REPORT_PATIENCE = 3600.0
-
-
-
-def import_function(spec: str) -> TaskFunction:
-    """``package.module:function`` -> the function; CallbackError says what is wrong."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise CallbackError(f"task function {spec!r} must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as error:  # sys.exit() at import: the module cannot serve
-        said = (f"its import called sys.exit({error.code!r})" if isinstance(error, SystemExit)
-                else str(error))
-        raise CallbackError(
-            f"cannot import module {module_name!r} for task function {spec!r}: {said}"
-        ) from error
-    target: Any = module
-    for part in attribute.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise CallbackError(
-                f"module {module_name!r} has no attribute {attribute!r} for task function "
-                f"{spec!r}"
-            )
-    if not callable(target):
-        raise CallbackError(f"{spec!r} is not callable")
-    return target  # type: ignore[no-any-return]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one call of the task function came to."""
-
-    outcome: Ran  # complete, failed, or preempted (it raised Preempted)
-    text: str  # the result, or the error (1.0.1's str(exception))
-    traceback: str | None = None
-    retry: bool = True  # False: the work finished (its value could not be encoded)
-
-
-def execute(function: TaskFunction, task: Task) -> Outcome:
-    """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
-    not the child: they are recorded as what they are. Preempted stops it to run again
-    elsewhere (PROTOCOL.md 6.3)."""
-    notice.running = True  # from now on an on_preempt callback's Preempted stops it
-    try:
-        result = function(task)
-    except Preempted as error:
-        return Outcome("preempted", str(error) or "the task stopped: its node goes away")
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        return Outcome("failed", describe_error(error), traceback.format_exc())
-    finally:
-        notice.running = False
-    try:
-        return Outcome("complete", encode_result(result))
-    except Exception as error:
-        # the work is done; running it again would only return the same value
-        return Outcome("failed", retry=False, text=(
-            f"the task function returned a {type(result).__name__}, which is not a string and "
-            f"cannot be encoded as JSON ({type(error).__name__}: {error}); not retried: return "
-            "a str or a JSON-serialisable value"))
 
 
 # --- blueque 1.0.1's fork_task: the child starts and records its task itself --------------------
@@ -183,7 +121,7 @@ def _leave_nothing(task: Task, queue: str, policy: Policy) -> None:
 
 
 def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
-                   outcome: Outcome, spool: Spool | None = None) -> int:
+                   outcome: CallOutcome, spool: Spool | None = None) -> int:
     """Record the outcome, holding on to it while Redis is away or refuses it (the work is
     done): in memory, and in the node's spool (PROTOCOL.md 6.5) should this process end too."""
     task_id = processor.task.id
@@ -249,21 +187,7 @@ def _refreshed(task: Task) -> Task:
         return task
 
 
-def describe_error(error: BaseException) -> str:
-    """The ``error`` field of a run that raised: the message, as blueque 1.0.1 recorded it
-    (``str(error)``), the exception's name when it has none, and for ``sys.exit(n)`` the exit
-    code. The traceback goes to its own field."""
-    if isinstance(error, SystemExit):
-        if isinstance(error.code, str):
-            return error.code
-        code = 0 if error.code is None else error.code
-        return f"exit code {code}: the task function called sys.exit({code!r})"
-    if isinstance(error, KeyboardInterrupt):
-        return "KeyboardInterrupt: the task function was interrupted"
-    return str(error) or type(error).__name__
-
-
-def _run_end(processor: Processor, policy: Policy, outcome: Outcome, current: float) -> RunEnd:
+def _run_end(processor: Processor, policy: Policy, outcome: CallOutcome, current: float) -> RunEnd:
     """The ending to record, as the one rule (blueque.endings) says, from the task's fields
     (``current``: now, on Redis' clock)."""
     ending = decide(policy, processor.task.data, outcome.outcome, outcome.text, current,
@@ -374,13 +298,13 @@ def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     shipper = _ship_output(store, task, policy, task_logs)
     outcome = execute(function, task)
     reporter.close()
-    output: dict[str, Any] = {}
+    output: dict[str, object] = {}
     if shipper is not None:
         _end_output(shipper, outcome.traceback, ship=False)
         output = shipper.state()
-    sent = link.send({"outcome": outcome.outcome, "text": outcome.text,
-                      "traceback": outcome.traceback, "retry": outcome.retry,
-                      "output": output})
+    sent = link.send(OutcomeFrame(outcome=outcome.outcome, text=outcome.text,
+                                  traceback=outcome.traceback, retry=outcome.retry,
+                                  output=output))
     failpoints.hit("child-after-outcome")
     if sent and link.receive() is not None:
         return EXIT_REPORTED  # "recorded": the listener wrote it

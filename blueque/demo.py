@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import TextIO
 
 import blueque
-from blueque import keys as k
 from blueque.client import Client
 from blueque.config import URL_ENVIRONMENT_VARIABLE, default_url
 from blueque.display import last_line, shorten, table
 from blueque.errors import BluequeError
 from blueque.private_redis import RedisServer
 from blueque.process import stop_process
+from blueque.statuses import COMPLETE, FAILED, STARTED, state_of
 from blueque.waiting import WaitResult, wait_all
 
 QUEUE = "blueque-demo"
@@ -139,7 +139,7 @@ def _exercise(client: Client, queue_name: str, processes: Processes, out: TextIO
           f"first attempt and is retried), one in {DELAY:g} s, one long one to cancel",
           file=out)
     _until("the long task to start",
-           lambda: client.get_task(long_id).status == k.STARTED, processes, TIMEOUT)
+           lambda: client.get_task(long_id).status == STARTED, processes, TIMEOUT)
     outcome = client.cancel_task(long_id, "demo")
     print(f"cancelling the long task {long_id} while it runs: {outcome}", file=out)
     result = wait_all(client, [*ids, long_id], TIMEOUT, lambda _: processes.check(), show=err)
@@ -149,12 +149,12 @@ def _exercise(client: Client, queue_name: str, processes: Processes, out: TextIO
 def _summary(result: WaitResult, ids: list[str], long_id: str, out: TextIO) -> int:
     rows = []
     for task_id, data in result.tasks.items():
-        failed = data.get("status") == k.FAILED
+        failed = data.get("status") == FAILED
         outcome = last_line(data.get("error")) if failed else data.get("result")
-        rows.append((task_id, k.state_of(data) or "(missing)", data.get("attempts", "-"),
+        rows.append((task_id, state_of(data) or "(missing)", data.get("attempts", "-"),
                      shorten(outcome, 50)))
     print("\n" + table(("TASK", "STATUS", "ATTEMPTS", "RESULT/ERROR"), rows), file=out)
-    complete = [i for i in ids if result.tasks[i].get("status") == k.COMPLETE]
+    complete = [i for i in ids if result.tasks[i].get("status") == COMPLETE]
     cancelled = bool(result.tasks[long_id].get("cancelled"))
     ok = len(complete) == len(ids) and cancelled and not result.timed_out
     print(f"\n{len(complete)} of {len(ids)} tasks complete, the long task "

@@ -21,6 +21,7 @@ from blueque import keys as k
 from blueque.errors import DependencyError
 from blueque.protocol import Operation, Pipeline, Script, command, outcome_keys, touch_queue
 from blueque.protocol import cancel as protocol_cancel
+from blueque.statuses import CANCELLED, COMPLETE, FAILED, WAITING, state_of
 
 #: Seconds between two sweeps' looks at one waiting task's parents: the bound on how late a
 #: dependent is released when the ending of its parent was not told (a crash right after it,
@@ -53,8 +54,8 @@ def ending_of(data: Mapping[str, str]) -> str | None:
     is missing); None while it has not ended."""
     if not data:
         return "gone"
-    state = k.state_of(data)
-    if state in (k.COMPLETE, k.FAILED, k.CANCELLED):
+    state = state_of(data)
+    if state in (COMPLETE, FAILED, CANCELLED):
         return state
     return None
 
@@ -64,7 +65,7 @@ def reason(parent: str, ending: str, data: Mapping[str, str]) -> str:
     error = (data.get("error") or "")[:QUOTED_ERROR]
     if ending == "gone":
         return f"parent {parent} is gone (deleted or expired) before its ending was told"
-    verb = "was cancelled" if ending == k.CANCELLED else "failed"
+    verb = "was cancelled" if ending == CANCELLED else "failed"
     return f"parent {parent} {verb}: {error}" if error else f"parent {parent} {verb}"
 
 
@@ -151,7 +152,7 @@ def tell_dependents(keys: k.Keys, task_ids: Sequence[str], now: float) -> Operat
                                      for d in dependents))
         why = reason(parent, ending, data)
         for dependent, (queue, status) in zip(dependents, infos, strict=True):
-            if status != k.WAITING or not queue:
+            if status != WAITING or not queue:
                 continue
             verdict = yield from tell(keys, queue, dependent, parent, ending, why, now)
             released += verdict == "released"
@@ -190,7 +191,7 @@ def settle_waiting(keys: k.Keys, queue: str, now: float, limit: int = SETTLE_BAT
                                    start=0, num=limit)
     for task_id in due:
         status = yield command("hget", keys.task(task_id), "status")
-        if status != k.WAITING:  # a stale entry (its hash deleted by hand)
+        if status != WAITING:  # a stale entry (its hash deleted by hand)
             yield command("zrem", keys.waiting(queue), task_id)
             continue
         if (yield from settle(keys, queue, task_id, now)) in ("waiting", "told"):
@@ -233,10 +234,10 @@ def cancel(keys: k.Keys, queue: str, task_id: str, status: str | None, now: floa
            error: str) -> Operation[tuple[str, str]]:
     """Client.cancel_task: a waiting task (``status`` as read) by tell.lua, any other by
     cancel.lua (protocol.cancel); a task this cancels ends its waiting dependents too."""
-    if status == k.WAITING:
+    if status == WAITING:
         verdict = yield from cancel_waiting_task(keys, queue, task_id, now, error)
         if verdict == "cancelled":
-            return verdict, k.WAITING
+            return verdict, WAITING
     verdict, detail = yield from protocol_cancel(keys, queue, task_id, now, error)
     if verdict == "cancelled":
         yield from tell_dependents(keys, [task_id], now)

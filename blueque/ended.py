@@ -21,6 +21,7 @@ from blueque.protocol import (
     task_data_many,
     task_ids,
 )
+from blueque.statuses import CANCELLED, FAILED, status_of_list
 
 #: How far delete.lua looks from each end of a finished list before a full LREM.
 DELETE_WINDOW = 512
@@ -47,7 +48,7 @@ def retry_failed_tasks(keys: k.Keys, queue: str, clock: Callable[[], float],
     cancelled ones only with ``include_cancelled`` (then the failed ones first). A task
     retried, deleted or expired meanwhile is skipped. Returns the ids retried."""
     retried: list[str] = []
-    for state in (k.FAILED, k.CANCELLED) if include_cancelled else (k.FAILED,):
+    for state in (FAILED, CANCELLED) if include_cancelled else (FAILED,):
         left = None if limit is None else limit - len(retried)
         if left == 0:
             break
@@ -71,7 +72,7 @@ def delete(keys: k.Keys, queue: str, task_id: str, state: str) -> Operation[bool
     return bool((yield Script(
         "delete", [keys.task(task_id), keys.finished(queue, state), keys.task_log(task_id),
                    keys.checkpoint(task_id)],
-        [task_id, k.status_of_list(state), DELETE_WINDOW])))
+        [task_id, status_of_list(state), DELETE_WINDOW])))
 
 
 def drop_finished_entry(keys: k.Keys, queue: str, state: str, task_id: str
@@ -98,7 +99,7 @@ def purge(keys: k.Keys, queue: str, state: str, cutoff: float, batch: int = 500
     """Delete the tasks of an ended list (``state``: complete, failed or cancelled) that
     finished before ``cutoff`` (Unix s), oldest first; each deletion finds its entry at the
     list's old end, so the cost is O(deleted)."""
-    status = k.status_of_list(state)
+    status = status_of_list(state)
     deleted = 0
     while True:
         ids: list[str] = yield bind(oldest_finished, keys, queue, state, batch)

@@ -10,7 +10,9 @@ other failure is retried by the policy while attempts remain (preempted runs not
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -103,3 +105,24 @@ def late_ending_allowed(task: Mapping[str, str], listener: str, attempt: int) ->
             and last.get("node") == listener
             and str(last.get("attempt")) == str(attempt)
             and last.get("outcome") in RECOVERED_OUTCOMES)
+
+
+def describe_exit(status: int, reason: str, time_limit: float) -> str:
+    """What an unreported ending means, for the task's error field."""
+    if reason == "time limit":
+        return f"time limit of {time_limit:g} s exceeded: the task's process group was killed"
+    if reason == "cancelled":
+        return "cancelled while it ran: its process group was terminated"
+    if reason == "shutdown":
+        return "terminated because its listener shut down (--on-stop=terminate)"
+    if reason == "preempted":
+        return ("preempted: its node goes away, and it still ran at the deadline; its process "
+                "group was terminated")
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
+        text = f"process killed by signal {name} ({signum}) without reporting an outcome"
+        if signum == signal.SIGKILL:
+            text += "; if nobody sent it, the kernel's out-of-memory killer may have"
+        return text
+    return f"process exited with code {os.WEXITSTATUS(status)} without reporting an outcome"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from blueque import keys as k
+from blueque.statuses import PENDING, RESERVED, STARTED, Verdict
 
 #: The statuses of a task that has a current run: reserved (stamped without a process, as a
 #: Processor does) or started.
-HELD = (k.RESERVED, k.STARTED)
+HELD = (RESERVED, STARTED)
 
 
 def is_current_run(task: Mapping[str, str], listener: str, attempt: int | str | None,
@@ -31,12 +31,12 @@ def is_current_run(task: Mapping[str, str], listener: str, attempt: int | str | 
         return False
     if attempt is not None:
         return task.get("attempts") == str(attempt)
-    return (task.get("status") == k.STARTED and pid is not None
+    return (task.get("status") == STARTED and pid is not None
             and task.get("pid") == str(pid))
 
 
 def unstarted_verdict(task_id: str, task: Mapping[str, str], listener: str,
-                      pid: int | None = None) -> k.Verdict:
+                      pid: int | None = None) -> Verdict:
     """recover.lua's verdict for a task in ``listener``'s reserved list that no run of it ran.
 
     Pending again (at the head of the line, its attempt not held against it) while the task
@@ -45,7 +45,7 @@ def unstarted_verdict(task_id: str, task: Mapping[str, str], listener: str,
     listener, which never ran it (it was never told to go). Dropped from the list otherwise:
     the task moved on (finished, scheduled, held by another run)."""
     status = task.get("status")
-    waiting = (not task or status == k.PENDING
-               or (status == k.RESERVED and task.get("node") == listener)
+    waiting = (not task or status == PENDING
+               or (status == RESERVED and task.get("node") == listener)
                or (pid is not None and is_current_run(task, listener, None, pid)))
-    return k.Verdict(task_id, task.get("attempts", ""), "pending" if waiting else "drop")
+    return Verdict(task_id, task.get("attempts", ""), "pending" if waiting else "drop")

@@ -39,11 +39,11 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from blueque import keys as k
 from blueque.errors import BluequeError, ConfigurationError
 from blueque.hosts import HostRule
 from blueque.policy import field_float
 from blueque.recovery import RecoveryReport
+from blueque.statuses import COMPLETE, FAILED, OUTCOMES, SCHEDULED, STATES
 from blueque.store import RedisStore
 
 if TYPE_CHECKING:
@@ -73,13 +73,13 @@ def pending_age(oldest: tuple[str, dict[str, str]] | None, at: float) -> float:
 
 
 def task_outcome(data: dict[str, str]) -> str:
-    """How a task's latest run ended, from its hash: one of keys.OUTCOMES, or "unknown"."""
+    """How a task's latest run ended, from its hash: one of statuses.OUTCOMES, or "unknown"."""
     status = data.get("status")
-    if status == k.COMPLETE:
+    if status == COMPLETE:
         return "complete"
-    if status == k.FAILED:
+    if status == FAILED:
         return "cancelled" if data.get("cancelled") else "failed"
-    if status == k.SCHEDULED and data.get("error"):
+    if status == SCHEDULED and data.get("error"):
         return "retry"
     return "unknown"
 
@@ -138,11 +138,11 @@ class QueueCollector(Collector):
         for queue, counts, oldest, done in zip(
                 queues, self.store.counts_many(queues), self.store.oldest_pending_many(queues),
                 self.store.outcome_counts_many(queues), strict=True):
-            for state in k.STATES:  # cancelled apart from failed
+            for state in STATES:  # cancelled apart from failed
                 tasks.add_metric([queue, state], getattr(counts, state))
             listeners.add_metric([queue], counts.listeners)
             age.add_metric([queue], pending_age(oldest, at))
-            for outcome in k.OUTCOMES:
+            for outcome in OUTCOMES:
                 finished.add_metric([queue, outcome], done.get(outcome, 0))
         ids = self.store.listener_ids_many(queues)
         ordered = sorted(ids)

@@ -15,12 +15,11 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from blueque.display import format_seconds
 from blueque.errors import Preempted
 from blueque.policy import field_float
-from blueque.reporting import ParentLink
+from blueque.reporting import ParentLink, PreemptFrame, ToChild
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.child")
@@ -34,7 +33,7 @@ class Preemption:
     in the task's main thread, between two bytecodes: it notes the notice and runs the
     callbacks registered with ``on_preempt``. A callback that raises blueque.Preempted while
     the task function runs stops it there (``running``: set around the call by
-    blueque.child.execute); any other exception in one is logged, never raised into the
+    blueque.calling.execute); any other exception in one is logged, never raised into the
     task."""
 
     def __init__(self) -> None:
@@ -159,7 +158,7 @@ class NodePreemption:
     def due(self) -> bool:
         return self.deadline is not None and self.clock() >= self.at
 
-    def announce(self, deadline: float, why: str, notify: Callable[[dict[str, Any], int], int],
+    def announce(self, deadline: float, why: str, notify: Callable[[ToChild, int], int],
                  adopted: Iterable[int]) -> bool:
         """This node goes away at ``deadline`` (Unix s): tell every task process of ours (a
         frame with the deadline, then SIGUSR1, through ``notify``) and the adopted runs
@@ -167,7 +166,8 @@ class NodePreemption:
         if not self.take(deadline):
             return False
         # the task process reads its deadline on its host's clock (preempt_deadline())
-        told = notify({"preempt": self.store.clock.to_local(deadline)}, signal.SIGUSR1)
+        told = notify(PreemptFrame(preempt=self.store.clock.to_local(deadline)),
+                      signal.SIGUSR1)
         for pid in adopted:
             told += 1
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -178,7 +178,7 @@ class NodePreemption:
                              extra={"event": "preempted", "deadline": deadline})
         return True
 
-    def check(self, notify: Callable[[dict[str, Any], int], int], adopted: Iterable[int]
+    def check(self, notify: Callable[[ToChild, int], int], adopted: Iterable[int]
               ) -> bool:
         """Act on news of this node's preemption (SIGUSR1, or a request in Redis): announce
         its deadline to our task processes. True if a new (or earlier) deadline now stands."""

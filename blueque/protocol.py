@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 
 from blueque import keys as k
 from blueque.errors import InvalidTaskState
+from blueque.statuses import ENDED_LISTS, PENDING, RESERVED, SCHEDULED, STARTED, STATES, WAITING
 
 T = TypeVar("T")
 
@@ -257,29 +258,29 @@ def counts_many(keys: k.Keys, queues: Sequence[str]) -> Operation[list[QueueCoun
 
 def task_ids(keys: k.Keys, queue: str, status: str, start: int = 0, stop: int = -1
              ) -> Operation[list[str]]:
-    """Ids of a queue's tasks in one state (a status, or cancelled: keys.STATES), from the
+    """Ids of a queue's tasks in one state (a status, or cancelled: statuses.STATES), from the
     list, set or zset that holds them."""
-    if status == k.PENDING:
+    if status == PENDING:
         return cast(list[str], (yield command("lrange", keys.pending(queue), start, stop)))
-    if status == k.SCHEDULED:
+    if status == SCHEDULED:
         return cast(list[str], (yield command("zrange", keys.scheduled(queue), start, stop)))
-    if status == k.WAITING:
+    if status == WAITING:
         return cast(list[str], (yield command("zrange", keys.waiting(queue), start, stop)))
-    if status in k.ENDED_LISTS:
+    if status in ENDED_LISTS:
         finished = keys.finished(queue, status)
         return cast(list[str], (yield command("lrange", finished, start, stop)))
-    if status == k.STARTED:
+    if status == STARTED:
         members = sorted((yield command("smembers", keys.started(queue))))
         ids = [member.rsplit(" ", 1)[-1] for member in members]
         return ids[start : None if stop == -1 else stop + 1]  # LRANGE's inclusive stop
-    if status == k.RESERVED:
-        started = set((yield from task_ids(keys, queue, k.STARTED)))
+    if status == RESERVED:
+        started = set((yield from task_ids(keys, queue, STARTED)))
         listeners = sorted((yield command("smembers", keys.listeners(queue))))
         reserved: list[str] = []
         for listener in listeners:
             reserved += yield command("lrange", keys.reserved(queue, listener), 0, -1)
         return [i for i in reserved if i not in started]
-    raise InvalidTaskState(f"unknown status {status!r}; expected one of {k.STATES}")
+    raise InvalidTaskState(f"unknown status {status!r}; expected one of {STATES}")
 
 
 def known_queues(keys: k.Keys) -> Operation[list[tuple[str, float]]]:
@@ -335,7 +336,7 @@ def cancel_batch(keys: k.Keys, queue: str, source: str, now: float, error: str,
     (scheduled): cancel what of ``batch`` still waits (and matches), read the next batch.
     ``anchor``: where the looked-at part ends (pending: anchor id and how many were kept;
     scheduled: anchor id and its eta). Returns (cancelled, the new anchor, the next batch)."""
-    waiting = keys.pending(queue) if source == k.PENDING else keys.scheduled(queue)
+    waiting = keys.pending(queue) if source == PENDING else keys.scheduled(queue)
     args: list[Any] = [repr(now), error, k.FINISHED_MINUTE_TTL, keys.done_channel(queue),
                        "" if cutoff is None else repr(cutoff), *anchor, size]
     for task_id in batch:
@@ -350,16 +351,16 @@ def cancel_batch(keys: k.Keys, queue: str, source: str, now: float, error: str,
 
 def cancel_waiting(keys: k.Keys, queue: str, clock: Callable[[], float], error: str,
                    cutoff: float | None = None, pattern: str | None = None,
-                   sources: Sequence[str] = (k.PENDING, k.SCHEDULED),
+                   sources: Sequence[str] = (PENDING, SCHEDULED),
                    size: int = CANCEL_BATCH) -> Procedure[CancelledWaiting]:
     """Cancel every pending and scheduled task of a queue (``sources``), or those created at
     or before ``cutoff`` and/or whose id matches ``pattern``: cancel_pending.lua and
     cancel_scheduled.lua, ``size`` tasks per call, until each has looked at its whole list
     (PROTOCOL.md 5.9b). Each call is an operation of its own (retried alone)."""
-    found = {k.PENDING: 0, k.SCHEDULED: 0}
+    found = {PENDING: 0, SCHEDULED: 0}
     calls = 0
     for source in sources:
-        anchor = ("", "0") if source == k.PENDING else ("", "")
+        anchor = ("", "0") if source == PENDING else ("", "")
         batch: list[str] = []
         while True:
             cancelled, anchor, batch = yield bind(
@@ -369,7 +370,7 @@ def cancel_waiting(keys: k.Keys, queue: str, clock: Callable[[], float], error: 
             calls += 1
             if not batch:
                 break
-    return CancelledWaiting(found[k.PENDING], found[k.SCHEDULED], calls)
+    return CancelledWaiting(found[PENDING], found[SCHEDULED], calls)
 
 
 # --- queue configuration ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from blueque import keys as k
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
+from blueque.statuses import CANCELLED, ENDED_LISTS, FAILED, FINISHED_STATUSES, PENDING, SCHEDULED
 from blueque.store import RedisStore
 from blueque.task import Task, utf8_size
 
@@ -108,18 +109,18 @@ def check_deletable(queue: str, task_id: str, task_queue: str | None, status: st
     status, or cancelled for a failed task stamped cancelled."""
     if task_queue != queue:
         raise InvalidTaskState(f"Task {task_id} is not in queue {queue}")
-    if status not in k.FINISHED_STATUSES:
+    if status not in FINISHED_STATUSES:
         raise InvalidTaskState(
             f"Cannot delete task with status {status}: only complete or failed tasks "
             "can be deleted (cancel it first)"
         )
-    return k.CANCELLED if status == k.FAILED and cancelled else status
+    return CANCELLED if status == FAILED and cancelled else status
 
 
 def purge_cutoff(state: str, older_than: float, current: float) -> float:
     """The finish time (Unix s on Redis' clock, as ``current``) before which purge deletes
     tasks of ``state``."""
-    if state not in k.ENDED_LISTS:
+    if state not in ENDED_LISTS:
         raise InvalidTaskState(
             f"only complete, failed or cancelled tasks can be purged, not {state!r}")
     return current - seconds_ago(older_than, "older_than")
@@ -143,7 +144,7 @@ def bulk_cancel(older_than: float | None, match: str | None, reason: str, schedu
                                  f"not {match!r}")
     if not isinstance(reason, str):
         raise ConfigurationError(f"reason must be a string, not {reason!r}")
-    sources = (k.PENDING, k.SCHEDULED) if scheduled else (k.PENDING,)
+    sources = (PENDING, SCHEDULED) if scheduled else (PENDING,)
     return cutoff, match, f"cancelled: {reason}", sources
 
 
@@ -314,7 +315,7 @@ class Queue:
         return QueueStats(**vars(counts), name=self._name)
 
     def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
-        """Ids of the tasks in one state: a status, or ``cancelled`` (keys.STATES)."""
+        """Ids of the tasks in one state: a status, or ``cancelled`` (statuses.STATES)."""
         return self._store.task_ids(self._name, status, start, stop)
 
     def retry_failed(self, limit: int | None = None, include_cancelled: bool = False

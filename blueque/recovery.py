@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from blueque import dependencies
-from blueque import keys as k
-from blueque.endings import decide
+from blueque.endings import decide, describe_exit
 from blueque.fencing import unstarted_verdict
 from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
 from blueque.node import hostname, local_process, node_identity
 from blueque.orphaned_runs import OrphanedRuns
 from blueque.policy import Policy, field_float
 from blueque.process import process_alive, signal_group
-from blueque.runs import describe_exit
+from blueque.statuses import STARTED, Verdict, VerdictKind
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")
@@ -89,18 +88,18 @@ class Recovery:
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool
-    ) -> tuple[list[k.Verdict], dict[str, tuple[int, float | None]]]:
+    ) -> tuple[list[Verdict], dict[str, tuple[int, float | None]]]:
         """Verdicts for a dead listener's reserved tasks, and the still-running ones
         (adopt=True: checked by pid on this node) left alone: task id -> (pid, created)."""
         ids = self.store.reserved_ids(queue, listener)
         datas = self.store.task_data_many(ids) if ids else []
         config = self.store.queue_config(queue) if ids else {}
         current = self.store.now()
-        verdicts: list[k.Verdict] = []
+        verdicts: list[Verdict] = []
         live: dict[str, tuple[int, float | None]] = {}
         for task_id, data in zip(ids, datas, strict=True):
             pid = data.get("pid")
-            if data.get("status") == k.STARTED:
+            if data.get("status") == STARTED:
                 created = field_float(data.get("pid_created"))
                 if adopt and pid and pid.isdigit() and self._alive(int(pid), created):
                     live[task_id] = (int(pid), created)
@@ -141,7 +140,7 @@ class Recovery:
     def _started_verdict(
         self, task_id: str, data: dict[str, str], config: dict[str, str], why: str,
         current: float, preempted: bool = False,
-    ) -> k.Verdict:
+    ) -> Verdict:
         """A started run that is gone: by endings.decide, as its listener would have recorded
         it (``preempted``: stopped at its node's preemption deadline)."""
         return started_verdict(task_id, data, config, why, current, self._rng, preempted)
@@ -271,7 +270,7 @@ class Recovery:
 
 def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], why: str,
                     current: float, rng: random.Random | None = None, preempted: bool = False
-                    ) -> k.Verdict:
+                    ) -> Verdict:
     """recover.lua's verdict for a started task whose run is gone: retried by its policy,
     put back as preempted (``preempted``: stopped at its node's preemption deadline), or
     failed (``cancelled``: failed and stamped so, when a cancel was asked for), the error
@@ -280,10 +279,10 @@ def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], 
     error = f"{why} while it ran attempt {attempts or '?'} (pid {data.get('pid', '?')})"
     ending = decide(Policy.resolve(data, config), data, "failed", error, current,
                     stopped="preempted" if preempted else "", rng=rng)
-    verdict: k.VerdictKind = ("retry" if ending.outcome == "retry" else
+    verdict: VerdictKind = ("retry" if ending.outcome == "retry" else
                               "preempted" if ending.outcome == "preempted" else
                               "cancelled" if ending.cancelled else "failed")
-    return k.Verdict(task_id, attempts, verdict, ending.eta, ending.text)
+    return Verdict(task_id, attempts, verdict, ending.eta, ending.text)
 
 
 def _run_queues(runs: dict[str, str]) -> set[str]:

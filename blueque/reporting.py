@@ -1,14 +1,19 @@
-"""The socket between a listener and each task process it forks (PROTOCOL.md 6.2).
+"""The socket between a listener and each task process it forks (PROTOCOL.md 6.2), and the
+exit codes of that process: the contract both sides speak.
 
 The listener records a run's start, progress and outcome; the task process tells it what
-happened in frames: a 4-byte big-endian length, then that many bytes of one JSON object.
+happened in frames: a 4-byte big-endian length, then that many bytes of one JSON object, each
+kind declared below as a TypedDict (one key names the kind).
 
-- listener -> child: ``{"go": fields, "defaults": queue defaults}`` (the task is started: run
-  it), ``{"stop": why}`` (do not run it), ``{"recorded": status}`` (your outcome is recorded:
-  exit); to a warm process (6.7) after ``recorded``: ``{"task": id, "queue": queue}`` (your
-  next task: wait for its word) or ``{"retire": why}`` (exit);
-- child -> listener: ``{"progress": fraction, "message": text}``, then one ``{"outcome":
-  "complete" | "failed", "text", "traceback", "retry", "output"}``.
+- listener -> child (``ToChild``): ``Go`` ``{"go": fields, "defaults": queue defaults}`` (the
+  task is started: run it), ``Stop`` ``{"stop": why}`` (do not run it), ``Preempt``
+  ``{"preempt": deadline}`` (its node goes away at that local Unix time; sent just before a
+  SIGUSR1), ``Recorded`` ``{"recorded": status}`` (your outcome is recorded: exit); to a
+  warm process (6.7), after ``Recorded``: ``Assign`` ``{"task": id, "queue": queue}`` (your
+  next task: wait for its word) or ``Retire`` ``{"retire": why}`` (exit);
+- child -> listener (``ToListener``): any number of ``Progress`` ``{"progress": fraction,
+  "message": text}``, then one ``Reported`` ``{"outcome": "complete" | "failed" |
+  "preempted", "text", "traceback", "retry", "output"}``.
 
 The listener's end (``ChildChannel``) never blocks: it is read and written from the
 listener's select loop. The child's end (``ParentLink``) blocks: the child has nothing else to
@@ -21,14 +26,98 @@ import json
 import socket
 import struct
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict, cast, final
+
+from blueque.endings import Ran
 
 HEADER = struct.Struct(">I")
 #: Bytes read per recv; a frame may span many.
 READ_SIZE = 256 * 1024
 
+#: Exit codes of a task process; anything else (or a signal) means it died without reporting.
+EXIT_REPORTED = 0
+EXIT_NOT_STARTED = 3  # the task could not be started (cancelled, superseded): nothing ran
+EXIT_REPORT_FAILED = 4  # ran, but its outcome could not be recorded (see the log)
 
-def encode(message: dict[str, Any]) -> bytes:
+
+# --- listener -> child ----------------------------------------------------------------------
+@final
+class GoFrame(TypedDict):
+    """The word: the task is started for this child (its fields as the stamp left them, and
+    its queue's defaults): run it."""
+
+    go: dict[str, str]
+    defaults: dict[str, str]
+
+
+@final
+class StopFrame(TypedDict):
+    """Do not run the task (why: refused by the stamp, the listener leaving...)."""
+
+    stop: str
+
+
+@final
+class PreemptFrame(TypedDict):
+    """The child's node goes away at ``preempt`` (local Unix time); a SIGUSR1 follows."""
+
+    preempt: float
+
+
+@final
+class RecordedFrame(TypedDict):
+    """The child's outcome is recorded (the status written, "" if refused): it may exit."""
+
+    recorded: str
+
+
+@final
+class AssignFrame(TypedDict):
+    """To a warm process whose outcome is recorded (6.7): its next task (wait for its word)."""
+
+    task: str
+    queue: str
+
+
+@final
+class RetireFrame(TypedDict):
+    """To a warm process whose outcome is recorded (6.7): take no other task, exit (why)."""
+
+    retire: str
+
+
+#: What a listener sends its child.
+ToChild = GoFrame | StopFrame | PreemptFrame | RecordedFrame | AssignFrame | RetireFrame
+
+
+# --- child -> listener ----------------------------------------------------------------------
+@final
+class ProgressFrame(TypedDict):
+    """The task's latest progress (0 to 1) and message, for the listener to write."""
+
+    progress: float
+    message: str
+
+
+@final
+class OutcomeFrame(TypedDict):
+    """What the task function came to (the child's last frame): its outcome, its result or
+    error text, traceback, whether a failure may be retried, and how far its output is
+    shipped (``Shipper.state``)."""
+
+    outcome: Ran
+    text: str
+    traceback: str | None
+    retry: bool
+    output: dict[str, object]
+
+
+#: What a child sends its listener.
+ToListener = ProgressFrame | OutcomeFrame
+
+
+def encode(message: Mapping[str, object]) -> bytes:
     body = json.dumps(message, separators=(",", ":")).encode("utf-8")
     return HEADER.pack(len(body)) + body
 
@@ -76,7 +165,7 @@ class ChildChannel:
     def wants_write(self) -> bool:
         return bool(self._outbox) and not self.closed
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: ToChild) -> None:
         if self.closed:
             return
         self._outbox += encode(message)
@@ -93,8 +182,10 @@ class ChildChannel:
                 return
             del self._outbox[:sent]
 
-    def receive(self) -> list[dict[str, Any]]:
-        frames: list[dict[str, Any]] = []
+    def receive(self) -> list[ToListener]:
+        """The frames that arrived, as the child declares them (a reader still checks the
+        values it uses: a task process may be anything)."""
+        frames: list[ToListener] = []
         while not self.closed:
             try:
                 data = self.sock.recv(READ_SIZE)
@@ -107,7 +198,7 @@ class ChildChannel:
                 self._gone()
                 break
             try:
-                frames += self._reader.feed(data)
+                frames += cast(list[ToListener], self._reader.feed(data))
             except ValueError:  # not our frames: the child is not a Blueque task process
                 self._gone()
         return frames
@@ -133,10 +224,10 @@ class ParentLink:
         sock.settimeout(patience)
         self._lock = threading.Lock()  # one writer at a time: the progress thread and main
         self._reader = FrameReader()
-        self._ready: list[dict[str, Any]] = []  # frames read, not yet taken
+        self._ready: list[ToChild] = []  # frames read, not yet taken
         self.gone = False
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, message: ToListener) -> bool:
         data = encode(message)
         with self._lock:
             if self.gone:
@@ -148,7 +239,7 @@ class ParentLink:
                 return False
         return True
 
-    def receive(self, forever: bool = False) -> dict[str, Any] | None:
+    def receive(self, forever: bool = False) -> ToChild | None:
         """The next frame; None if the listener is gone or says nothing within the link's
         patience (``forever``: only end of file ends the wait)."""
         if self.gone:
@@ -159,7 +250,7 @@ class ParentLink:
         finally:
             self._sock.settimeout(self._patience)
 
-    def _receive(self) -> dict[str, Any] | None:
+    def _receive(self) -> ToChild | None:
         while True:
             if self._ready:
                 return self._ready.pop(0)
@@ -171,12 +262,12 @@ class ParentLink:
                 self.gone = True
                 return None
             try:
-                self._ready += self._reader.feed(data)
+                self._ready += cast(list[ToChild], self._reader.feed(data))
             except ValueError:
                 self.gone = True
                 return None
 
-    def pending(self) -> list[dict[str, Any]]:
+    def pending(self) -> list[ToChild]:
         """Frames that have arrived, read without waiting (a notice sent with a signal);
         a frame that has only partly arrived stays for the next read."""
         if self.gone:
@@ -188,7 +279,7 @@ class ParentLink:
                 if not data:
                     self.gone = True
                     break
-                self._ready += self._reader.feed(data)
+                self._ready += cast(list[ToChild], self._reader.feed(data))
         except (BlockingIOError, ValueError, OSError):
             pass
         finally:

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from blueque import eviction
-from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry, check_unique
 from blueque.display import format_time
 from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable
 from blueque.policy import Policy
 from blueque.retry import Backoff
+from blueque.statuses import ENDED_LISTS
 
 log = logging.getLogger("blueque.scheduler")
 
@@ -98,8 +98,8 @@ class Scheduler:
         self.recovery_interval = recovery_interval
         self.purge_interval = purge_interval
         self.clock = clock or client.store.now  # Redis' clock (blueque.clock)
-        self._stopping = threading.Event()
-        self.sleep = sleep or self._stopping.wait
+        self._stop_asked = threading.Event()
+        self.sleep = sleep or self._stop_asked.wait
         self._next_recovery = 0.0
         self._next_purge = 0.0
         #: run on a Redis that may evict keys (None: $BLUEQUE_ALLOW_EVICTION decides)
@@ -108,11 +108,11 @@ class Scheduler:
 
     def stop(self) -> None:
         """Ask run() to return after the current step (safe from a signal handler)."""
-        self._stopping.set()
+        self._stop_asked.set()
 
     @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
+    def stop_asked(self) -> bool:
+        return self._stop_asked.is_set()
 
     def run(self, max_steps: int | None = None) -> None:
         log.info(
@@ -122,7 +122,7 @@ class Scheduler:
         )
         backoff = Backoff(self.interval * 2, max(MAX_BACKOFF, self.interval))
         steps = 0
-        while not self.stopping and (max_steps is None or steps < max_steps):
+        while not self.stop_asked and (max_steps is None or steps < max_steps):
             steps += 1
             try:
                 self.run_once()
@@ -131,7 +131,7 @@ class Scheduler:
             except RedisUnavailable as error:
                 log.warning("scheduler step failed: %s", error)
                 pause = backoff.next()
-            if not self.stopping:
+            if not self.stop_asked:
                 self.sleep(pause)
 
     def run_once(self) -> StepReport:
@@ -221,7 +221,7 @@ class Scheduler:
         ttl = Policy.resolve({}, q.config()).result_ttl
         if ttl <= 0:
             return
-        deleted = sum(q.purge(state, ttl) for state in k.ENDED_LISTS)  # cancelled too
+        deleted = sum(q.purge(state, ttl) for state in ENDED_LISTS)  # cancelled too
         if deleted:
             report.purged[queue] = deleted
             log.info("purged %d finished task(s) older than %g s from %s", deleted, ttl, queue)

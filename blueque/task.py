@@ -18,6 +18,7 @@ from blueque.errors import (
     WaitTimeout,
     WrongType,
 )
+from blueque.statuses import FINISHED_STATUSES, RESERVED, STARTED, state_of
 from blueque.store import RedisStore
 from blueque.waiting import WaitResult, drive
 
@@ -119,7 +120,7 @@ class TaskView:
 
     @property
     def finished(self) -> bool:
-        return self.status in k.FINISHED_STATUSES
+        return self.status in FINISHED_STATUSES
 
     def _waited(self, result: WaitResult, timeout: float | None) -> None:
         """After a wait for this task: TaskNotFound if it does not exist (or was deleted, or
@@ -181,7 +182,7 @@ class TaskView:
     def state(self) -> str | None:
         """The status, or ``cancelled`` for a failed task that was cancelled (how it is
         counted and listed); None for a missing task."""
-        return k.state_of(self._data)
+        return state_of(self._data)
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -228,7 +229,7 @@ class Task(TaskView):
         self._checkpoint = self._checkpoint_info = _UNREAD
 
     def _note_run(self) -> None:
-        if self._run is not None or self._get("status") not in (k.RESERVED, k.STARTED):
+        if self._run is not None or self._get("status") not in (RESERVED, STARTED):
             return
         attempts, node = self.attempts, self.node
         if attempts is not None and node:
@@ -302,7 +303,7 @@ class Task(TaskView):
                 f"{type(state).__name__}: encode it with json.dumps first"
             )
         if self._run is None:
-            if self.status in (k.RESERVED, k.STARTED):  # reserved by blueque 1.0.1
+            if self.status in (RESERVED, STARTED):  # reserved by blueque 1.0.1
                 raise InvalidTaskState(
                     f"task {self._id} has no attempt number (blueque 1.0.1 reserved it): "
                     "a checkpoint that cannot be fenced by attempt is not saved"

@@ -23,9 +23,9 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TextIO, TypeVar
 
-from blueque import keys as k
 from blueque.display import ProgressLine, bar, format_seconds, shorten
 from blueque.errors import CorruptTask
+from blueque.statuses import CANCELLED, COMPLETE, FAILED, FINISHED_STATUSES, state_of
 from blueque.store import RedisStore, Subscription
 
 #: The longest a wait listens before it re-reads what it follows, whatever the done
@@ -185,14 +185,14 @@ class WaitResult:
         self._open = set(self.tasks)  # not read yet, or existing and not finished
 
     def finished(self) -> list[str]:
-        return [i for i, d in self.tasks.items() if d.get("status") in k.FINISHED_STATUSES]
+        return [i for i, d in self.tasks.items() if d.get("status") in FINISHED_STATUSES]
 
     def failed(self) -> list[str]:
         """The tasks that failed (not those cancelled: see ``cancelled``)."""
-        return [i for i, d in self.tasks.items() if k.state_of(d) == k.FAILED]
+        return [i for i, d in self.tasks.items() if state_of(d) == FAILED]
 
     def cancelled(self) -> list[str]:
-        return [i for i, d in self.tasks.items() if k.state_of(d) == k.CANCELLED]
+        return [i for i, d in self.tasks.items() if state_of(d) == CANCELLED]
 
     def missing(self) -> list[str]:
         return [i for i, d in self.tasks.items() if not d and i not in self._unread]
@@ -220,7 +220,7 @@ class WaitResult:
         for task_id, data in zip(what, reply, strict=True):
             self.tasks[task_id] = data
             self._unread.discard(task_id)
-            if not data or data.get("status") in k.FINISHED_STATUSES:
+            if not data or data.get("status") in FINISHED_STATUSES:
                 self._open.discard(task_id)
 
 
@@ -289,9 +289,9 @@ class WaitProgress:
         except ValueError:
             fraction = 0.0
         status = data.get("status") or ""
-        if status in k.FINISHED_STATUSES:  # its last bar says how it ended, not its last step
-            fraction = 1.0 if status == k.COMPLETE else fraction
-            message = k.state_of(data) or status
+        if status in FINISHED_STATUSES:  # its last bar says how it ended, not its last step
+            fraction = 1.0 if status == COMPLETE else fraction
+            message = state_of(data) or status
         else:
             message = shorten(data.get("progress_message") or status, 40)
         self._line.update(f"{bar(fraction)} {fraction * 100:3.0f}% {message}, {elapsed}")

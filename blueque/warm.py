@@ -21,11 +21,9 @@ from typing import NoReturn
 
 import psutil
 
+from blueque.calling import TaskFunction
 from blueque.child import (
-    EXIT_REPORT_FAILED,
-    EXIT_REPORTED,
     Assignment,
-    TaskFunction,
     _leave,
     _prepare,
     _run_reporting,
@@ -34,9 +32,9 @@ from blueque.child import (
 from blueque.errors import ConfigurationError
 from blueque.preemption import notice
 from blueque.process import process_alive, set_title
-from blueque.reporting import ChildChannel, ParentLink
+from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
 from blueque.run_processes import TASK_VARIABLE, RunMark, signs
-from blueque.runs import Running
+from blueque.running import Running
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
 
@@ -93,10 +91,10 @@ def _wait_for_task(link: ParentLink, queue: str) -> tuple[str, str] | None:
     set_title(idle_title(queue))
     os.environ.pop(TASK_VARIABLE, None)
     frame = link.receive(forever=True)
-    if frame is None or not isinstance(frame.get("task"), str):
+    if frame is None or "task" not in frame:
         return None
     _forget_last_task()
-    return frame["task"], str(frame.get("queue") or queue)
+    return str(frame["task"]), str(frame.get("queue") or queue)
 
 
 def _forget_last_task() -> None:

@@ -99,7 +99,7 @@ def test_the_daemon_package_is_layered_inside() -> None:
 
 def test_the_check_sees_imports() -> None:
     """Not vacuous: the daemon is found importing the store, the CLI the daemon."""
-    assert "store" in imported(PACKAGE / "daemon" / "loop.py")
+    assert "store" in imported(PACKAGE / "daemon" / "step.py")
     assert "daemon" in imported(PACKAGE / "cli" / "listen.py")
     assert layers()["cli"] > layers()["daemon"] > layers()["store"] > layers()["keys"]
 

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 import blueque
-from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.keys import Keys
+from blueque.statuses import state_of
 from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_cli import cli
 
@@ -220,4 +220,4 @@ def test_a_running_task_cancelled_through_its_listener_counts_as_cancelled(
     assert redis_client.lrange(K.cancelled("work"), 0, -1) == [task_id]
     assert counts(client, "work") == (0, 1)
     assert redis_client.hget(K.outcome_counts("work"), "cancelled") == "1"
-    assert k.state_of(redis_client.hgetall(K.task(task_id))) == "cancelled"
+    assert state_of(redis_client.hgetall(K.task(task_id))) == "cancelled"

@@ -35,6 +35,7 @@ from blueque import keys as k
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
 from blueque.listener import Listener
+from blueque.statuses import FAILED
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess, free_port
@@ -271,7 +272,7 @@ def test_retry_retry_all_and_purge_actions(client: blueque.Client,
         queue.enqueue(str(n))
         run(client, "jobs", fail="broken")
     good = {"Origin": dashboard.url, "X-Blueque-Token": TOKEN}
-    first = queue.task_ids(k.FAILED)[-1]
+    first = queue.task_ids(FAILED)[-1]
     status, _ = post(dashboard.url + "/actions/retry", {"task_id": first}, good)
     assert status == 200 and client.get_task(first).status == "pending"
     status, reply = post(dashboard.url + "/actions/retry-failed", {"queue": "jobs"}, good)

@@ -15,8 +15,8 @@ import pytest
 import redis
 
 import blueque
-from blueque import keys as k
 from blueque.listener import Listener
+from blueque.statuses import STARTED
 from tests.daemons import wait_until
 from tests.dashboard import DashboardProcess
 from tests.test_dashboard import run
@@ -136,7 +136,7 @@ def test_charts_of_24_hours_and_7_days_and_the_listener_history(
         client.get_queue("documents").enqueue("{}")
         run(client, "documents", fail="broken" if n == 2 else None)
         if n < 2:
-            task_id = client.get_queue("documents").task_ids(k.STARTED)[0]
+            task_id = client.get_queue("documents").task_ids(STARTED)[0]
             client.get_processor(client.get_task(task_id)).complete("ok")
     hour = int(client.store.now() // 3600 * 3600)
     for back in range(1, 168):  # a week of traffic, more by day than by night

@@ -17,8 +17,8 @@ import pytest
 import redis
 
 import blueque
-from blueque import keys as k
 from blueque.listener import Listener
+from blueque.statuses import FAILED, PENDING
 from blueque.testing import RedisServer
 from blueque.web.search import SCAN_LIMIT, Filters, scan
 from tests.daemons import wait_until
@@ -93,7 +93,7 @@ def test_search_by_id_prefix_and_by_node_and_time(
     # node: the listener that reserved them; time: created (a range), updated
     for _ in range(3):
         run(client, "jobs", fail="broken")
-    failed = queue.task_ids(k.FAILED)
+    failed = queue.task_ids(FAILED)
     node = client.get_task(failed[0]).data["node"]
     assert sorted(rows(queue_page(dashboard, name="jobs", state="failed", node=node))
                   ) == sorted(failed)
@@ -226,7 +226,7 @@ def test_the_overview_charts_24_hours_and_7_days_from_hourly_counters(
         assert task is not None
         client.get_processor(task).start(4242)
         client.get_processor(task).complete("ok")
-    client.cancel_task(queue.task_ids(k.PENDING)[0], "not wanted")
+    client.cancel_task(queue.task_ids(PENDING)[0], "not wanted")
     now = client.store.now()
     hour = int(now // 3600 * 3600)
     key = client.store.keys.finished_per_hour("jobs", str(hour))
@@ -321,6 +321,6 @@ def test_a_prefix_may_leave_out_the_queues_hash_tag(redis_url: str,
                                                 task_ids=["inv-1", "inv-2", "other"])
     assert list(ids) == ["{jobs}inv-1", "{jobs}inv-2", "{jobs}other"]
     for prefix in ("inv-", "{jobs}inv-"):
-        found = scan(tagged.store, "jobs", k.PENDING, Filters(prefix=prefix), 0, 50)
+        found = scan(tagged.store, "jobs", PENDING, Filters(prefix=prefix), 0, 50)
         assert found.ids == ["{jobs}inv-1", "{jobs}inv-2"], prefix
         assert (found.start, found.stop, found.next_start) == (0, 2, None)

@@ -9,9 +9,10 @@ import redis
 
 import blueque
 from blueque.fencing import is_current_run, unstarted_verdict
-from blueque.keys import Keys, Verdict
+from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.recovery import Recovery, RecoveryReport
+from blueque.statuses import Verdict
 
 A, B = "listener-a", "listener-b"
 KEYS = Keys()

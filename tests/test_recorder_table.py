@@ -16,7 +16,7 @@ from blueque.daemon.recorder import Recorder
 from blueque.endings import Stopped
 from blueque.listener import Listener
 from blueque.policy import Policy
-from blueque.runs import Running
+from blueque.running import Running
 
 LISTENER = "table.example_1"
 PID = 4242

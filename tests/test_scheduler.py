@@ -282,7 +282,7 @@ def test_stop_ends_run_after_the_current_step(client):  # type: ignore[no-untype
     scheduler = Scheduler(client, interval=0.5, sleep=sleep)
     scheduler.run()
     assert steps == [0.5, 0.5, 0.5]
-    assert scheduler.stopping
+    assert scheduler.stop_asked
 
 
 def test_duplicate_cron_names_are_refused(client):  # type: ignore[no-untyped-def]

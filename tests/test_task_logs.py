@@ -23,7 +23,7 @@ import blueque
 from blueque.display import format_seconds
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
-from blueque.runs import describe_ending
+from blueque.running import describe_ending
 from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings, read_output
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
@@ -203,7 +203,10 @@ def test_a_log_file_that_cannot_be_opened_costs_the_output_not_the_listener(  # 
     for _ in range(2):
         task_id = queue.enqueue(params)
         assert client.get_task(task_id).wait(20).status == "complete"
-    wait_until(lambda: daemon.log().count("complete in") == 2, what="both endings logged")
+    def endings() -> int:  # the ended events (their message and ending both say "complete")
+        return sum(json.loads(line).get("outcome") == "complete"
+                   for line in daemon.log().splitlines())
+    wait_until(lambda: endings() == 2, what="both endings logged")
     assert daemon.alive()
     assert "FLOOD DONE" not in daemon.log() and "line 0000" not in daemon.log()
     events = [json.loads(line) for line in daemon.log().splitlines()]  # JSON lines only

@@ -254,7 +254,7 @@ class Queue:
         return QueueStats(**vars(counts), name=self._name)
 
     async def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
-        """Ids of the tasks in one state: a status, or ``cancelled`` (keys.STATES)."""
+        """Ids of the tasks in one state: a status, or ``cancelled`` (statuses.STATES)."""
         return await self._store.perform(protocol.task_ids, self._name, status, start, stop)
 
     async def retry_failed(self, limit: int | None = None, include_cancelled: bool = False

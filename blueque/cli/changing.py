@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Any
 
-from blueque import keys as k
 from blueque.cli.base import (
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -27,6 +26,7 @@ from blueque.display import format_seconds, format_time, parse_duration, positiv
 from blueque.fields import typed
 from blueque.node import hostname
 from blueque.policy import OPTION_TYPES
+from blueque.statuses import ENDED_LISTS
 from blueque.waiting import wait_all
 
 #: `configure`'s value of an option that was not given (None means "remove it").
@@ -84,7 +84,7 @@ def register(commands: Commands) -> None:
     sub.add_argument("queue")
     sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
                      help="finished longer ago than this (90, 15m, 2h, 7d)")
-    sub.add_argument("--status", choices=k.ENDED_LISTS, help="default: all three")
+    sub.add_argument("--status", choices=ENDED_LISTS, help="default: all three")
     sub = commands.add("configure", cmd_configure,
                        "set or show a queue's defaults (a value of 'none' removes one)")
     sub.add_argument("queue")
@@ -270,7 +270,7 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_purge(client: Client, args: argparse.Namespace) -> int:
     queue = client.get_queue(args.queue)
-    statuses = [args.status] if args.status else list(k.ENDED_LISTS)
+    statuses = [args.status] if args.status else list(ENDED_LISTS)
     deleted = {status: queue.purge(status, args.older_than) for status in statuses}
     emit(args, {"queue": args.queue, "deleted": deleted},
          ", ".join(f"{n} {status}" for status, n in deleted.items())

@@ -10,7 +10,6 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from blueque import keys as k
 from blueque.cli.base import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -36,6 +35,15 @@ from blueque.display import (
 from blueque.errors import RedisUnavailable, TaskNotFound
 from blueque.fields import LISTENER_FIELDS, TIME_FIELDS, typed
 from blueque.policy import field_float
+from blueque.statuses import (
+    FINISHED_STATUSES,
+    RESERVED,
+    SCHEDULED,
+    STARTED,
+    STATES,
+    WAITING,
+    state_of,
+)
 from blueque.task import Task, readable_history
 from blueque.tasklog import follow_output, read_output, wait_for_output
 
@@ -53,7 +61,7 @@ def register(commands: Commands) -> None:
                      "--json, one JSON document a line)")
     sub = commands.add("tasks", cmd_tasks, "list the tasks of a queue")
     sub.add_argument("queue")
-    sub.add_argument("--status", choices=k.STATES,
+    sub.add_argument("--status", choices=STATES,
                      help="only tasks in this state (cancelled: failed tasks that were "
                           "cancelled, listed apart)")
     sub.add_argument("--limit", type=positive_int, default=20,
@@ -189,12 +197,12 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
         raise unknown_queue(args.queue)
     queue = client.get_queue(args.queue)
     ids: list[str] = []
-    for status in [args.status] if args.status else list(k.STATES):
+    for status in [args.status] if args.status else list(STATES):
         ids += queue.task_ids(status, 0, args.limit - 1)[: args.limit]
     datas = client.store.task_data_many(ids)
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
     current = client.store.now()
-    rows = [(t["id"], k.state_of(t) or "(missing)", t.get("attempts", "-"),
+    rows = [(t["id"], state_of(t) or "(missing)", t.get("attempts", "-"),
              format_time(field_float(t.get("updated"))), _eta_text(t, current),
              t.get("node") or "-",
              shorten(last_line(t.get("error")) or t.get("result") or t.get("parameters"),
@@ -208,7 +216,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
 
 def _eta_text(task: dict[str, str], current: float) -> str:
     """When a scheduled or retrying task runs: ``in 3h12m`` (``due`` once passed)."""
-    eta = field_float(task.get("eta")) if task.get("status") == k.SCHEDULED else None
+    eta = field_float(task.get("eta")) if task.get("status") == SCHEDULED else None
     if eta is None or not math.isfinite(eta):  # inf, nan: corrupt, or written by hand
         return "-"
     return f"in {format_seconds(eta - current)}" if eta > current else "due"
@@ -238,10 +246,10 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
                  f"({age} ago) by attempt {info.attempt}; "
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
     history = readable_history(data.get("history"))
-    awaiting = task.awaiting() if task.status == k.WAITING else []
+    awaiting = task.awaiting() if task.status == WAITING else []
     emit(args, {"id": args.task_id, **typed(data), "history": history,
                 "checkpoint": info and vars(info),
-                **({"awaiting": awaiting} if task.status == k.WAITING else {})},
+                **({"awaiting": awaiting} if task.status == WAITING else {})},
          f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "") + "\n"
          + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved
          + _waiting_text(client, task, awaiting))
@@ -251,10 +259,10 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
 def _waiting_text(client: Client, task: Task, awaiting: list[str]) -> str:
     """What a waiting task waits for: its parents not yet ended (or not yet told), each with
     its state, the first 10 of them."""
-    if task.status != k.WAITING:
+    if task.status != WAITING:
         return ""
     shown = awaiting[:10]
-    states = [k.state_of(d) or "gone" for d in client.store.task_data_many(shown)]
+    states = [state_of(d) or "gone" for d in client.store.task_data_many(shown)]
     listed = ", ".join(f"{visible(i)} ({state})" for i, state in zip(shown, states, strict=True))
     more = f" and {len(awaiting) - len(shown)} more" if len(awaiting) > len(shown) else ""
     rule = "any ending" if task.data.get("after_any") == "1" else "all complete"
@@ -298,7 +306,7 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id)
 
     def finished() -> bool:
-        return task.refresh().status in k.FINISHED_STATUSES or not task.data
+        return task.refresh().status in FINISHED_STATUSES or not task.data
 
     output = read_output(client.store, args.task_id, args.attempt)
     if output is None and args.follow and not finished():
@@ -339,7 +347,7 @@ def _no_output(args: argparse.Namespace, data: dict[str, str]) -> int:
     status = data.get("status")
     attempt = args.attempt or runs or None
     if attempt is None:
-        if status in k.FINISHED_STATUSES:
+        if status in FINISHED_STATUSES:
             how = ("was cancelled before it ran" if data.get("cancelled")
                    else f"ended ({status}) without running")
             why = f"task {task_id} {how}: it has no output{_reason(data.get('error', ''))}"
@@ -352,8 +360,8 @@ def _no_output(args: argparse.Namespace, data: dict[str, str]) -> int:
                "and Redis keeps it only for the task's result TTL or the listener's "
                "--log-keep)")
     # is the attempt over (for a task that never ran: is the task)?
-    ended = (status in k.FINISHED_STATUSES if attempt is None
-             else attempt < runs or status not in (k.RESERVED, k.STARTED))
+    ended = (status in FINISHED_STATUSES if attempt is None
+             else attempt < runs or status not in (RESERVED, STARTED))
     if args.json:  # the record says it: no text
         print(json_text({"id": args.task_id, "attempt": attempt, "text": "", "ended": ended}))
     else:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blueque import keys as k
 from blueque.cli.base import EXIT_NOT_FOUND, EXIT_OK, Commands, Failure, duration, emit
 from blueque.client import Client
 from blueque.display import last_line, shorten, table, visible
 from blueque.fields import typed
+from blueque.statuses import FAILED, state_of
 from blueque.waiting import WaitResult, wait_all
 
 
@@ -40,7 +40,7 @@ def print_result(task_id: str, result: WaitResult) -> int:
     status = data.get("status")
     if result.timed_out:
         raise Failure(f"timed out: task {visible(task_id)} is still {status}")
-    if status == k.FAILED:
+    if status == FAILED:
         how = "was cancelled" if data.get("cancelled") else "failed"
         raise Failure(f"task {visible(task_id)} {how}: "
                       f"{visible(last_line(data.get('error')) or '(no error text)')} (blueque "
@@ -53,8 +53,8 @@ def print_result(task_id: str, result: WaitResult) -> int:
 def report_waited(args: argparse.Namespace, result: WaitResult,
                   extra: dict[str, object] | None = None) -> int:
     tasks = [{"id": i, **d} for i, d in result.tasks.items()]
-    rows = [(t["id"], k.state_of(t) or "(missing)",
-             shorten(last_line(t.get("error")) if t.get("status") == k.FAILED
+    rows = [(t["id"], state_of(t) or "(missing)",
+             shorten(last_line(t.get("error")) if t.get("status") == FAILED
                      else t.get("result"), 60))
             for t in tasks]
     emit(args, {"tasks": [{"id": i, **typed(d)} for i, d in result.tasks.items()],

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from blueque.daemon.supervisor import Supervisor
-from blueque.runs import Running
+from blueque.running import Running
 
 log = logging.getLogger("blueque.daemon")
 

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from blueque import keys as k
 from blueque.errors import ConfigurationError
 from blueque.fencing import unstarted_verdict
 from blueque.metrics import ListenerMetrics
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
 from blueque.recovery import Recovery, RecoveryReport, started_verdict
+from blueque.statuses import STARTED, Verdict
 from blueque.store import NodeRenewal, RedisStore, RenewalReply
 
 log = logging.getLogger("blueque.daemon")
@@ -231,10 +231,10 @@ class Membership:
             ids = [i for i in listed if i not in ours]
             if not ids:
                 continue
-            verdicts: list[k.Verdict] = []
+            verdicts: list[Verdict] = []
             config: dict[str, str] | None = None
             for task_id, data in zip(ids, self.store.task_data_many(ids), strict=True):
-                if data.get("status") == k.STARTED and data.get("node") == self.id:
+                if data.get("status") == STARTED and data.get("node") == self.id:
                     config = self.store.queue_config(queue) if config is None else config
                     verdicts.append(started_verdict(task_id, data, config, LOST_RUN.format(
                         listener=self.id), self.store.now()))

@@ -7,26 +7,20 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from blueque import failpoints
-from blueque import keys as k
 from blueque.capture import drain_ended
-from blueque.child import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.display import format_seconds
-from blueque.endings import Ending, RunEnd, decide
+from blueque.endings import Ending, RunEnd, decide, describe_exit
 from blueque.errors import InvalidTaskState, RedisUnavailable
 from blueque.fencing import is_current_run, unstarted_verdict
 from blueque.policy import Policy
-from blueque.runs import (
-    ENDING_FIELDS,
-    WARNING_OUTCOMES,
-    Outcome,
-    Running,
-    describe_ending,
-    describe_exit,
-)
+from blueque.reporting import EXIT_NOT_STARTED, EXIT_REPORTED
+from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running, describe_ending
 from blueque.spool import Held, Spool, server_of
+from blueque.statuses import FINISHED_STATUSES, PENDING, RESERVED, SCHEDULED, STARTED
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
@@ -101,29 +95,7 @@ class Recorder:
             drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))
         if self.count_ending is not None and running.state != "refused":
             self.count_ending(running.task_id, running.queue, running.attempt, duration)
-        self._log_end(pid, running, duration)
-
-    def _log_end(self, pid: int, running: Running, duration: float) -> None:
-        """One line per run: its outcome (the log's "outcome" field, at warning for a failure)
-        and how its process ended ("process_end": reported its outcome, died, or not started)."""
-        process = ("not started" if running.state in ("refused", "starting")
-                   else "reported" if running.report is not None else "died")
-        took = format_seconds(duration)
-        outcome: Outcome
-        if running.state == "refused":
-            outcome, what = "refused", "not started: the stamp refused it"
-        elif running.ending is None:
-            outcome, what = "unrecorded", f"ended in {took}, to be recorded when Redis is back"
-        else:
-            outcome, what = describe_ending(running.ending, running.attempt, took,
-                                            self.store.now())
-        log.log(logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO,
-                "task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
-                running.queue, running.attempt, what, pid, process, self.node, extra={
-                    "task_id": running.task_id, "queue": running.queue, "pid": pid,
-                    "attempt": running.attempt, "node": self.node,
-                    "duration": round(duration, 6), "event": "ended", "outcome": outcome,
-                    "process_end": process, "ending": what})
+        log_end(self.node, pid, running, duration, self.store.now())
 
     def record_unrecorded(self) -> None:
         """Record endings of children that are gone: the outcome a child reported, or what
@@ -148,7 +120,7 @@ class Recorder:
         """Record the outcome a child reported (finish, fenced by its attempt), after the
         rest of its output and its last progress; then tell the child, which exits. Raises
         RedisUnavailable: the outcome is kept (and the child waits) until Redis takes it."""
-        report = running.report or {}
+        report: Mapping[str, Any] = running.report or {}  # a child may send anything
         if self.task_logs is not None and not running.output_shipped:
             output = report.get("output")
             ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
@@ -170,7 +142,7 @@ class Recorder:
             running.recorded = ""
             running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
             if not running.ending:
-                self._gone(running)
+                say_gone(running)
             else:
                 log.warning("task %s: outcome (%s) of attempt %s not recorded: %s",
                             running.task_id, ending.outcome, running.attempt, refused)
@@ -180,7 +152,7 @@ class Recorder:
 
     def _reported(self, running: Running) -> tuple[Ending, str | None]:
         """The ending of the outcome a child reported (endings.decide), and its traceback."""
-        report = running.report or {}
+        report: Mapping[str, Any] = running.report or {}  # a child may send anything
         ran = report.get("outcome")
         ending = decide(running.policy, running.fields,
                         ran if ran in ("complete", "preempted") else "failed",
@@ -244,15 +216,6 @@ class Recorder:
         if self.spool.hold(Held(end, self.node if forget else None, server_of(self.store))):
             self.spooled.add((end.task_id, end.attempt))
 
-    def _gone(self, running: Running) -> None:
-        """Its task's hash is gone from Redis: said once per run, in one clear line."""
-        if not running.gone:
-            running.gone = True
-            log.warning("task %s is gone from Redis (its hash was lost): its run goes on, its "
-                        "ending cannot be recorded", running.task_id, extra={
-                            "task_id": running.task_id, "queue": running.queue,
-                            "event": "gone"})
-
     def write_progress(self, running: Running) -> None:
         if running.progress is None or running.attempt is None:
             return
@@ -264,8 +227,8 @@ class Recorder:
         except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
             fields = self.store.task_fields(running.task_id, ("status", "attempts"))
             if not fields:  # Redis lost it (flushed, or back empty): said once per run
-                self._gone(running)
-            elif (fields.get("status") in (*k.FINISHED_STATUSES, k.SCHEDULED)
+                say_gone(running)
+            elif (fields.get("status") in (*FINISHED_STATUSES, SCHEDULED)
                     and fields.get("attempts") == str(running.attempt)):
                 # this attempt has ended (its run recorded that itself when its listener was
                 # silent a lease, as in an outage): its last progress is moot, nothing lost
@@ -280,12 +243,12 @@ class Recorder:
         said = running.exit_code in (EXIT_REPORTED, EXIT_NOT_STARTED) and not running.reason
         if said:
             fields = self.store.task_fields(running.task_id, (*ENDING_FIELDS, "pid", "node"))
-            if fields.get("status") != k.STARTED or not self._its_run(running, fields):
+            if fields.get("status") != STARTED or not self._its_run(running, fields):
                 # it recorded an outcome itself, or never started the task
                 running.ending = fields
                 return
         data = self.store.task_data(running.task_id)
-        if data.get("status") not in (k.RESERVED, k.STARTED) or not self._its_run(running, data):
+        if data.get("status") not in (RESERVED, STARTED) or not self._its_run(running, data):
             # the task moved on (recovered, cancelled), or the stamp never started it
             running.ending = data
             return
@@ -315,7 +278,7 @@ class Recorder:
         if data and verdict.kind == "pending":  # a hash that is gone is left to the heal
             self.store.recover(running.queue, self.listener, [verdict], self.store.now(),
                                mode="host", release=False)
-            running.ending = {"status": k.PENDING}
+            running.ending = {"status": PENDING}
 
     def _its_run(self, running: Running, data: dict[str, str]) -> bool:
         """Is the task's current run this child's (blueque.fencing)? By attempt, once the
@@ -328,3 +291,35 @@ class Recorder:
         if self.ended_pids:
             self.store.forget_runs(self.node, self.ended_pids)
             self.ended_pids = []
+
+
+def log_end(node: str, pid: int, running: Running, duration: float, now: float) -> None:
+    """One line per run: its outcome (the log's "outcome" field, at warning for a failure)
+    and how its process ended ("process_end": reported its outcome, died, or not started)."""
+    process = ("not started" if running.state in ("refused", "starting")
+               else "reported" if running.report is not None else "died")
+    took = format_seconds(duration)
+    outcome: LogOutcome
+    if running.state == "refused":
+        outcome, what = "refused", "not started: the stamp refused it"
+    elif running.ending is None:
+        outcome, what = "unrecorded", f"ended in {took}, to be recorded when Redis is back"
+    else:
+        outcome, what = describe_ending(running.ending, running.attempt, took, now)
+    log.log(logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO,
+            "task %s queue %s attempt %s %s (pid %d %s, node %s)", running.task_id,
+            running.queue, running.attempt, what, pid, process, node, extra={
+                "task_id": running.task_id, "queue": running.queue, "pid": pid,
+                "attempt": running.attempt, "node": node,
+                "duration": round(duration, 6), "event": "ended", "outcome": outcome,
+                "process_end": process, "ending": what})
+
+
+def say_gone(running: Running) -> None:
+    """Its task's hash is gone from Redis: said once per run, in one clear line."""
+    if not running.gone:
+        running.gone = True
+        log.warning("task %s is gone from Redis (its hash was lost): its run goes on, its "
+                    "ending cannot be recorded", running.task_id, extra={
+                        "task_id": running.task_id, "queue": running.queue,
+                        "event": "gone"})

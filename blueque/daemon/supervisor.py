@@ -13,10 +13,8 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from blueque import failpoints
-from blueque import keys as k
 from blueque.child import Assignment, TaskFunction
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder
@@ -26,14 +24,16 @@ from blueque.fencing import is_current_run
 from blueque.leftovers import Leftovers
 from blueque.policy import Policy
 from blueque.process import Stopping, create_time, signal_group
-from blueque.reporting import ChildChannel
-from blueque.runs import Running
+from blueque.reporting import ChildChannel, ToChild
+from blueque.running import Running
 from blueque.spool import Spool
+from blueque.statuses import FAILED
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
 from blueque.warm import WarmProcesses, run_task_process
 
 log = logging.getLogger("blueque.daemon")
+
 
 class Supervisor:
     def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
@@ -54,7 +54,7 @@ class Supervisor:
         self.warm = WarmProcesses(reuse)  # task processes that run several tasks (6.7)
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
-        self.stopping = Stopping(kill=self._signal_run)
+        self.stops = Stopping(kill=self._signal_run)  # the groups it is stopping
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults,
                                  task_logs=task_logs, spool=spool, count_ending=count_ending)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
@@ -167,7 +167,7 @@ class Supervisor:
         return {str(r.pid): self.record(r) for r in self.children.values()}
 
     @staticmethod
-    def tell(running: Running, message: dict[str, Any]) -> None:
+    def tell(running: Running, message: ToChild) -> None:
         if running.channel is not None:
             running.channel.send(message)
 
@@ -234,7 +234,7 @@ class Supervisor:
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         if not data or running.attempt is None:
             return False
-        if (data.get("status") == k.FAILED
+        if (data.get("status") == FAILED
                 and late_ending_allowed(data, self.owner.id, running.attempt)):
             return False  # recovered while it lived, and no attempt will follow: it may end
         return not is_current_run(data, self.owner.id, running.attempt)
@@ -258,7 +258,7 @@ class Supervisor:
                 continue  # an idle warm process, or an orphan of one of our runs, reaped
             if running.channel is not None:
                 running.channel.close()
-            stopped = self.stopping.forget(pid)  # a group we stopped: SIGKILL what is left
+            stopped = self.stops.forget(pid)  # a group we stopped: SIGKILL what is left
             del self.children[pid]
             run = running.mark()
             if run is not None and running.state == "running" \
@@ -286,7 +286,7 @@ class Supervisor:
             running.reason = reason
             log.info("task %s: %s, sending SIGTERM to its process group", running.task_id,
                      reason)
-            self.stopping.begin(running.pid, running.pid, running.kill_grace, reason)
+            self.stops.begin(running.pid, running.pid, running.kill_grace, reason)
 
     def stop_tasks(self, task_ids: Iterable[str], reason: Stopped) -> None:
         wanted = set(task_ids)
@@ -305,10 +305,10 @@ class Supervisor:
         for running in list(self.children.values()):
             if running.time_limit and current - running.started > running.time_limit:
                 self.stop(running, "time limit")
-        self.stopping.escalate()
+        self.stops.escalate()
         self.leftovers.step(self.task_processes())
 
-    def notify(self, message: dict[str, Any], signum: int) -> int:
+    def notify(self, message: ToChild, signum: int) -> int:
         """Tell every running child ``message``, then send it ``signum`` (a preemption's
         notice); returns how many were told."""
         runs = [r for r in self.children.values() if r.state == "running"]
@@ -327,7 +327,7 @@ class Supervisor:
         """When something is due for a child: a time limit, a SIGKILL, a progress write."""
         due = [r.started + r.time_limit for r in self.children.values()
                if r.time_limit and not r.reason]
-        due += self.stopping.deadlines() + self.leftovers.deadlines()
+        due += self.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         return due
 

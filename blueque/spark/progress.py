@@ -15,19 +15,29 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from blueque import keys as k
 from blueque.client import Client
 from blueque.display import ProgressLine
 from blueque.errors import ConfigurationError
 from blueque.errors import WaitTimeout as BaseWaitTimeout
 from blueque.protocol import QueueCounts
+from blueque.statuses import (
+    CANCELLED,
+    COMPLETE,
+    ENDED_LISTS,
+    FAILED,
+    PENDING,
+    RESERVED,
+    SCHEDULED,
+    STARTED,
+    STATES,
+)
 from blueque.store import RedisStore
 from blueque.waiting import WAIT_REREAD, drive
 
 #: HGETs per pipeline when following task ids.
 STATUS_CHUNK = 5_000
 #: States a task can still leave; "missing" means no hash (never made, deleted or expired).
-ACTIVE = (k.SCHEDULED, k.PENDING, k.RESERVED, k.STARTED)
+ACTIVE = (SCHEDULED, PENDING, RESERVED, STARTED)
 MISSING = "missing"
 
 
@@ -43,7 +53,7 @@ class BatchProgress:
 
     @property
     def finished(self) -> int:
-        return sum(self.counts.get(state, 0) for state in k.ENDED_LISTS)
+        return sum(self.counts.get(state, 0) for state in ENDED_LISTS)
 
     @property
     def active(self) -> int:
@@ -52,10 +62,10 @@ class BatchProgress:
     def line(self) -> str:
         """``queue pages: 812/1000 finished (complete 800, failed 12) | pending 150 ...``"""
         of = f"/{self.total}" if self.total is not None else ""
-        cancelled = self.counts.get(k.CANCELLED, 0)
+        cancelled = self.counts.get(CANCELLED, 0)
         parts = [
             f"queue {self.queue}: {self.finished}{of} finished "
-            f"(complete {self.counts.get(k.COMPLETE, 0)}, failed {self.counts.get(k.FAILED, 0)}"
+            f"(complete {self.counts.get(COMPLETE, 0)}, failed {self.counts.get(FAILED, 0)}"
             + (f", cancelled {cancelled})" if cancelled else ")")
         ]
         parts += [f"{s} {self.counts[s]}" for s in (*ACTIVE, MISSING) if self.counts.get(s)]
@@ -107,7 +117,7 @@ class TaskFollower:
             else:
                 self._counts[last] -= 1
             self._counts[status or MISSING] += 1
-            if status in k.ENDED_LISTS:
+            if status in ENDED_LISTS:
                 del self._open[task_id]
             else:
                 self._open[task_id] = status or MISSING
@@ -136,7 +146,7 @@ class QueueFollower:
             return False
         if self.total is None:
             return not any(self._counts[status] for status in ACTIVE)
-        return sum(self._counts[state] for state in k.ENDED_LISTS) >= self.total
+        return sum(self._counts[state] for state in ENDED_LISTS) >= self.total
 
     def queues(self) -> list[str]:
         return [self._queue]
@@ -145,7 +155,7 @@ class QueueFollower:
         return self._queue
 
     def took(self, queue: str, counts: QueueCounts) -> None:
-        self._counts = {state: getattr(counts, state) for state in k.STATES}
+        self._counts = {state: getattr(counts, state) for state in STATES}
 
 
 def _follower(queue: str, task_ids: Iterable[str] | None, count: int | None

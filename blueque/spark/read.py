@@ -16,10 +16,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from blueque import keys as k
 from blueque.client import Client
 from blueque.config import Settings, hash_tags_option, settings_for
 from blueque.errors import ConfigurationError
+from blueque.statuses import RESERVED, SCHEDULED, STARTED, STATES, state_of
 from blueque.store import RedisStore
 
 #: Ids per LRANGE / ZRANGE call when listing a status on the driver.
@@ -66,7 +66,7 @@ def task_row(task_id: str, data: dict[str, str]) -> tuple[Any, ...]:
     state: its status, or ``cancelled`` for a failed task that was cancelled."""
     return (
         task_id,
-        k.state_of(data),
+        state_of(data),
         data.get("parameters"),
         data.get("result"),
         data.get("error"),
@@ -83,18 +83,18 @@ def task_row(task_id: str, data: dict[str, str]) -> tuple[Any, ...]:
 def statuses_wanted(statuses: Iterable[str] | str | None) -> tuple[str, ...]:
     """The requested states (a status, or cancelled) in workflow order (all by default)."""
     if statuses is None:
-        return k.STATES
+        return STATES
     wanted = {statuses} if isinstance(statuses, str) else set(statuses)
-    unknown = wanted - set(k.STATES)
+    unknown = wanted - set(STATES)
     if unknown:
         raise ConfigurationError(
-            f"unknown status {sorted(unknown)}; choose among {', '.join(k.STATES)}"
+            f"unknown status {sorted(unknown)}; choose among {', '.join(STATES)}"
         )
-    return tuple(status for status in k.STATES if status in wanted)
+    return tuple(status for status in STATES if status in wanted)
 
 
 def _ids_of(store: RedisStore, queue: str, status: str, chunk: int) -> Iterator[str]:
-    if status in (k.STARTED, k.RESERVED, k.SCHEDULED):
+    if status in (STARTED, RESERVED, SCHEDULED):
         yield from store.task_ids(queue, status)  # sets, and a sorted set read at once
         return
     start = 0
@@ -155,7 +155,7 @@ class TaskFetcher:
         for task_id, data in zip(batch, client.store.task_data_many(batch), strict=True):
             # the hash is the truth: a task that moved on since it was listed shows its new
             # status (and is left out if that status was not asked for); deleted ones vanish
-            if k.state_of(data) in self.statuses:
+            if state_of(data) in self.statuses:
                 yield task_row(task_id, data)
 
 

@@ -9,8 +9,8 @@ from typing import Any, cast
 
 import redis
 
-from blueque import keys as k
 from blueque.eviction import MemoryPolicy
+from blueque.statuses import LeaseMode
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
 
@@ -74,7 +74,7 @@ class ListenerOperations(StoreCore):
         return removed
 
     @translate_errors
-    def lease(self, queue: str, listener_id: str, ttl_ms: int, mode: k.LeaseMode) -> int:
+    def lease(self, queue: str, listener_id: str, ttl_ms: int, mode: LeaseMode) -> int:
         """register | renew | release a listener's lease (server clock). -1: lease was lost."""
         return int(self._run("lease", [self.keys.leases(queue)], [listener_id, ttl_ms, mode]))
 

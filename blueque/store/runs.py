@@ -11,6 +11,7 @@ from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.errors import BluequeError
+from blueque.statuses import FINISHED_STATUSES, RecoverMode, Verdict
 from blueque.store.core import Reservation, StoreCore
 from blueque.store.errors import translate_errors
 
@@ -127,7 +128,7 @@ class RunOperations(StoreCore):
             after.append(lambda pipe: pipe.hdel(runs, run))
         reply, replies = self._run_then("finish", keys, args, durable=True, after=after)
         status = str(reply)
-        if status in k.FINISHED_STATUSES and replies[0]:
+        if status in FINISHED_STATUSES and replies[0]:
             self.tell_dependents([end.task_id], end.now)
         return status
 
@@ -153,9 +154,9 @@ class RunOperations(StoreCore):
         self,
         queue: str,
         listener_id: str,
-        verdicts: Iterable[k.Verdict],
+        verdicts: Iterable[Verdict],
         now: float,
-        mode: k.RecoverMode,
+        mode: RecoverMode,
         release: bool = True,
     ) -> list[int]:
         """Apply verdicts (id, attempts seen, pending|preempted|retry|failed|cancelled|drop,

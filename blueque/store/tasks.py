@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import cast
 
 from blueque import ended, protocol
-from blueque import keys as k
 from blueque.protocol import CHECKPOINT_KEEP, QueueCounts
+from blueque.statuses import state_of
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
 
@@ -72,7 +72,7 @@ class TaskOperations(StoreCore):
         pipe = self.redis.pipeline(transaction=False)
         for task_id in task_ids:
             pipe.hmget(self.keys.task(task_id), ["status", "cancelled"])
-        return [k.state_of({"status": status, "cancelled": cancelled or ""})
+        return [state_of({"status": status, "cancelled": cancelled or ""})
                 if status is not None else None
                 for status, cancelled in cast(list[list[str | None]], pipe.execute())]
 

@@ -33,7 +33,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from blueque import keys as k
 from blueque.client import Client
 from blueque.cron import CronEntry
 from blueque.display import format_seconds, parse_duration
@@ -48,6 +47,7 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
+from blueque.statuses import PENDING
 from blueque.web import bulk, redis_panel, render, views
 from blueque.web.search import Filters
 
@@ -146,9 +146,9 @@ class Dashboard:
 
     async def queue(self, request: Request) -> Response:
         name = request.query_params.get("name", "")
-        state = request.query_params.get("state", k.PENDING)
+        state = request.query_params.get("state", PENDING)
         if state not in views.STATES:
-            state = k.PENDING
+            state = PENDING
         page = _int(request.query_params.get("page"), 1)
         filters = Filters.parse(request.query_params)
         start = _int(request.query_params.get("offset"), 0)

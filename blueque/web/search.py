@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from blueque import keys as k
 from blueque.policy import field_float
+from blueque.statuses import PENDING, RESERVED
 from blueque.store import RedisStore
 
 #: Tasks a filtered page looks at, at most (ids read in one window, fields of those whose id
@@ -95,9 +95,9 @@ def window_ids(store: RedisStore, queue: str, state: str, start: int, stop: int)
     """Ids ``start`` to ``stop`` (inclusive) of a state's list, in the order the page shows
     them: pending next-in-line first (the list's right end), scheduled soonest first,
     finished newest first."""
-    if state == k.PENDING:
+    if state == PENDING:
         return store.task_ids(queue, state, -(stop + 1), -(start + 1))[::-1]
-    if state == k.RESERVED:  # read whole (bounded by the listeners' slots), then windowed
+    if state == RESERVED:  # read whole (bounded by the listeners' slots), then windowed
         return store.task_ids(queue, state)[start : stop + 1]
     return store.task_ids(queue, state, start, stop)
 

@@ -10,12 +10,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from blueque import dependencies
-from blueque import keys as k
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
 from blueque.fields import TIME_FIELDS
 from blueque.metrics import pending_age
 from blueque.policy import field_float
+from blueque.statuses import (
+    CANCELLED,
+    COMPLETE,
+    FAILED,
+    PENDING,
+    RESERVED,
+    SCHEDULED,
+    STARTED,
+    WAITING,
+    state_of,
+)
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, readable_history
 from blueque.tasklog import read_outputs
@@ -35,8 +45,8 @@ QUEUES_LISTED = 500
 #: Queues per page of the queues page (each costs 60 reads for its chart).
 QUEUES_PER_PAGE = 100
 #: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
-STATES = (k.WAITING, k.PENDING, k.SCHEDULED, k.RESERVED, k.STARTED, k.COMPLETE, k.FAILED,
-          k.CANCELLED)
+STATES = (WAITING, PENDING, SCHEDULED, RESERVED, STARTED, COMPLETE, FAILED,
+          CANCELLED)
 #: Parents and dependents listed on a task page (with their states: one pipeline).
 RELATIVES_SHOWN = 50
 #: Outcomes of the queues page's chart and totals, per minute.
@@ -56,9 +66,9 @@ def progress_fraction(data: dict[str, str]) -> float | None:
 def run_time(data: dict[str, str], at: float) -> float | None:
     """Seconds the current attempt has run (started) or ran (finished)."""
     started = field_float(data.get("started_at"))
-    if started is None or data.get("status") not in (k.STARTED, k.COMPLETE, k.FAILED):
+    if started is None or data.get("status") not in (STARTED, COMPLETE, FAILED):
         return None
-    end = field_float(data.get("finished_at")) if data.get("status") != k.STARTED else None
+    end = field_float(data.get("finished_at")) if data.get("status") != STARTED else None
     return max(0.0, (end or at) - started)
 
 
@@ -67,7 +77,7 @@ def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
     return {
         "id": task_id,
         "data": data,
-        "status": k.state_of(data) or "(missing)",
+        "status": state_of(data) or "(missing)",
         "progress": progress_fraction(data),
         "run_time": run_time(data, at),
         "updated": field_float(data.get("updated")),
@@ -237,7 +247,7 @@ def relatives(store: RedisStore, task_id: str, data: dict[str, str]) -> dict[str
     children = store.perform(dependencies.dependents, task_id)
     awaited = set(store.perform(dependencies.awaited, task_id)) if parents else set()
     shown = parents[:RELATIVES_SHOWN] + children[:RELATIVES_SHOWN]
-    states = [k.state_of(d) or "(missing)" for d in store.task_data_many(shown)]
+    states = [state_of(d) or "(missing)" for d in store.task_data_many(shown)]
     rows = [{"id": i, "state": s, "awaited": i in awaited}
             for i, s in zip(shown, states, strict=True)]
     cut = len(parents[:RELATIVES_SHOWN])

@@ -16,7 +16,7 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
-from blueque.runs import Running
+from blueque.running import Running
 from tests.daemons import gone, kill_session_children, lines, wait_until
 
 pytestmark = pytest.mark.slow

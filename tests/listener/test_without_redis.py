@@ -17,7 +17,7 @@ from blueque.daemon.options import ListenerOptions
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.policy import Policy
-from blueque.runs import Running
+from blueque.running import Running
 from blueque.testing import RedisServer, free_port
 from tests import jobs
 from tests.daemons import Daemon, daemons, gone, lines, listen_command, subscribed, wait_until

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from blueque import keys as k
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Stopped
 from blueque.policy import Policy
-from blueque.reporting import ChildChannel
+from blueque.reporting import ChildChannel, OutcomeFrame
 from blueque.run_processes import RunMark
+from blueque.statuses import COMPLETE, FAILED, PENDING, SCHEDULED
 
 #: A run's state: the stamp not yet confirmed, its task started for it, or refused.
 RunState = Literal["starting", "running", "refused"]
@@ -34,7 +32,7 @@ class Running:
     kill_grace: float
     policy: Policy
     pid: int = 0
-    reason: Stopped = ""  # why we stop it (its group: Supervisor's Stopping)
+    reason: Stopped = ""  # why we stop it (its group: Supervisor.stops)
     exit_code: int | None = None  # None while it runs, or when a signal ended it
     created: float | None = None  # the process's create time
     #: the task's fields once its ending is recorded (for the listener's log line)
@@ -42,7 +40,7 @@ class Running:
     channel: ChildChannel | None = None  # the listener's end of the child's socket
     state: RunState = "running"
     #: the outcome frame the child sent, and the status recorded for it (None: not yet)
-    report: dict[str, Any] | None = None
+    report: OutcomeFrame | None = None
     recorded: str | None = None
     fields: dict[str, str] = field(default_factory=dict)  # the task as the stamp left it
     progress: tuple[float, str] | None = None  # the latest report, not written yet
@@ -67,27 +65,6 @@ class Running:
                            "listener_pid": listener_pid, "listener_created": listener_created})
 
 
-def describe_exit(status: int, reason: str, time_limit: float) -> str:
-    """What an unreported ending means, for the task's error field."""
-    if reason == "time limit":
-        return f"time limit of {time_limit:g} s exceeded: the task's process group was killed"
-    if reason == "cancelled":
-        return "cancelled while it ran: its process group was terminated"
-    if reason == "shutdown":
-        return "terminated because its listener shut down (--on-stop=terminate)"
-    if reason == "preempted":
-        return ("preempted: its node goes away, and it still ran at the deadline; its process "
-                "group was terminated")
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
-        text = f"process killed by signal {name} ({signum}) without reporting an outcome"
-        if signum == signal.SIGKILL:
-            text += "; if nobody sent it, the kernel's out-of-memory killer may have"
-        return text
-    return f"process exited with code {os.WEXITSTATUS(status)} without reporting an outcome"
-
-
 #: The task fields describe_ending reads.
 ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled", "updated",
                  "preempted_at")
@@ -98,15 +75,15 @@ ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled",
 #: superseded (the task had moved on to a later attempt); deleted (the task is gone);
 #: refused (the stamp refused it: nothing ran); unrecorded (Redis is away: recorded when it
 #: is back); unsettled (its task is still reserved or started, though its run has ended).
-Outcome = Literal["complete", "failed", "cancelled", "retrying", "preempted", "requeued",
+LogOutcome = Literal["complete", "failed", "cancelled", "retrying", "preempted", "requeued",
                   "superseded", "deleted", "refused", "unrecorded", "unsettled"]
 #: The outcomes logged at warning: the run failed, or its ending is not what was meant.
-WARNING_OUTCOMES: frozenset[Outcome] = frozenset({"failed", "retrying", "superseded",
+WARNING_OUTCOMES: frozenset[LogOutcome] = frozenset({"failed", "retrying", "superseded",
                                                    "unrecorded", "unsettled"})
 
 
 def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
-                    current: float) -> tuple[Outcome, str]:
+                    current: float) -> tuple[LogOutcome, str]:
     """How an attempt ended, for the listener's log: its outcome and a text such as
     ``complete in 3h12m``, ``failed in 2s: ValueError: bad``, ``failed in 2s, retry in 30s:
     ...``, ``cancelled in 5m: ...``, or where the task has moved on meanwhile."""
@@ -118,19 +95,19 @@ def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
     if attempt is not None and fields.get("attempts") not in (None, str(attempt)):
         return "superseded", (f"ended in {took}, superseded: the task is {status} at attempt "
                               f"{fields.get('attempts')}")
-    if status == k.COMPLETE:
+    if status == COMPLETE:
         return "complete", f"complete in {took}"
-    if status == k.FAILED and fields.get("cancelled"):
+    if status == FAILED and fields.get("cancelled"):
         return "cancelled", f"cancelled in {took}: {error}"
-    if status == k.FAILED:
+    if status == FAILED:
         return "failed", f"failed in {took}: {error}"
-    if status == k.SCHEDULED and fields.get("eta"):
+    if status == SCHEDULED and fields.get("eta"):
         wait = format_seconds(max(0.0, float(fields["eta"]) - current))
         return "retrying", f"failed in {took}, retry in {wait}: {error}"
-    if status == k.PENDING and fields.get("preempted_at") and (
+    if status == PENDING and fields.get("preempted_at") and (
             fields.get("preempted_at") == fields.get("updated")):  # its last change
         return "preempted", (f"preempted in {took}: the task is pending again, its attempt "
                              "not spent")
-    if status == k.PENDING:
+    if status == PENDING:
         return "requeued", f"ended in {took}, put back: the task is pending again"
     return "unsettled", f"ended in {took}; the task is {status}"

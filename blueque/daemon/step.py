@@ -1,0 +1,298 @@
+"""One step of the listener daemon's loop, over its parts (PROTOCOL.md 6 "One step"): take in
+what the children said and reap them, renew the lease, sweep for dead listeners, enforce time
+limits and cancellations, fill free slots, then wait for something to happen (a child's frame
+or exit, an enqueue published on a queue's channel, a cancel message, a signal, a timer). The
+children are the Supervisor's (supervisor.py), the listener's presence in Redis and its
+renewal's round trip the Membership's (membership.py), what wakes the loop the Wakeup's and the
+Inbox's (wakeup.py). The life around the steps (signals, stopping, leaving) is loop.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Literal
+
+from blueque import eviction
+from blueque.calling import TaskFunction, import_function
+from blueque.client import Client
+from blueque.daemon.exclusive import ExclusiveGuard
+from blueque.daemon.membership import Membership
+from blueque.daemon.options import ListenerOptions
+from blueque.daemon.owner import NODE_RUNS_TTL, Owner
+from blueque.daemon.slots import Slots
+from blueque.daemon.supervisor import Supervisor
+from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
+from blueque.errors import RedisUnavailable
+from blueque.listener import listener_id
+from blueque.metrics import ListenerMetrics
+from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
+from blueque.preemption import NodePreemption
+from blueque.recovery import Recovery
+from blueque.spool import Spool
+from blueque.spool import default_directory as spool_directory
+from blueque.store import RedisStore
+
+log = logging.getLogger("blueque.daemon")
+
+
+def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str]:
+    """Kale's ReducedLottery: draw queues by weight; a drawn queue leaves the pool, so every
+    queue is tried once per round, heavier ones first more often, and none starves."""
+    pool = dict(weights)
+    while pool:
+        names = list(pool)
+        choice = rng.choices(names, weights=[pool[name] for name in names])[0]
+        del pool[choice]
+        yield choice
+
+
+def reserve(store: RedisStore, weights: dict[str, int], listener: str,
+            rng: random.Random) -> tuple[str, str] | None:
+    """LMOVE the next pending id of a queue drawn by weight into the listener's reserved list:
+    the queue and the id. The stamp comes once a child is forked to run it (6.2)."""
+    for queue in reduced_lottery(weights, rng):
+        task_id = store.move_pending(queue, listener, block=None)
+        if task_id is not None:
+            return queue, task_id
+    return None
+
+
+class ListenerStep:
+    """The listener's parts and one step of its loop (``run_once``): take in what the
+    children said and reap them, join (identity claim, registration) until joined, renew,
+    sweep, enforce limits and cancellations, fill free slots, wait. ListenerDaemon lives by
+    repeating it; tests drive single steps. It composes its presence in Redis (Membership)
+    and its children (Supervisor), what wakes it (Wakeup, Inbox), its slots and recovery
+    (Slots, Recovery) and its node's preemption (NodePreemption)."""
+
+    def __init__(self, client: Client, options: ListenerOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Each part is given what it needs of ``options`` when it is made."""
+        self.options = options
+        interval = options.interval
+        # the loop's operations retry for half an interval at most, then the loop's own
+        # backoff takes over (it keeps enforcing time limits and hearing signals meanwhile);
+        # children get the client's whole retry_deadline for their start and outcome
+        self.store = client.store.bounded(interval / 2, quiet=True)
+        self.weights = options.queues
+        self.on_stop = options.on_stop
+        self.node_name, self.id = daemon_identity(options.node_name, options.identity)
+        self.node = node_identity(self.node_name)
+        self.clock = clock
+        self.membership = Membership(self.store, self.id, self.node, self.node_name,
+                                     self.weights, interval, clock, options.exclusive)
+        lease_ms = self.membership.lease_ms
+        self.recovery = Recovery(self.store, host=self.node_name, lease_ms=lease_ms,
+                                 node=self.node)
+        function = options.function
+        self.function: TaskFunction | None = None if isinstance(function, str) else function
+        self.rng = random.Random()
+        #: the loop's Prometheus counters (options.metrics), for a server to serve
+        self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency,
+                                        busy=self.busy) if options.metrics else None)
+        self.spool = Spool(options.spool_dir or spool_directory())
+        self.supervisor = Supervisor(
+            self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
+                                            lease_ms / 1000), clock, self.rng,
+            task_logs=options.task_logs, spool=self.spool,
+            count_ending=self.metrics.task_ended if self.metrics else None,
+            reuse=options.reuse)
+        self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
+                                    clock)
+        self.wakeup = Wakeup(self.store, interval)
+        self.preemption = NodePreemption(self.store, self.node_name, self.id, clock,
+                                         options.preempt_grace)
+        self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
+        self.slots = Slots(options.concurrency)
+        self.stop_asked = False
+        self.cadence = Cadence(interval, options.poll)
+        self._memory_checked = False
+        self.program_signals: ProgramSignals | None = None
+
+    def load_function(self) -> TaskFunction:
+        """Import the task function in the parent, before listening: children inherit it, and
+        a spec that cannot be imported stops the listener at start (CallbackError) instead of
+        failing every task it would take."""
+        if self.function is None:
+            self.function = import_function(str(self.options.function))
+        return self.function
+
+    def register(self) -> None:
+        sent = self.clock()
+        self.membership.register(self.options.concurrency)
+        self.guard.renewed_at(sent)  # its leases run from here
+        self.supervisor.owner = replace(self.supervisor.owner,
+                                        created=self.membership.created)
+
+    def start_subscriber(self) -> None:
+        """Hear enqueues on our queues' channels, cancels on our control channel and this
+        node's preemption (PROTOCOL.md 6 step 7)."""
+        self.wakeup.subscribe(self.inbox.channels, self.inbox.heard)
+
+    def _interrupted(self) -> bool:
+        """Asked to stop, or a signal for the program's own handler waits: a wait for our
+        identity (a lease to lapse) gives way to either."""
+        return self.stop_asked or bool(self.program_signals and self.program_signals.pending)
+
+    def run_once(self) -> None:
+        self.supervisor.take_in()
+        self.supervisor.reap()
+        try:
+            if not self.membership.registered:
+                self.store.check_server()  # once: before the identity check's first command
+                if not self._memory_checked:  # refuses a Redis that may evict our keys
+                    eviction.check(self.store.memory_policy(), f"listener {self.id}",
+                                   self.options.allow_eviction, log)
+                    self._memory_checked = True
+                # endings our node's listeners could not record: before any recovery could
+                # take their stopped runs for deaths (PROTOCOL.md 6.5)
+                self.spool.replay(self.store)
+                if not self.membership.claim(self.recovery, self._interrupted):
+                    return
+                self.register()
+                self.heal()
+                if self.wakeup.subscriber is None:  # once the server is known to be usable
+                    self.start_subscriber()
+            self._step(self.clock())
+            timeout = self.options.poll
+        except RedisUnavailable as error:
+            news, timeout = self.cadence.outage(self.clock())
+            if news:
+                log.error("listener %s: %s; %s", self.id, error, "children keep running, "
+                          "retrying" if self.membership.registered else "not started yet: "
+                          "it takes no task until Redis answers, retrying")
+            self.supervisor.hold_reports()  # what our children reported outlives us (6.5)
+            self._enforce_limits()
+        self._wait(timeout)
+
+    def _step(self, current: float) -> None:
+        """One step's work with Redis (PROTOCOL.md 6 "One step"); RedisUnavailable ends it."""
+        supervisor = self.supervisor
+        if self.cadence.down_since is not None:
+            # back only once Redis takes a write: under OOM some writes pass and others are
+            # refused, and "back" must not be said between two refusals (PROTOCOL.md 6.5)
+            self.store.probe_writes(self.id)
+        self._renew_when_due(current)
+        self._check_preemption()
+        supervisor.begin_waiting()
+        supervisor.record_reports()  # first: each of those children waits for the word
+        supervisor.recorder.record_unrecorded()
+        if self.cadence.due("sweep", current):
+            self._sweep()
+            self.cadence.done("sweep", current)
+        supervisor.recorder.forget_ended()
+        if self.cadence.due("due", current):
+            # retries are scheduled tasks: move due ones even when no scheduler runs
+            for queue in self.weights:
+                self.store.enqueue_due(queue, self.store.now())
+            self.cadence.done("due", current)
+        supervisor.stop_tasks(self.inbox.cancels(), "cancelled")
+        self._enforce_limits()
+        if not self.stop_asked and self.preemption.deadline is None:
+            self._fill_slots()
+        supervisor.write_progress()
+        if self.cadence.back():
+            log.warning("listener %s: Redis is back", self.id)
+            self.heal()
+
+    def _renew_when_due(self, current: float) -> None:
+        """Every half interval, and first thing after an outage (Cadence)."""
+        if self.cadence.due("renew", current):
+            self.preemption.heard = True  # a request whose message we missed: read it now
+            self._renew()
+            self.spool.replay(self.store)  # what a listener of ours held when it died
+            # a move whose reply was lost (a failover: the retried LMOVE took another
+            # task) strands an id in our reserved list that nothing else would put back
+            self.heal()
+            self.cadence.done("renew", current)
+
+    def _renew(self) -> None:
+        """Renew our leases and info hash and write our runs (Membership.renew), and look at
+        each running child's task as it is now (Supervisor.look_at): a superseded run is
+        stopped, a cancel whose message was missed is taken."""
+        supervisor = self.supervisor
+        supervisor.defaults.clear()  # an operator's Queue.configure applies from now
+        watched = supervisor.watched()
+        reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
+                                      [r.task_id for r in watched], self.metrics)
+        self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
+        if self.membership.renewed_at is not None:
+            self.guard.renewed_at(self.membership.renewed_at)
+
+    def heal(self) -> None:
+        """Put back the ids in our reserved lists that no child of ours runs or still has
+        an ending to record (Membership.heal): as the renewal just before read them, if one
+        did. Raises RedisUnavailable."""
+        self.membership.heal(self.supervisor.task_ids())
+
+    def _sweep(self) -> None:
+        """Recovery, as adopter: the live runs of dead listeners of our node that it adopts
+        take our slots (Slots.take); then the cleanup of old output files."""
+        report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
+        if self.slots.take(report):
+            log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
+                     self.id, len(self.slots.adopted))
+        self.supervisor.clean_logs(self.options.interval)
+        if self.metrics:
+            self.metrics.swept(report)
+
+    def busy(self) -> int:
+        """Slots in use: our children (and what ended runs left that we are stopping), the
+        runs we adopted, the fenced runs we are stopping."""
+        return self.slots.busy(self.supervisor.occupied())
+
+    def _fill_slots(self) -> None:
+        while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
+            moved = reserve(self.store, self.weights, self.id, self.rng)
+            if moved is None:
+                return
+            if not self.supervisor.fork(*moved, self.load_function()):
+                self.heal()
+                return
+
+    def _enforce_limits(self) -> None:
+        """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
+        working while it is down; so does SIGUSR1 (a node may be told it goes away while
+        Redis is away): its tasks are told at once and stopped at the deadline."""
+        if self.preemption.signalled:
+            self._check_preemption()
+        if self.preemption.due():
+            # their tasks go back to pending (endings.decide; an adopted run's when a sweep
+            # finds it gone)
+            self._stop_all("preempted")
+        self.supervisor.enforce_limits()
+
+    def _stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
+        """SIGTERM the groups still running, our children's and the adopted runs' (then
+        SIGKILL after their grace, as for any stop)."""
+        self.supervisor.stop_all(reason)
+        self.recovery.stop_adopted(self.slots.adopted, reason)
+
+    def _check_preemption(self) -> None:
+        """This node goes away: take no more tasks, tell every task process so that it saves
+        and stops; its groups are terminated at the deadline (an earlier one wins)."""
+        if self.preemption.check(self.supervisor.notify, self.slots.adopted_pids()):
+            self.membership.info["preempting_until"] = repr(self.preemption.deadline)
+            self.cadence.soon("renew")  # blueque status shows it from our next step on
+
+    def _wait(self, timeout: float) -> None:
+        if self.stop_asked and self.on_stop == "keep":
+            return
+        deadlines = [*self.supervisor.deadlines(), *self.cadence.deadlines(),
+                     *self.preemption.deadlines()]
+        current = self.clock()
+        self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
+                         self.supervisor.channels())
+
+
+def daemon_identity(node_name: str | None, identity: str | None) -> tuple[str, str]:
+    """A listener daemon's node name and id. An explicit id's host part is its node name:
+    "[node name]_[pid]" stays readable."""
+    name = checked_node_name(node_name) if node_name else (
+        parse_listener_id(identity)[0] if identity else hostname())
+    return name, identity or listener_id(node_name=name)

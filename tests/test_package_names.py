@@ -1,0 +1,66 @@
+"""The package's own names: a task function's author imports all it uses from ``blueque``,
+and ``import blueque`` in a producer leaves the task process's machinery unloaded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import blueque
+
+#: What a task function's author uses, and where each lives (those paths stay importable).
+AUTHOR_NAMES = {
+    "report_progress": "blueque.progress",
+    "preempted": "blueque.preemption",
+    "on_preempt": "blueque.preemption",
+    "preempt_deadline": "blueque.preemption",
+    "Preempted": "blueque.errors",
+    "TaskFunction": "blueque.child",
+    "Task": "blueque.task",
+    "CheckpointInfo": "blueque.task",
+    "CheckpointTooLarge": "blueque.errors",
+}
+#: The task process's and the listener's machinery: no producer needs it.
+MACHINERY = ("blueque.child", "blueque.daemon", "blueque.reporting", "blueque.progress",
+             "blueque.preemption", "blueque.capture", "blueque.spool", "blueque.tasklog",
+             "blueque.leftovers")
+
+
+def test_import_blueque_leaves_the_task_machinery_unloaded() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import blueque, json, sys; blueque.Client, blueque.Queue\n"
+         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('blueque'))))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(done.stdout))
+    assert "blueque.client" in loaded
+    machinery = sorted(m for m in loaded if m.startswith(MACHINERY))  # a package's parts too
+    assert not machinery, machinery
+
+
+@pytest.mark.parametrize(("name", "module"), sorted(AUTHOR_NAMES.items()))
+def test_each_author_name_is_importable_from_blueque(name: str, module: str) -> None:
+    assert name in blueque.__all__
+    assert getattr(blueque, name) is getattr(__import__(module, fromlist=[name]), name)
+    assert name in dir(blueque)
+
+
+def test_the_old_import_paths_stay() -> None:
+    from blueque.child import (  # noqa: F401  (what README and task modules used to say)
+        Preempted,
+        TaskFunction,
+        on_preempt,
+        preempt_deadline,
+        preempted,
+        report_progress,
+    )
+
+    assert report_progress is blueque.report_progress
+    assert preempted is blueque.preempted
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        blueque.no_such_name  # type: ignore[attr-defined]  # noqa: B018
