@@ -170,6 +170,9 @@ def _pickup_and_drain_rows(p: Profile) -> list[Row]:
              for c in (1, 2) for system in DRAIN_SYSTEMS]
     rows.append(Row("drain_c1_nologs.blueque", f"4 drain {p.drain_n:,} no-op tasks",
                     "concurrency 1, --no-task-logs", "blueque", "tasks/s"))
+    rows += [Row(f"drain_c{c}_warm.blueque", f"4 drain {p.drain_n:,} no-op tasks",
+                 f"concurrency {c}, warm processes (--reuse)", "blueque", "tasks/s")
+             for c in (1, 2)]
     return [*rows, *drain_cost_rows(p),
             Row("recovery_default.blueque", "5 recovery after SIGKILL", "default lease (10 s)",
                 "blueque", "s", 2),
@@ -277,21 +280,7 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
             script(system, name, "pickup", "--n", n, "--spacing", spacing),
             {f"pickup_{pct}.{system}": f"{pct}_ms" for pct in ("p50", "p95", "p99")},
             slow=True))
-    for c in (1, 2):
-        for system, name, kind in (("blueque", bq, "-"), ("original", orig, "-"),
-                                   ("rq", rq, "fork"), ("rq_simple", rq, "simple")):
-            interpreter = "rq" if system == "rq_simple" else system
-            jobs.append(Job(
-                "drain", system, "4",
-                script(interpreter, name, "drain", "--n", p.drain_n, "--concurrency", c,
-                       "--op", kind),
-                {f"drain_c{c}.{system}": "rate", f"drain_cmds_c{c}.{system}": "commands",
-                 f"drain_trips_c{c}.{system}": "round_trips",
-                 f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
-    jobs.append(Job("drain", "blueque", "4",
-                    script("blueque", bq, "drain", "--n", p.drain_n, "--concurrency", 1,
-                           "--op", "no-task-logs"),
-                    {"drain_c1_nologs.blueque": "rate"}, slow=True))
+    jobs += _drain_jobs(p, script)
     if p.recovery_default:
         jobs.append(Job("recovery", "blueque", "5",
                         script("blueque", bq, "recovery", "--lease", "default"),
@@ -312,6 +301,31 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                            "--n", p.scale_ops),
                     {f"scale_{op}_{size}.{system}": "us_per_op"}))
     return [*jobs, *_spark_jobs(p)]
+
+
+def _drain_jobs(p: Profile, script: Callable[..., Callable[[str], list[str]]]) -> list[Job]:
+    """Scenario 4: every system at concurrency 1 and 2, and blueque's other modes."""
+    bq, orig, rq = "blueque_bench.py", "original_peer.py", "rq_peer.py"
+    jobs: list[Job] = []
+    for c in (1, 2):
+        for system, name, kind in (("blueque", bq, "-"), ("original", orig, "-"),
+                                   ("rq", rq, "fork"), ("rq_simple", rq, "simple")):
+            interpreter = "rq" if system == "rq_simple" else system
+            jobs.append(Job(
+                "drain", system, "4",
+                script(interpreter, name, "drain", "--n", p.drain_n, "--concurrency", c,
+                       "--op", kind),
+                {f"drain_c{c}.{system}": "rate", f"drain_cmds_c{c}.{system}": "commands",
+                 f"drain_trips_c{c}.{system}": "round_trips",
+                 f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
+    # blueque's other modes: no output capture; warm task processes (--reuse, 6.7)
+    for c, op, key in ((1, "no-task-logs", "drain_c1_nologs.blueque"),
+                       (1, "warm", "drain_c1_warm.blueque"), (2, "warm", "drain_c2_warm.blueque")):
+        jobs.append(Job("drain", "blueque", "4",
+                        script("blueque", bq, "drain", "--n", p.drain_n, "--concurrency", c,
+                               "--op", op),
+                        {key: "rate"}, slow=True))
+    return jobs
 
 
 # --- redis-benchmark -----------------------------------------------------------------------
@@ -510,6 +524,10 @@ TARGETS = [
     Target("drain c=1: blueque / rq SimpleWorker (no fork)",
            ratio("drain_c1.blueque", "drain_c1.rq_simple"), 1.0),
     Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.7),
+    Target("drain c=1, warm processes: blueque / rq SimpleWorker (no fork)",
+           ratio("drain_c1_warm.blueque", "drain_c1.rq_simple"), 2.0),
+    Target("drain, warm processes: blueque c=2 / c=1",
+           ratio("drain_c2_warm.blueque", "drain_c1_warm.blueque"), 1.7),
     Target("Redis CPU per drained task (c=1): blueque / original",
            ratio("drain_redis_cpu_c1.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
     Target(f"asyncio: {AIO_CONCURRENCY} concurrent enqueues / sync one at a time",

@@ -106,6 +106,18 @@ class CappedOutput:
                 self._file = new
         self.size = 0
 
+    def switch(self, path: Path) -> None:
+        """A warm process's next attempt (PROTOCOL.md 6.7): what the pipe holds goes to the
+        file of the attempt before; from now on the output goes to ``path``."""
+        self.drain()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        with self._lock:
+            os.close(self._file)
+            self._file, self.path = new, path
+            self.size = os.fstat(new).st_size
+            self.rotate = _no_shipper
+
     def drain(self) -> None:
         """Flush Python's streams and write what the pipe holds to the file, now."""
         for stream in (sys.stdout, sys.stderr):
@@ -169,7 +181,9 @@ def capture_attempt(path: Path, max_bytes: int, keep_processes: bool,
     nobody reads). False: the file cannot be opened, and the output goes to /dev/null."""
     global current
     try:
-        if keep_processes:
+        if current is not None and pipe is None and not keep_processes:
+            current.switch(path)  # a warm process's next attempt: the same pipe
+        elif keep_processes:
             for fd in pipe or ():
                 os.close(fd)
             capture(path)

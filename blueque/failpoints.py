@@ -5,7 +5,8 @@ held) at named points of the reporting path, so each window is tested as it happ
 processes): at point ``name`` the process SIGKILLs itself, or with ``:seconds`` sleeps that
 long (the test acts meanwhile, e.g. restarts Redis). Without the variable every ``hit`` is one
 set lookup. Points: ``listener-before-stamp``, ``listener-before-go``,
-``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``.
+``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``;
+``listener-before-warm-stamp`` (a warm process told its next task, PROTOCOL.md 6.7).
 """
 
 from __future__ import annotations

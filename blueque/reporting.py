@@ -8,7 +8,9 @@ kind declared below as a TypedDict (one key names the kind).
 - listener -> child (``ToChild``): ``Go`` ``{"go": fields, "defaults": queue defaults}`` (the
   task is started: run it), ``Stop`` ``{"stop": why}`` (do not run it), ``Preempt``
   ``{"preempt": deadline}`` (its node goes away at that local Unix time; sent just before a
-  SIGUSR1), ``Recorded`` ``{"recorded": status}`` (your outcome is recorded: exit);
+  SIGUSR1), ``Recorded`` ``{"recorded": status}`` (your outcome is recorded: exit); to a
+  warm process (6.7), after ``Recorded``: ``Assign`` ``{"task": id, "queue": queue}`` (your
+  next task: wait for its word) or ``Retire`` ``{"retire": why}`` (exit);
 - child -> listener (``ToListener``): any number of ``Progress`` ``{"progress": fraction,
   "message": text}``, then one ``Reported`` ``{"outcome": "complete" | "failed" |
   "preempted", "text", "traceback", "retry", "output"}``.
@@ -70,8 +72,23 @@ class RecordedFrame(TypedDict):
     recorded: str
 
 
+@final
+class AssignFrame(TypedDict):
+    """To a warm process whose outcome is recorded (6.7): its next task (wait for its word)."""
+
+    task: str
+    queue: str
+
+
+@final
+class RetireFrame(TypedDict):
+    """To a warm process whose outcome is recorded (6.7): take no other task, exit (why)."""
+
+    retire: str
+
+
 #: What a listener sends its child.
-ToChild = GoFrame | StopFrame | PreemptFrame | RecordedFrame
+ToChild = GoFrame | StopFrame | PreemptFrame | RecordedFrame | AssignFrame | RetireFrame
 
 
 # --- child -> listener ----------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Node:
     url: str
     directory: Path
     tag: str
+    options: tuple[str, ...] = ()  # more `blueque listen` options (--reuse)
     daemon: Daemon | None = None
     starts: int = 0
     logs: list[Path] = field(default_factory=list)
@@ -76,6 +77,7 @@ class Node:
         command = listen_command(
             self.url, "chaos", "tests.chaos_jobs:work", "--node-name", self.name,
             "--concurrency", str(CONCURRENCY), "--interval", str(INTERVAL), "--poll", "0.2",
+            *self.options,
         )
         self.daemon = Daemon(command, log, env={TAG: self.tag, "CHAOS_NODE": self.name})
 
@@ -299,15 +301,18 @@ def clean_up(nodes: list[Node], others: list[Daemon], links: dict[str, DelayingP
             process.kill()
 
 
+@pytest.mark.parametrize("mode", [(), ("--reuse", "3")], ids=["fork", "warm"])
 def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
-                                                    tmp_path: Path) -> None:
+                                                    tmp_path: Path, mode: tuple[str, ...]
+                                                    ) -> None:
+    """In both modes: a process per task, and warm processes (PROTOCOL.md 6.7)."""
     seed = int(os.environ.get("BLUEQUE_CHAOS_SEED", "0")) or random.randrange(1 << 30)
     rng = random.Random(seed)
     tag = f"chaos-{os.getpid()}-{seed}"
     journal = tmp_path / "journal"
     journal.mkdir()
     links = {f"node-{letter}": DelayingProxy(chaos_server.port) for letter in "abc"}
-    nodes = [Node(name, link.url(), tmp_path, tag) for name, link in links.items()]
+    nodes = [Node(name, link.url(), tmp_path, tag, mode) for name, link in links.items()]
     chaos = Chaos(chaos_server, nodes, rng, links)
     client = blueque.Client(chaos_server.url)
     queue = client.get_queue("chaos")

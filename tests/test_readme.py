@@ -171,6 +171,8 @@ BLOCKS = {
     ("Using it", 1): "tests/test_readme.py::test_using_it_runs_as_written",
     ("Using it", 2): "tests/test_readme.py::test_using_it_runs_as_written",
     ("Using it", 3): "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
+    ("Warm task processes (--reuse)", 1):
+        "tests/test_readme.py::test_the_reuse_line_runs_as_written",
     ("Checkpoints", 1):
         "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
     ("Checkpoints", 2):
@@ -331,6 +333,19 @@ def test_the_listen_and_scheduler_lines_run_as_written(shell: Shell,
                 f"gpu-7_{started.process.pid}"]
         assert started.stop() == 0, started.output()
         assert "Traceback" not in started.output()
+
+
+@pytest.mark.slow
+def test_the_reuse_line_runs_as_written(shell: Shell, client: blueque.Client) -> None:
+    """"Warm task processes"' listener starts as written, runs tasks, and stops with SIGTERM
+    (0)."""
+    (line,) = commands(block("Warm task processes (--reuse)").text)
+    started = shell.start(line)
+    started.until("listening on")
+    ids = [client.get_queue("documents").enqueue(json.dumps({"page": n})) for n in range(3)]
+    assert [client.get_task(i).wait(30).status for i in ids] == ["complete"] * 3
+    assert started.stop() == 0, started.output()
+    assert "Traceback" not in started.output()
 
 
 @pytest.mark.slow

@@ -49,17 +49,18 @@ def outcomes(redis_client: object, outcome: str) -> int:
 
 
 def run_once_through(client: blueque.Client, redis_client: object, started: list[Daemon],
-                     tmp_path: Path, redis_url: str, failpoint: str) -> tuple[Daemon, str, Path]:
+                     tmp_path: Path, redis_url: str, failpoint: str,
+                     *options: str) -> tuple[Daemon, str, Path]:
     """A listener killed at ``failpoint`` while running one task; a second listener on the
     same node takes over what is left. The task must complete, having run exactly once."""
     marker = tmp_path / "marker"
-    first = start(started, tmp_path, redis_url, failpoints=failpoint)
+    first = start(started, tmp_path, redis_url, *options, failpoints=failpoint)
     wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 1,  # type: ignore[attr-defined]
                what="the first listener")
     task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker), "value": 7}))
     first.process.wait(20)
     assert first.process.returncode == -signal.SIGKILL, first.log()
-    start(started, tmp_path, redis_url)
+    start(started, tmp_path, redis_url, *options)
     task = client.get_task(task_id).wait(20)
     assert task.status == "complete" and task.result == "7", task.data
     return first, task_id, marker
@@ -75,10 +76,12 @@ def run_once_through(client: blueque.Client, redis_client: object, started: list
     ("listener-before-finish", "the orphan"),
     ("listener-before-recorded", "the orphan"),
 ])
+@pytest.mark.parametrize("mode", [(), ("--reuse", "3")], ids=["fork", "warm"])
 def test_a_listener_killed_at_each_point_loses_nothing_and_runs_nothing_twice(  # type: ignore[no-untyped-def]
-        client, redis_client, started, tmp_path, redis_url, failpoint, runs_in) -> None:
+        client, redis_client, started, tmp_path, redis_url, failpoint, runs_in, mode) -> None:
+    """In both modes: a process per task, and warm processes (PROTOCOL.md 6.7)."""
     first, task_id, marker = run_once_through(client, redis_client, started, tmp_path,
-                                              redis_url, failpoint)
+                                              redis_url, failpoint, *mode)
     assert len(lines(marker)) == 1, lines(marker)  # ran once
     task = client.get_task(task_id)
     assert task.attempts == 1  # a stamp that never happened counted nothing

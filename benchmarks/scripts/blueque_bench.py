@@ -149,6 +149,10 @@ LEASES = {"default": ["--interval", "10", "--poll", "1"],
           "fastest": ["--interval", "0.2", "--poll", "0.05"]}
 
 
+#: Tasks per warm task process in the "warm" drain (blueque listen --reuse).
+WARM_REUSE = 1000
+
+
 def listen_command(url: str, function: str, concurrency: int, extra: list[str]) -> list[str]:
     """``blueque listen bench bench_tasks:FUNCTION`` in this interpreter."""
     return [sys.executable, "-m", "blueque.cli", "listen", "--url", url, QUEUE,
@@ -182,11 +186,13 @@ def pickup(url: str, n: int, spacing: float) -> dict[str, float]:
 
 def drain(url: str, n: int, concurrency: int, op: str) -> dict[str, float]:
     """``op`` "no-task-logs": the listener captures no task output (``--no-task-logs``), which
-    measures what the per-attempt output file and its shipping cost each task."""
+    measures what the per-attempt output file and its shipping cost each task; "warm": warm
+    task processes (``--reuse``, PROTOCOL.md 6.7), each running up to WARM_REUSE tasks."""
     client = blueque.Client(url)
     queue = client.get_queue(QUEUE)
     queue.enqueue_many([bc.PARAMETERS] * n)
-    extra = ["--no-task-logs"] if op == "no-task-logs" else []
+    extra = (["--no-task-logs"] if op == "no-task-logs"
+             else ["--reuse", str(WARM_REUSE)] if op == "warm" else [])
     listener = start_listener(url, "noop", concurrency, extra)
     try:
         return bc.drain_rate(lambda: queue.stats().complete, n, timeout=n * 0.1 + 30,

@@ -69,6 +69,11 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=positive_int, default=default("concurrency"),
                         help="tasks run at once (one child each); no task is reserved "
                              f"without a free slot (default {default('concurrency')})")
+    parser.add_argument("--reuse", type=positive_int, default=default("reuse"), metavar="N",
+                        help="a task process runs up to N tasks one after another, then is "
+                             "replaced (PROTOCOL.md 6.7): no fork per task, but what a task "
+                             "leaves in the process (globals, threads, open files) stays for "
+                             "the next; default 1, a fresh process per task")
     parser.add_argument("--exclusive", action="store_true",
                         help="never two runs of a task at once, even when this node is cut "
                              "off from Redis: a run is stopped before the lease can lapse "
@@ -179,7 +184,7 @@ def listener_options(args: argparse.Namespace) -> ListenerOptions:
         parse_queues(args.queues), args.function, concurrency=args.concurrency,
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name, allow_eviction=args.allow_eviction,
-        spool_dir=args.spool_dir, exclusive=args.exclusive,
+        spool_dir=args.spool_dir, exclusive=args.exclusive, reuse=args.reuse,
         task_logs=task_log_settings(args), preempt_grace=args.preempt_grace,
         metrics=args.metrics_port is not None)
 

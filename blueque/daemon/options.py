@@ -41,6 +41,8 @@ class ListenerOptions:
     #: $XDG_STATE_HOME/blueque/spool)
     spool_dir: Path | None = None
     exclusive: bool = False  # every run is exclusive (PROTOCOL.md 6.6)
+    #: tasks one task process may run in turn (PROTOCOL.md 6.7: warm processes; 1: one each)
+    reuse: int = 1
     #: where task output goes on the node and how much is kept (None: the listener's stderr)
     task_logs: TaskLogSettings | None = None
     #: on SIGUSR1 (this node goes away), how long its tasks have to save and stop (s)
@@ -54,6 +56,8 @@ class ListenerOptions:
             raise ConfigurationError("a listener needs at least one queue")
         if self.concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, not {self.concurrency}")
+        if self.reuse < 1:
+            raise ConfigurationError(f"reuse must be at least 1, not {self.reuse}")
         if self.on_stop not in ON_STOP:
             raise ConfigurationError(f"--on-stop must be one of {ON_STOP}, not "
                                      f"{self.on_stop!r}")

@@ -85,6 +85,11 @@ class Recorder:
             self.record_unrecorded()
         elif running.state == "refused":
             self.ended_pids.append(str(pid))
+        self.ended(pid, running, duration)
+
+    def ended(self, pid: int, running: Running, duration: float) -> None:
+        """A run has ended, its ending recorded or kept: its empty output file goes, it is
+        counted and logged (its process exited, or waits warm for its next task: 6.7)."""
         if self.task_logs is not None and running.attempt is not None:
             # its writer is gone: an attempt that wrote nothing leaves no file (5.19)
             drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))

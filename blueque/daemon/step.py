@@ -23,8 +23,9 @@ from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
+from blueque.daemon.owner import NODE_RUNS_TTL, Owner
 from blueque.daemon.slots import Slots
-from blueque.daemon.supervisor import NODE_RUNS_TTL, Owner, Supervisor
+from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
 from blueque.errors import RedisUnavailable
 from blueque.listener import listener_id
@@ -99,7 +100,8 @@ class ListenerStep:
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
-            count_ending=self.metrics.task_ended if self.metrics else None)
+            count_ending=self.metrics.task_ended if self.metrics else None,
+            reuse=options.reuse)
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)
         self.wakeup = Wakeup(self.store, interval)

@@ -13,14 +13,10 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from blueque import failpoints
-from blueque.child import (
-    Assignment,
-    TaskFunction,
-    run_reporting_child,
-)
+from blueque.child import Assignment, TaskFunction
+from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder
 from blueque.endings import Stopped, late_ending_allowed
 from blueque.errors import BluequeError, RedisUnavailable
@@ -34,45 +30,18 @@ from blueque.spool import Spool
 from blueque.statuses import FAILED
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
+from blueque.warm import WarmProcesses, run_task_process
 
 log = logging.getLogger("blueque.daemon")
-
-#: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
-#: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
-NODE_RUNS_TTL = 7 * 24 * 3600
-
-
-class Defaults(dict[str, dict[str, str]]):
-    """Queue defaults as read from blueque_queue_config_[queue], one read per queue until
-    cleared; called with a queue, it gives that queue's."""
-
-    def __init__(self, store: RedisStore) -> None:
-        super().__init__()
-        self._store = store
-
-    def __call__(self, queue: str) -> dict[str, str]:
-        if queue not in self:
-            self[queue] = self._store.queue_config(queue)
-        return self[queue]
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The listener a Supervisor works for: its id, node identity and process."""
-
-    id: str
-    node: str
-    pid: int
-    created: float | None
-    lease_s: float  # a child waits this long for a word before counting it gone
 
 
 class Supervisor:
     def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
                  clock: Callable[[], float], rng: random.Random, *,
                  task_logs: TaskLogSettings | None = None, spool: Spool | None = None,
-                 count_ending: CountEnding | None = None) -> None:
-        """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.recorder)."""
+                 count_ending: CountEnding | None = None, reuse: int = 1) -> None:
+        """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.recorder);
+        ``reuse``: how many tasks one task process may run (PROTOCOL.md 6.7; 1: one)."""
         self.store = store  # the loop's, bounded
         self.task_store = task_store  # the children's: the client's whole retry_deadline
         self.owner = owner
@@ -82,6 +51,7 @@ class Supervisor:
         #: each lease renewal (the listener clears them then) rather than for every task
         self.defaults = Defaults(store)
         self.children: dict[int, Running] = {}
+        self.warm = WarmProcesses(reuse)  # task processes that run several tasks (6.7)
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
         self.stops = Stopping(kill=self._signal_run)  # the groups it is stopping
@@ -92,7 +62,9 @@ class Supervisor:
     # --- forking and starting ---------------------------------------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
         """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
-        the task for it. False if no process could be forked."""
+        the task for it (or give it to an idle warm process). False if none could be forked."""
+        if self._assign(queue, task_id):
+            return True
         ours, theirs = socket.socketpair()
         output = os.pipe() if self.recorder.task_logs is not None else None
         try:
@@ -108,22 +80,35 @@ class Supervisor:
         if pid == 0:
             ours.close()
             self.close()  # its siblings' sockets are not its own
-            run_reporting_child(self.task_store, theirs,
-                                Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
-                                           self.recorder.spool, output),
-                                function, self.recorder.task_logs)
+            run_task_process(self.task_store, theirs,
+                             Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
+                                        self.recorder.spool, output),
+                             function, self.recorder.task_logs, self.warm.reuse)
         theirs.close()
         if output is not None:  # the read end stays ours too: see Recorder.settle
             os.close(output[1])
             os.set_blocking(output[0], False)
+        self._start(task_id, queue, pid, create_time(pid), ChildChannel(ours),
+                    None if output is None else output[0])
+        return True
+
+    def _start(self, task_id: str, queue: str, pid: int, created: float | None,
+               channel: ChildChannel, output: int | None) -> None:
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
-                          Policy(), pid, created=create_time(pid), channel=ChildChannel(ours),
-                          output=None if output is None else output[0],
+                          Policy(), pid, created=created, channel=channel, output=output,
                           state="starting")
         self.children[pid] = running
         failpoints.hit("listener-before-stamp")
         self._begin(running)
-        return True
+
+    def _assign(self, queue: str, task_id: str) -> bool:
+        """Give the task to an idle warm process, then stamp it for that process as for a
+        forked one (6.7). False: none is idle."""
+        idle = self.warm.take(task_id, queue)
+        if idle is not None:
+            failpoints.hit("listener-before-warm-stamp")  # told its task, not stamped
+            self._start(task_id, queue, idle.pid, idle.created, idle.channel, idle.output)
+        return idle is not None
 
     def _pool_lock(self) -> contextlib.AbstractContextManager[object]:
         """The connection pool's lock, held across fork(): the child reuses the store, and
@@ -210,6 +195,10 @@ class Supervisor:
         for running in list(self.children.values()):
             if running.report is not None and running.recorded is None:
                 self.recorder.record_report(running)
+                # a warm process kept idle (6.7): its run ended; it waits for another
+                if self.warm.reuse > 1 and self.warm.keep(running, self.task_processes()):
+                    del self.children[running.pid]
+                    self.recorder.ended(running.pid, running, self.clock() - running.started)
 
     def hold_reports(self) -> None:
         """While Redis cannot take them: spool the outcomes our children reported (6.5)."""
@@ -264,8 +253,9 @@ class Supervisor:
             if pid == 0:
                 return
             running = self.children.get(pid)
+            self.warm.reaped(pid)
             if running is None:
-                continue  # an orphan of one of our runs, reaped
+                continue  # an idle warm process, or an orphan of one of our runs, reaped
             if running.channel is not None:
                 running.channel.close()
             stopped = self.stops.forget(pid)  # a group we stopped: SIGKILL what is left
@@ -285,7 +275,7 @@ class Supervisor:
         if run is None:
             signal_group(pid, signum)
             return
-        escaped = self.leftovers.signal(run, signum, self.children)
+        escaped = self.leftovers.signal(run, signum, self.task_processes())
         if escaped:
             log.info("task %s: sent %s to %d process(es) it started outside its process group",
                      running.task_id if running else pid, signal.Signals(signum).name, escaped)
@@ -316,7 +306,7 @@ class Supervisor:
             if running.time_limit and current - running.started > running.time_limit:
                 self.stop(running, "time limit")
         self.stops.escalate()
-        self.leftovers.step(self.children)
+        self.leftovers.step(self.task_processes())
 
     def notify(self, message: ToChild, signum: int) -> int:
         """Tell every running child ``message``, then send it ``signum`` (a preemption's
@@ -359,6 +349,10 @@ class Supervisor:
         return ({r.task_id for r in self.children.values()}
                 | {r.task_id for r, _ in self.recorder.unrecorded})
 
+    def task_processes(self) -> set[int]:
+        """Our task processes: running a task, or idle (6.7)."""
+        return set(self.children) | set(self.warm.idle)
+
     def occupied(self) -> int:
         """Slots our runs take: children, and ended runs whose processes are being stopped
         (one that ignores SIGTERM may take its whole kill_grace)."""
@@ -371,7 +365,8 @@ class Supervisor:
     def close(self) -> None:
         """Close our ends of the children's sockets: they see their listener gone and record
         their outcomes themselves (even when this process lives on: ForkingRunner.run()
-        returns to its caller)."""
+        returns to its caller); idle ones exit (6.7)."""
+        self.warm.close()
         for running in self.children.values():
             if running.channel is not None:
                 running.channel.close()
@@ -387,8 +382,10 @@ class Supervisor:
         waiting = [r for r in self.children.values() if r.state == "starting"]
         for running in waiting:
             self.tell(running, {"stop": "its listener is leaving"})
+        self.warm.retire_idle("its listener is leaving")
         deadline = self.clock() + patience
-        while any(r.pid in self.children for r in waiting) and self.clock() < deadline:
+        while (any(r.pid in self.children for r in waiting) or self.warm.idle) \
+                and self.clock() < deadline:
             self.reap()
             time.sleep(0.01)
 

@@ -1,0 +1,262 @@
+"""Warm task processes (PROTOCOL.md 6.7, ``blueque listen --reuse N``): a listener's child
+that runs up to N tasks one after another, each exactly as a forked child runs its one
+(blueque.child), then exits.
+
+The child's side is ``run_warm_child``: after each outcome its listener recorded, it waits
+for its next assignment (``{"task", "queue"}``) or leaves (``{"retire"}``, end of file, or N
+tasks run). The listener's side keeps the processes that wait (``Idle``) and tells whether a
+run left a process behind (``left_behind``): such a process is retired, so that what the run
+left is stopped as for any ended run (blueque.leftovers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import traceback
+from dataclasses import dataclass, replace
+from typing import NoReturn
+
+import psutil
+
+from blueque.calling import TaskFunction
+from blueque.child import (
+    Assignment,
+    _leave,
+    _prepare,
+    _run_reporting,
+    run_reporting_child,
+)
+from blueque.errors import ConfigurationError
+from blueque.preemption import notice
+from blueque.process import process_alive, set_title
+from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
+from blueque.run_processes import TASK_VARIABLE, RunMark, signs
+from blueque.running import Running
+from blueque.store import RedisStore
+from blueque.tasklog import TaskLogSettings
+
+log = logging.getLogger("blueque.daemon")
+
+
+def idle_title(queue: str) -> str:
+    """The title (``ps``) of a warm process waiting for its next task."""
+    return f"blueque: {queue} idle"
+
+
+# --- the task process ----------------------------------------------------------------------------
+def run_task_process(store: RedisStore, sock: socket.socket, assignment: Assignment,
+                     function: TaskFunction, task_logs: TaskLogSettings | None,
+                     reuse: int) -> NoReturn:
+    """Body of a listener daemon's task process; never returns: one task (``reuse`` 1,
+    PROTOCOL.md 6.2), or up to ``reuse`` tasks in turn (6.7)."""
+    if reuse == 1:
+        run_reporting_child(store, sock, assignment, function, task_logs)
+    run_warm_child(store, sock, assignment, function, task_logs, reuse)
+
+
+def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
+                   function: TaskFunction, task_logs: TaskLogSettings | None,
+                   reuse: int) -> NoReturn:
+    """Body of a warm child; never returns. Runs its assignment as ``run_reporting_child``
+    does; then, while its listener recorded each outcome and fewer than ``reuse`` tasks ran,
+    the next task its listener assigns it."""
+    code = EXIT_REPORT_FAILED
+    try:
+        _prepare(f"blueque: {assignment.queue} {assignment.task_id} starting")
+        link = ParentLink(sock, assignment.patience)
+        runs = 0
+        while True:
+            code = _run_reporting(store, link, assignment, function, task_logs)
+            runs += 1
+            if code != EXIT_REPORTED or runs >= reuse or link.gone:
+                break  # a refusal, an orphan (it recorded itself), or its last task
+            following = _wait_for_task(link, assignment.queue)
+            if following is None:
+                break
+            # its output pipe is the same: the capture moves to the next attempt's file
+            assignment = replace(assignment, task_id=following[0], queue=following[1],
+                                 output=None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        _leave(code)
+
+
+def _wait_for_task(link: ParentLink, queue: str) -> tuple[str, str] | None:
+    """Between two tasks: no run's mark, then the listener's next frame. The task and queue
+    it assigns, or None (retired, or the listener is gone: nothing of a task runs)."""
+    set_title(idle_title(queue))
+    os.environ.pop(TASK_VARIABLE, None)
+    frame = link.receive(forever=True)
+    if frame is None or "task" not in frame:
+        return None
+    _forget_last_task()
+    return str(frame["task"]), str(frame.get("queue") or queue)
+
+
+def _forget_last_task() -> None:
+    """What the child machinery keeps per task starts afresh: the preemption notice and its
+    callbacks (the progress reporter, mark, title and output file are set for each task by
+    blueque.child, the output file through blueque.capture's switch)."""
+    notice.callbacks.clear()
+    notice.noticed, notice.deadline, notice.running = False, None, False
+
+
+# --- the listener's side -------------------------------------------------------------------------
+@dataclass
+class Idle:
+    """A warm process waiting for its next task: no run, no record in blueque_node_[node]."""
+
+    pid: int
+    created: float | None
+    channel: ChildChannel
+    output: int | None  # our read end of its output pipe (blueque.capture)
+    runs: int  # tasks it has run
+
+    def assign(self, task_id: str, queue: str) -> None:
+        self.channel.send({"task": task_id, "queue": queue})
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.output is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.output)
+            self.output = None
+
+
+class WarmProcesses:
+    """A listener's warm processes (6.7): those idle, and how many tasks each task process
+    has run; whether one that has just had its outcome recorded may take another."""
+
+    def __init__(self, reuse: int) -> None:
+        if reuse < 1:
+            raise ConfigurationError(f"reuse must be at least 1, not {reuse}")
+        self.reuse = reuse
+        self.idle: dict[int, Idle] = {}
+        self._runs: dict[int, int] = {}
+
+    def take(self, task_id: str, queue: str) -> Idle | None:
+        """An idle process, told its next task; None if none is (one found gone is dropped:
+        it is reaped)."""
+        while self.idle:
+            idle = self.idle.pop(next(iter(self.idle)))
+            idle.channel.receive()  # an idle process says nothing: this sees one that is gone
+            # or dying: a killed process's first thread is a zombie while its others still
+            # hold its socket open (told to go then, its death would count as its task's)
+            if idle.channel.closed or not _alive(idle.pid):
+                idle.close()
+                continue
+            idle.assign(task_id, queue)
+            self._runs[idle.pid] = idle.runs + 1
+            return idle
+        return None
+
+    def retire_reason(self, running: Running, task_processes: set[int]) -> str:
+        """Why the process of ``running`` (its outcome recorded) must not take another task;
+        '' if it may."""
+        run, runs = running.mark(), self._runs.get(running.pid, 1)
+        if running.channel is None or running.channel.closed:
+            return "it is gone"
+        if runs >= self.reuse:
+            return f"it ran {runs} tasks"
+        if running.reason:
+            return f"its run was being stopped ({running.reason})"
+        if running.policy.keep_processes:
+            return "its task keeps its processes"
+        if run is None or running.state != "running":
+            return "its task did not run"
+        if left_behind(run, task_processes):
+            return "its task left a process behind"
+        return ""
+
+    def keep(self, running: Running, task_processes: set[int]) -> bool:
+        """The process of ``running``, its outcome recorded: kept as idle for another task,
+        or told to retire (it exits; reaped, its run ends as a forked child's does)."""
+        why = self.retire_reason(running, task_processes)
+        if why or running.channel is None:
+            log.debug("task %s: its process %d retires: %s", running.task_id, running.pid, why)
+            if running.channel is not None:
+                running.channel.send({"retire": why})
+            return False
+        self.idle[running.pid] = Idle(running.pid, running.created, running.channel,
+                                      running.output, self._runs.get(running.pid, 1))
+        return True
+
+    def reaped(self, pid: int) -> None:
+        self._runs.pop(pid, None)
+        idle = self.idle.pop(pid, None)
+        if idle is not None:
+            idle.close()
+
+    def retire_idle(self, why: str) -> None:
+        for idle in self.idle.values():
+            idle.channel.send({"retire": why})
+
+    def close(self) -> None:
+        """Our ends of the idle processes' sockets: they see end of file and exit."""
+        for idle in self.idle.values():
+            idle.close()
+        self.idle.clear()
+
+
+def left_behind(run: RunMark, task_processes: set[int]) -> bool:
+    """Whether the run of the live task process ``run.leader`` left a process: a child of its
+    (a zombie too), or one of our own children that is no task process (an orphan that came
+    to us, a child subreaper) and is in its group or carries its mark or title. Reads only
+    those processes' entries in /proc."""
+    if _children(run.leader):
+        return True
+    for pid in _children(os.getpid()) - task_processes:
+        if _group(pid) == run.leader or _says(pid, run):
+            return True
+    return False
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return _children_psutil(pid)
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", encoding="ascii") as handle:
+                found.update(int(word) for word in handle.read().split())
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        except OSError:
+            return _children_psutil(pid)
+    return found
+
+
+def _children_psutil(pid: int) -> set[int]:
+    with contextlib.suppress(psutil.Error):
+        return {child.pid for child in psutil.Process(pid).children()}
+    return set()
+
+
+def _alive(pid: int) -> bool:
+    """Our child ``pid`` runs (not a zombie): one read of /proc/[pid]/stat, psutil elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:  # gone, or no /proc here (then psutil tells)
+        return not os.path.isdir("/proc/self") and process_alive(pid)
+    except OSError:
+        return process_alive(pid)
+    return data[data.rfind(b")") + 2:data.rfind(b")") + 3] not in (b"Z", b"X", b"")
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _says(pid: int, run: RunMark) -> bool:
+    mark, title = signs([pid]).get(pid, (None, ""))
+    return mark == run.mark or title == run.title
