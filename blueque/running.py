@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
 from blueque.display import format_seconds, last_line, shorten
-from blueque.endings import Stopped
+from blueque.endings import Ending, RunEnd, Stopped
 from blueque.policy import Policy
-from blueque.reporting import ChildChannel, OutcomeFrame
+from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
 from blueque.statuses import COMPLETE, FAILED, PENDING, SCHEDULED
+
+log = logging.getLogger("blueque.daemon")
 
 #: A run's state: the stamp not yet confirmed, its task started for it, or refused.
 RunState = Literal["starting", "running", "refused"]
@@ -49,6 +52,28 @@ class Running:
     gone: bool = False  # its task's hash is gone from Redis (said once: see Recorder)
     #: our read end of its output pipe (blueque.capture): drained into its file once it ends
     output: int | None = None
+
+    def hear(self, frame: ToListener) -> None:
+        """A frame its child sent: its outcome (nothing counts after it), or progress."""
+        if self.report is not None:
+            return
+        if "outcome" in frame:
+            self.report = frame
+        elif "progress" in frame and self.state == "running":
+            try:
+                self.progress = (float(frame["progress"]), str(frame.get("message") or ""))
+            except (TypeError, ValueError):
+                log.warning("task %s: unreadable progress report %r", self.task_id, frame)
+
+    def run_end(self, ending: Ending, listener: str, now: float, trace: str | None = None,
+                attempt: int | None = None) -> RunEnd:
+        """What finish.lua records of ``ending`` for this run (by default its own attempt)."""
+        final = ending.outcome in ("complete", "failed")
+        return RunEnd(
+            self.queue, self.task_id, listener, self.pid,
+            self.attempt if attempt is None else attempt, ending.outcome, ending.text, now,
+            retry_eta=ending.eta, result_ttl_ms=self.policy.result_ttl_ms() if final else None,
+            cancelled=ending.cancelled, traceback=trace)
 
     def mark(self) -> RunMark | None:
         """How its other processes are told (blueque.run_processes); None before the stamp

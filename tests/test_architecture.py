@@ -103,3 +103,20 @@ def test_the_check_sees_imports() -> None:
     assert "daemon" in imported(PACKAGE / "cli" / "listen.py")
     assert layers()["cli"] > layers()["daemon"] > layers()["store"] > layers()["keys"]
 
+
+
+def test_no_module_or_class_outgrows_a_reading() -> None:
+    """Issue 23's bounds: no module of the package over 400 lines, no class over 250 (a
+    module that grows past them is split along its seams, as the daemon package was)."""
+    long_modules, long_classes = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        name = str(path.relative_to(PACKAGE))
+        if len(text.splitlines()) > 400:
+            long_modules.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length > 250:
+                    long_classes.append(f"{name} {node.name}: {length} lines")
+    assert long_modules == [] and long_classes == []

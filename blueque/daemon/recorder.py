@@ -133,7 +133,8 @@ class Recorder:
                 self.write_progress(running)  # its last report shows beside its outcome
             except RedisUnavailable:
                 # refused or away: the outcome would be too; it is held (spooled) meanwhile
-                self._hold(self._run_end(running, ending, trace), forget=True)
+                self._hold(running.run_end(ending, self.listener, self.store.now(), trace),
+                           forget=True)
                 raise
         failpoints.hit("listener-before-finish")
         try:
@@ -168,7 +169,8 @@ class Recorder:
                 or (running.task_id, running.attempt) in self.spooled):
             return
         ending, trace = self._reported(running)
-        self._hold(self._run_end(running, ending, trace), forget=True)
+        self._hold(running.run_end(ending, self.listener, self.store.now(), trace),
+                           forget=True)
 
     def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
                     forget: bool = False, listener: str | None = None,
@@ -176,7 +178,8 @@ class Recorder:
         """Record ``ending`` for the child's run (finish, fenced by its attempt); with
         ``forget``, drop its run record in the same round trip. Keeps what was recorded for
         the listener's log line."""
-        end = self._run_end(running, ending, trace, listener, attempt)
+        end = running.run_end(ending, listener or self.listener, self.store.now(), trace,
+                              attempt)
         try:
             status = self.store.finish(end, forget_run=(self.node, running.pid)
                                        if forget else None)
@@ -197,16 +200,6 @@ class Recorder:
                                   eta="" if ending.eta is None else repr(ending.eta),
                                   cancelled=repr(current) if ending.cancelled else "")
         return status
-
-    def _run_end(self, running: Running, ending: Ending, trace: str | None = None,
-                 listener: str | None = None, attempt: int | None = None) -> RunEnd:
-        final = ending.outcome in ("complete", "failed")
-        return RunEnd(
-            running.queue, running.task_id, listener or self.listener, running.pid,
-            running.attempt if attempt is None else attempt, ending.outcome, ending.text,
-            self.store.now(), retry_eta=ending.eta,
-            result_ttl_ms=running.policy.result_ttl_ms() if final else None,
-            cancelled=ending.cancelled, traceback=trace)
 
     def _hold(self, end: RunEnd, forget: bool) -> None:
         """Redis did not take ``end``: besides memory, the spool keeps it (once per run), so

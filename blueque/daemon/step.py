@@ -191,7 +191,7 @@ class ListenerStep:
             for queue in self.weights:
                 self.store.enqueue_due(queue, self.store.now())
             self.cadence.done("due", current)
-        supervisor.stop_tasks(self.inbox.cancels(), "cancelled")
+        supervisor.stopper.stop_tasks(self.inbox.cancels(), "cancelled")
         self._enforce_limits()
         if not self.stop_asked and self.preemption.deadline is None:
             self._fill_slots()
@@ -217,10 +217,10 @@ class ListenerStep:
         stopped, a cancel whose message was missed is taken."""
         supervisor = self.supervisor
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
-        watched = supervisor.watched()
+        watched = supervisor.stopper.watched()
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics)
-        self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
+        self.inbox.cancel(supervisor.stopper.look_at(zip(watched, reply.tasks, strict=True)))
         if self.membership.renewed_at is not None:
             self.guard.renewed_at(self.membership.renewed_at)
 
@@ -265,18 +265,18 @@ class ListenerStep:
             # their tasks go back to pending (endings.decide; an adopted run's when a sweep
             # finds it gone)
             self._stop_all("preempted")
-        self.supervisor.enforce_limits()
+        self.supervisor.stopper.enforce_limits()
 
     def _stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
         """SIGTERM the groups still running, our children's and the adopted runs' (then
         SIGKILL after their grace, as for any stop)."""
-        self.supervisor.stop_all(reason)
+        self.supervisor.stopper.stop_all(reason)
         self.recovery.stop_adopted(self.slots.adopted, reason)
 
     def _check_preemption(self) -> None:
         """This node goes away: take no more tasks, tell every task process so that it saves
         and stops; its groups are terminated at the deadline (an earlier one wins)."""
-        if self.preemption.check(self.supervisor.notify, self.slots.adopted_pids()):
+        if self.preemption.check(self.supervisor.stopper.notify, self.slots.adopted_pids()):
             self.membership.info["preempting_until"] = repr(self.preemption.deadline)
             self.cadence.soon("renew")  # blueque status shows it from our next step on
 

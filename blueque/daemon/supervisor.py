@@ -1,36 +1,32 @@
 """A listener's children (PROTOCOL.md 6.2): fork each run's process, stamp its task for it,
-take in what it reports, record its ending by the one rule (blueque.endings), stop it (time
-limit, cancel, shutdown, supersession, preemption: SIGTERM, then SIGKILL after its grace) and
-reap it. Where the listener decides what to run and when, the Supervisor runs it."""
+take in what it reports, record its ending by the one rule (blueque.endings), have it stopped
+(its Stopper: time limit, cancel, shutdown, supersession, preemption) and reap it. Where the
+listener decides what to run and when, the Supervisor runs it."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
-import signal
-import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from blueque import failpoints
 from blueque.child import Assignment, TaskFunction
+from blueque.daemon.forking import close_fds, fork_task_process
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder
-from blueque.endings import Stopped, late_ending_allowed
+from blueque.daemon.stopper import Stopper
 from blueque.errors import BluequeError, RedisUnavailable
-from blueque.fencing import is_current_run
 from blueque.leftovers import Leftovers
 from blueque.policy import Policy
-from blueque.process import Stopping, create_time, signal_group
+from blueque.process import create_time
 from blueque.reporting import ChildChannel, ToChild
 from blueque.running import Running
 from blueque.spool import Spool
-from blueque.statuses import FAILED
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import WarmProcesses, run_task_process
+from blueque.warm import WarmProcesses
 
 log = logging.getLogger("blueque.daemon")
 
@@ -54,7 +50,9 @@ class Supervisor:
         self.warm = WarmProcesses(reuse)  # task processes that run several tasks (6.7)
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
-        self.stops = Stopping(kill=self._signal_run)  # the groups it is stopping
+        #: how its runs are stopped (SIGTERM, then SIGKILL after their grace)
+        self.stopper = Stopper(self.children, self.leftovers, self.task_processes, clock,
+                               owner.id, self.tell)
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults,
                                  task_logs=task_logs, spool=spool, count_ending=count_ending)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
@@ -65,31 +63,14 @@ class Supervisor:
         the task for it (or give it to an idle warm process). False if none could be forked."""
         if self._assign(queue, task_id):
             return True
-        ours, theirs = socket.socketpair()
-        output = os.pipe() if self.recorder.task_logs is not None else None
-        try:
-            with self._pool_lock():
-                pid = os.fork()
-        except OSError as error:  # EAGAIN at a pids limit (systemd TasksMax), ENOMEM
-            ours.close()
-            theirs.close()
-            _close(output)
-            log.error("task %s: cannot fork a process to run it (%s); putting it back",
-                      task_id, error)
+        forked = fork_task_process(
+            self.store, self.task_store,
+            Assignment(task_id, queue, self.owner.id, self.owner.lease_s, self.recorder.spool),
+            function, self.recorder.task_logs, self.warm.reuse, inherited=self.close)
+        if forked is None:
             return False
-        if pid == 0:
-            ours.close()
-            self.close()  # its siblings' sockets are not its own
-            run_task_process(self.task_store, theirs,
-                             Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
-                                        self.recorder.spool, output),
-                             function, self.recorder.task_logs, self.warm.reuse)
-        theirs.close()
-        if output is not None:  # the read end stays ours too: see Recorder.settle
-            os.close(output[1])
-            os.set_blocking(output[0], False)
-        self._start(task_id, queue, pid, create_time(pid), ChildChannel(ours),
-                    None if output is None else output[0])
+        self._start(task_id, queue, forked.pid, create_time(forked.pid), forked.channel,
+                    forked.output)
         return True
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,
@@ -109,13 +90,6 @@ class Supervisor:
             failpoints.hit("listener-before-warm-stamp")  # told its task, not stamped
             self._start(task_id, queue, idle.pid, idle.created, idle.channel, idle.output)
         return idle is not None
-
-    def _pool_lock(self) -> contextlib.AbstractContextManager[object]:
-        """The connection pool's lock, held across fork(): the child reuses the store, and
-        redis-py resets an inherited pool under that lock; forked while the subscriber thread
-        held it, the child's first command would wait forever."""
-        lock = getattr(getattr(self.store.redis, "connection_pool", None), "_lock", None)
-        return lock if lock is not None else contextlib.nullcontext()
 
     def _begin(self, running: Running) -> None:
         """Stamp the moved task with the child's pid (pending -> started) and record the run
@@ -178,17 +152,7 @@ class Supervisor:
             if running.channel is None:
                 continue
             for frame in running.channel.receive():
-                if running.report is not None:
-                    continue  # nothing counts after the outcome
-                if "outcome" in frame:
-                    running.report = frame
-                elif "progress" in frame and running.state == "running":
-                    try:
-                        running.progress = (float(frame["progress"]),
-                                            str(frame.get("message") or ""))
-                    except (TypeError, ValueError):
-                        log.warning("task %s: unreadable progress report %r", running.task_id,
-                                    frame)
+                running.hear(frame)
             running.channel.flush()
 
     def record_reports(self) -> None:
@@ -213,32 +177,6 @@ class Supervisor:
                     and running.attempt is not None and current >= running.progress_due):
                 self.recorder.write_progress(running)
 
-    # --- what a renewal finds ------------------------------------------------------------------
-    def watched(self) -> list[Running]:
-        """The children whose task a renewal looks at: running, and not yet reported (one
-        whose outcome we took in is only exiting, not superseded by its own end)."""
-        return [r for r in self.children.values() if r.report is None and r.state == "running"]
-
-    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
-        """With each watched child's task as a renewal read it: stop the runs that were taken
-        back or reserved again (superseded: they could record nothing); returns the tasks
-        whose cancel was asked for (their message may have been missed)."""
-        cancels = []
-        for running, data in fields:
-            if data.get("cancel_requested"):
-                cancels.append(running.task_id)
-            elif self._superseded(running, data):
-                self.stop(running, "superseded")
-        return cancels
-
-    def _superseded(self, running: Running, data: dict[str, str]) -> bool:
-        if not data or running.attempt is None:
-            return False
-        if (data.get("status") == FAILED
-                and late_ending_allowed(data, self.owner.id, running.attempt)):
-            return False  # recovered while it lived, and no attempt will follow: it may end
-        return not is_current_run(data, self.owner.id, running.attempt)
-
     # --- children that end ------------------------------------------------------------------
     def reap(self) -> None:
         """Reap every child that exited, and the orphans of our runs that came to us (a
@@ -258,65 +196,13 @@ class Supervisor:
                 continue  # an idle warm process, or an orphan of one of our runs, reaped
             if running.channel is not None:
                 running.channel.close()
-            stopped = self.stops.forget(pid)  # a group we stopped: SIGKILL what is left
+            stopped = self.stopper.stops.forget(pid)  # a group we stopped: SIGKILL what is left
             del self.children[pid]
             run = running.mark()
             if run is not None and running.state == "running" \
                     and not running.policy.keep_processes:
                 self.leftovers.ended(run, running.kill_grace, stopped=stopped)
             self.recorder.settle(pid, status, running, self.clock() - running.started)
-
-    # --- stopping ---------------------------------------------------------------------------
-    def _signal_run(self, pid: int, signum: int) -> None:
-        """How Stopping signals a run: its process group, and what left the group (setsid,
-        a daemon's double fork), unless its task keeps its processes (then its group only)."""
-        running = self.children.get(pid)
-        run = None if running is None or running.policy.keep_processes else running.mark()
-        if run is None:
-            signal_group(pid, signum)
-            return
-        escaped = self.leftovers.signal(run, signum, self.task_processes())
-        if escaped:
-            log.info("task %s: sent %s to %d process(es) it started outside its process group",
-                     running.task_id if running else pid, signal.Signals(signum).name, escaped)
-
-    def stop(self, running: Running, reason: Stopped) -> None:
-        """SIGTERM its process group now, SIGKILL after its kill_grace (enforce_limits)."""
-        if not running.reason:
-            running.reason = reason
-            log.info("task %s: %s, sending SIGTERM to its process group", running.task_id,
-                     reason)
-            self.stops.begin(running.pid, running.pid, running.kill_grace, reason)
-
-    def stop_tasks(self, task_ids: Iterable[str], reason: Stopped) -> None:
-        wanted = set(task_ids)
-        for running in self.children.values():
-            if running.task_id in wanted:
-                self.stop(running, reason)
-
-    def stop_all(self, reason: Stopped) -> None:
-        for running in self.children.values():
-            if running.report is None:
-                self.stop(running, reason)
-
-    def enforce_limits(self) -> None:
-        """Time limits and kill escalation need no Redis: they keep working while it is down."""
-        current = self.clock()
-        for running in list(self.children.values()):
-            if running.time_limit and current - running.started > running.time_limit:
-                self.stop(running, "time limit")
-        self.stops.escalate()
-        self.leftovers.step(self.task_processes())
-
-    def notify(self, message: ToChild, signum: int) -> int:
-        """Tell every running child ``message``, then send it ``signum`` (a preemption's
-        notice); returns how many were told."""
-        runs = [r for r in self.children.values() if r.state == "running"]
-        for running in runs:
-            self.tell(running, message)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(running.pid, signum)
-        return len(runs)
 
     # --- for the loop -----------------------------------------------------------------------
     def channels(self) -> dict[int, ChildChannel]:
@@ -327,7 +213,7 @@ class Supervisor:
         """When something is due for a child: a time limit, a SIGKILL, a progress write."""
         due = [r.started + r.time_limit for r in self.children.values()
                if r.time_limit and not r.reason]
-        due += self.stops.deadlines() + self.leftovers.deadlines()
+        due += self.stopper.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         return due
 
@@ -371,7 +257,7 @@ class Supervisor:
             if running.channel is not None:
                 running.channel.close()
             if running.output is not None:
-                _close((running.output,))
+                close_fds((running.output,))
                 running.output = None
 
     def let_go(self, patience: float = 1.0) -> None:
@@ -389,8 +275,3 @@ class Supervisor:
             self.reap()
             time.sleep(0.01)
 
-
-def _close(fds: Iterable[int] | None) -> None:
-    for fd in fds or ():
-        with contextlib.suppress(OSError):
-            os.close(fd)

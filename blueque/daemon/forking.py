@@ -1,0 +1,77 @@
+"""Making a listener's task process (PROTOCOL.md 6.2): a socket pair for its frames, a pipe for
+its output when task output is captured (5.19), and fork() under the store's pool lock. The
+child runs ``blueque.warm.run_task_process`` and never returns; the listener keeps its end of
+the socket and the read end of the pipe (see Recorder.settle)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from blueque.calling import TaskFunction
+from blueque.child import Assignment
+from blueque.reporting import ChildChannel
+from blueque.store import RedisStore
+from blueque.tasklog import TaskLogSettings
+from blueque.warm import run_task_process
+
+log = logging.getLogger("blueque.daemon")
+
+
+@dataclass(frozen=True)
+class Forked:
+    """A task process just forked: its pid, the listener's end of its socket, and the read
+    end of its output pipe (None: its output is not captured)."""
+
+    pid: int
+    channel: ChildChannel
+    output: int | None
+
+
+def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Assignment,
+                      function: TaskFunction, task_logs: TaskLogSettings | None, reuse: int,
+                      inherited: Callable[[], None]) -> Forked | None:
+    """Fork the process that runs ``assignment`` (its task moved into the listener's reserved
+    list; ``reuse``: how many tasks it may run, 6.7). In the child, ``inherited`` closes what
+    it must not keep of the listener's (its siblings' sockets). None: no process could be
+    forked (EAGAIN at a pids limit, ENOMEM), said in the log."""
+    ours, theirs = socket.socketpair()
+    output = os.pipe() if task_logs is not None else None
+    try:
+        with _pool_lock(store):
+            pid = os.fork()
+    except OSError as error:  # EAGAIN at a pids limit (systemd TasksMax), ENOMEM
+        ours.close()
+        theirs.close()
+        close_fds(output)
+        log.error("task %s: cannot fork a process to run it (%s); putting it back",
+                  assignment.task_id, error)
+        return None
+    if pid == 0:
+        ours.close()
+        inherited()
+        run_task_process(task_store, theirs, replace(assignment, output=output), function,
+                         task_logs, reuse)
+    theirs.close()
+    if output is not None:  # the read end stays ours too: see Recorder.settle
+        os.close(output[1])
+        os.set_blocking(output[0], False)
+    return Forked(pid, ChildChannel(ours), None if output is None else output[0])
+
+
+def _pool_lock(store: RedisStore) -> contextlib.AbstractContextManager[object]:
+    """The connection pool's lock, held across fork(): the child reuses the store, and
+    redis-py resets an inherited pool under that lock; forked while the subscriber thread
+    held it, the child's first command would wait forever."""
+    lock = getattr(getattr(store.redis, "connection_pool", None), "_lock", None)
+    return lock if lock is not None else contextlib.nullcontext()
+
+
+def close_fds(fds: Iterable[int] | None) -> None:
+    for fd in fds or ():
+        with contextlib.suppress(OSError):
+            os.close(fd)

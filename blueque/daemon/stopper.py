@@ -1,0 +1,111 @@
+"""How a listener's runs are stopped (PROTOCOL.md 6.2): time limit, cancel, shutdown,
+supersession, preemption: SIGTERM to the run's process group (and to what left the group) now,
+SIGKILL after its kill_grace; and what a lease renewal finds of them (a run superseded, a
+cancel whose message was missed)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable
+
+from blueque.endings import Stopped, late_ending_allowed
+from blueque.fencing import is_current_run
+from blueque.leftovers import Leftovers
+from blueque.process import Stopping, signal_group
+from blueque.reporting import ToChild
+from blueque.running import Running
+from blueque.statuses import FAILED
+
+log = logging.getLogger("blueque.daemon")
+
+
+class Stopper:
+    def __init__(self, children: dict[int, Running], leftovers: Leftovers,
+                 task_processes: Callable[[], set[int]], clock: Callable[[], float],
+                 listener: str, tell: Callable[[Running, ToChild], None]) -> None:
+        """``children``: the Supervisor's runs by pid (shared, never copied);
+        ``task_processes``: its task processes, running or idle (6.7)."""
+        self.children, self.leftovers = children, leftovers
+        self.task_processes, self.clock = task_processes, clock
+        self.listener, self.tell = listener, tell
+        self.stops = Stopping(kill=self._signal_run)  # the groups being stopped
+
+    def _signal_run(self, pid: int, signum: int) -> None:
+        """How Stopping signals a run: its process group, and what left the group (setsid,
+        a daemon's double fork), unless its task keeps its processes (then its group only)."""
+        running = self.children.get(pid)
+        run = None if running is None or running.policy.keep_processes else running.mark()
+        if run is None:
+            signal_group(pid, signum)
+            return
+        escaped = self.leftovers.signal(run, signum, self.task_processes())
+        if escaped:
+            log.info("task %s: sent %s to %d process(es) it started outside its process group",
+                     running.task_id if running else pid, signal.Signals(signum).name, escaped)
+
+    def stop(self, running: Running, reason: Stopped) -> None:
+        """SIGTERM its process group now, SIGKILL after its kill_grace (enforce_limits)."""
+        if not running.reason:
+            running.reason = reason
+            log.info("task %s: %s, sending SIGTERM to its process group", running.task_id,
+                     reason)
+            self.stops.begin(running.pid, running.pid, running.kill_grace, reason)
+
+    def stop_tasks(self, task_ids: Iterable[str], reason: Stopped) -> None:
+        wanted = set(task_ids)
+        for running in self.children.values():
+            if running.task_id in wanted:
+                self.stop(running, reason)
+
+    def stop_all(self, reason: Stopped) -> None:
+        for running in self.children.values():
+            if running.report is None:
+                self.stop(running, reason)
+
+    def enforce_limits(self) -> None:
+        """Time limits and kill escalation need no Redis: they keep working while it is down."""
+        current = self.clock()
+        for running in list(self.children.values()):
+            if running.time_limit and current - running.started > running.time_limit:
+                self.stop(running, "time limit")
+        self.stops.escalate()
+        self.leftovers.step(self.task_processes())
+
+    def notify(self, message: ToChild, signum: int) -> int:
+        """Tell every running child ``message``, then send it ``signum`` (a preemption's
+        notice); returns how many were told."""
+        runs = [r for r in self.children.values() if r.state == "running"]
+        for running in runs:
+            self.tell(running, message)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(running.pid, signum)
+        return len(runs)
+
+    # --- what a renewal finds ------------------------------------------------------------------
+    def watched(self) -> list[Running]:
+        """The children whose task a renewal looks at: running, and not yet reported (one
+        whose outcome we took in is only exiting, not superseded by its own end)."""
+        return [r for r in self.children.values() if r.report is None and r.state == "running"]
+
+    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
+        """With each watched child's task as a renewal read it: stop the runs that were taken
+        back or reserved again (superseded: they could record nothing); returns the tasks
+        whose cancel was asked for (their message may have been missed)."""
+        cancels = []
+        for running, data in fields:
+            if data.get("cancel_requested"):
+                cancels.append(running.task_id)
+            elif self._superseded(running, data):
+                self.stop(running, "superseded")
+        return cancels
+
+    def _superseded(self, running: Running, data: dict[str, str]) -> bool:
+        if not data or running.attempt is None:
+            return False
+        if (data.get("status") == FAILED
+                and late_ending_allowed(data, self.listener, running.attempt)):
+            return False  # recovered while it lived, and no attempt will follow: it may end
+        return not is_current_run(data, self.listener, running.attempt)
