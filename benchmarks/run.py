@@ -165,6 +165,9 @@ def _enqueue_rows() -> list[Row]:
 def _pickup_and_drain_rows(p: Profile) -> list[Row]:
     rows = [Row(f"pickup_{pct}.{system}", "3 pickup latency, idle listener", pct, system, "ms", 1)
             for system in ("blueque", "original", "rq") for pct in ("p50", "p95", "p99")]
+    rows += [Row(f"pickup_{pct}_warm.blueque", "3 pickup latency, idle listener",
+                 f"{pct}, warm processes (--reuse)", "blueque", "ms", 1)
+             for pct in ("p50", "p95", "p99")]
     rows += [Row(f"drain_c{c}.{system}", f"4 drain {p.drain_n:,} no-op tasks",
                  f"concurrency {c}", SYSTEM_NAMES.get(system, system), "tasks/s")
              for c in (1, 2) for system in DRAIN_SYSTEMS]
@@ -280,6 +283,11 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
             script(system, name, "pickup", "--n", n, "--spacing", spacing),
             {f"pickup_{pct}.{system}": f"{pct}_ms" for pct in ("p50", "p95", "p99")},
             slow=True))
+    jobs.append(Job(  # an idle warm process is ready before the task arrives (6.7)
+        "pickup", "blueque", "3",
+        script("blueque", bq, "pickup", "--n", p.pickup_n, "--spacing", 0.2, "--op", "warm"),
+        {f"pickup_{pct}_warm.blueque": f"{pct}_ms" for pct in ("p50", "p95", "p99")},
+        slow=True))
     jobs += _drain_jobs(p, script)
     if p.recovery_default:
         jobs.append(Job("recovery", "blueque", "5",
@@ -519,6 +527,10 @@ TARGETS = [
            " ms"),
     Target("idle pickup p99 (ms, fork included)", value_of("pickup_p99.blueque"), 25.0, True,
            " ms"),
+    Target("idle pickup p50, warm processes (ms)", value_of("pickup_p50_warm.blueque"), 5.0,
+           True, " ms"),
+    Target("idle pickup p99, warm processes (ms)", value_of("pickup_p99_warm.blueque"), 15.0,
+           True, " ms"),
     Target("drain c=1: blueque / original ForkingRunner",
            ratio("drain_c1.blueque", "drain_c1.original"), 2.0),
     Target("drain c=1: blueque / rq SimpleWorker (no fork)",

@@ -171,10 +171,13 @@ def start_listener(url: str, function: str, concurrency: int = 1,
     return process
 
 
-def pickup(url: str, n: int, spacing: float) -> dict[str, float]:
+def pickup(url: str, n: int, spacing: float, op: str = "fork") -> dict[str, float]:
+    """``op`` "warm": the listener keeps warm task processes (``--reuse``, PROTOCOL.md 6.7),
+    so that after the first task an idle process is ready before the next task arrives."""
     client = blueque.Client(url)
     queue = client.get_queue(QUEUE)
-    listener = start_listener(url, "record")
+    listener = start_listener(url, "record", 1,
+                              ["--reuse", str(WARM_REUSE)] if op == "warm" else [])
     try:
         return bc.pickup_latencies(
             bc.connect(url), lambda: queue.enqueue(bc.PARAMETERS),
@@ -241,7 +244,7 @@ def recovery(url: str, lease: str) -> dict[str, float]:
 def main() -> int:
     args = bc.parser(__doc__ or "").parse_args()
     if args.command == "pickup":
-        result = pickup(args.url, args.n, args.spacing)
+        result = pickup(args.url, args.n, args.spacing, args.op)
     elif args.command == "drain":
         result = drain(args.url, args.n, args.concurrency, args.op)
     elif args.command == "recovery":
