@@ -27,7 +27,7 @@ STALL = 1.5
 
 #: How far past its lapse (a share of the lease, on Redis' clock) a sweeper waits before it
 #: recovers a listener holding an exclusive task (PROTOCOL.md 6.6): its listener killed the
-#: run at 3/4 of the lease (blueque.exclusive), so the retry starts half a lease after.
+#: run at 3/4 of the lease (blueque.daemon.exclusive), so the retry starts half a lease after.
 EXCLUSIVE_MARGIN = 0.25
 #: A wait for Redis' answer longer than this many of a listener's leases is a gap for that
 #: listener: its renewals (every quarter lease) waited too, so its lease may have lapsed for

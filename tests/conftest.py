@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,15 @@ from blueque.cli import main as cli_main
 from blueque.testing import RedisServer, free_port
 from tests.aio_facade import AioClient, LoopThread
 from tests.daemons import Daemon, daemons
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker runs with SIGINT ignored (its controller alone hears Ctrl-C),
+    and every process a test starts would inherit that: a listener, ``blueque status
+    --watch`` or a ForkingRunner program could not be stopped by the SIGINT the test sends.
+    The tests' processes get Python's default SIGINT, as under a plain pytest."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The listener loop's timers (blueque.wakeup.Cadence), step by step on a made-up clock: each
+"""The listener loop's timers (blueque.daemon.wakeup.Cadence), step by step on a made-up clock: each
 periodic job comes due at its own period, a Redis outage suspends them for a growing backoff,
 and the lease is renewed first once Redis is back (PROTOCOL.md 6, "Outages")."""
 

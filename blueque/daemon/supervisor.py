@@ -36,7 +36,7 @@ class Supervisor:
                  clock: Callable[[], float], rng: random.Random, *,
                  task_logs: TaskLogSettings | None = None, spool: Spool | None = None,
                  count_ending: CountEnding | None = None, reuse: int = 1) -> None:
-        """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.recorder);
+        """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.daemon.recorder);
         ``reuse``: how many tasks one task process may run (PROTOCOL.md 6.7; 1: one)."""
         self.store = store  # the loop's, bounded
         self.task_store = task_store  # the children's: the client's whole retry_deadline
