@@ -32,7 +32,7 @@ from blueque.errors import (
     RedisUnavailable,
 )
 from blueque.fencing import is_current_run
-from blueque.leftovers import TASK_VARIABLE, RunMark, stop_own, task_mark, task_title
+from blueque.leftovers import stop_own
 from blueque.policy import Policy
 from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
 from blueque.process import create_time, set_title
@@ -46,6 +46,7 @@ from blueque.reporting import (
     ParentLink,
 )
 from blueque.retry import Backoff
+from blueque.run_processes import TASK_VARIABLE, RunMark, task_mark, task_title
 from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.task import Task
@@ -204,7 +205,7 @@ def _run_end(processor: Processor, policy: Policy, outcome: CallOutcome, current
                              result_ttl_ms=policy.result_ttl_ms(), traceback=outcome.traceback)
 
 
-def _prepare(title: str) -> None:
+def prepare_process(title: str) -> None:
     """The first steps of every task process: its own session, random and signals."""
     os.setsid()
     random.seed()
@@ -224,7 +225,7 @@ def _capture(task_logs: TaskLogSettings | None, task: Task, policy: Policy,
     return task_logs if captured else None
 
 
-def _leave(code: int) -> NoReturn:
+def leave_process(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -239,12 +240,12 @@ def run_child(store: RedisStore, task: Task, function: TaskFunction, policy: Pol
     With ``task_logs``, its stdout and stderr are the attempt's log file (5.19)."""
     code = EXIT_REPORT_FAILED
     try:
-        _prepare(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
+        prepare_process(f"blueque: {task.queue} {task.id} attempt {task.attempts}")
         code = _run(store, task, function, policy, _capture(task_logs, task, policy))
     except BaseException:
         traceback.print_exc()
     finally:
-        _leave(code)
+        leave_process(code)
 
 
 # --- the listener daemon's children: the listener records (PROTOCOL.md 6.2) ---------------------
@@ -272,16 +273,16 @@ def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assi
     it. Without a listener (end of file), it records what it must itself."""
     code = EXIT_REPORT_FAILED
     try:
-        _prepare(f"blueque: {assignment.queue} {assignment.task_id} starting")
-        code = _run_reporting(store, ParentLink(sock, assignment.patience), assignment,
+        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting")
+        code = run_reporting(store, ParentLink(sock, assignment.patience), assignment,
                               function, task_logs)
     except BaseException:
         traceback.print_exc()
     finally:
-        _leave(code)
+        leave_process(code)
 
 
-def _run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
+def run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
                    function: TaskFunction, task_logs: TaskLogSettings | None) -> int:
     word = link.receive(forever=True)
     if word is None:  # the listener died before telling: did its stamp start us?

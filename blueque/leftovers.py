@@ -24,23 +24,14 @@ import psutil
 
 from blueque.process import process_alive, signal_group
 from blueque.run_processes import (
-    TASK_VARIABLE,
     RunMark,
     ancestors,
-    child_subreaper,
     children_of,
     find,
     orphans,
     process_table,
     signs,
-    task_mark,
-    task_title,
 )
-
-#: What this module offers, with the names of blueque.run_processes that child.py and the
-#: listener's loop still import from here
-__all__ = ["SCAN_DELAY", "TASK_VARIABLE", "Leftovers", "RunMark", "child_subreaper",
-           "signal_escaped", "signal_processes", "stop_own", "task_mark", "task_title"]
 
 log = logging.getLogger("blueque.daemon")
 

@@ -24,10 +24,11 @@ from collections.abc import Callable
 from typing import Literal
 
 from blueque.fencing import is_current_run
-from blueque.leftovers import Leftovers, RunMark, signal_escaped
+from blueque.leftovers import Leftovers, signal_escaped
 from blueque.node import local_process
 from blueque.policy import Policy, field_float
 from blueque.process import Stopping
+from blueque.run_processes import RunMark
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")

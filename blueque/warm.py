@@ -24,9 +24,9 @@ import psutil
 from blueque.calling import TaskFunction
 from blueque.child import (
     Assignment,
-    _leave,
-    _prepare,
-    _run_reporting,
+    leave_process,
+    prepare_process,
+    run_reporting,
     run_reporting_child,
 )
 from blueque.errors import ConfigurationError
@@ -65,11 +65,11 @@ def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignmen
     the next task its listener assigns it."""
     code = EXIT_REPORT_FAILED
     try:
-        _prepare(f"blueque: {assignment.queue} {assignment.task_id} starting")
+        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting")
         link = ParentLink(sock, assignment.patience)
         runs = 0
         while True:
-            code = _run_reporting(store, link, assignment, function, task_logs)
+            code = run_reporting(store, link, assignment, function, task_logs)
             runs += 1
             if code != EXIT_REPORTED or runs >= reuse or link.gone:
                 break  # a refusal, an orphan (it recorded itself), or its last task
@@ -82,7 +82,7 @@ def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignmen
     except BaseException:
         traceback.print_exc()
     finally:
-        _leave(code)
+        leave_process(code)
 
 
 def _wait_for_task(link: ParentLink, queue: str) -> tuple[str, str] | None:

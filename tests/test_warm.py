@@ -20,6 +20,8 @@ from blueque import warm
 from blueque.keys import Keys
 from blueque.preemption import notice, on_preempt
 from tests.daemons import Daemon, gone, lines, listen_command, owned_processes, wait_until
+from tests.test_reporting import outcomes
+from tests.test_reporting import start as reporting_start
 
 pytestmark = pytest.mark.slow
 
@@ -29,16 +31,9 @@ KEYS = Keys()
 
 def start(started: list[Daemon], tmp_path: Path, url: str, *options: str,
           failpoints: str = "") -> Daemon:
-    daemon = Daemon(listen_command(url, "work", "tests.jobs:acts", *FAST, "--log-dir",
-                                   str(tmp_path / "task-logs"), *options),
-                    tmp_path / f"daemon{len(started)}.log",
-                    env={"BLUEQUE_FAILPOINTS": failpoints} if failpoints else None)
-    started.append(daemon)
-    return daemon
-
-
-def outcomes(redis_client: object, outcome: str) -> int:
-    return int(redis_client.hget(KEYS.outcome_counts("work"), outcome) or 0)  # type: ignore[attr-defined]
+    """test_reporting's listener, running tests.jobs:acts with its output in files."""
+    return reporting_start(started, tmp_path, url, "--log-dir", str(tmp_path / "task-logs"),
+                           *options, failpoints=failpoints, function="tests.jobs:acts")
 
 
 def task_processes() -> list[psutil.Process]:
