@@ -48,6 +48,7 @@ class Running:
     fields: dict[str, str] = field(default_factory=dict)  # the task as the stamp left it
     progress: tuple[float, str] | None = None  # the latest report, not written yet
     progress_due: float = 0.0  # monotonic: no progress write for this child before
+    reported_at: float | None = None  # monotonic: when its outcome frame was taken in
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
     gone: bool = False  # its task's hash is gone from Redis (said once: see Recorder)
     #: our read end of its output pipe (blueque.capture): drained into its file once it ends

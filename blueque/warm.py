@@ -131,10 +131,13 @@ class WarmProcesses:
     """A listener's warm processes (6.7): those idle, and how many tasks each task process
     has run; whether one that has just had its outcome recorded may take another."""
 
-    def __init__(self, reuse: int) -> None:
+    def __init__(self, reuse: int, patience: float = float("inf")) -> None:
+        """``patience``: how long a task process waits for its outcome to be recorded before
+        it records it itself, and then exits (Assignment.patience: the listener's lease)."""
         if reuse < 1:
             raise ConfigurationError(f"reuse must be at least 1, not {reuse}")
         self.reuse = reuse
+        self.patience = patience
         self.idle: dict[int, Idle] = {}
         self._runs: dict[int, int] = {}
 
@@ -154,12 +157,16 @@ class WarmProcesses:
             return idle
         return None
 
-    def retire_reason(self, running: Running, task_processes: set[int]) -> str:
-        """Why the process of ``running`` (its outcome recorded) must not take another task;
-        '' if it may."""
+    def retire_reason(self, running: Running, task_processes: set[int], now: float) -> str:
+        """Why the process of ``running`` (its outcome recorded at ``now``) must not take
+        another task; '' if it may."""
         run, runs = running.mark(), self._runs.get(running.pid, 1)
         if running.channel is None or running.channel.closed:
             return "it is gone"
+        if now - (running.reported_at or now) >= self.patience / 2:
+            # recorded late (Redis was away): the process may have stopped waiting, recorded
+            # its outcome itself and be leaving; a task given to it would be lost (6.7)
+            return "its outcome was recorded late"
         if runs >= self.reuse:
             return f"it ran {runs} tasks"
         if running.reason:
@@ -172,10 +179,10 @@ class WarmProcesses:
             return "its task left a process behind"
         return ""
 
-    def keep(self, running: Running, task_processes: set[int]) -> bool:
+    def keep(self, running: Running, task_processes: set[int], now: float) -> bool:
         """The process of ``running``, its outcome recorded: kept as idle for another task,
         or told to retire (it exits; reaped, its run ends as a forked child's does)."""
-        why = self.retire_reason(running, task_processes)
+        why = self.retire_reason(running, task_processes, now)
         if why or running.channel is None:
             log.debug("task %s: its process %d retires: %s", running.task_id, running.pid, why)
             if running.channel is not None:

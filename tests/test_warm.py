@@ -279,3 +279,29 @@ def test_a_warm_process_forgets_the_preemption_notice_of_its_last_task() -> None
         assert notice.callbacks == [] and not notice.noticed and notice.deadline is None
     finally:
         warm._forget_last_task()
+
+
+def test_a_process_whose_outcome_was_recorded_late_is_retired_not_given_a_task() -> None:
+    """Found by an operator trial (Redis stopped 5 s, longer than a 2-s lease, under warm
+    runs): a process whose outcome waited for Redis stopped waiting, recorded it itself and
+    left, while its listener, recording it once Redis was back, kept it idle and gave it the
+    next task, which was then recorded as failed without having run. A process whose
+    outcome was recorded half its patience or more after it reported it is retired."""
+    import socket
+
+    from blueque.policy import Policy
+    from blueque.reporting import ChildChannel
+    from blueque.running import Running
+
+    ours, theirs = socket.socketpair()
+    try:
+        running = Running("t", "work", 1, 0.0, 0.0, 1.0, Policy(), pid=2 ** 22 + 7,
+                          channel=ChildChannel(ours), state="running", reported_at=10.0)
+        processes = warm.WarmProcesses(5, patience=2.0)
+        late = "its outcome was recorded late"
+        assert processes.retire_reason(running, set(), 11.0) == late
+        assert processes.retire_reason(running, set(), 10.2) != late
+        assert not processes.keep(running, set(), 12.0) and not processes.idle
+    finally:
+        ours.close()
+        theirs.close()

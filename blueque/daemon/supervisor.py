@@ -47,7 +47,8 @@ class Supervisor:
         #: each lease renewal (the listener clears them then) rather than for every task
         self.defaults = Defaults(store)
         self.children: dict[int, Running] = {}
-        self.warm = WarmProcesses(reuse)  # task processes that run several tasks (6.7)
+        #: task processes that run several tasks (6.7)
+        self.warm = WarmProcesses(reuse, owner.lease_s)
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
         #: how its runs are stopped (SIGTERM, then SIGKILL after their grace)
@@ -153,6 +154,8 @@ class Supervisor:
                 continue
             for frame in running.channel.receive():
                 running.hear(frame)
+            if running.report is not None and running.reported_at is None:
+                running.reported_at = self.clock()
             running.channel.flush()
 
     def record_reports(self) -> None:
@@ -160,7 +163,8 @@ class Supervisor:
             if running.report is not None and running.recorded is None:
                 self.recorder.record_report(running)
                 # a warm process kept idle (6.7): its run ended; it waits for another
-                if self.warm.reuse > 1 and self.warm.keep(running, self.task_processes()):
+                if self.warm.reuse > 1 and self.warm.keep(running, self.task_processes(),
+                                                           self.clock()):
                     del self.children[running.pid]
                     self.recorder.ended(running.pid, running, self.clock() - running.started)
 
