@@ -55,31 +55,33 @@ ORIGINAL_COMMANDS = 13
 #: the child's run, its ending recorded.
 WHY: dict[tuple[str, str], str] = {
     # --- Blueque's listener: per task -----------------------------------------------------
-    ("blueque", "LMOVE"): "reserve: the next pending id onto this listener's reserved list "
-                          "(5.4), round trip 1; one more finds the queue empty",
+    ("blueque", "LMOVE"): "reserve when no id was taken ahead (5.4): the first task, and "
+                          "once more to find the queue empty",
     ("blueque", "HSET"): "the run on its node: HSET blueque_node_[node] [pid] (6.2), for a "
-                         "dead listener's successor; round trip 2, pipelined with the stamp",
+                         "dead listener's successor; round trip 1, pipelined with the stamp",
     ("blueque", "EXPIRE"): "the node's runs hash lives a week after its last write (6.2)",
     ("blueque", "EVALSHA stamp.lua"): "stamp: reserved -> started with the child's pid in one "
-                                      "script (5.4), round trip 2",
-    ("blueque", "stamp.lua: HMGET"): "status, node, pid, attempts: is it still this "
-                                     "listener's to run",
-    ("blueque", "stamp.lua: HINCRBY"): "attempts + 1",
-    ("blueque", "stamp.lua: HDEL"): "eta, error, traceback of an earlier attempt",
+                                      "script (5.4), round trip 1 of 2",
+    ("blueque", "stamp.lua: HMGET"): "status, node, pid, attempts, eta, error, traceback: is "
+                                     "it still this listener's to run, and what to clear",
+    ("blueque", "stamp.lua: HINCRBY"): "attempts + 1 (only when attempts is no integer)",
+    ("blueque", "stamp.lua: HDEL"): "eta, error, traceback of an earlier attempt (a retry)",
     ("blueque", "stamp.lua: SADD"): "the run joins blueque_started_tasks_[queue] (1.0.1's)",
     ("blueque", "stamp.lua: HSET"): "status started, node, pid, pid_created, started_at, "
-                                    "updated",
+                                    "updated, attempts + 1",
     ("blueque", "stamp.lua: HGETALL"): "the task as stamped, returned: the listener reads "
                                        "nothing more",
-    ("blueque", "EVALSHA finish.lua"): "the ending: complete (5.6), round trip 3",
+    ("blueque", "EVALSHA finish.lua"): "the ending: complete (5.6), round trip 2 of 2, "
+                                       "pipelined with the next reservation (take.lua)",
     ("blueque", "finish.lua: HGET"): "the history so far, to add this run's entry",
-    ("blueque", "finish.lua: HSET"): "the history entry; then status complete, result, "
-                                     "updated (two HSETs)",
-    ("blueque", "finish.lua: HMGET"): "status, attempts, pid, node, started_at: the fence "
-                                      "(is this run still the task's current one)",
+    ("blueque", "finish.lua: HSET"): "status complete, result, updated, finished_at and the "
+                                     "history with this run's entry",
+    ("blueque", "finish.lua: HMGET"): "status, attempts, pid, node, started_at, error, "
+                                      "traceback: the fence (is this run still the task's "
+                                      "current one), and what to clear",
     ("blueque", "finish.lua: LREM"): "out of this listener's reserved list",
     ("blueque", "finish.lua: SREM"): "out of the started set",
-    ("blueque", "finish.lua: HDEL"): "an earlier attempt's error and traceback",
+    ("blueque", "finish.lua: HDEL"): "an earlier attempt's error and traceback (a retry)",
     ("blueque", "finish.lua: LPUSH"): "onto the complete list (1.0.1's)",
     ("blueque", "finish.lua: HINCRBY"): "outcome counters: this minute's, this hour's, all "
                                         "time's and the listener's (5.6, the dashboard)",
@@ -89,10 +91,21 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "finish.lua: ZADD"): "blueque_listeners_seen_[queue]: when this listener's "
                                      "last run ended (the nodes page)",
     ("blueque", "finish.lua: ZREMRANGEBYSCORE"): "listeners seen: entries older than 7 days "
-                                                 "dropped",
+                                                 "dropped when a listener joins the set",
     ("blueque", "finish.lua: PUBLISH"): "blueque_done_[queue] [id]: wakes wait_for_tasks",
     ("blueque", "HDEL"): "the run leaves its node's runs hash once reaped (6.2), pipelined "
                          "with the ending",
+    ("blueque", "EVALSHA take.lua"): "the next reservation, taken in the ending's round trip "
+                                     "(6.2, taking ahead)",
+    ("blueque", "take.lua: LMOVE"): "the next pending id onto this listener's reserved list "
+                                    "(5.4); with --reuse stamped for the warm process there",
+    ("blueque", "take.lua: HMGET"): "with --reuse: the stamp's read (as stamp.lua's)",
+    ("blueque", "take.lua: SADD"): "with --reuse: the run joins the started set",
+    ("blueque", "take.lua: HSET"): "with --reuse: status started for the warm process's pid, "
+                                   "attempts + 1; then its run on the node",
+    ("blueque", "take.lua: HGETALL"): "with --reuse: the task as stamped, returned",
+    ("blueque", "take.lua: EXPIRE"): "with --reuse: the node's runs hash lives a week after "
+                                     "its last write",
     # --- Blueque's listener: periodic, spread over the tasks -------------------------------
     ("blueque", "ZRANGEBYSCORE"): "due scheduled tasks, every --poll (5.3)",
     ("blueque", "HGETALL"): "renewal and sweep reads: the node's runs, preemption notice",
@@ -122,12 +135,11 @@ WHY: dict[tuple[str, str], str] = {
 
 
 #: What every task a Blueque listener drains costs (the rest of WHY is periodic work).
-PER_TASK = ("LMOVE", "HSET", "EXPIRE", "EVALSHA stamp.lua", "stamp.lua: HMGET",
-            "stamp.lua: HINCRBY", "stamp.lua: HDEL", "stamp.lua: SADD", "stamp.lua: HSET",
-            "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HGET", "finish.lua: HSET",
-            "finish.lua: HMGET", "finish.lua: LREM", "finish.lua: SREM", "finish.lua: HDEL",
+PER_TASK = ("HSET", "EXPIRE", "EVALSHA stamp.lua", "stamp.lua: HMGET", "stamp.lua: SADD",
+            "stamp.lua: HSET", "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HGET",
+            "finish.lua: HSET", "finish.lua: HMGET", "finish.lua: LREM", "finish.lua: SREM",
             "finish.lua: LPUSH", "finish.lua: HINCRBY", "finish.lua: EXPIRE", "finish.lua: ZADD",
-            "finish.lua: ZREMRANGEBYSCORE", "finish.lua: PUBLISH", "SMEMBERS", "HDEL")
+            "finish.lua: PUBLISH", "SMEMBERS", "HDEL", "EVALSHA take.lua", "take.lua: LMOVE")
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,11 @@ class Totals:
     all_commands: float  # sent plus the scripts' own (from MONITOR)
     commandstats: float  # the same, as INFO commandstats counts it (a cross-check)
     round_trips: float
+
+
+def why(system: str, command: str) -> str:
+    """WHY's reason; warm processes' commands are the listener's ("blueque")."""
+    return WHY.get(("blueque" if system == "warm" else system, command), "not explained")
 
 
 def script_names() -> dict[str, str]:
@@ -247,15 +264,14 @@ def measure(system: str, server: RedisServer, argv: list[str], env: dict[str, st
         after = counters(own)
         monitor.stop(own)
     own.close()
-    rows = [Row(system, command, count / n, WHY.get((system, command), "not explained"))
+    rows = [Row(system, command, count / n, why(system, command))
             for command, count in sorted(monitor.sent.items(), key=lambda item: -item[1])]
     for script_row in list(rows):
         prefix = script_row.command.removeprefix("EVALSHA ") + ": "
         at = rows.index(script_row) + 1
         for command, count in sorted(monitor.inner.items(), key=lambda item: -item[1]):
             if command.startswith(prefix):
-                rows.insert(at, Row(system, command, count / n,
-                                    WHY.get((system, command), "not explained")))
+                rows.insert(at, Row(system, command, count / n, why(system, command)))
                 at += 1
     sent = sum(monitor.sent.values()) / n
     everything = sent + sum(monitor.inner.values()) / n
@@ -273,7 +289,8 @@ def counters(r: redis.Redis) -> tuple[int, int]:
     return calls, int(info["total_reads_processed"])
 
 
-def blueque_drain(server: RedisServer, n: int) -> tuple[list[Row], Totals]:
+def blueque_drain(server: RedisServer, n: int, reuse: int = 1) -> tuple[list[Row], Totals]:
+    """Blueque's listener; ``reuse`` > 1: warm processes (``--reuse``, system "warm")."""
     client = blueque.Client(server.url)
     queue = client.get_queue(QUEUE)
     env = dict(os.environ, BENCH_REDIS_URL=server.url,
@@ -282,9 +299,9 @@ def blueque_drain(server: RedisServer, n: int) -> tuple[list[Row], Totals]:
     with tempfile.TemporaryDirectory(prefix="blueque-bench-task-logs-") as logs:
         argv = [sys.executable, "-m", "blueque.cli", "listen", "--url", server.url, QUEUE,
                 "bench_tasks:noop", "--concurrency", "1", "--log-level", "WARNING",
-                "--log-dir", logs]
+                "--log-dir", logs, "--reuse", str(reuse)]
         try:
-            return measure("blueque", server, argv, env,
+            return measure("blueque" if reuse == 1 else "warm", server, argv, env,
                            lambda k: queue.enqueue_many([PARAMETERS] * k), n)
         finally:
             client.close()
@@ -303,11 +320,18 @@ def original_drain(server: RedisServer, n: int) -> tuple[list[Row], Totals]:
         client.close()
 
 
-def rows(n: int, original: bool = True) -> tuple[list[Row], list[Totals]]:
-    """Every command per drained task, Blueque's then (with ``original``) the original's."""
+def warm_drain(server: RedisServer, n: int) -> tuple[list[Row], Totals]:
+    return blueque_drain(server, n, reuse=n + 1000)
+
+
+def rows(n: int, original: bool = True, warm: bool = True) -> tuple[list[Row], list[Totals]]:
+    """Every command per drained task, Blueque's (a process per task, then with ``warm``
+    warm processes) then (with ``original``) the original's."""
     table: list[Row] = []
     totals: list[Totals] = []
-    systems = [blueque_drain, original_drain] if original else [blueque_drain]
+    systems: list[Callable[[RedisServer, int], tuple[list[Row], Totals]]] = [blueque_drain]
+    systems += [warm_drain] if warm else []
+    systems += [original_drain] if original else []
     for drain in systems:
         with RedisServer() as server:
             found, total = drain(server, n)
@@ -322,8 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=1000, help="tasks drained")
     parser.add_argument("--no-original", action="store_true",
                         help="Blueque only (no virtualenv of the original needed)")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="a process per task only (no --reuse run)")
     args = parser.parse_args(argv)
-    table, totals = rows(args.n, not args.no_original)
+    table, totals = rows(args.n, not args.no_original, not args.no_warm)
     print(f"Redis commands per drained no-op task ({args.n:,} tasks, concurrency 1, MONITOR)")
     print(f"{'system':9s} {'command':32s} {'per task':>8s}  why")
     for row in table:

@@ -263,6 +263,7 @@ class Assignment:
     patience: float
     spool: Spool | None = None  # where it holds its ending should it have to record it
     output: tuple[int, int] | None = None  # the pipe its output goes through (capture.py)
+    node: str = ""  # its node identity: where a warm process finds a run taken for it (6.7)
 
 
 def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assignment,

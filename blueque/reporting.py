@@ -226,6 +226,9 @@ class ParentLink:
         self._reader = FrameReader()
         self._ready: list[ToChild] = []  # frames read, not yet taken
         self.gone = False
+        #: gone because the listener's end was closed (end of file, a reset): it died or let
+        #: us go; not merely silent past our patience (it may be frozen and come back)
+        self.hung_up = False
 
     def send(self, message: ToListener) -> bool:
         data = encode(message)
@@ -256,10 +259,12 @@ class ParentLink:
                 return self._ready.pop(0)
             try:
                 data = self._sock.recv(READ_SIZE)
-            except OSError:  # a timeout too: the listener is frozen, or gone
+            except TimeoutError:  # the listener is frozen, or gone
+                data = None
+            except OSError:  # a reset: gone
                 data = b""
             if not data:
-                self.gone = True
+                self.gone, self.hung_up = True, data is not None
                 return None
             try:
                 self._ready += cast(list[ToChild], self._reader.feed(data))

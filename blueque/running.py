@@ -86,9 +86,18 @@ class Running:
     def record(self, listener: str, listener_pid: int, listener_created: float | None) -> str:
         """This run's entry in blueque_node_[node] (PROTOCOL.md): with its listener process,
         so that whoever reads it on this node can tell whether that very process lives."""
-        return json.dumps({"task": self.task_id, "queue": self.queue, "attempt": self.attempt,
-                           "created": self.created, "listener": listener,
-                           "listener_pid": listener_pid, "listener_created": listener_created})
+        head = json.dumps({"task": self.task_id, "queue": self.queue, "attempt": self.attempt})
+        return head[:-1] + record_tail(self.created, listener, listener_pid, listener_created)
+
+
+def record_tail(created: float | None, listener: str, listener_pid: int,
+                listener_created: float | None) -> str:
+    """A run record's fields after its task, queue and attempt (Running.record), from ", " to
+    the closing brace: what take.lua appends to the record it writes for a warm process's
+    next run (PROTOCOL.md 6.7)."""
+    tail = json.dumps({"created": created, "listener": listener, "listener_pid": listener_pid,
+                       "listener_created": listener_created})
+    return ", " + tail[1:]
 
 
 #: The task fields describe_ending reads.

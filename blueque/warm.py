@@ -12,6 +12,7 @@ left is stopped as for any ended run (blueque.leftovers).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ from blueque.child import (
     run_reporting,
     run_reporting_child,
 )
-from blueque.errors import ConfigurationError
+from blueque.errors import BluequeError, ConfigurationError
 from blueque.preemption import notice
 from blueque.process import process_alive, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
@@ -71,9 +72,13 @@ def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignmen
         while True:
             code = run_reporting(store, link, assignment, function, task_logs)
             runs += 1
-            if code != EXIT_REPORTED or runs >= reuse or link.gone:
-                break  # a refusal, an orphan (it recorded itself), or its last task
-            following = _wait_for_task(link, assignment.queue)
+            if code != EXIT_REPORTED or runs >= reuse:
+                break  # a refusal, a failed record, or its last task
+            following = None if link.gone else _wait_for_task(link, assignment.queue)
+            if following is None and link.hung_up:
+                # its listener died: did the take sent with its last ending stamp a task for
+                # this process? (an orphan that recorded itself asks too)
+                following = _taken_for_me(store, assignment)
             if following is None:
                 break
             # its output pipe is the same: the capture moves to the next attempt's file
@@ -95,6 +100,30 @@ def _wait_for_task(link: ParentLink, queue: str) -> tuple[str, str] | None:
         return None
     _forget_last_task()
     return str(frame["task"]), str(frame.get("queue") or queue)
+
+
+def _taken_for_me(store: RedisStore, assignment: Assignment) -> tuple[str, str] | None:
+    """The task its listener's last take stamped for this process before the listener died,
+    if any (PROTOCOL.md 6.7): the run its node's record names under this pid, which it then
+    runs as an orphan (run_reporting reads the task and checks that it is started by this
+    very process). The read waits for Redis a lease at most, as an unannounced child's."""
+    if not assignment.node:
+        return None
+    try:
+        raw = store.bounded(assignment.patience).node_run(assignment.node, os.getpid())
+        record = json.loads(raw) if raw else None
+    except (BluequeError, ValueError) as error:
+        log.error("its listener %s is gone and the record of its next task cannot be read "
+                  "(%s); leaving", assignment.listener, error)
+        return None
+    if (not isinstance(record, dict) or record.get("listener") != assignment.listener
+            or record.get("task") == assignment.task_id):  # none, or the run it just ended
+        return None
+    task, queue = record.get("task"), record.get("queue")
+    if not isinstance(task, str) or not isinstance(queue, str):
+        return None
+    _forget_last_task()
+    return task, queue
 
 
 def _forget_last_task() -> None:
@@ -141,11 +170,11 @@ class WarmProcesses:
         self.idle: dict[int, Idle] = {}
         self._runs: dict[int, int] = {}
 
-    def take(self, task_id: str, queue: str) -> Idle | None:
-        """An idle process, told its next task; None if none is (one found gone is dropped:
-        it is reaped)."""
-        while self.idle:
-            idle = self.idle.pop(next(iter(self.idle)))
+    def take(self, task_id: str, queue: str, pid: int | None = None) -> Idle | None:
+        """An idle process (``pid``: that one), told its next task; None if none is (one
+        found gone is dropped: it is reaped)."""
+        while self.idle if pid is None else pid in self.idle:
+            idle = self.idle.pop(next(iter(self.idle)) if pid is None else pid)
             idle.channel.receive()  # an idle process says nothing: this sees one that is gone
             # or dying: a killed process's first thread is a zombie while its others still
             # hold its socket open (told to go then, its death would count as its task's)

@@ -13,6 +13,7 @@ from blueque import keys as k
 from blueque.fields import LISTENER_FIELDS, TASK_FIELDS
 from blueque.policy import OPTION_TYPES
 from blueque.statuses import STATUSES
+from blueque.store import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "PROTOCOL.md"
@@ -135,8 +136,12 @@ _STRING = re.compile(r"^'([^']*)'$")
 
 def _call_args(body: str, start: int) -> list[str]:
     """The top-level comma-separated arguments of the call whose '(' precedes ``start``."""
-    depth, args, current = 1, [], ""
+    depth, args, current, quote = 1, [], "", ""
     for char in body[start:]:
+        if quote or char in "'\"":  # a string's brackets and commas are its own
+            quote = "" if char == quote else quote or char
+            current += char
+            continue
         if char in "({[":
             depth += 1
         elif char in ")}]":
@@ -215,7 +220,8 @@ def test_every_field_the_scripts_write_is_in_the_field_table() -> None:
     checkpoint: dict[str, set[str]] = {}
     for script in SCRIPTS:
         ours = checkpoint_keys(script)
-        for key, names in hset_fields_by_key(script.read_text(encoding="utf-8")).items():
+        # with the libraries it uses (lua/lib: lib/stamp writes stamp.lua's and take.lua's)
+        for key, names in hset_fields_by_key(load_script(script.stem)).items():
             for name in names:
                 (checkpoint if key in ours else written).setdefault(name, set()).add(
                     script.name)

@@ -86,6 +86,7 @@ class ListenerDaemon(ListenerStep):
                          "the next listener on this host", self.id, len(self.supervisor.children))
                 self._renew()
             elif self.membership.registered:
+                self.supervisor.ahead.give_back(self.id)
                 self.membership.release()  # leave cleanly: nothing of ours to recover
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)

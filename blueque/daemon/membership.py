@@ -213,8 +213,8 @@ class Membership:
     def _info_ttl(self) -> int:
         return int(self.interval * 3) + 1
 
-    def heal(self, ours: Collection[str], reserved: dict[str, list[str]] | None = None
-             ) -> None:
+    def heal(self, ours: Collection[str], reserved: dict[str, list[str]] | None = None,
+             processes: Collection[int] = ()) -> None:
         """Settle tasks left in our reserved lists that no child of ours runs (``ours``).
         Put back: a reserve cut off between LMOVE and stamp.lua (Redis went away), an LMOVE
         whose reply a failover lost (the retried one took another task), a refused stamp.
@@ -222,7 +222,9 @@ class Membership:
         no longer have (Redis came back older than it went away: restored from an earlier
         copy, or a failover lost the writes that recorded their ending). ``reserved``: the
         lists as read just before (by default, as the latest renewal read them, if the heal
-        follows one). Raises RedisUnavailable."""
+        follows one). ``processes``: our task processes; a task started by us for one of them
+        that runs another task (or none) never ran: put back, its attempt not held against it
+        (a take whose reply was lost, 6.2). Raises RedisUnavailable."""
         reserved, self._reserved = reserved or self._reserved, None
         for queue in self.weights:
             listed = (reserved or {}).get(queue)  # as the renewal just read it
@@ -234,6 +236,10 @@ class Membership:
             verdicts: list[Verdict] = []
             config: dict[str, str] | None = None
             for task_id, data in zip(ids, self.store.task_data_many(ids), strict=True):
+                pid = data.get("pid", "")
+                if pid.isdigit() and int(pid) in processes:
+                    verdicts.append(unstarted_verdict(task_id, data, self.id, int(pid)))
+                    continue
                 if data.get("status") == STARTED and data.get("node") == self.id:
                     config = self.store.queue_config(queue) if config is None else config
                     verdicts.append(started_verdict(task_id, data, config, LOST_RUN.format(

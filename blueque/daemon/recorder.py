@@ -14,14 +14,14 @@ from blueque import failpoints
 from blueque.capture import drain_ended
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide, describe_exit
-from blueque.errors import InvalidTaskState, RedisUnavailable
+from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable
 from blueque.fencing import is_current_run, unstarted_verdict
 from blueque.policy import Policy
 from blueque.reporting import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running, describe_ending
 from blueque.spool import Held, Spool, server_of
 from blueque.statuses import FINISHED_STATUSES, PENDING, RESERVED, SCHEDULED, STARTED
-from blueque.store import RedisStore
+from blueque.store import RedisStore, Take, Taken
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
 
 log = logging.getLogger("blueque.daemon")
@@ -52,6 +52,7 @@ class Recorder:
         self.spooled: set[tuple[str, int]] = set()  # (task, attempt) of the files we wrote
         self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
         self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
+        self.taken: Taken | None = None  # what the last finish took ahead (record_report)
 
     def settle(self, pid: int, status: int, running: Running, duration: float) -> None:
         """A reaped child: record its ending unless already done, count it, log it."""
@@ -116,10 +117,12 @@ class Recorder:
                 log.warning("task %s: ending not recorded: %s", running.task_id, refused)
             self.unrecorded.pop(0)
 
-    def record_report(self, running: Running) -> None:
+    def record_report(self, running: Running, take: Take | None = None) -> Taken | None:
         """Record the outcome a child reported (finish, fenced by its attempt), after the
-        rest of its output and its last progress; then tell the child, which exits. Raises
-        RedisUnavailable: the outcome is kept (and the child waits) until Redis takes it."""
+        rest of its output and its last progress; then tell the child, which exits or waits
+        for its next task. With ``take``, the next reservation goes in the same round trip
+        (blueque.daemon.ahead): what it took is returned. Raises RedisUnavailable: the
+        outcome is kept (and the child waits) until Redis takes it."""
         report: Mapping[str, Any] = running.report or {}  # a child may send anything
         if self.task_logs is not None and not running.output_shipped:
             output = report.get("output")
@@ -130,15 +133,17 @@ class Recorder:
         ending, trace = self._reported(running)
         if running.progress is not None and running.state == "running":
             try:
-                self.write_progress(running)  # its last report shows beside its outcome
+                # its last report shows beside its outcome
+                write_progress(self.store, running, self.clock)
             except RedisUnavailable:
                 # refused or away: the outcome would be too; it is held (spooled) meanwhile
                 self._hold(running.run_end(ending, self.listener, self.store.now(), trace),
                            forget=True)
                 raise
         failpoints.hit("listener-before-finish")
+        self.taken = None
         try:
-            running.recorded = self._finish_run(running, ending, trace, forget=True)
+            running.recorded = self._finish_run(running, ending, trace, forget=True, take=take)
         except InvalidTaskState as refused:  # StaleAttempt: it was taken back meanwhile
             running.recorded = ""
             running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
@@ -150,6 +155,7 @@ class Recorder:
         failpoints.hit("listener-before-recorded")
         if running.channel is not None:  # a reaped child's is closed
             running.channel.send({"recorded": running.recorded})
+        return self.taken
 
     def _reported(self, running: Running) -> tuple[Ending, str | None]:
         """The ending of the outcome a child reported (endings.decide), and its traceback."""
@@ -174,15 +180,22 @@ class Recorder:
 
     def _finish_run(self, running: Running, ending: Ending, trace: str | None = None,
                     forget: bool = False, listener: str | None = None,
-                    attempt: int | None = None) -> str:
+                    attempt: int | None = None, take: Take | None = None) -> str:
         """Record ``ending`` for the child's run (finish, fenced by its attempt); with
-        ``forget``, drop its run record in the same round trip. Keeps what was recorded for
-        the listener's log line."""
+        ``forget``, drop its run record in the same round trip, and with ``take``, take the
+        next reservation there too (kept in ``taken``, even when the finish is refused).
+        Keeps what was recorded for the listener's log line."""
         end = running.run_end(ending, listener or self.listener, self.store.now(), trace,
                               attempt)
+        forget_run = (self.node, running.pid) if forget else None
         try:
-            status = self.store.finish(end, forget_run=(self.node, running.pid)
-                                       if forget else None)
+            if take is None:
+                status = self.store.finish(end, forget_run=forget_run)
+            else:
+                outcome, self.taken = self.store.finish_and_take(end, forget_run, take)
+                if isinstance(outcome, BluequeError):
+                    raise outcome
+                status = outcome
         except RedisUnavailable:
             self._hold(end, forget)
             raise
@@ -208,28 +221,6 @@ class Recorder:
             return
         if self.spool.hold(Held(end, self.node if forget else None, server_of(self.store))):
             self.spooled.add((end.task_id, end.attempt))
-
-    def write_progress(self, running: Running) -> None:
-        if running.progress is None or running.attempt is None:
-            return
-        fraction, message = running.progress
-        try:
-            if not running.gone:
-                self.store.progress(running.task_id, running.attempt, fraction, message,
-                                    self.store.now())
-        except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
-            fields = self.store.task_fields(running.task_id, ("status", "attempts"))
-            if not fields:  # Redis lost it (flushed, or back empty): said once per run
-                say_gone(running)
-            elif (fields.get("status") in (*FINISHED_STATUSES, SCHEDULED)
-                    and fields.get("attempts") == str(running.attempt)):
-                # this attempt has ended (its run recorded that itself when its listener was
-                # silent a lease, as in an outage): its last progress is moot, nothing lost
-                log.debug("progress of task %s not recorded: %s", running.task_id, error)
-            else:
-                log.warning("progress of task %s not recorded: %s", running.task_id, error)
-        running.progress = None
-        running.progress_due = self.clock() + PROGRESS_SPACING
 
     def record_exit(self, running: Running, error: str) -> None:
         """The ending of a child that reported no outcome, from its exit status."""
@@ -284,6 +275,31 @@ class Recorder:
         if self.ended_pids:
             self.store.forget_runs(self.node, self.ended_pids)
             self.ended_pids = []
+
+
+def write_progress(store: RedisStore, running: Running, clock: Callable[[], float]) -> None:
+    """Write a child's latest progress (progress.lua, fenced by its attempt); the next one
+    no sooner than PROGRESS_SPACING from now."""
+    if running.progress is None or running.attempt is None:
+        return
+    fraction, message = running.progress
+    try:
+        if not running.gone:
+            store.progress(running.task_id, running.attempt, fraction, message,
+                                store.now())
+    except InvalidTaskState as error:  # StaleAttempt: superseded; dropped
+        fields = store.task_fields(running.task_id, ("status", "attempts"))
+        if not fields:  # Redis lost it (flushed, or back empty): said once per run
+            say_gone(running)
+        elif (fields.get("status") in (*FINISHED_STATUSES, SCHEDULED)
+                and fields.get("attempts") == str(running.attempt)):
+            # this attempt has ended (its run recorded that itself when its listener was
+            # silent a lease, as in an outage): its last progress is moot, nothing lost
+            log.debug("progress of task %s not recorded: %s", running.task_id, error)
+        else:
+            log.warning("progress of task %s not recorded: %s", running.task_id, error)
+    running.progress = None
+    running.progress_due = clock() + PROGRESS_SPACING
 
 
 def log_end(node: str, pid: int, running: Running, duration: float, now: float) -> None:

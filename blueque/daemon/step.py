@@ -102,6 +102,7 @@ class ListenerStep:
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None,
             reuse=options.reuse)
+        self.supervisor.ahead.queues = self._next_queues
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)
         self.wakeup = Wakeup(self.store, interval)
@@ -195,6 +196,8 @@ class ListenerStep:
         self._enforce_limits()
         if not self.stop_asked and self.preemption.deadline is None:
             self._fill_slots()
+        else:
+            supervisor.ahead.give_back(self.id)  # ids taken ahead: no slot will take them
         supervisor.write_progress()
         if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
@@ -228,7 +231,8 @@ class ListenerStep:
         """Put back the ids in our reserved lists that no child of ours runs or still has
         an ending to record (Membership.heal): as the renewal just before read them, if one
         did. Raises RedisUnavailable."""
-        self.membership.heal(self.supervisor.task_ids())
+        self.membership.heal(self.supervisor.task_ids(),
+                             processes=self.supervisor.task_processes())
 
     def _sweep(self) -> None:
         """Recovery, as adopter: the live runs of dead listeners of our node that it adopts
@@ -246,9 +250,19 @@ class ListenerStep:
         runs we adopted, the fenced runs we are stopping."""
         return self.slots.busy(self.supervisor.occupied())
 
+    def _next_queues(self) -> list[str]:
+        """The queues to take the next task from, in the order to try them, once the run
+        whose ending is being recorded frees its slot (blueque.daemon.ahead); [] if that
+        slot is to take none: stopping, preempted, or our slots are over-full."""
+        if (self.stop_asked or self.preemption.deadline is not None
+                or self.slots.free(self.supervisor.occupied() - 1) <= 0):
+            return []
+        return list(reduced_lottery(self.weights, self.rng))
+
     def _fill_slots(self) -> None:
         while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
-            moved = reserve(self.store, self.weights, self.id, self.rng)
+            moved = self.supervisor.ahead.pop() or reserve(self.store, self.weights, self.id,
+                                                           self.rng)
             if moved is None:
                 return
             if not self.supervisor.fork(*moved, self.load_function()):

@@ -12,15 +12,14 @@ import time
 from collections.abc import Callable
 
 from blueque import failpoints
-from blueque.child import Assignment, TaskFunction
-from blueque.daemon.forking import close_fds, fork_task_process
-from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
-from blueque.daemon.recorder import CountEnding, Recorder
+from blueque.child import TaskFunction
+from blueque.daemon.ahead import Ahead
+from blueque.daemon.forking import close_fds
+from blueque.daemon.owner import Defaults, Owner
+from blueque.daemon.recorder import CountEnding, Recorder, write_progress
+from blueque.daemon.starting import Starter
 from blueque.daemon.stopper import Stopper
-from blueque.errors import BluequeError, RedisUnavailable
 from blueque.leftovers import Leftovers
-from blueque.policy import Policy
-from blueque.process import create_time
 from blueque.reporting import ChildChannel, ToChild
 from blueque.running import Running
 from blueque.spool import Spool
@@ -56,83 +55,21 @@ class Supervisor:
                                owner.id, self.tell)
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults,
                                  task_logs=task_logs, spool=spool, count_ending=count_ending)
+        #: the next reservations, taken with the endings (PROTOCOL.md 6.2)
+        self.ahead = Ahead(store, self.warm)
+        #: how its runs start: a process made or woken, the stamp, the word
+        self.starter = Starter(self)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
 
-    # --- forking and starting ---------------------------------------------------------------
+    # --- forking and starting (blueque.daemon.starting) -----------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
-        """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
-        the task for it (or give it to an idle warm process). False if none could be forked."""
-        if self._assign(queue, task_id):
-            return True
-        forked = fork_task_process(
-            self.store, self.task_store,
-            Assignment(task_id, queue, self.owner.id, self.owner.lease_s, self.recorder.spool),
-            function, self.recorder.task_logs, self.warm.reuse, inherited=self.close)
-        if forked is None:
-            return False
-        self._start(task_id, queue, forked.pid, create_time(forked.pid), forked.channel,
-                    forked.output)
-        return True
-
-    def _start(self, task_id: str, queue: str, pid: int, created: float | None,
-               channel: ChildChannel, output: int | None) -> None:
-        running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
-                          Policy(), pid, created=created, channel=channel, output=output,
-                          state="starting")
-        self.children[pid] = running
-        failpoints.hit("listener-before-stamp")
-        self._begin(running)
-
-    def _assign(self, queue: str, task_id: str) -> bool:
-        """Give the task to an idle warm process, then stamp it for that process as for a
-        forked one (6.7). False: none is idle."""
-        idle = self.warm.take(task_id, queue)
-        if idle is not None:
-            failpoints.hit("listener-before-warm-stamp")  # told its task, not stamped
-            self._start(task_id, queue, idle.pid, idle.created, idle.channel, idle.output)
-        return idle is not None
-
-    def _begin(self, running: Running) -> None:
-        """Stamp the moved task with the child's pid (pending -> started) and record the run
-        on our node, in one round trip; then tell the child to go, or to stop. Raises
-        RedisUnavailable: the stamp may or may not have happened, and the child waits (nothing
-        runs yet) while ``begin_waiting`` repeats it, idempotent, at every step."""
-        try:
-            reservation = self.store.begin_run(
-                running.queue, self.owner.id, running.task_id, self.store.now(), running.pid,
-                running.created, self.owner.node, self.record(running), NODE_RUNS_TTL)
-        except RedisUnavailable:
-            raise
-        except BluequeError as error:
-            reservation = None
-            log.error("task %s: not started: %s", running.task_id, error)
-        if reservation is None or not reservation.runnable:
-            if reservation is not None:
-                log.warning("not running task %s from queue %s: %s (%s)", running.task_id,
-                            running.queue, reservation.verdict, reservation.detail)
-            running.state = "refused"
-            self.tell(running, {"stop": reservation.detail if reservation else "refused"})
-            return
-        fields = reservation.fields or {}
-        defaults = self.defaults(running.queue)
-        policy = Policy.resolve(fields, defaults)
-        running.attempt, running.policy, running.fields = reservation.attempt, policy, fields
-        running.time_limit, running.kill_grace = policy.time_limit, policy.kill_grace
-        failpoints.hit("listener-before-go")
-        self.tell(running, {"go": fields, "defaults": defaults})
-        if running.channel is not None and running.channel.closed:
-            return  # the child died before it could be told: it never ran (see _put_back)
-        running.started, running.state = self.clock(), "running"
-        log.info("task %s queue %s: attempt %s started in pid %d", running.task_id,
-                 running.queue, running.attempt, running.pid,
-                 extra={"task_id": running.task_id, "queue": running.queue,
-                        "pid": running.pid, "event": "started", "attempt": running.attempt})
+        """Make or wake the process that runs ``task_id`` and stamp it (Starter.fork)."""
+        started: bool = self.starter.fork(queue, task_id, function)
+        return started
 
     def begin_waiting(self) -> None:
         """Repeat the stamps an outage interrupted (their children are waiting)."""
-        for running in list(self.children.values()):
-            if running.state == "starting":
-                self._begin(running)
+        self.starter.begin_waiting()
 
     def record(self, running: Running) -> str:
         """The run's entry in blueque_node_[node] (PROTOCOL.md 6)."""
@@ -159,14 +96,25 @@ class Supervisor:
             running.channel.flush()
 
     def record_reports(self) -> None:
+        """Record the outcomes our children reported, each with the next reservation its slot
+        takes in the same round trip (blueque.daemon.ahead)."""
         for running in list(self.children.values()):
             if running.report is not None and running.recorded is None:
-                self.recorder.record_report(running)
+                take = self.ahead.request(running, self.owner, self.task_processes(),
+                                          self.clock())
+                taken = self.recorder.record_report(running, take)
+                if taken is not None:
+                    failpoints.hit("listener-after-take")  # its round trip took the next
                 # a warm process kept idle (6.7): its run ended; it waits for another
-                if self.warm.reuse > 1 and self.warm.keep(running, self.task_processes(),
-                                                           self.clock()):
+                kept = self.warm.reuse > 1 and self.warm.keep(running, self.task_processes(),
+                                                               self.clock())
+                if kept:
                     del self.children[running.pid]
                     self.recorder.ended(running.pid, running, self.clock() - running.started)
+                if taken is not None and taken.reservation is None:
+                    self.ahead.held.append((taken.queue, taken.task_id))  # for a free slot
+                elif taken is not None and taken.reservation is not None:
+                    self.starter.take_up(taken, taken.reservation, running.pid, kept)
 
     def hold_reports(self) -> None:
         """While Redis cannot take them: spool the outcomes our children reported (6.5)."""
@@ -179,7 +127,7 @@ class Supervisor:
         for running in list(self.children.values()):
             if (running.progress is not None and running.report is None
                     and running.attempt is not None and current >= running.progress_due):
-                self.recorder.write_progress(running)
+                write_progress(self.store, running, self.clock)
 
     # --- children that end ------------------------------------------------------------------
     def reap(self) -> None:
@@ -237,7 +185,7 @@ class Supervisor:
         """Tasks whose ids our reserved lists rightly hold: running, or with an ending still
         to be recorded."""
         return ({r.task_id for r in self.children.values()}
-                | {r.task_id for r, _ in self.recorder.unrecorded})
+                | {r.task_id for r, _ in self.recorder.unrecorded} | self.ahead.task_ids())
 
     def task_processes(self) -> set[int]:
         """Our task processes: running a task, or idle (6.7)."""

@@ -28,7 +28,8 @@
 -- describe the current attempt only: complete drops `error` and `traceback`, retry and
 -- preempted (the task waits for its next attempt) drop the run's node, pid and progress.
 -- uses: history, counts
-local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at')
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at',
+                      'error', 'traceback')
 local status = cur[1]
 if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
   return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
@@ -84,22 +85,25 @@ end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
 local outcome = ARGV[4]
-remember(KEYS[1], {attempt = tonumber(cur[2]), outcome = counted, at = tonumber(ARGV[6]),
-          node = ARGV[2], pid = tonumber(pid), started = tonumber(cur[5]),
-          error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
+-- the history's new entry is written with the status, in one HSET
+local history = with_entry(KEYS[1], {attempt = tonumber(cur[2]), outcome = counted,
+          at = tonumber(ARGV[6]), node = ARGV[2], pid = tonumber(pid),
+          started = tonumber(cur[5]), error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
           eta = outcome == 'retry' and tonumber(ARGV[8]) or nil})
 if outcome == 'complete' then
   redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
-             'finished_at', ARGV[6])
-  redis.call('HDEL', KEYS[1], 'error', 'traceback')  -- an earlier attempt's: in the history
+             'finished_at', ARGV[6], 'history', history)
+  if cur[6] or cur[7] then  -- an earlier attempt's: in the history
+    redis.call('HDEL', KEYS[1], 'error', 'traceback')
+  end
   redis.call('LPUSH', KEYS[4], ARGV[1])
 elseif outcome == 'failed' then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[5], 'updated', ARGV[6],
-             'finished_at', ARGV[6])
+             'finished_at', ARGV[6], 'history', history)
   redis.call('LPUSH', KEYS[4], ARGV[1])
 elseif outcome == 'preempted' then
   redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[6], 'preempted_at', ARGV[6],
-             'preempted_reason', ARGV[5])
+             'preempted_reason', ARGV[5], 'history', history)
   redis.call('HDEL', KEYS[1], 'node', 'pid', 'pid_created', 'started_at', 'progress',
              'progress_message')
   redis.call('HINCRBY', KEYS[1], 'preemptions', 1)
@@ -108,7 +112,7 @@ elseif outcome == 'preempted' then
   outcome = 'pending'
 else
   redis.call('HSET', KEYS[1], 'status', 'scheduled', 'error', ARGV[5], 'updated', ARGV[6],
-             'eta', ARGV[8])
+             'eta', ARGV[8], 'history', history)
   redis.call('HDEL', KEYS[1], 'node', 'pid', 'pid_created', 'started_at', 'progress',
              'progress_message')
   redis.call('ZADD', KEYS[4], ARGV[8], ARGV[1])
@@ -135,8 +139,10 @@ count_outcome(counted, 1, KEYS[5], ARGV[13], KEYS[6], KEYS[7])
 local kept = 604800  -- keys.LISTENER_COUNTS_TTL: the runs of a listener, 7 days after its last
 redis.call('HINCRBY', KEYS[9], counted, 1)
 redis.call('EXPIRE', KEYS[9], kept)
-redis.call('ZADD', KEYS[10], ARGV[6], ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', tonumber(ARGV[6]) - kept)
+if redis.call('ZADD', KEYS[10], ARGV[6], ARGV[2]) == 1 then  -- a listener new to the set:
+  -- the set only grows then, so the entries older than 7 days are dropped then
+  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', tonumber(ARGV[6]) - kept)
+end
 redis.call('EXPIRE', KEYS[10], kept)
 if outcome ~= 'pending' then  -- a preempted task is not done: nobody waiting is woken
   redis.call('PUBLISH', ARGV[10], ARGV[1])

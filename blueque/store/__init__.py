@@ -33,7 +33,7 @@ from blueque.store.errors import (
 )
 from blueque.store.health import Health
 from blueque.store.listeners import ListenerOperations, NodeRenewal, RenewalReply
-from blueque.store.runs import RunOperations
+from blueque.store.runs import RunOperations, Take, Taken
 from blueque.store.subscription import (
     CLOSED_UNDER_US,
     CONFIRM_WAIT,
@@ -74,6 +74,8 @@ __all__ = [
     "Resubscribing",
     "StoreCore",
     "Subscription",
+    "Take",
+    "Taken",
     "check_version",
     "describe",
     "load_script",

@@ -19,7 +19,7 @@ from blueque import protocol
 from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
-from blueque.retry import NoRetry, RetryPolicy
+from blueque.retry import NoRetry, RetryPolicy, is_transient
 from blueque.store.direct import NOT_SENT, DirectCalls, Resend
 from blueque.store.errors import (
     check_version,
@@ -54,6 +54,28 @@ def _tolerating_wrong_types(pipe: Any) -> list[Any]:
         if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
             raise reply
     return replies
+
+
+def _refused(error: Exception) -> bool:
+    """A script's own refusal (an error reply it returned), not a transient error."""
+    return isinstance(error, redis.exceptions.ResponseError) and not is_transient(error)
+
+
+def _raise_errors(replies: Sequence[Any], refusal_at: int | None) -> None:
+    """Raise a pipeline's first error reply, but a script's refusal at ``refusal_at``."""
+    for at, item in enumerate(replies):
+        if isinstance(item, Exception) and not (at == refusal_at and _refused(item)):
+            raise item
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """A script to run after another in the same round trip (``_run_then``'s ``then``)."""
+
+    name: str
+    keys: Sequence[str]
+    args: Sequence[Any]
+    durable: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,6 +158,11 @@ class StoreCore:
         """Disconnect the connection the store keeps for script calls (blueque.store.direct);
         the redis-py client's pool is its owner's to close."""
         self._direct.close()
+
+    @property
+    def clustered(self) -> bool:
+        """A Redis Cluster: a script touches one slot's keys, a pipeline sends no script."""
+        return hasattr(self.redis, "get_nodes")
 
     @property
     def where(self) -> str:
@@ -225,38 +252,60 @@ class StoreCore:
     def _run_then(self, name: str, keys: Sequence[str], args: Sequence[Any],
                   before: Sequence[Callable[[Any], object]] = (),
                   after: Sequence[Callable[[Any], object]] = (),
-                  durable: bool = False) -> tuple[Any, list[Any]]:
+                  durable: bool = False, then: ScriptCall | None = None,
+                  refusal: bool = False) -> tuple[Any, list[Any]]:
         """Run script ``name`` with plain commands before and after it in one round trip (a
         pipeline, not a transaction: each command is idempotent, so a repeat after a lost
-        reply is harmless); returns the script's reply and the replies of ``after``.
-        ``EVALSHA`` directly, not redis-py's pipeline scripts, which cost a ``SCRIPT EXISTS``
-        round trip per pipeline: a server that lost its script cache (a restart) answers
-        NOSCRIPT once, and the pipeline is sent again after loading it. With WAIT durability
-        the script runs durably alone, and on a Redis Cluster (whose pipelines refuse
-        scripts) each command goes on its own."""
-        if (durable and self.durability is not None) or hasattr(self.redis, "get_nodes"):
-            for add in before:
-                add(self.redis)
-            reply = self._run(name, keys, args, durable=durable)
-            return reply, [add(self.redis) for add in after]
-        script = self._script(name)
+        reply is harmless); returns the script's reply and the replies of ``after`` (and last,
+        of ``then``: a second script after them, which must be as harmless to repeat). With
+        ``refusal``, the first script's refusal (an error reply of its own, not a transient
+        one) is returned in place of its reply, so that the caller still reads what ``then``
+        did. ``EVALSHA`` directly, not redis-py's pipeline scripts, which cost a ``SCRIPT
+        EXISTS`` round trip per pipeline: a server that lost its script cache (a restart)
+        answers NOSCRIPT once, and the pipeline is sent again after loading it. With WAIT
+        durability the script runs durably alone, and on a Redis Cluster (whose pipelines
+        refuse scripts) each command goes on its own."""
+        first = ScriptCall(name, keys, args, durable)
+        if (durable and self.durability is not None) or self.clustered:
+            return self._run_apart(first, before, after, then, refusal)
+        calls = [first] + ([then] if then is not None else [])
+        scripts = [self._script(call.name) for call in calls]
         for _ in range(2):
             pipe = self.redis.pipeline(transaction=False)
             for add in before:
                 add(pipe)
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.evalsha(scripts[0].sha, len(keys), *keys, *args)
             for add in after:
                 add(pipe)
+            if then is not None:
+                pipe.evalsha(scripts[1].sha, len(then.keys), *then.keys, *then.args)
             replies = pipe.execute(raise_on_error=False)
-            reply = replies[len(before)]
-            if isinstance(reply, redis.exceptions.NoScriptError):
+            lost = [script for script, reply in zip(scripts, (replies[len(before)], replies[-1]),
+                                                    strict=False)
+                    if isinstance(reply, redis.exceptions.NoScriptError)]
+            for script in lost:
                 script.sha = self.redis.script_load(script.script)
-                continue
-            for item in replies:
-                if isinstance(item, Exception):
-                    raise item
-            return reply, replies[len(before) + 1:]
-        raise reply
+            if not lost:
+                _raise_errors(replies, len(before) if refusal else None)
+                return replies[len(before)], replies[len(before) + 1:]
+        raise redis.exceptions.NoScriptError("the server keeps losing its scripts")
+
+    def _run_apart(self, first: ScriptCall, before: Sequence[Callable[[Any], object]],
+                   after: Sequence[Callable[[Any], object]], then: ScriptCall | None,
+                   refusal: bool) -> tuple[Any, list[Any]]:
+        """``_run_then``'s commands one by one (WAIT durability, a Redis Cluster)."""
+        for add in before:
+            add(self.redis)
+        try:
+            reply = self._run(first.name, first.keys, first.args, durable=first.durable)
+        except redis.exceptions.ResponseError as error:
+            if not (refusal and _refused(error)):
+                raise
+            reply = error
+        replies = [add(self.redis) for add in after]
+        if then is not None:
+            replies.append(self._run(then.name, then.keys, then.args, durable=then.durable))
+        return reply, replies
 
     def _queues_key(self, queue: str) -> tuple[str, str]:
         return protocol.queues_key(self.keys, queue)

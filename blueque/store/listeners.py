@@ -241,6 +241,11 @@ class ListenerOperations(StoreCore):
             self.redis.hdel(self.keys.node_runs(node), *pids)
 
     @translate_errors
+    def node_run(self, node: str, pid: int) -> str | None:
+        """HGET blueque_node_[node] [pid]: the run recorded for that process, if any."""
+        return cast("str | None", self.redis.hget(self.keys.node_runs(node), str(pid)))
+
+    @translate_errors
     def node_runs(self, node: str) -> dict[str, str]:
         return cast(dict[str, str], self.redis.hgetall(self.keys.node_runs(node)))
 

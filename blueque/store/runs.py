@@ -5,17 +5,46 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
+
+import redis
 
 from blueque import dependencies
 from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.errors import BluequeError
 from blueque.statuses import FINISHED_STATUSES, RecoverMode, Verdict
-from blueque.store.core import Reservation, StoreCore
-from blueque.store.errors import translate_errors
+from blueque.store.core import Reservation, ScriptCall, StoreCore
+from blueque.store.errors import translate, translate_errors
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Take:
+    """The next reservation a listener daemon takes in the round trip that records an ending
+    (take.lua, PROTOCOL.md 6.2): from the first of ``queues`` with a pending task. With
+    ``pid`` (a warm process it keeps, 6.7) the task is stamped for that process and its run
+    recorded on ``node`` (``record``: the record's fields after task, queue and attempt, as
+    blueque.running.record_tail writes them); without, it is only moved."""
+
+    queues: Sequence[str]
+    pid: int | None = None
+    created: float | None = None
+    node: str = ""
+    record: str = ""
+    runs_ttl: int = 0
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What a Take took: the queue and id moved into the listener's reserved list, and (with a
+    pid) the stamp's verdict."""
+
+    queue: str
+    task_id: str
+    reservation: Reservation | None = None
 
 
 class RunOperations(StoreCore):
@@ -97,6 +126,26 @@ class RunOperations(StoreCore):
         """Record one run's ending (finish.lua): complete, failed, retry or preempted; returns
         the new status. ``forget_run`` (node identity, pid): the listener daemon drops the
         run's record from blueque_node_[node] in the same round trip (PROTOCOL.md 6.2)."""
+        status = self._finish(end, forget_run, None)[0]
+        if isinstance(status, BluequeError):
+            raise status
+        return status
+
+    @translate_errors
+    def finish_and_take(self, end: RunEnd, forget_run: tuple[str, int] | None,
+                        take: Take) -> tuple[str | BluequeError, Taken | None]:
+        """``finish``, and in the same round trip the listener's next reservation (take.lua;
+        not on a Redis Cluster, where the queues and the node's runs live in other slots):
+        the status recorded, and what was taken (None: every queue of ``take`` was empty).
+        A refused finish (StaleAttempt, InvalidTaskState) is returned in place of the status,
+        not raised: what the take did in the same round trip must not be lost with it.
+        Repeated after a lost reply, the fenced finish answers its status again and the take
+        takes the next task; the one the lost reply took waits in the reserved list for the
+        listener's heal (PROTOCOL.md 6.2)."""
+        return self._finish(end, forget_run, take)
+
+    def _finish(self, end: RunEnd, forget_run: tuple[str, int] | None,
+                take: Take | None) -> tuple[str | BluequeError, Taken | None]:
         queue = end.queue
         if end.outcome == "complete":
             target = self.keys.complete(queue)
@@ -126,11 +175,38 @@ class RunOperations(StoreCore):
         if forget_run is not None:
             runs, run = self.keys.node_runs(forget_run[0]), str(forget_run[1])
             after.append(lambda pipe: pipe.hdel(runs, run))
-        reply, replies = self._run_then("finish", keys, args, durable=True, after=after)
+        then = None if take is None else self._take_call(end.listener, end.now, take)
+        reply, replies = self._run_then("finish", keys, args, durable=True, after=after,
+                                        then=then, refusal=then is not None)
+        taken = None if take is None else self._taken(replies[-1])
+        if isinstance(reply, redis.exceptions.ResponseError):
+            return translate(reply, self.where), taken
         status = str(reply)
         if status in FINISHED_STATUSES and replies[0]:
             self.tell_dependents([end.task_id], end.now)
-        return status
+        return status, taken
+
+    def _take_call(self, listener: str, now: float, take: Take) -> ScriptCall:
+        # KEYS[1] with no pid: unused, a key of the first queue's slot
+        keys = [self.keys.node_runs(take.node) if take.pid is not None
+                else self.keys.pending(take.queues[0])]
+        for queue in take.queues:
+            keys += [self.keys.pending(queue), self.keys.reserved(queue, listener),
+                     self.keys.failed(queue), *self._outcome_keys(queue, now),
+                     self.keys.started(queue)]
+        args = [listener, repr(now), k.FINISHED_MINUTE_TTL,
+                "" if take.pid is None else take.pid,
+                "" if take.created is None else repr(take.created), take.record, take.runs_ttl,
+                self.keys.task(""), *take.queues]
+        return ScriptCall("take", keys, args, durable=take.pid is not None)
+
+    def _taken(self, reply: Sequence[Any]) -> Taken | None:
+        if not reply:
+            return None
+        queue, task_id = str(reply[0]), str(reply[1])
+        if len(reply) < 3:
+            return Taken(queue, task_id)
+        return Taken(queue, task_id, self._reservation(task_id, reply[2:]))
 
     def tell_dependents(self, task_ids: Sequence[str], now: float) -> None:
         """Tell the tasks enqueued after these ended ones (dependencies.tell_dependents),

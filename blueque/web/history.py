@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Set
 from typing import Any
 
+from blueque.keys import LISTENER_COUNTS_TTL
 from blueque.store import RedisStore
 
 #: Listeners read per queue from blueque_listeners_seen_[queue] (the latest first).
@@ -24,9 +25,13 @@ def listener_history(store: RedisStore, queues: Sequence[str], live: Set[str]
     HISTORY_SHOWN latest of them in each queue where they ran something."""
     last: dict[str, float] = {}
     where: dict[str, list[str]] = {}
+    # finish.lua drops the entries older than that only when a new listener joins the set
+    since = store.now() - LISTENER_COUNTS_TTL
     for queue, entries in zip(queues, store.listeners_seen_many(queues, SEEN_PER_QUEUE),
                               strict=True):
         for listener, when in entries:
+            if when < since:
+                continue
             last[listener] = max(last.get(listener, when), when)
             where.setdefault(listener, []).append(queue)
     shown = sorted(last, key=lambda listener: (-last[listener], listener))[:HISTORY_SHOWN]

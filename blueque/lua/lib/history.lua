@@ -23,11 +23,14 @@ local function history_of(key)  -- the entries so far; a corrupt field counts as
   end
   return list
 end
-local function remember(key, entry)  -- one JSON entry per ending, the last 20
+local function with_entry(key, entry)  -- the field with one more entry, the last 20 kept
   local list = history_of(key)
   list[#list + 1] = entry
   while #list > 20 do  -- protocol.HISTORY_KEEP
     table.remove(list, 1)
   end
-  redis.call('HSET', key, 'history', cjson.encode(list))
+  return cjson.encode(list)
+end
+local function remember(key, entry)  -- one JSON entry per ending
+  redis.call('HSET', key, 'history', with_entry(key, entry))
 end

@@ -1,0 +1,155 @@
+"""How a listener's runs start (PROTOCOL.md 6.2, 6.7): a process made for the task (forked) or
+an idle warm one woken, then the stamp (pending -> started by that process, and the run's
+record on the node, in one round trip) and the word: go, or stop. Also the start of a task
+taken ahead for a warm process (blueque.daemon.ahead), whose stamp came with an ending."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from blueque import failpoints
+from blueque.calling import TaskFunction
+from blueque.child import Assignment
+from blueque.daemon.forking import fork_task_process
+from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
+from blueque.daemon.recorder import Recorder
+from blueque.errors import BluequeError, RedisUnavailable
+from blueque.policy import Policy
+from blueque.process import create_time
+from blueque.reporting import ChildChannel, ToChild
+from blueque.running import Running
+from blueque.store import RedisStore, Reservation, Taken
+from blueque.warm import WarmProcesses
+
+log = logging.getLogger("blueque.daemon")
+
+
+class Runs(Protocol):
+    """What a Starter is given of its Supervisor (blueque.daemon.supervisor)."""
+
+    store: RedisStore
+    task_store: RedisStore
+    owner: Owner
+    warm: WarmProcesses
+    children: dict[int, Running]
+    clock: Callable[[], float]
+    defaults: Defaults
+    recorder: Recorder
+
+    def tell(self, running: Running, message: ToChild) -> None: ...
+    def record(self, running: Running) -> str: ...
+    def close(self) -> None: ...
+
+
+class Starter:
+    """Its Supervisor's runs as they start: it adds each to the Supervisor's children."""
+
+    def __init__(self, supervisor: Runs) -> None:
+        self.supervisor = supervisor
+        self.store, self.warm = supervisor.store, supervisor.warm
+        self.defaults, self.children = supervisor.defaults, supervisor.children
+        self.clock, self.tell = supervisor.clock, supervisor.tell
+
+    @property
+    def owner(self) -> Owner:
+        return self.supervisor.owner  # replaced once its listener registered (its created)
+
+    def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
+        """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
+        the task for it (or give it to an idle warm process). False if none could be forked."""
+        if self._assign(queue, task_id):
+            return True
+        forked = fork_task_process(
+            self.store, self.supervisor.task_store,
+            Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
+                       self.supervisor.recorder.spool, node=self.owner.node),
+            function, self.supervisor.recorder.task_logs, self.warm.reuse,
+            inherited=self.supervisor.close)
+        if forked is None:
+            return False
+        self._start(task_id, queue, forked.pid, create_time(forked.pid), forked.channel,
+                    forked.output)
+        return True
+
+    def _start(self, task_id: str, queue: str, pid: int, created: float | None,
+               channel: ChildChannel, output: int | None) -> None:
+        running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
+                          Policy(), pid, created=created, channel=channel, output=output,
+                          state="starting")
+        self.children[pid] = running
+        failpoints.hit("listener-before-stamp")
+        self._begin(running)
+
+    def _assign(self, queue: str, task_id: str) -> bool:
+        """Give the task to an idle warm process, then stamp it for that process as for a
+        forked one (6.7). False: none is idle."""
+        idle = self.warm.take(task_id, queue)
+        if idle is not None:
+            failpoints.hit("listener-before-warm-stamp")  # told its task, not stamped
+            self._start(task_id, queue, idle.pid, idle.created, idle.channel, idle.output)
+        return idle is not None
+
+    def _begin(self, running: Running) -> None:
+        """Stamp the moved task with the child's pid (pending -> started) and record the run
+        on our node, in one round trip; then tell the child to go, or to stop. Raises
+        RedisUnavailable: the stamp may or may not have happened, and the child waits (nothing
+        runs yet) while ``begin_waiting`` repeats it, idempotent, at every step."""
+        try:
+            reservation = self.store.begin_run(
+                running.queue, self.owner.id, running.task_id, self.store.now(), running.pid,
+                running.created, self.owner.node, self.supervisor.record(running),
+                NODE_RUNS_TTL)
+        except RedisUnavailable:
+            raise
+        except BluequeError as error:
+            reservation = None
+            log.error("task %s: not started: %s", running.task_id, error)
+        self._begun(running, reservation)
+
+    def _begun(self, running: Running, reservation: Reservation | None) -> None:
+        """The stamp answered (None: it failed): tell the child to go, or to stop."""
+        if reservation is None or not reservation.runnable:
+            if reservation is not None:
+                log.warning("not running task %s from queue %s: %s (%s)", running.task_id,
+                            running.queue, reservation.verdict, reservation.detail)
+            running.state = "refused"
+            self.tell(running, {"stop": reservation.detail if reservation else "refused"})
+            return
+        fields = reservation.fields or {}
+        defaults = self.defaults(running.queue)
+        policy = Policy.resolve(fields, defaults)
+        running.attempt, running.policy, running.fields = reservation.attempt, policy, fields
+        running.time_limit, running.kill_grace = policy.time_limit, policy.kill_grace
+        failpoints.hit("listener-before-go")
+        self.tell(running, {"go": fields, "defaults": defaults})
+        if running.channel is not None and running.channel.closed:
+            return  # the child died before it could be told: it never ran (see _put_back)
+        running.started, running.state = self.clock(), "running"
+        log.info("task %s queue %s: attempt %s started in pid %d", running.task_id,
+                 running.queue, running.attempt, running.pid,
+                 extra={"task_id": running.task_id, "queue": running.queue,
+                        "pid": running.pid, "event": "started", "attempt": running.attempt})
+
+    def begin_waiting(self) -> None:
+        """Repeat the stamps an outage interrupted (their children are waiting)."""
+        for running in list(self.children.values()):
+            if running.state == "starting":
+                self._begin(running)
+
+    def take_up(self, taken: Taken, reservation: Reservation, pid: int, kept: bool) -> None:
+        """A task a finish took ahead and stamped for the warm process ``pid``: its next run
+        if that process was kept idle (``kept``), else put back (it never ran)."""
+        idle = self.warm.take(taken.task_id, taken.queue, pid) if kept else None
+        running = Running(taken.task_id, taken.queue, None, self.clock(), 0.0,
+                          Policy().kill_grace, Policy(), pid, created=None, state="starting")
+        if idle is None:
+            if reservation.runnable:  # stamped for a process that is not to run it
+                self.supervisor.recorder.put_back(running)
+            return
+        running.created, running.channel = idle.created, idle.channel
+        running.output = idle.output
+        self.children[pid] = running
+        self._begun(running, reservation)
+

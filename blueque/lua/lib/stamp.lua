@@ -1,0 +1,89 @@
+-- lib/stamp: the stamp of a task a listener moved into its reserved list (PROTOCOL.md 5.4), for
+-- the scripts that reserve: stamp.lua (the id was moved by LMOVE) and take.lua (it moves the id
+-- itself). A script that says `-- uses: history, counts, stamp` gets this function before its
+-- body. k: the task hash, reserved list, failed list, this minute's, all time's and this hour's
+-- outcome counters and (with a pid) the started set; pid '' reserves only. Returns the verdict.
+local function stamp_task(k, id, listener, now, queue, minute_ttl, pid, created)
+  local function drop()
+    redis.call('LREM', k[2], 1, id)
+  end
+  local function record_failure(reason)
+    drop()
+    local kind = redis.call('TYPE', k[1])['ok']
+    if kind == 'hash' or kind == 'none' then
+      if kind == 'none' then
+        redis.call('HSET', k[1], 'queue', queue, 'created', now)
+      end
+      redis.call('HSET', k[1], 'status', 'failed', 'error', reason, 'updated', now)
+      remember(k[1], {outcome = 'failed', at = tonumber(now), node = listener, error = cut(reason)})
+    end
+    redis.call('LPUSH', k[3], id)
+    count_outcome('failed', 1, k[4], minute_ttl, k[5], k[6])
+    return {'bad', reason}
+  end
+  -- the writes of start.lua (PROTOCOL.md 5.5) for the given pid; `counted`: the new attempt
+  -- number, written in the same HSET ({} when HINCRBY counted it, or a retried stamp)
+  local function start(counted)
+    redis.call('SADD', k[7], listener .. ' ' .. pid .. ' ' .. id)
+    local fields = {'status', 'started', 'node', listener, 'pid', pid, 'updated', now,
+                    'started_at', now, unpack(counted)}
+    if created ~= '' then
+      fields[#fields + 1] = 'pid_created'
+      fields[#fields + 1] = created
+    end
+    redis.call('HSET', k[1], unpack(fields))
+    if created == '' then
+      redis.call('HDEL', k[1], 'pid_created')
+    end
+  end
+  local function ok(attempts)
+    return {'ok', attempts, redis.call('HGETALL', k[1])}
+  end
+  local cur = redis.pcall('HMGET', k[1], 'status', 'node', 'pid', 'attempts', 'eta', 'error',
+                          'traceback')
+  if cur['err'] then  -- WRONGTYPE
+    local kind = redis.call('TYPE', k[1])['ok']
+    return record_failure('task data is a ' .. kind .. ', not a hash: cannot run it')
+  end
+  local status = cur[1]
+  if not status and redis.call('EXISTS', k[1]) == 0 then
+    return record_failure('task data was missing when the task was reserved')
+  end
+  if status == 'pending' then
+    -- attempts + 1, written with the status (HINCRBY's rule: a whole number or nothing)
+    local attempts, counted = tonumber(cur[4] or '0'), {}
+    if attempts and attempts == math.floor(attempts) and string.find(cur[4] or '0', '^-?%d+$') then
+      attempts = attempts + 1
+      counted = {'attempts', string.format('%d', attempts)}
+    else  -- not an integer: HINCRBY refuses it, as it always did
+      attempts = redis.call('HINCRBY', k[1], 'attempts', 1)
+    end
+    if cur[5] or cur[6] or cur[7] then  -- the last attempt's: in the history (3.2)
+      redis.call('HDEL', k[1], 'eta', 'error', 'traceback')
+    end
+    if pid ~= '' then
+      start(counted)
+    else
+      redis.call('HSET', k[1], 'status', 'reserved', 'node', listener, 'updated', now,
+                 unpack(counted))
+      redis.call('HDEL', k[1], 'pid')
+    end
+    return ok(attempts)
+  elseif status == 'reserved' and cur[2] == listener then
+    -- a retried stamp whose first reply was lost (with a pid: start it now)
+    if pid ~= '' then
+      start({})
+    end
+    return ok(tonumber(cur[4] or '1'))
+  elseif status == 'started' and pid ~= '' and cur[2] == listener and cur[3] == pid then
+    -- a retried stamp with start whose first reply was lost
+    return ok(tonumber(cur[4] or '1'))
+  elseif status == 'scheduled' or status == 'reserved' or status == 'started'
+      or status == 'complete' or status == 'failed' then
+    drop()
+    return {'skip', status}
+  elseif not status then
+    return record_failure('task has no status field: cannot tell whether it may run')
+  end
+  return record_failure('unknown status ' .. string.format('%q', status) .. ': refused to run it')
+end
