@@ -4,7 +4,7 @@ checkpoint (save_checkpoint, checkpoint)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -90,6 +90,26 @@ def readable_history(raw: str | None) -> list[dict[str, Any]]:
     if not isinstance(entries, list):
         return []
     return [entry for entry in entries if isinstance(entry, dict)]
+
+
+def task_history(data: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A task's history (PROTOCOL.md 3.2): its field's entries; a task complete at its first
+    ending has no field (it keeps its hash compact), and its one entry is its fields."""
+    raw = data.get("history")
+    if raw is not None or data.get("status") != "complete" or not data.get("finished_at"):
+        return readable_history(raw)
+    entry = {"attempt": _number(data.get("attempts"), int), "outcome": "complete",
+             "at": _number(data.get("finished_at"), float), "node": data.get("node"),
+             "pid": _number(data.get("pid"), int),
+             "started": _number(data.get("started_at"), float)}
+    return [{key: value for key, value in entry.items() if value is not None}]
+
+
+def _number(raw: str | None, kind: type[int] | type[float]) -> int | float | None:
+    try:
+        return kind(raw) if raw else None
+    except ValueError:
+        return None
 
 
 _UNREAD: Any = object()
@@ -191,7 +211,7 @@ class TaskView:
         cancelled, preempted, requeued, retried), ``at`` (Unix s), ``node`` (the listener),
         ``pid``, ``started``, ``error``, ``eta`` (of a retry), ``was`` (the status a cancel
         or a retry found). The current fields describe the current attempt only."""
-        return readable_history(self._get("history"))
+        return task_history(self._data)
 
     @property
     def after(self) -> list[str]:

@@ -44,7 +44,7 @@ from blueque.statuses import (
     WAITING,
     state_of,
 )
-from blueque.task import Task, readable_history
+from blueque.task import Task, task_history
 from blueque.tasklog import follow_output, read_output, wait_for_output
 
 #: What a terminal is sent before each snapshot of `status --watch`: cursor home, clear.
@@ -245,7 +245,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         saved = (f"checkpoint: {format_bytes(info.size)} saved {format_time(info.saved_at)} "
                  f"({age} ago) by attempt {info.attempt}; "
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
-    history = readable_history(data.get("history"))
+    history = task_history(data)
     awaiting = task.awaiting() if task.status == WAITING else []
     emit(args, {"id": args.task_id, **typed(data), "history": history,
                 "checkpoint": info and vars(info),

@@ -29,7 +29,7 @@
 -- preempted (the task waits for its next attempt) drop the run's node, pid and progress.
 -- uses: history, counts
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at',
-                      'error', 'traceback')
+                      'error', 'traceback', 'history')
 local status = cur[1]
 if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
   return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
@@ -44,7 +44,7 @@ end
 -- our own earlier try: by its listener (kept on a finished task) or, for a task put back
 -- (its node removed), by the history's last entry: this attempt, ended so by this listener
 if ARGV[7] ~= '' and status == recorded[ARGV[4]] then
-  local last = history_of(KEYS[1])
+  local last = history_from(cur[8])
   last = last[#last]
   if cur[4] == ARGV[2] or (type(last) == 'table' and last.node == ARGV[2]
       and last.outcome == counted and tostring(last.attempt) == ARGV[7]) then
@@ -63,7 +63,7 @@ local function late()
   if redis.call('HEXISTS', KEYS[1], 'cancelled') == 1 then
     return false
   end
-  local last = history_of(KEYS[1])
+  local last = history_from(cur[8])
   last = last[#last]
   return type(last) == 'table' and last.recovered == true and last.node == ARGV[2]
     and tostring(last.attempt) == ARGV[7]
@@ -85,12 +85,20 @@ end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
 local outcome = ARGV[4]
--- the history's new entry is written with the status, in one HSET
-local history = with_entry(KEYS[1], {attempt = tonumber(cur[2]), outcome = counted,
+-- the history's new entry is written with the status, in one HSET; a task complete at its
+-- first ending keeps none: its one entry is its fields (3.2), and its hash stays compact
+local history = added(history_from(cur[8]), {attempt = tonumber(cur[2]), outcome = counted,
           at = tonumber(ARGV[6]), node = ARGV[2], pid = tonumber(pid),
           started = tonumber(cur[5]), error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
           eta = outcome == 'retry' and tonumber(ARGV[8]) or nil})
-if outcome == 'complete' then
+if outcome == 'complete' and not cur[8] then
+  redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
+             'finished_at', ARGV[6])
+  if cur[6] or cur[7] then  -- an earlier attempt's (one never ended: a stamp's count)
+    redis.call('HDEL', KEYS[1], 'error', 'traceback')
+  end
+  redis.call('LPUSH', KEYS[4], ARGV[1])
+elseif outcome == 'complete' then
   redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
              'finished_at', ARGV[6], 'history', history)
   if cur[6] or cur[7] then  -- an earlier attempt's: in the history

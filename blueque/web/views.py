@@ -27,7 +27,7 @@ from blueque.statuses import (
     state_of,
 )
 from blueque.store import RedisStore
-from blueque.task import CheckpointInfo, readable_history
+from blueque.task import CheckpointInfo, task_history
 from blueque.tasklog import read_outputs
 from blueque.web.history import listener_history
 from blueque.web.search import SCAN_LIMIT, Filters, search_context, window_ids
@@ -223,7 +223,7 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
         node=data.get("node") or "",
         cancelled=bool(data.get("cancelled")),
         cancel_requested=bool(data.get("cancel_requested")),
-        history=[history_row(entry) for entry in readable_history(data.get("history"))],
+        history=[history_row(entry) for entry in task_history(data)],
     )
     try:  # its size, time and attempt (HMGET): the state itself stays in Redis (5.20)
         row.update(checkpoint=CheckpointInfo.parse(task_id, store.checkpoint_info(task_id)))

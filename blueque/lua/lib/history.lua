@@ -13,8 +13,8 @@ local function cut(text)  -- an error as the history keeps it: 500 bytes, whole 
   end
   return string.sub(text, 1, n) .. '...'
 end
-local function history_of(key)  -- the entries so far; a corrupt field counts as none
-  local ok, old = pcall(cjson.decode, redis.call('HGET', key, 'history') or '[]')
+local function history_from(raw)  -- the entries of a field as read; a corrupt one: none
+  local ok, old = pcall(cjson.decode, raw or '[]')
   local list = {}
   if ok and type(old) == 'table' then
     for i = 1, #old do
@@ -23,13 +23,18 @@ local function history_of(key)  -- the entries so far; a corrupt field counts as
   end
   return list
 end
-local function with_entry(key, entry)  -- the field with one more entry, the last 20 kept
-  local list = history_of(key)
+local function history_of(key)  -- the entries so far
+  return history_from(redis.call('HGET', key, 'history'))
+end
+local function added(list, entry)  -- the field with one more entry, the last 20 kept
   list[#list + 1] = entry
   while #list > 20 do  -- protocol.HISTORY_KEEP
     table.remove(list, 1)
   end
   return cjson.encode(list)
+end
+local function with_entry(key, entry)
+  return added(history_of(key), entry)
 end
 local function remember(key, entry)  -- one JSON entry per ending
   redis.call('HSET', key, 'history', with_entry(key, entry))
