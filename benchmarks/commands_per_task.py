@@ -73,12 +73,11 @@ WHY: dict[tuple[str, str], str] = {
                                        "nothing more",
     ("blueque", "EVALSHA finish.lua"): "the ending: complete (5.6), round trip 2 of 2, "
                                        "pipelined with the next reservation (take.lua)",
-    ("blueque", "finish.lua: HGET"): "the history so far, to add this run's entry",
-    ("blueque", "finish.lua: HSET"): "status complete, result, updated, finished_at and the "
-                                     "history with this run's entry",
+    ("blueque", "finish.lua: HSET"): "status complete, result, updated, finished_at (and the "
+                                     "history with this run's entry, when it had one: 3.2)",
     ("blueque", "finish.lua: HMGET"): "status, attempts, pid, node, started_at, error, "
-                                      "traceback: the fence (is this run still the task's "
-                                      "current one), and what to clear",
+                                      "traceback, history: the fence (is this run still the "
+                                      "task's current one), what to clear, the history",
     ("blueque", "finish.lua: LREM"): "out of this listener's reserved list",
     ("blueque", "finish.lua: SREM"): "out of the started set",
     ("blueque", "finish.lua: HDEL"): "an earlier attempt's error and traceback (a retry)",
@@ -136,10 +135,10 @@ WHY: dict[tuple[str, str], str] = {
 
 #: What every task a Blueque listener drains costs (the rest of WHY is periodic work).
 PER_TASK = ("HSET", "EXPIRE", "EVALSHA stamp.lua", "stamp.lua: HMGET", "stamp.lua: SADD",
-            "stamp.lua: HSET", "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HGET",
-            "finish.lua: HSET", "finish.lua: HMGET", "finish.lua: LREM", "finish.lua: SREM",
-            "finish.lua: LPUSH", "finish.lua: HINCRBY", "finish.lua: EXPIRE", "finish.lua: ZADD",
-            "finish.lua: PUBLISH", "SMEMBERS", "HDEL", "EVALSHA take.lua", "take.lua: LMOVE")
+            "stamp.lua: HSET", "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HSET",
+            "finish.lua: HMGET", "finish.lua: LREM", "finish.lua: SREM", "finish.lua: LPUSH",
+            "finish.lua: HINCRBY", "finish.lua: EXPIRE", "finish.lua: ZADD", "finish.lua: PUBLISH",
+            "SMEMBERS", "HDEL", "EVALSHA take.lua", "take.lua: LMOVE")
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,11 @@ def drain_cost_rows(p: Profile) -> list[Row]:
             rows.append(Row(f"drain_redis_cpu_c{c}.{system}",
                             f"4 drain {p.drain_n:,} no-op tasks",
                             f"Redis CPU per task, c={c}", name, "us", 1))
+        for key, what, unit in (("cmds", "Redis commands", "commands"),
+                                ("trips", "Redis round trips", "round trips"),
+                                ("redis_cpu", "Redis CPU", "us")):
+            rows.append(Row(f"drain_{key}_c{c}_warm.blueque", f"4 drain {p.drain_n:,} no-op tasks",
+                            f"{what} per task, c={c}, warm", "blueque", unit, 1))
     return rows
 
 
@@ -332,7 +337,11 @@ def _drain_jobs(p: Profile, script: Callable[..., Callable[[str], list[str]]]) -
         jobs.append(Job("drain", "blueque", "4",
                         script("blueque", bq, "drain", "--n", p.drain_n, "--concurrency", c,
                                "--op", op),
-                        {key: "rate"}, slow=True))
+                        {key: "rate", **({
+                            f"drain_cmds_c{c}_warm.blueque": "commands",
+                            f"drain_trips_c{c}_warm.blueque": "round_trips",
+                            f"drain_redis_cpu_c{c}_warm.blueque": "server_cpu_us"}
+                            if op == "warm" else {})}, slow=True))
     return jobs
 
 
@@ -552,6 +561,12 @@ TARGETS = [
            ratio("drain_cmds_c1.blueque", "drain_cmds_c1.original"), 1.0, True),
     Target("Redis round trips per drained task (c=1): blueque",
            value_of("drain_trips_c1.blueque"), 2.0, True, ""),
+    Target("Redis round trips per drained task (c=1), warm processes: blueque",
+           value_of("drain_trips_c1_warm.blueque"), 2.0, True, ""),
+    Target("Redis commands per drained task (c=1), warm processes: blueque / original",
+           ratio("drain_cmds_c1_warm.blueque", "drain_cmds_c1.original"), 1.0, True),
+    Target("Redis CPU per drained task (c=1), warm processes: blueque / original",
+           ratio("drain_redis_cpu_c1_warm.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
     Target("memory per finished task: blueque / original",
            ratio("memory_finished.blueque", "memory_finished.original"), 1.0, True),
     Target("memory per pending task (bytes): blueque", value_of("memory_pending.blueque"),
