@@ -99,22 +99,30 @@ class SlotWatch(threading.Thread):
         super().__init__(daemon=True)
         self.nodes = nodes
         self.most: Counter[str] = Counter()
-        self.over: list[tuple[str, list[int]]] = []
+        self.over: list[tuple[str, list[str]]] = []  # the node, its processes' pid and title
         self.samples = 0
         self._done = threading.Event()
 
     def run(self) -> None:
         while not self._done.wait(0.1):
             for node in self.nodes:
-                pids = [p.pid for p in node.task_processes()]
-                self.most[node.name] = max(self.most[node.name], len(pids))
-                if len(pids) > CONCURRENCY:
-                    self.over.append((node.name, pids))
+                processes = node.task_processes()
+                self.most[node.name] = max(self.most[node.name], len(processes))
+                if len(processes) > CONCURRENCY:
+                    self.over.append((node.name, [described(p) for p in processes]))
             self.samples += 1
 
     def stop(self) -> None:
         self._done.set()
         self.join(10)
+
+
+def described(process: psutil.Process) -> str:
+    """A process's pid, parent and title, for a failure's message."""
+    try:
+        return f"{process.pid} (parent {process.ppid()}): {' '.join(process.cmdline())[:80]}"
+    except psutil.Error:
+        return f"{process.pid} (gone)"
 
 
 @dataclass
@@ -350,7 +358,8 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
         wait_until(drained, timeout=240, what=f"{len(ids)} tasks ended")
         drained_at = time.monotonic() - began
         slots.stop()
-        assert slots.samples > 0 and not slots.over, f"more runs than slots: {slots.over[:5]}"
+        assert slots.samples > 0 and not slots.over, (
+            f"more runs than slots (seed {seed}): {slots.over[:5]}")
         statuses = Counter(client.get_task(task_id).status for task_id in ids)
         assert statuses == {"complete": len(ids)}, statuses
         assert {client.get_task(task_id).result for task_id in ids} == {"ok"}
