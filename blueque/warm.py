@@ -30,6 +30,7 @@ from blueque.child import (
     run_reporting_child,
 )
 from blueque.errors import ConfigurationError
+from blueque.outputs import TaskOutput
 from blueque.preemption import notice
 from blueque.process import process_alive, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
@@ -113,7 +114,7 @@ class Idle:
     pid: int
     created: float | None
     channel: ChildChannel
-    output: int | None  # our read end of its output pipe (blueque.capture)
+    output: TaskOutput | None  # our read end of its output pipe (blueque.outputs)
     runs: int  # tasks it has run
 
     def assign(self, task_id: str, queue: str) -> None:
@@ -122,8 +123,7 @@ class Idle:
     def close(self) -> None:
         self.channel.close()
         if self.output is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.output)
+            self.output.close()
             self.output = None
 
 

@@ -13,16 +13,17 @@ from collections.abc import Callable
 
 from blueque import failpoints
 from blueque.child import Assignment, TaskFunction
-from blueque.daemon.forking import close_fds, fork_task_process
+from blueque.daemon.forking import fork_task_process
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder
 from blueque.daemon.stopper import Stopper
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.leftovers import Leftovers
+from blueque.outputs import TaskOutput
 from blueque.policy import Policy
 from blueque.process import create_time
 from blueque.reporting import ChildChannel, ToChild
-from blueque.running import Running
+from blueque.running import Running, hand_over_outputs, output_deadlines
 from blueque.spool import Spool
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
@@ -71,11 +72,11 @@ class Supervisor:
         if forked is None:
             return False
         self._start(task_id, queue, forked.pid, create_time(forked.pid), forked.channel,
-                    forked.output)
+                    TaskOutput.of(forked.output, self.recorder.task_logs, self.store))
         return True
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,
-               channel: ChildChannel, output: int | None) -> None:
+               channel: ChildChannel, output: TaskOutput | None) -> None:
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
                           Policy(), pid, created=created, channel=channel, output=output,
                           state="starting")
@@ -157,6 +158,7 @@ class Supervisor:
             if running.report is not None and running.reported_at is None:
                 running.reported_at = self.clock()
             running.channel.flush()
+            running.read_output(self.clock())  # after its frames: see record_report
 
     def record_reports(self) -> None:
         for running in list(self.children.values()):
@@ -214,11 +216,12 @@ class Supervisor:
                 if r.channel is not None and not r.channel.closed}
 
     def deadlines(self) -> list[float]:
-        """When something is due for a child: a time limit, a SIGKILL, a progress write."""
+        """When something is due for a child: a time limit, a SIGKILL, progress, output."""
         due = [r.started + r.time_limit for r in self.children.values()
                if r.time_limit and not r.reason]
         due += self.stopper.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
+        due += output_deadlines(self.children.values())
         return due
 
     def clean_logs(self, interval: float) -> None:
@@ -261,7 +264,7 @@ class Supervisor:
             if running.channel is not None:
                 running.channel.close()
             if running.output is not None:
-                close_fds((running.output,))
+                running.output.close()
                 running.output = None
 
     def let_go(self, patience: float = 1.0) -> None:
@@ -272,6 +275,7 @@ class Supervisor:
         waiting = [r for r in self.children.values() if r.state == "starting"]
         for running in waiting:
             self.tell(running, {"stop": "its listener is leaving"})
+        hand_over_outputs(self.children.values(), self.clock())  # left running: see 5.19
         self.warm.retire_idle("its listener is leaving")
         deadline = self.clock() + patience
         while (any(r.pid in self.children for r in waiting) or self.warm.idle) \
