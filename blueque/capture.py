@@ -17,7 +17,6 @@ what ``.1`` replaces.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import logging
 import os
@@ -29,6 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from blueque.run_processes import libc_prctl
 from blueque.tasklog import Shipper
 
 log = logging.getLogger("blueque.child")
@@ -139,11 +139,14 @@ ShipperFactory = Callable[[], Shipper | None]
 
 class OwnPipe:
     """A task process's output pipe, its fds 1 and 2 (its listener reads the other end). It
-    keeps the read end, unread, until ``take_over`` starts a thread that reads it."""
+    keeps the read end, unread, until ``take_over`` starts a thread that reads it. ``read``
+    -1: no pipe, the process writes its file itself (``keep_processes``): the thread only
+    ships it (and cuts it at the cap, blueque.tasklog)."""
 
     def __init__(self, read: int, path: Path, max_bytes: int) -> None:
         self.read, self.path, self.max_bytes = read, path, max_bytes
-        os.set_blocking(read, False)
+        if read >= 0:
+            os.set_blocking(read, False)
         self.shipper_factory: ShipperFactory = lambda: None
         self.interval = 0.5
         self.file: CappedFile | None = None
@@ -163,12 +166,13 @@ class OwnPipe:
 
     def _loop(self) -> None:
         with self._lock:
-            with contextlib.suppress(OSError):
-                self.file = CappedFile(self.path, self.max_bytes)
+            if self.read >= 0:
+                with contextlib.suppress(OSError):
+                    self.file = CappedFile(self.path, self.max_bytes)
             self.shipper = self.shipper_factory()
             if self.file is not None and self.shipper is not None:
                 self.file.rotate = self.shipper.rotate
-        due, open_ = time.monotonic() + self.interval, True
+        due, open_ = time.monotonic() + self.interval, self.read >= 0
         while not self._stop.is_set():
             if open_:
                 with contextlib.suppress(InterruptedError, OSError):
@@ -184,7 +188,7 @@ class OwnPipe:
                 due = time.monotonic() + self.interval
 
     def pump(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None and self.read >= 0:
             with self._lock:
                 pump(self.read, self.file)
 
@@ -197,7 +201,8 @@ class OwnPipe:
         self._stop.set()
         self._thread.join(timeout=5)
         with self._lock:
-            pump(self.read, self.file)
+            if self.read >= 0:
+                pump(self.read, self.file)
             if self.file is not None:
                 self.file.close()
             return self.shipper
@@ -221,9 +226,9 @@ def capture_attempt(path: Path, max_bytes: int, keep_processes: bool,
         if keep_processes:
             close_pipe(pipe)
             capture(path)
-            if current is not None:
+            if current is not None and current.read >= 0:
                 os.close(current.read)
-                current = None
+            current = OwnPipe(-1, path, max_bytes)  # shipped by itself only once orphaned
         elif pipe is not None or current is None:
             read, write = pipe or os.pipe()
             if pipe is None:  # read by this process only: the file must open now
@@ -252,10 +257,9 @@ def watch_listener() -> None:
     read end of our pipe goes with it) or tells it so. One that died before this was set is
     found by the caller (``ParentLink.peer_closed``)."""
     signal.signal(TAKE_OVER, _taken_over)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(TAKE_OVER), 0, 0, 0)
+    prctl = libc_prctl()  # looked up by the listener already: its children inherit it
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, int(TAKE_OVER), 0, 0, 0)
 
 
 _gone = False  # TAKE_OVER came

@@ -262,19 +262,28 @@ def drop_if_empty(path: Path) -> None:
 
 def resumed_shipper(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
                     attempt: int | None, ttl_ms: int | None) -> Shipper | None:
-    """A Shipper that goes on from where the task's stream stops (its last entry's offset,
-    from 0 for another attempt); None when that entry is the attempt's end mark (nothing
-    more to ship) or the stream cannot be read."""
+    """A Shipper that goes on from where another one (the listener's, or the task process's)
+    left the attempt in the task's stream: from its last entry's offset, its entries kept
+    (the older ones go as it ships: the attempt keeps its last TAIL_BYTES); None when the
+    stream's last entry is the attempt's end mark (nothing more to ship) or it cannot be
+    read."""
     try:
-        last = store.last_output(task_id)
+        entries = store.output_after(task_id)
     except BluequeError as error:
         log.warning("task %s: output tail not shipped: %s", task_id, error)
         return None
-    if last.get("attempt") == str(attempt or 0) and last.get("end") == "1":
+    ours = [(entry, fields) for entry, fields in entries
+            if fields.get("attempt") == str(attempt or 0)]
+    if ours and entries[-1] == ours[-1] and ours[-1][1].get("end") == "1":
         return None
-    offset = int(last.get("offset") or 0) if last.get("attempt") == str(attempt or 0) else 0
+    try:
+        offset = int(ours[-1][1].get("offset") or 0) if ours else 0
+    except ValueError:
+        offset = 0
+    kept = [(entry, len(fields.get("data", "").encode("utf-8", "replace")))
+            for entry, fields in ours if fields.get("data")]
     return Shipper(store, settings, task_id, attempt, settings.path(queue, task_id, attempt),
-                   ttl_ms, offset=offset)
+                   ttl_ms, offset=offset, kept=kept)
 
 
 def ship_rest(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,

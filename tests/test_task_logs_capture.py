@@ -152,21 +152,29 @@ def test_a_task_killed_from_outside_while_it_writes_keeps_every_whole_line(  # t
     assert text.endswith(tail) and len(tail) > 1000
 
 
+@pytest.mark.parametrize("keep", [0, 1], ids=["piped", "keep_processes"])
 @pytest.mark.parametrize("leaving", ["sigkill", "on-stop-keep"])
 def test_a_task_whose_listener_is_gone_reads_its_own_output_and_loses_none(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, tmp_path: Path, leaving: str) -> None:
+        client: blueque.Client, start, logs_dir: Path, tmp_path: Path, leaving: str,
+        keep: int) -> None:
     """The listener read the task's pipe; it is SIGKILLed (the kernel's parent-death signal
     tells the task process) or leaves it running (``--on-stop keep``: it tells it). From then
     the task process reads its own pipe: it then prints more than a pipe holds (a process
     nobody read would block there for good), its run is adopted by the next listener (which
     cannot read that pipe), and every line is in its file, the tail and the end mark in
-    Redis, shipped by the process itself."""
+    Redis, shipped by the process itself. A task that keeps its processes writes its file
+    itself: its listener shipped it, then the process does."""
     go, release = tmp_path / "go", tmp_path / "release"
     first = start("tests.output_jobs:ticks_then_floods", "--on-stop", "keep")
     task_id = client.get_queue("work").enqueue(json.dumps(
-        {"go": str(go), "release": str(release), "bytes": 400_000}))
+        {"go": str(go), "release": str(release), "bytes": 400_000}), keep_processes=keep)
     path = attempt_file(logs_dir, task_id)
     wait_until(lambda: path.exists() and "tick 20\n" in path.read_text(), what="ticks")
+    def shipped() -> str:
+        output = read_output(client.store, task_id)
+        return output.text if output is not None else ""
+
+    wait_until(lambda: "tick 20\n" in shipped(), what="ticks shipped by the listener")
     pid = client.get_task(task_id).pid
     assert pid is not None
     if leaving == "sigkill":
