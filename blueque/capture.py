@@ -173,10 +173,14 @@ class OwnPipe:
             if self.file is not None and self.shipper is not None:
                 self.file.rotate = self.shipper.rotate
         due, open_ = time.monotonic() + self.interval, self.read >= 0
+        poller = select.poll()  # not select(): the listener's pipe may be past fd 1023
+        if open_:
+            poller.register(self.read, select.POLLIN)
         while not self._stop.is_set():
             if open_:
                 with contextlib.suppress(InterruptedError, OSError):
-                    select.select([self.read], [], [], max(0.0, due - time.monotonic()))
+                    # at most 0.1 s: end() waits for this thread
+                    poller.poll(min(0.1, max(0.0, due - time.monotonic())) * 1000)
                 with self._lock:
                     open_ = not pump(self.read, self.file)[1]
             else:

@@ -77,7 +77,7 @@ def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignmen
             following = _wait_for_task(link, assignment.queue)
             if following is None:
                 break
-            # its output pipe is the same: the capture moves to the next attempt's file
+            # its output pipe is the same: the listener moves to the next attempt's file
             assignment = replace(assignment, task_id=following[0], queue=following[1],
                                  output=None)
     except BaseException:
@@ -101,7 +101,8 @@ def _wait_for_task(link: ParentLink, queue: str) -> tuple[str, str] | None:
 def _forget_last_task() -> None:
     """What the child machinery keeps per task starts afresh: the preemption notice and its
     callbacks (the progress reporter, mark, title and output file are set for each task by
-    blueque.child, the output file through blueque.capture's switch)."""
+    blueque.child; its output goes through the same pipe, which its listener reads into the
+    next attempt's file)."""
     notice.callbacks.clear()
     notice.noticed, notice.deadline, notice.running = False, None, False
 
