@@ -29,6 +29,17 @@ READ_LIMIT = 1 << 20
 AWAY_SPACING = 5.0
 
 
+_bounded: tuple[RedisStore, RedisStore] | None = None
+
+
+def _shipping(store: RedisStore) -> RedisStore:
+    """``store`` trying each shipment once (best effort: 5.19), made once, not per attempt."""
+    global _bounded
+    if _bounded is None or _bounded[0] is not store:
+        _bounded = (store, store.bounded(0.0))
+    return _bounded[1]
+
+
 class TaskOutput:
     """One task process's output pipe, read by its listener (``read``, non-blocking), and
     the attempt it now carries: its file (opened at its first byte: a quiet attempt has
@@ -68,7 +79,7 @@ class TaskOutput:
         self._close_file()
         self.attempt = (task_id, attempt)
         self.path = self.settings.path(queue, task_id, attempt)
-        self.shipper = Shipper(self.store.bounded(0.0), self.settings, task_id, attempt,
+        self.shipper = Shipper(_shipping(self.store), self.settings, task_id, attempt,
                                self.path, ttl_ms)
         self.unwritten, self._unopenable = 0, False
         self.due = current + self.settings.interval

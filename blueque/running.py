@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from blueque.capture import TAKE_OVER
@@ -18,6 +19,7 @@ from blueque.policy import Policy
 from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
 from blueque.statuses import COMPLETE, FAILED, PENDING, SCHEDULED
+from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
@@ -83,6 +85,14 @@ class Running:
         if self.report is None:
             output.ship_due(current, always=bool(self.policy.keep_processes))
 
+    def output_path(self, settings: TaskLogSettings) -> Path:
+        """Its attempt's output file (as its pipe's reader named it, if it did)."""
+        output = self.output
+        if output is not None and output.path is not None \
+                and output.attempt == (self.task_id, self.attempt):
+            return output.path
+        return settings.path(self.queue, self.task_id, self.attempt)
+
     def run_end(self, ending: Ending, listener: str, now: float, trace: str | None = None,
                 attempt: int | None = None) -> RunEnd:
         """What finish.lua records of ``ending`` for this run (by default its own attempt)."""
@@ -109,9 +119,11 @@ class Running:
 
 
 def output_fds(runs: Iterable[Running]) -> list[int]:
-    """The read ends of the running runs' output pipes, for the loop's wait (5.19)."""
-    return [r.output.fileno() for r in runs
-            if r.output is not None and r.output.readable and r.state == "running"]
+    """The read ends of the running runs' output pipes, for the loop's wait (5.19); not once
+    a run reported its outcome (its output is in the pipe then, read when it is recorded: its
+    pipe's hang-up at its exit would only wake the loop once more)."""
+    return [r.output.fileno() for r in runs if r.output is not None and r.output.readable
+            and r.state == "running" and r.report is None]
 
 
 def output_deadlines(runs: Iterable[Running]) -> list[float]:

@@ -74,7 +74,8 @@ def test_each_attempt_gets_its_own_output_from_a_process_that_starts_no_thread( 
     """The task process's only thread is its main one (the capture thread is gone: its
     listener reads the pipe); in a warm process each task's output, down to the line printed
     without its newline just before it returned, is in its own attempt's file and tail."""
-    start("tests.output_jobs:threads_and_lines", "--reuse", reuse)
+    # a longer lease: a process whose outcome is recorded half a lease late is retired (6.7)
+    start("tests.output_jobs:threads_and_lines", "--reuse", reuse, "--interval", "2")
     queue = client.get_queue("work")
     pids = set()
     for _ in range(6):
@@ -88,7 +89,10 @@ def test_each_attempt_gets_its_own_output_from_a_process_that_starts_no_thread( 
         expected += f"{task_id} last line, no newline"
         assert attempt_file(logs_dir, task_id).read_text() == expected
         assert ended_output(client, task_id) == expected
-    assert len(pids) == (1 if reuse == "20" else 6)  # warm: one process ran all six
+    if reuse == "1":
+        assert len(pids) == 6
+    else:  # one process ran them all (but for one retired when the machine stalled it)
+        assert len(pids) <= 2, pids
 
 
 @MODES

@@ -85,7 +85,7 @@ class Recorder:
         counted and logged (its process exited, or waits warm for its next task: 6.7)."""
         if self.task_logs is not None and running.attempt is not None:
             # its writer is gone: an attempt that wrote nothing leaves no file (5.19)
-            drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))
+            drop_if_empty(running.output_path(self.task_logs))
         if self.count_ending is not None and running.state != "refused":
             self.count_ending(running.task_id, running.queue, running.attempt, duration)
         log_end(self.node, pid, running, duration, self.store.now())
