@@ -50,7 +50,7 @@ from blueque.run_processes import TASK_VARIABLE, RunMark, task_mark, task_title
 from blueque.spool import Held, Spool, server_of
 from blueque.store import RedisStore
 from blueque.task import Task
-from blueque.tasklog import Shipper, TaskLogSettings
+from blueque.tasklog import TaskLogSettings, resumed_shipper
 
 log = logging.getLogger("blueque.child")
 
@@ -88,11 +88,11 @@ def _run_orphan(store: RedisStore, task: Task, queue: str, function: TaskFunctio
     _mark(task, queue)
     reporter = ProgressReporter(Processor(task, store.bounded(0.0)))
     progress.install(reporter)
-    shipper = _ship_output(store, task, policy, task_logs)
+    if _own_output(store, task, policy, task_logs):
+        captured_output.take_over()  # no listener reads its pipe: it does
     outcome = execute(function, task)
     reporter.close()
-    if shipper is not None:
-        _end_output(shipper, outcome.traceback)
+    _end_output(outcome.traceback, task_logs is not None)
     code = _record_itself(store, Processor(task, store), policy, outcome, spool)
     _leave_nothing(task, queue, policy)
     return code
@@ -152,30 +152,33 @@ def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
             return EXIT_REPORT_FAILED
 
 
-def _ship_output(store: RedisStore, task: Task, policy: Policy,
-                 task_logs: TaskLogSettings | None) -> Shipper | None:
-    """Ship the attempt's output file to the task's log stream as it grows (5.19)."""
-    if task_logs is None:
-        return None
-    shipper = Shipper(store.bounded(0.0), task_logs, task.id, task.attempts,
-                      task_logs.path(task.queue or "", task.id, task.attempts),
-                      policy.result_ttl_ms())
-    if captured_output.current is not None:  # at the cap: shipped first, then moved aside
-        captured_output.current.rotate = shipper.rotate
-    shipper.start()
-    return shipper
+def _own_output(store: RedisStore, task: Task, policy: Policy,
+                task_logs: TaskLogSettings | None) -> bool:
+    """How this process ships the attempt's output should it read its own pipe (its listener
+    gone: 5.19): from where the stream stops, every ``interval``. False: no pipe of its own."""
+    pipe = captured_output.current
+    if task_logs is None or pipe is None:
+        return False
+    pipe.interval = task_logs.interval
+    pipe.shipper_factory = lambda: resumed_shipper(
+        store.bounded(0.0), task_logs, task.queue or "", task.id, task.attempts,
+        policy.result_ttl_ms())
+    return True
 
 
-def _end_output(shipper: Shipper, trace: str | None, ship: bool = True) -> None:
+def _end_output(trace: str | None, ship: bool) -> None:
+    """Its function has returned: the traceback to its output (the task's own log shows why
+    it failed, where it failed), and its streams flushed into the pipe (a last line printed
+    without its newline is output too); with ``ship``, in a process that read its own pipe,
+    the rest of the file and the attempt's end mark shipped."""
     if trace:
-        sys.stderr.write(trace)  # the task's own log shows why it failed, where it failed
-    # before the attempt's end is shipped: a last line printed without its newline (still in
-    # the stream's buffer) is output too, and would otherwise reach the file only at exit
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed or broken by the task
-            stream.flush()
-    captured_output.drain()
-    shipper.close(ship=ship)  # with ship: the rest of its output and the attempt's end
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(trace)
+    captured_output.flush()
+    if ship and captured_output.current is not None:
+        shipper = captured_output.current.end()
+        if shipper is not None:
+            shipper.ship(end=True)
 
 
 def _refreshed(task: Task) -> Task:
@@ -212,6 +215,7 @@ def prepare_process(title: str) -> None:
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
+    captured_output.watch_listener()  # its output pipe is read by its listener (5.19)
     set_title(title)
 
 
@@ -229,7 +233,7 @@ def leave_process(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    captured_output.drain()
+    captured_output.flush()
     os._exit(code)
 
 
@@ -295,18 +299,18 @@ def run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     policy = Policy.resolve(task.data, dict(word.get("defaults") or {}))
     _mark(task, assignment.queue)
     task_logs = _capture(task_logs, task, policy, assignment.output)
+    if _own_output(store, task, policy, task_logs) and (
+            captured_output.listener_gone() or link.peer_closed()):
+        captured_output.take_over()  # its listener died before its pipe was ours to read
     reporter = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
     progress.install(reporter)
-    shipper = _ship_output(store, task, policy, task_logs)
     outcome = execute(function, task)
     reporter.close()
-    output: dict[str, object] = {}
-    if shipper is not None:
-        _end_output(shipper, outcome.traceback, ship=False)
-        output = shipper.state()
+    # its output into the pipe before its outcome: the listener, hearing it, drains the pipe
+    # into this attempt's file, then ships the rest and the end mark (5.19)
+    _end_output(outcome.traceback, ship=False)
     sent = link.send(OutcomeFrame(outcome=outcome.outcome, text=outcome.text,
-                                  traceback=outcome.traceback, retry=outcome.retry,
-                                  output=output))
+                                  traceback=outcome.traceback, retry=outcome.retry))
     failpoints.hit("child-after-outcome")
     if sent and link.receive() is not None:
         return EXIT_REPORTED  # "recorded": the listener wrote it
@@ -314,8 +318,9 @@ def run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
     # nothing, and one of a run that was taken back meanwhile is refused)
     log.warning("task %s: its listener %s is gone or not answering; recording the outcome "
                 "itself", task.id, assignment.listener)
-    if shipper is not None:
-        shipper.ship(end=True)
+    if task_logs is not None:
+        captured_output.take_over()  # what is left in its pipe, and its end, are its own
+        _end_output(None, ship=True)
     code = _record_itself(store, Processor(task, store), policy, outcome, assignment.spool)
     _leave_nothing(task, assignment.queue, policy)
     return code

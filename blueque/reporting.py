@@ -13,7 +13,9 @@ kind declared below as a TypedDict (one key names the kind).
   next task: wait for its word) or ``Retire`` ``{"retire": why}`` (exit);
 - child -> listener (``ToListener``): any number of ``Progress`` ``{"progress": fraction,
   "message": text}``, then one ``Reported`` ``{"outcome": "complete" | "failed" |
-  "preempted", "text", "traceback", "retry", "output"}``.
+  "preempted", "text", "traceback", "retry"}`` (its output is in its pipe by then: the
+  listener reads it there, PROTOCOL.md 5.19; an ``"output"`` a child of an older version
+  sent is ignored).
 
 The listener's end (``ChildChannel``) never blocks: it is read and written from the
 listener's select loop. The child's end (``ParentLink``) blocks: the child has nothing else to
@@ -103,14 +105,12 @@ class ProgressFrame(TypedDict):
 @final
 class OutcomeFrame(TypedDict):
     """What the task function came to (the child's last frame): its outcome, its result or
-    error text, traceback, whether a failure may be retried, and how far its output is
-    shipped (``Shipper.state``)."""
+    error text, traceback, and whether a failure may be retried."""
 
     outcome: Ran
     text: str
     traceback: str | None
     retry: bool
-    output: dict[str, object]
 
 
 #: What a child sends its listener.
@@ -291,6 +291,19 @@ class ParentLink:
             self._sock.settimeout(self._patience)
         frames, self._ready = self._ready, []
         return frames
+
+    def peer_closed(self) -> bool:
+        """Whether the listener's end is closed with nothing left to read (it died), seen
+        without waiting and without taking a frame."""
+        self._sock.setblocking(False)  # with a timeout, recv would wait for data first
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        finally:
+            self._sock.settimeout(self._patience)
 
     def close(self) -> None:
         self.gone = True

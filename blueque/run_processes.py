@@ -47,7 +47,7 @@ def task_title(queue: str, task_id: str, attempt: int | str) -> str:
 
 
 @functools.cache
-def _prctl() -> Callable[..., int] | None:
+def libc_prctl() -> Callable[..., int] | None:
     """libc's prctl, looked up once: ctypes.util.find_library runs ``ldconfig -p`` in a
     subprocess, which a running listener must not start at every ended run (the chaos test
     counted it among a node's task processes)."""
@@ -65,7 +65,7 @@ def child_subreaper(on: bool) -> bool | None:
     """Make this process a child subreaper (Linux): the orphans of its descendants become its
     children instead of init's. Returns whether it was one before; None where the kernel has
     no such thing (then nothing changed)."""
-    prctl = _prctl()
+    prctl = libc_prctl()
     if prctl is None:
         return None
     was = ctypes.c_int(0)
@@ -77,7 +77,7 @@ def child_subreaper(on: bool) -> bool | None:
 
 
 def is_subreaper() -> bool:
-    prctl = _prctl()
+    prctl = libc_prctl()
     state = ctypes.c_int(0)
     return (prctl is not None
             and prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(state), 0, 0, 0) == 0

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
+from blueque.capture import TAKE_OVER
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Ending, RunEnd, Stopped
+from blueque.outputs import READ_LIMIT, TaskOutput
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
 from blueque.statuses import COMPLETE, FAILED, PENDING, SCHEDULED
+from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
@@ -51,8 +58,8 @@ class Running:
     reported_at: float | None = None  # monotonic: when its outcome frame was taken in
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
     gone: bool = False  # its task's hash is gone from Redis (said once: see Recorder)
-    #: our read end of its output pipe (blueque.capture): drained into its file once it ends
-    output: int | None = None
+    #: our read end of its output pipe (blueque.outputs): read in the loop into its file
+    output: TaskOutput | None = None
 
     def hear(self, frame: ToListener) -> None:
         """A frame its child sent: its outcome (nothing counts after it), or progress."""
@@ -65,6 +72,26 @@ class Running:
                 self.progress = (float(frame["progress"]), str(frame.get("message") or ""))
             except (TypeError, ValueError):
                 log.warning("task %s: unreadable progress report %r", self.task_id, frame)
+
+    def read_output(self, current: float, limit: int | None = READ_LIMIT) -> None:
+        """What its output pipe holds into its attempt's file; the tail shipped when due
+        (5.19); ``current``: the loop's clock."""
+        output = self.output
+        if output is None or self.state != "running" or self.attempt is None:
+            return
+        output.follow(self.queue, self.task_id, self.attempt, self.policy.result_ttl_ms(),
+                      current)
+        output.read(limit)
+        if self.report is None:
+            output.ship_due(current, always=bool(self.policy.keep_processes))
+
+    def output_path(self, settings: TaskLogSettings) -> Path:
+        """Its attempt's output file (as its pipe's reader named it, if it did)."""
+        output = self.output
+        if output is not None and output.path is not None \
+                and output.attempt == (self.task_id, self.attempt):
+            return output.path
+        return settings.path(self.queue, self.task_id, self.attempt)
 
     def run_end(self, ending: Ending, listener: str, now: float, trace: str | None = None,
                 attempt: int | None = None) -> RunEnd:
@@ -98,6 +125,30 @@ def record_tail(created: float | None, listener: str, listener_pid: int,
     tail = json.dumps({"created": created, "listener": listener, "listener_pid": listener_pid,
                        "listener_created": listener_created})
     return ", " + tail[1:]
+
+
+def output_fds(runs: Iterable[Running]) -> list[int]:
+    """The read ends of the running runs' output pipes, for the loop's wait (5.19); not once
+    a run reported its outcome (its output is in the pipe then, read when it is recorded: its
+    pipe's hang-up at its exit would only wake the loop once more)."""
+    return [r.output.fileno() for r in runs if r.output is not None and r.output.readable
+            and r.state == "running" and r.report is None]
+
+
+def output_deadlines(runs: Iterable[Running]) -> list[float]:
+    """When the runs' output is to be shipped next."""
+    return [r.output.due for r in runs
+            if r.output is not None and r.output.shipper is not None and r.report is None]
+
+
+def hand_over_outputs(runs: Iterable[Running], current: float) -> None:
+    """A listener leaving its runs running (they outlive it, to be adopted): what their
+    pipes hold to their files, then each is told to read its own pipe from now on."""
+    for running in runs:
+        if running.output is not None and running.state == "running":
+            running.read_output(current)
+            with contextlib.suppress(OSError):
+                os.kill(running.pid, TAKE_OVER)  # our child, not reaped yet: its pid
 
 
 #: The task fields describe_ending reads.

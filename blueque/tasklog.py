@@ -1,13 +1,13 @@
 """A task's output: captured per attempt to a file on the node, shipped to Redis as it comes.
 
-The child's stdout and stderr are the attempt's file (``[dir]/[queue]/[task id].[attempt].log``)
-from the moment it is forked, so output survives the listener's death and is never mixed into
-the listener's own log. A thread in the child ships what the file gains to the task's log
-stream in Redis (``blueque_task_log_[id]``) every ``interval`` seconds, keeping the last
-``tail_bytes`` of each attempt there; that is what ``blueque logs`` (and ``--follow``, from any
-machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: what it
-holds moves to ``.1``, replacing the one before, and it starts again empty); files older than
-``keep`` seconds are removed by the listener.
+The child's stdout and stderr go to the attempt's file (``[dir]/[queue]/[task id].[attempt].log``)
+through a pipe its listener reads (blueque.outputs; the task process itself once its listener
+is gone: blueque.capture), so output is never mixed into the listener's own log. What the file
+gains is shipped to the task's log stream in Redis (``blueque_task_log_[id]``) every
+``interval`` seconds, keeping the last ``tail_bytes`` of each attempt there; that is what
+``blueque logs`` (and ``--follow``, from any machine) and the dashboard read. The file is
+capped at ``max_bytes`` (what it holds moves to ``.1``, replacing the one before, and it starts
+again empty); files older than ``keep`` seconds are removed by the listener.
 PROTOCOL.md §5.19 specifies the stream.
 """
 
@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,10 +97,10 @@ class TaskLogSettings:
 
 
 class Shipper:
-    """Ships an attempt's file to the task's log stream: ``ship()`` sends what is new,
-    ``start()`` does so every ``interval`` seconds in a thread, ``close(end=True)`` sends the
-    rest and the attempt's end mark. Redis errors are logged and retried at the next
-    shipment, never raised: output is best effort, like progress."""
+    """Ships an attempt's file to the task's log stream: ``ship()`` sends what is new (its
+    reader calls it every ``interval``), ``ship(end=True)`` the rest and the attempt's end
+    mark. Redis errors are logged and retried at the next shipment, never raised: output is
+    best effort, like progress."""
 
     def __init__(self, store: RedisStore, settings: TaskLogSettings, task_id: str,
                  attempt: int | None, path: Path, ttl_ms: int | None,
@@ -113,19 +113,8 @@ class Shipper:
         self._kept: deque[tuple[str, int]] = deque(kept)
         self._kept_bytes = sum(size for _, size in kept)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._warned = False  # about a file that cannot be read or cut
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="blueque-output", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.settings.interval):
-            self.ship()
-            with contextlib.suppress(OSError):  # a quiet attempt's file is not an old one
-                os.utime(self.path)
+        self.failed = False  # the last shipment found Redis away or refusing
 
     def ship(self, end: bool = False) -> None:
         """Send what the file gained; with ``end``, also the attempt's end mark — unless the
@@ -149,7 +138,9 @@ class Shipper:
                 start = stop
             if end and (self.offset or self._kept):
                 self._send(b"", self.offset, end=True)
+            self.failed = False
         except BluequeError as error:  # the same bytes are read again next time
+            self.failed = True
             log.debug("task %s: output not shipped yet: %s", self.task_id, error)
 
     def rotate(self, move: Callable[[], None]) -> None:
@@ -159,19 +150,6 @@ class Shipper:
             self._ship_new(end=False)
             move()
             self.offset = 0
-
-    def close(self, ship: bool = True) -> None:
-        """Stop the shipping thread; with ``ship``, send the rest and the end mark."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if ship:
-            self.ship(end=True)
-
-    def state(self) -> dict[str, object]:
-        """How far this attempt is shipped, for whoever ships the rest (PROTOCOL.md 6.2)."""
-        with self._lock:
-            return {"offset": self.offset, "kept": [list(item) for item in self._kept]}
 
     def _read_new(self, whole: bool) -> tuple[int, bytes]:
         """Where the unshipped part of the file begins, and what it holds (at most the tail
@@ -282,34 +260,40 @@ def drop_if_empty(path: Path) -> None:
             path.unlink()
 
 
-def ship_reported(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
-                  attempt: int | None, ttl_ms: int | None, state: Mapping[str, object]) -> None:
-    """The listener's part after a child reported its outcome: ship the rest of the file
-    from where the child's shipper stopped (its ``state()``), and the attempt's end mark."""
-    raw = state.get("kept")
+def resumed_shipper(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
+                    attempt: int | None, ttl_ms: int | None) -> Shipper | None:
+    """A Shipper that goes on from where another one (the listener's, or the task process's)
+    left the attempt in the task's stream: from its last entry's offset, its entries kept
+    (the older ones go as it ships: the attempt keeps its last TAIL_BYTES); None when the
+    stream's last entry is the attempt's end mark (nothing more to ship) or it cannot be
+    read."""
     try:
-        offset = int(str(state.get("offset") or 0))
-        kept = [(str(entry), int(size)) for entry, size in raw] if isinstance(raw, list) else []
-    except (TypeError, ValueError):
-        offset, kept = 0, []
-    Shipper(store, settings, task_id, attempt, settings.path(queue, task_id, attempt), ttl_ms,
-            offset=offset, kept=kept).ship(end=True)
+        entries = store.output_after(task_id)
+    except BluequeError as error:
+        log.warning("task %s: output tail not shipped: %s", task_id, error)
+        return None
+    ours = [(entry, fields) for entry, fields in entries
+            if fields.get("attempt") == str(attempt or 0)]
+    if ours and entries[-1] == ours[-1] and ours[-1][1].get("end") == "1":
+        return None
+    try:
+        offset = int(ours[-1][1].get("offset") or 0) if ours else 0
+    except ValueError:
+        offset = 0
+    kept = [(entry, len(fields.get("data", "").encode("utf-8", "replace")))
+            for entry, fields in ours if fields.get("data")]
+    return Shipper(store, settings, task_id, attempt, settings.path(queue, task_id, attempt),
+                   ttl_ms, offset=offset, kept=kept)
 
 
 def ship_rest(store: RedisStore, settings: TaskLogSettings, queue: str, task_id: str,
               attempt: int | None, ttl_ms: int | None) -> None:
-    """After a child died without closing its shipper (a signal, os._exit): send what its
-    file holds beyond what the stream already has, and the attempt's end mark."""
-    path = settings.path(queue, task_id, attempt)
-    try:
-        last = store.last_output(task_id)
-    except BluequeError as error:
-        log.warning("task %s: output tail not shipped: %s", task_id, error)
-        return
-    if last.get("attempt") == str(attempt or 0) and last.get("end") == "1":
-        return
-    offset = int(last.get("offset") or 0) if last.get("attempt") == str(attempt or 0) else 0
-    Shipper(store, settings, task_id, attempt, path, ttl_ms, offset=offset).ship(end=True)
+    """After a task process died without reporting, what its listener had not shipped (its
+    own shipments, or the process's once it read its own pipe): what the file holds beyond
+    the stream's last entry, and the attempt's end mark."""
+    shipper = resumed_shipper(store, settings, queue, task_id, attempt, ttl_ms)
+    if shipper is not None:
+        shipper.ship(end=True)
 
 
 @dataclass

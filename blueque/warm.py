@@ -31,6 +31,7 @@ from blueque.child import (
     run_reporting_child,
 )
 from blueque.errors import BluequeError, ConfigurationError
+from blueque.outputs import TaskOutput
 from blueque.preemption import notice
 from blueque.process import process_alive, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
@@ -81,7 +82,7 @@ def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignmen
                 following = _taken_for_me(store, assignment)
             if following is None:
                 break
-            # its output pipe is the same: the capture moves to the next attempt's file
+            # its output pipe is the same: the listener moves to the next attempt's file
             assignment = replace(assignment, task_id=following[0], queue=following[1],
                                  output=None)
     except BaseException:
@@ -129,7 +130,8 @@ def _taken_for_me(store: RedisStore, assignment: Assignment) -> tuple[str, str] 
 def _forget_last_task() -> None:
     """What the child machinery keeps per task starts afresh: the preemption notice and its
     callbacks (the progress reporter, mark, title and output file are set for each task by
-    blueque.child, the output file through blueque.capture's switch)."""
+    blueque.child; its output goes through the same pipe, which its listener reads into the
+    next attempt's file)."""
     notice.callbacks.clear()
     notice.noticed, notice.deadline, notice.running = False, None, False
 
@@ -142,7 +144,7 @@ class Idle:
     pid: int
     created: float | None
     channel: ChildChannel
-    output: int | None  # our read end of its output pipe (blueque.capture)
+    output: TaskOutput | None  # our read end of its output pipe (blueque.outputs)
     runs: int  # tasks it has run
 
     def assign(self, task_id: str, queue: str) -> None:
@@ -151,8 +153,7 @@ class Idle:
     def close(self) -> None:
         self.channel.close()
         if self.output is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.output)
+            self.output.close()
             self.output = None
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -116,4 +117,73 @@ def blast(task: Task) -> str:
         line = (f"chunk {number:06d} ".encode() + b"x" * ((1 << 20) - 14))[:(1 << 20) - 1]
         os.write(1, line + b"\n")
     print("BLAST DONE", flush=True)
+    return "ok"
+
+
+def threads_and_lines(task: Task) -> str:
+    """Prints its own numbered lines (to stdout and stderr), then a last line without its
+    newline just before it returns; returns how many threads its process has and its pid."""
+    params = _params(task)
+    count = threading.active_count()
+    in_proc = len(os.listdir("/proc/self/task"))
+    for number in range(int(params.get("lines", 20))):
+        stream = sys.stderr if number % 3 == 0 else sys.stdout
+        print(f"{task.id} line {number}", file=stream)
+    if params.get("bytes"):  # past the cap: numbered lines of this task only
+        written = line = 0
+        while written < int(params["bytes"]):
+            text = f"{task.id} fill {line:08d}\n"
+            sys.stdout.write(text)
+            written += len(text)
+            line += 1
+    sys.stdout.write(f"{task.id} last line, no newline")
+    return json.dumps({"threads": count, "proc_threads": in_proc, "pid": os.getpid()})
+
+
+def writes_then_dies(task: Task) -> str:
+    """Writes ``bytes`` of numbered lines straight to fd 1, then half a line, then dies by
+    SIGKILL (or ``os._exit(exit)``) in the middle of it."""
+    params = _params(task)
+    written = line = 0
+    while written < int(params["bytes"]):
+        text = f"line {line:08d} ".encode() + b"x" * 60 + b"\n"
+        os.write(1, text)
+        written += len(text)
+        line += 1
+    os.write(1, b"half a line")
+    if "exit" in params:
+        os._exit(int(params["exit"]))
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+def writes_until_killed(task: Task) -> str:
+    """Writes numbered lines straight to fd 1 (no buffer of Python's) until it is killed."""
+    line = 0
+    while True:
+        os.write(1, f"line {line:08d}\n".encode())
+        line += 1
+        if line % 100 == 0:
+            time.sleep(0.001)
+
+
+def ticks_then_floods(task: Task) -> str:
+    """Prints a tick every 0.02 s until its ``go`` file exists, then ``bytes`` of numbered
+    lines (more than a pipe holds), then waits for its release file and prints 'bye'."""
+    params = _params(task)
+    n = 0
+    while not os.path.exists(params["go"]):
+        print(f"tick {n}")
+        n += 1
+        time.sleep(0.02)
+    written = line = 0
+    while written < int(params["bytes"]):
+        text = f"flood {line:08d} " + "y" * 60 + "\n"
+        sys.stdout.write(text)
+        written += len(text)
+        line += 1
+    print("FLOOD DONE", flush=True)
+    while not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    print(f"bye from {os.getpid()}")
     return "ok"

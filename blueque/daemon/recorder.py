@@ -3,7 +3,6 @@ reported, or what its exit says; by the one rule of blueque.endings, fenced by a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -11,7 +10,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from blueque import failpoints
-from blueque.capture import drain_ended
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide, describe_exit
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable
@@ -22,7 +20,7 @@ from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running
 from blueque.spool import Held, Spool, server_of
 from blueque.statuses import FINISHED_STATUSES, PENDING, RESERVED, SCHEDULED, STARTED
 from blueque.store import RedisStore, Take, Taken
-from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_reported, ship_rest
+from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_rest
 
 log = logging.getLogger("blueque.daemon")
 
@@ -59,16 +57,11 @@ class Recorder:
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         running.exit_code = code
         if running.output is not None:
-            # the read end of its output pipe, ours since the fork: what it wrote last and its
-            # reader thread never took (a crash) is output too; then it is closed, whatever the
-            # ending (one descriptor per run otherwise: select() refused the 1024th)
-            if self.task_logs is not None and running.attempt is not None:
-                drain_ended(running.output, self.task_logs.path(
-                    running.queue, running.task_id, running.attempt), self.task_logs.max_bytes)
-            else:
-                with contextlib.suppress(OSError):
-                    os.close(running.output)
-            running.output = None
+            # the read end of its output pipe, ours since the fork: what it wrote last (before
+            # a crash) is output too; then it is closed, whatever the ending (one descriptor
+            # per run otherwise: select() refused the 1024th)
+            running.read_output(self.clock(), limit=None)
+            running.output.close()
         if running.recorded is None and running.state != "refused":
             if running.report is None:
                 self.ended_pids.append(str(pid))
@@ -93,7 +86,7 @@ class Recorder:
         counted and logged (its process exited, or waits warm for its next task: 6.7)."""
         if self.task_logs is not None and running.attempt is not None:
             # its writer is gone: an attempt that wrote nothing leaves no file (5.19)
-            drop_if_empty(self.task_logs.path(running.queue, running.task_id, running.attempt))
+            drop_if_empty(running.output_path(self.task_logs))
         if self.count_ending is not None and running.state != "refused":
             self.count_ending(running.task_id, running.queue, running.attempt, duration)
         log_end(self.node, pid, running, duration, self.store.now())
@@ -123,12 +116,11 @@ class Recorder:
         for its next task. With ``take``, the next reservation goes in the same round trip
         (blueque.daemon.ahead): what it took is returned. Raises RedisUnavailable: the
         outcome is kept (and the child waits) until Redis takes it."""
-        report: Mapping[str, Any] = running.report or {}  # a child may send anything
-        if self.task_logs is not None and not running.output_shipped:
-            output = report.get("output")
-            ship_reported(self.store.bounded(0.0), self.task_logs, running.queue,
-                          running.task_id, running.attempt, running.policy.result_ttl_ms(),
-                          output if isinstance(output, dict) else {})
+        if running.output is not None and not running.output_shipped:
+            # the process flushed its output into the pipe before it sent its outcome: all of
+            # it goes to this attempt's file (not a warm process's next), then the end (5.19)
+            running.read_output(self.clock())
+            running.output.end()
             running.output_shipped = True
         ending, trace = self._reported(running)
         if running.progress is not None and running.state == "running":

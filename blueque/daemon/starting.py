@@ -16,6 +16,7 @@ from blueque.daemon.forking import fork_task_process
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import Recorder
 from blueque.errors import BluequeError, RedisUnavailable
+from blueque.outputs import TaskOutput
 from blueque.policy import Policy
 from blueque.process import create_time
 from blueque.reporting import ChildChannel, ToChild
@@ -70,11 +71,11 @@ class Starter:
         if forked is None:
             return False
         self._start(task_id, queue, forked.pid, create_time(forked.pid), forked.channel,
-                    forked.output)
+                    TaskOutput.of(forked.output, self.supervisor.recorder.task_logs, self.store))
         return True
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,
-               channel: ChildChannel, output: int | None) -> None:
+               channel: ChildChannel, output: TaskOutput | None) -> None:
         running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
                           Policy(), pid, created=created, channel=channel, output=output,
                           state="starting")

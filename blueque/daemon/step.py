@@ -33,6 +33,7 @@ from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
+from blueque.running import output_fds
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
 from blueque.store import RedisStore
@@ -301,7 +302,7 @@ class ListenerStep:
                      *self.preemption.deadlines()]
         current = self.clock()
         self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
-                         self.supervisor.channels())
+                         self.supervisor.channels(), output_fds(self.supervisor.children.values()))
 
 
 def daemon_identity(node_name: str | None, identity: str | None) -> tuple[str, str]:

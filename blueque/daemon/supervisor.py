@@ -14,14 +14,13 @@ from collections.abc import Callable
 from blueque import failpoints
 from blueque.child import TaskFunction
 from blueque.daemon.ahead import Ahead
-from blueque.daemon.forking import close_fds
 from blueque.daemon.owner import Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder, write_progress
 from blueque.daemon.starting import Starter
 from blueque.daemon.stopper import Stopper
 from blueque.leftovers import Leftovers
 from blueque.reporting import ChildChannel, ToChild
-from blueque.running import Running
+from blueque.running import Running, hand_over_outputs, output_deadlines
 from blueque.spool import Spool
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
@@ -94,6 +93,7 @@ class Supervisor:
             if running.report is not None and running.reported_at is None:
                 running.reported_at = self.clock()
             running.channel.flush()
+            running.read_output(self.clock())  # after its frames: see record_report
 
     def record_reports(self) -> None:
         """Record the outcomes our children reported, each with the next reservation its slot
@@ -162,11 +162,12 @@ class Supervisor:
                 if r.channel is not None and not r.channel.closed}
 
     def deadlines(self) -> list[float]:
-        """When something is due for a child: a time limit, a SIGKILL, a progress write."""
+        """When something is due for a child: a time limit, a SIGKILL, progress, output."""
         due = [r.started + r.time_limit for r in self.children.values()
                if r.time_limit and not r.reason]
         due += self.stopper.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
+        due += output_deadlines(self.children.values())
         return due
 
     def clean_logs(self, interval: float) -> None:
@@ -209,7 +210,7 @@ class Supervisor:
             if running.channel is not None:
                 running.channel.close()
             if running.output is not None:
-                close_fds((running.output,))
+                running.output.close()
                 running.output = None
 
     def let_go(self, patience: float = 1.0) -> None:
@@ -220,6 +221,7 @@ class Supervisor:
         waiting = [r for r in self.children.values() if r.state == "starting"]
         for running in waiting:
             self.tell(running, {"stop": "its listener is leaving"})
+        hand_over_outputs(self.children.values(), self.clock())  # left running: see 5.19
         self.warm.retire_idle("its listener is leaving")
         deadline = self.clock() + patience
         while (any(r.pid in self.children for r in waiting) or self.warm.idle) \

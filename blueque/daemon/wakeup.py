@@ -234,8 +234,10 @@ class Wakeup:
                 os.write(self._wake_w, b"\0")
 
     # --- the wait ---------------------------------------------------------------------------
-    def wait(self, timeout: float, channels: Mapping[int, ChildChannel]) -> None:
-        """Until a signal, a message, a child's frame (or room to write one) or ``timeout``."""
+    def wait(self, timeout: float, channels: Mapping[int, ChildChannel],
+             outputs: Iterable[int] = ()) -> None:
+        """Until a signal, a message, a child's frame (or room to write one), output in one
+        of the children's ``outputs`` pipes (the loop reads them: 5.19) or ``timeout``."""
         # poll, not select: select refuses any descriptor past 1023, which a listener with
         # many children (or anything that left descriptors open) reaches
         poller = select.poll()
@@ -243,6 +245,9 @@ class Wakeup:
             poller.register(fd, select.POLLIN)
         for fd, channel in channels.items():
             poller.register(fd, select.POLLIN | (select.POLLOUT if channel.wants_write else 0))
+        pipes = set(outputs)
+        for fd in pipes:
+            poller.register(fd, select.POLLIN)
         try:
             events = poller.poll(max(0.0, timeout) * 1000)
         except InterruptedError:
@@ -252,8 +257,8 @@ class Wakeup:
         for fd in writable:
             channels[fd].flush()
         for fd in ready:
-            if fd in channels:
-                continue  # a child's socket: the loop reads it
+            if fd in channels or fd in pipes:
+                continue  # a child's socket or output pipe: the loop reads it
             try:
                 while os.read(fd, 512):
                     pass
