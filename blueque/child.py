@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from blueque import capture as captured_output
 from blueque import failpoints, progress
@@ -45,12 +45,13 @@ from blueque.reporting import (
     OutcomeFrame,
     ParentLink,
 )
-from blueque.retry import Backoff
 from blueque.run_processes import TASK_VARIABLE, RunMark, task_mark, task_title
 from blueque.spool import Held, Spool, server_of
-from blueque.store import RedisStore
 from blueque.task import Task
 from blueque.tasklog import Shipper, TaskLogSettings
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.child")
 
@@ -126,6 +127,8 @@ def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
     """Record the outcome, holding on to it while Redis is away or refuses it (the work is
     done): in memory, and in the node's spool (PROTOCOL.md 6.5) should this process end too."""
     task_id = processor.task.id
+    from blueque.retry import Backoff  # redis-py's errors: only a child that records itself
+
     backoff, deadline = Backoff(0.1, 5.0), time.monotonic() + REPORT_PATIENCE
     end = _run_end(processor, policy, outcome, store.now())
     # first of all on the node's disk: its listener is gone, and nothing else holds it should

@@ -7,8 +7,7 @@ stream in Redis (``blueque_task_log_[id]``) every ``interval`` seconds, keeping 
 ``tail_bytes`` of each attempt there; that is what ``blueque logs`` (and ``--follow``, from any
 machine) and the dashboard read. The file is capped at ``max_bytes`` (copy-truncate: what it
 holds moves to ``.1``, replacing the one before, and it starts again empty); files older than
-``keep`` seconds are removed by the listener.
-PROTOCOL.md §5.19 specifies the stream.
+``keep`` seconds are removed by the listener. PROTOCOL.md §5.19 specifies the stream.
 """
 
 from __future__ import annotations
@@ -23,9 +22,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from blueque.errors import BluequeError
-from blueque.store import RedisStore
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.tasklog")
 

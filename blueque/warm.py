@@ -17,7 +17,7 @@ import os
 import socket
 import traceback
 from dataclasses import dataclass, replace
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import psutil
 
@@ -35,8 +35,10 @@ from blueque.process import process_alive, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
 from blueque.run_processes import TASK_VARIABLE, RunMark, signs
 from blueque.running import Running
-from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
