@@ -6,7 +6,8 @@ processes): at point ``name`` the process SIGKILLs itself, or with ``:seconds`` 
 long (the test acts meanwhile, e.g. restarts Redis). Without the variable every ``hit`` is one
 set lookup. Points: ``listener-before-stamp``, ``listener-before-go``,
 ``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``;
-``listener-before-warm-stamp`` (a warm process told its next task, PROTOCOL.md 6.7).
+``listener-before-warm-stamp`` (a warm process told its next task, PROTOCOL.md 6.7);
+``forkserver-after-fork`` (the fork server, between its fork and its answer, 6.8).
 """
 
 from __future__ import annotations
