@@ -58,12 +58,17 @@ class ForkServerLink:
         self._started = 0.0
         self._delay = 0.0
         self._start_at = 0.0
-        self.starts = 0
+        self.wanted = False  # started by the listener's run(), not yet stopped
 
     # --- its process ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start it if it is not running and its restart is due (its answer comes later)."""
-        if self.pid is not None or self.clock() < self._start_at:
+        """Start it (the listener's run() does), and later start it again whenever it is not
+        running and its restart is due (its answer comes later)."""
+        self.wanted = True
+        self.restart()
+
+    def restart(self) -> None:
+        if not self.wanted or self.pid is not None or self.clock() < self._start_at:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -71,7 +76,7 @@ class ForkServerLink:
             self.pid = os.posix_spawn(
                 sys.executable,
                 [sys.executable, "-m", "blueque.forkserver", str(theirs.fileno())],
-                os.environ, setsid=True)  # a terminal's Ctrl-C is the listener's to handle
+                _environment(), setsid=True)  # a terminal's Ctrl-C is the listener's
             ours.sendall(pickle.dumps(self.setup))
         except OSError as error:
             log.error("cannot start a fork server (%s); forking task processes from the "
@@ -83,7 +88,6 @@ class ForkServerLink:
             theirs.close()
         ours.setblocking(False)
         self.control, self.ready, self._started = ours, False, self.clock()
-        self.starts += 1
 
     def _later(self) -> None:
         lived = self.clock() - self._started
@@ -102,7 +106,7 @@ class ForkServerLink:
         log.warning("fork server %d exited (%s); %s", pid, _describe(status),
                     "starting another" if not self._delay
                     else f"starting another in {self._delay:g} s")
-        self.start()
+        self.restart()
         return True
 
     def _drop(self) -> None:
@@ -214,6 +218,7 @@ class ForkServerLink:
 
     def stop(self, patience: float = 2.0) -> None:
         """Close its socket and reap it (it exits at once; its children live on)."""
+        self.wanted = False
         self.close()
         pid, self.pid = self.pid, None
         deadline = time.monotonic() + patience
@@ -241,7 +246,15 @@ def exits(server: ForkServerLink | None) -> Iterator[tuple[int, int]]:
             yield pid, status
     if server is not None:
         yield from server.take_exits()
-        server.start()
+        server.restart()
+
+
+def _environment() -> dict[str, str]:
+    """The listener's environment, with the directory its own blueque package came from first
+    on PYTHONPATH: the fork server runs the same code (its setup then gives it sys.path)."""
+    home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": home if not path else os.pathsep.join((home, path))}
 
 
 def _describe(status: int) -> str:
