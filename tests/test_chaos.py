@@ -59,10 +59,12 @@ def tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
 
 
 def fork_server(process: psutil.Process) -> bool:
-    """A listener's fork server (PROTOCOL.md 6.8), by its title."""
+    """A listener's fork server (PROTOCOL.md 6.8), by its title, or by its command line while
+    it starts (imports, before it sets its title)."""
     with contextlib.suppress(psutil.Error):
-        title = process.cmdline()[:1]
-        return bool(title) and title[0].startswith("blueque fork server")
+        command = process.cmdline()
+        return command[1:3] == ["-m", "blueque.forkserver"] or (
+            bool(command) and command[0].startswith("blueque fork server"))
     return False
 
 

@@ -116,8 +116,8 @@ def test_a_fork_server_killed_with_children_running_loses_nothing_and_is_restart
 def test_a_fork_server_killed_while_it_makes_a_child_loses_no_task_and_runs_none_twice(  # type: ignore[no-untyped-def]
         client, redis_client, started, tmp_path, redis_url) -> None:
     """Killed between its fork and its answer (every time: each new one is killed too): the
-    child it made sees its socket closed before its word and leaves; the listener forks the
-    task's process itself."""
+    child it made is told to stop before its word and leaves; the listener forks the task's
+    process itself."""
     marker = tmp_path / "marker"
     daemon = start(started, tmp_path, redis_url, failpoints="forkserver-after-fork")
     wait_until(lambda: "ready" in daemon.log(), what="its fork server")
@@ -128,6 +128,7 @@ def test_a_fork_server_killed_while_it_makes_a_child_loses_no_task_and_runs_none
     assert Counter(r[0] for r in ran(marker)) == Counter(ids)  # each ran once
     assert ran(marker)[0][2] == daemon.pid  # forked by the listener itself
     assert "exited (killed by signal 9)" in daemon.log()
+    assert "went away while making its process" in daemon.log()
     assert outcomes(redis_client, "complete") == 3 and outcomes(redis_client, "failed") == 0
     assert daemon.alive()
 

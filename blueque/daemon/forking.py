@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 
 from blueque.calling import TaskFunction
 from blueque.child import Assignment
-from blueque.daemon.forks import ForkServerLink
+from blueque.daemon.forks import ANSWER_WAIT, ForkServerLink
 from blueque.process import create_time
-from blueque.reporting import ChildChannel
+from blueque.reporting import READ_SIZE, ChildChannel, encode
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
 from blueque.warm import run_task_process
@@ -52,9 +52,9 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
         theirs.close()
         if made is not None:
             return _made(made, assignment, ours, output)
-        # it went away meanwhile: a child it may have made sees its socket closed before its
-        # word, finds its task not started by it, and leaves (6.8); this one is forked here
-        ours.close()
+        # it went away meanwhile: a child it may have made is told to stop, and is gone
+        # before this one, forked here, takes its place (never one process too many, 6.8)
+        _dismiss(ours, assignment)
         close_fds(output)
         ours, theirs = socket.socketpair()
         output = os.pipe() if task_logs is not None else None
@@ -79,6 +79,23 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
         os.set_blocking(output[0], False)
     return Forked(pid, ChildChannel(ours), None if output is None else output[0],
                   create_time(pid))
+
+
+def _dismiss(ours: socket.socket, assignment: Assignment) -> None:
+    """The task process a fork server that died before its answer may have made: the only
+    holder of the other end of ``ours`` once the server is gone. Told to stop (6.2: it never
+    ran), then waited for (its end closes as it exits); none, and the send fails at once."""
+    try:
+        ours.settimeout(ANSWER_WAIT)
+        ours.sendall(encode({"stop": "its fork server died before answering"}))
+        while ours.recv(READ_SIZE):
+            pass
+    except OSError:  # no child (EPIPE), or one slower than ANSWER_WAIT: it reads its task
+        pass
+    finally:
+        ours.close()
+    log.warning("task %s: its fork server went away while making its process; forking it "
+                "from the listener", assignment.task_id)
 
 
 def _made(made: tuple[int, float | None] | str, assignment: Assignment, ours: socket.socket,
