@@ -12,8 +12,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 import blueque
+from blueque.config import Settings
+from blueque.daemon import ListenerOptions
+from blueque.daemon.forks import server_setup
+from blueque.daemon.step import ListenerStep
 from tests.daemons import Daemon, gone, lines, owned_processes, wait_until
 from tests.test_reporting import outcomes
 from tests.test_reporting import start as reporting_start
@@ -159,3 +164,27 @@ def test_a_listener_killed_while_its_fork_server_and_task_processes_live(  # typ
     assert Counter(r[0] for r in ran(marker)) == Counter(ids)
     assert all(client.get_task(i).attempts == 1 for i in ids)
     assert outcomes(redis_client, "complete") == 3
+
+
+def test_settings_that_cannot_be_passed_to_a_fork_server_mean_forking_from_the_listener(  # type: ignore[no-untyped-def]
+        caplog, redis_url) -> None:
+    """A redis option that cannot be pickled (a callable) cannot reach a fork server's
+    children: the listener says so and forks its task processes itself (6.8)."""
+    settings = Settings.from_url(redis_url, redis_connect_func=lambda connection: None)
+    assert server_setup(FUNCTION, settings, None, None, None) is None
+    assert "forked from the listener" in caplog.text
+    assert server_setup(FUNCTION, Settings.from_url(redis_url), None, None, None) is not None
+
+
+def test_one_rule_says_when_a_listener_uses_a_fork_server(redis_url) -> None:  # type: ignore[no-untyped-def]
+    """An import path and connection settings: a fork server; a Python callable, or a client
+    made from a ready redis-py client: the listener forks its task processes itself."""
+    settings = Settings.from_url(redis_url)
+    assert ListenerOptions({"work": 1}, FUNCTION).uses_fork_server(settings)
+    assert not ListenerOptions({"work": 1}, FUNCTION).uses_fork_server(None)
+    assert not ListenerOptions({"work": 1}, lambda task: None).uses_fork_server(settings)
+    by_url = ListenerStep(blueque.Client(redis_url), ListenerOptions({"work": 1}, FUNCTION))
+    assert by_url.supervisor.fork_server is not None
+    ready = blueque.Client(redis.Redis.from_url(redis_url, decode_responses=True))
+    assert ListenerStep(ready, ListenerOptions({"work": 1}, FUNCTION)).supervisor.fork_server \
+        is None

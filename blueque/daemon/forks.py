@@ -25,6 +25,8 @@ from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
+#: The largest setup sent (one packet of the control socket: its send buffer bounds it).
+SETUP_BYTES = 64 * 1024
 #: How long the listener waits for the fork server's answer to one request before it takes
 #: it for broken (killed, then forked without it).
 ANSWER_WAIT = 5.0
@@ -35,13 +37,24 @@ RESTART_MAX = 60.0
 
 
 def server_setup(function: str, settings: Settings, checkpoint_max_bytes: int | None,
-                 task_logs: TaskLogSettings | None, spool: Any) -> Setup:
-    """The setup a listener gives its fork server: its own sys.path and log set-up."""
+                 task_logs: TaskLogSettings | None, spool: Any) -> Setup | None:
+    """The setup a listener gives its fork server: its own sys.path and log set-up. None
+    (said in the log): its connection settings cannot be passed (a redis option that cannot
+    be pickled), and it forks its task processes itself."""
     root = logging.getLogger()
     json_logs = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
-    return Setup(function, pickle.dumps(settings), checkpoint_max_bytes, task_logs,
-                 None if spool is None else spool.directory, list(sys.path),
-                 "json" if json_logs else "text", logging.getLevelName(root.level))
+    try:
+        setup = Setup(function, pickle.dumps(settings), checkpoint_max_bytes, task_logs,
+                      None if spool is None else spool.directory, list(sys.path),
+                      "json" if json_logs else "text", logging.getLevelName(root.level))
+        if len(pickle.dumps(setup)) <= SETUP_BYTES:
+            return setup
+        why = "they are too large"
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        why = str(error)
+    log.warning("the connection settings cannot be passed to a fork server (%s): task "
+                "processes are forked from the listener", why)
+    return None
 
 
 class ForkServerLink:

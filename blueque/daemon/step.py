@@ -97,17 +97,16 @@ class ListenerStep:
         self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency,
                                         busy=self.busy) if options.metrics else None)
         self.spool = Spool(options.spool_dir or spool_directory())
-        fork_server = None
+        setup = None
         if options.uses_fork_server(client.settings) and client.settings is not None:
-            fork_server = ForkServerLink(server_setup(
-                str(options.function), client.settings, client.store.checkpoint_max_bytes,
-                options.task_logs, self.spool))
+            setup = server_setup(str(options.function), client.settings,
+                                 client.store.checkpoint_max_bytes, options.task_logs, self.spool)
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None,
-            reuse=options.reuse, fork_server=fork_server)
+            reuse=options.reuse, fork_server=ForkServerLink(setup) if setup else None)
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)
         self.wakeup = Wakeup(self.store, interval)
