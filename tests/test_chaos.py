@@ -60,12 +60,14 @@ def tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
 
 def fork_server(process: psutil.Process) -> bool:
     """A listener's fork server (PROTOCOL.md 6.8), by its title, or by its command line while
-    it starts (imports, before it sets its title)."""
-    with contextlib.suppress(psutil.Error):
+    it starts (imports, before it sets its title); or a process gone since it was listed (a
+    fork server the chaos killed between the two reads is a zombie: no live task process)."""
+    try:
         command = process.cmdline()
-        return command[1:3] == ["-m", "blueque.forkserver"] or (
-            bool(command) and command[0].startswith("blueque fork server"))
-    return False
+    except psutil.Error:
+        return True
+    return command[1:3] == ["-m", "blueque.forkserver"] or (
+        bool(command) and command[0].startswith("blueque fork server"))
 
 
 @dataclass
