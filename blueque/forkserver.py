@@ -8,8 +8,9 @@ Over its control socket (FD, a SOCK_SEQPACKET socket: one message a packet) it r
 (``Setup``, pickled), says ``{"ready": pid}``, then takes ``{"fork": {...}}`` requests, each
 with the child's end of its socket pair (and its output pipe) as SCM_RIGHTS, and answers
 ``{"forked": pid, "created": t}`` (or ``{"refused": why}``). It reports each child's exit,
-``{"exited": pid, "status": raw}``, before it reaps it, and exits when the socket closes (its
-listener is gone: its children live on, as a dead listener's do)."""
+``{"exited": pid, "status": raw}``, and reaps it only once the listener, having settled it, says
+``{"reap": [pids]}`` (until then its pid is nobody else's); it exits when the socket closes
+(its listener is gone: its children live on, as a dead listener's do)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ class ForkServer:
             os.set_blocking(fd, False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         signal.set_wakeup_fd(self._wake_w)
+        self.children: set[int] = set()  # forked, running (or exited, not yet reported)
+        self.reported: set[int] = set()  # exited and reported: zombies until "reap"
 
     def serve(self) -> None:
         """Until the listener closes the control socket."""
@@ -133,13 +136,23 @@ class ForkServer:
             _close(fds)
             return False
         try:
-            request = json.loads(data)["fork"]
-            reply = self.fork(request, fds)
+            message = json.loads(data)
+            if "reap" in message:
+                self.reap([int(pid) for pid in message["reap"]])
+                return True
+            reply = self.fork(message["fork"], fds)
         except (ValueError, KeyError, TypeError) as error:
             reply = {"refused": f"a request it cannot read: {error}"}
         finally:
             _close(fds)
         return self.send(reply)
+
+    def reap(self, pids: list[int]) -> None:
+        """The exits the listener settled: their zombies go (their pids may be reused)."""
+        for pid in set(pids) & self.reported:
+            self.reported.discard(pid)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     def fork(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if len(fds) not in (1, 3):
@@ -156,6 +169,7 @@ class ForkServer:
             return {"refused": str(error)}
         if pid == 0:
             self._child(assignment, fds[0], reuse)
+        self.children.add(pid)
         failpoints.hit("forkserver-after-fork")
         return {"forked": pid, "created": create_time(pid)}
 
@@ -171,18 +185,21 @@ class ForkServer:
             leave_process(1)
 
     def report_exits(self) -> None:
-        """Each child that exited: reported, then reaped (killed between the two, this server
-        leaves a zombie its listener reaps, never an exit nobody heard of)."""
-        while True:
+        """Each child that exited: reported, and left a zombie (waitid with WNOWAIT) until the
+        listener says it settled it. Killed meanwhile, this server leaves its zombies to its
+        listener (a child subreaper), which reaps them: never an exit nobody heard of."""
+        for pid in sorted(self.children):
             try:
-                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                found = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                return
+                self.children.discard(pid)
+                continue
             if found is None or found.si_pid == 0:
+                continue
+            if not self.send({"exited": pid, "status": raw_status(found)}):
                 return
-            if not self.send({"exited": found.si_pid, "status": raw_status(found)}):
-                return
-            os.waitpid(found.si_pid, 0)
+            self.children.discard(pid)
+            self.reported.add(pid)
 
     def send(self, message: dict[str, Any]) -> bool:
         try:

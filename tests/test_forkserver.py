@@ -6,6 +6,7 @@ themselves and the next listener takes over, never more than --concurrency task 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -89,6 +90,17 @@ def test_task_processes_are_forked_by_the_fork_server_and_hold_no_listener_machi
     assert "blueque.child" in loaded
     assert outcomes(redis_client, "complete") == 4
     assert psutil.Process(server).memory_info().rss < psutil.Process(daemon.pid).memory_info().rss
+
+    def zombies() -> list[int]:  # exits it reported: reaped once the listener settled them
+        found = []
+        for child in psutil.Process(server).children():
+            with contextlib.suppress(psutil.Error):
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    found.append(child.pid)
+        return found
+
+    if reuse == "1":
+        wait_until(lambda: not zombies(), what="no zombie left under the fork server")
 
 
 def test_a_fork_server_killed_with_children_running_loses_nothing_and_is_restarted(  # type: ignore[no-untyped-def]

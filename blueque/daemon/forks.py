@@ -193,6 +193,14 @@ class ForkServerLink:
         exits, self.exits = self.exits, []
         return exits
 
+    def release(self, pids: list[int]) -> None:
+        """Tell it the exits it reported are settled: it reaps them (a pid the listener may
+        still signal is never free for another process before)."""
+        if pids and self.control is not None:
+            with contextlib.suppress(OSError):  # it is going: its zombies come to us
+                self.control.settimeout(ANSWER_WAIT)
+                self.control.send(json.dumps({"reap": pids}).encode())
+
     def fork(self, assignment: Assignment, reuse: int, fds: list[int]
              ) -> tuple[int, float | None] | str | None:
         """Ask it for the task process of ``assignment`` (``fds``: the child's end of its
@@ -258,7 +266,9 @@ def exits(server: ForkServerLink | None) -> Iterator[tuple[int, int]]:
         if server is None or not server.reaped(pid, status):
             yield pid, status
     if server is not None:
-        yield from server.take_exits()
+        reported = server.take_exits()
+        yield from reported
+        server.release([pid for pid, _ in reported])  # settled: their pids may go
         server.restart()
 
 
