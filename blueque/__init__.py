@@ -1,9 +1,10 @@
 """Blueque: a Redis job queue for very long jobs, wire-compatible with blueque 1.0.1.
 
-A producer's names (Client, Queue, Task, the errors) are imported with the package; a task
-function author's (``from blueque import report_progress, preempted, on_preempt, ...``) are
-imported when first used (PEP 562), so that ``import blueque`` in a producer does not load the
-task process's machinery (blueque.child, the listener's frames, preemption, progress).
+The errors are imported with the package; a producer's other names (Client, Queue, Task) and a
+task function author's (``from blueque import report_progress, preempted, on_preempt, ...``)
+are imported when first used (PEP 562), so that ``import blueque`` in a producer does not load
+the task process's machinery (blueque.child, the listener's frames, preemption, progress), nor
+``import blueque.child`` in the fork server (PROTOCOL.md 6.8) redis-py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from blueque.client import Client, ListenerStatus
 from blueque.errors import (
     AuthenticationFailed,
     BluequeError,
@@ -31,14 +31,26 @@ from blueque.errors import (
     WritesRefused,
     WrongType,
 )
-from blueque.queue import BulkEnqueue, Queue, QueueStats
-from blueque.task import CheckpointInfo, Task
 
 if TYPE_CHECKING:
     from blueque.child import TaskFunction
+    from blueque.client import Client, ListenerStatus
     from blueque.preemption import on_preempt, preempt_deadline, preempted
     from blueque.progress import report_progress
+    from blueque.queue import BulkEnqueue, Queue, QueueStats
+    from blueque.task import CheckpointInfo, Task
 
+#: A producer's names that need redis-py, and the module each comes from (imported on first
+#: use, so that a process that only runs tasks, the fork server, does not load redis-py).
+_PRODUCER_NAMES = {
+    "Client": "blueque.client",
+    "ListenerStatus": "blueque.client",
+    "Queue": "blueque.queue",
+    "BulkEnqueue": "blueque.queue",
+    "QueueStats": "blueque.queue",
+    "Task": "blueque.task",
+    "CheckpointInfo": "blueque.task",
+}
 #: What a task function's author uses, and the module each comes from (imported on first use).
 _TASK_AUTHOR_NAMES = {
     "report_progress": "blueque.progress",
@@ -51,7 +63,7 @@ _TASK_AUTHOR_NAMES = {
 if not TYPE_CHECKING:  # mypy reads the imports above; an unknown name stays an error for it
 
     def __getattr__(name: str) -> Any:
-        module = _TASK_AUTHOR_NAMES.get(name)
+        module = _PRODUCER_NAMES.get(name) or _TASK_AUTHOR_NAMES.get(name)
         if module is None:
             raise AttributeError(f"module 'blueque' has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)
@@ -59,7 +71,7 @@ if not TYPE_CHECKING:  # mypy reads the imports above; an unknown name stays an 
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(_TASK_AUTHOR_NAMES))
+        return sorted(set(globals()) | set(_PRODUCER_NAMES) | set(_TASK_AUTHOR_NAMES))
 
 
 __all__ = [

@@ -37,9 +37,13 @@ log = logging.getLogger("blueque.child")
 #: shipper ships what the file holds first, and starts the new one from its head).
 Rotate = Callable[[Callable[[], None]], None]
 
-#: The signal a task process gets when its listener dies (PR_SET_PDEATHSIG) or leaves it
-#: running: from then on it reads its own output pipe (5.19).
+#: The signal a task process gets when its parent dies (PR_SET_PDEATHSIG): its listener, or
+#: the fork server it was made by (6.8), whose children then come to the listener; it reads
+#: its own output pipe from then on (5.19) only if its listener is gone.
 TAKE_OVER = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+#: The signal of a listener that leaves its task processes running (--on-stop keep): they read
+#: their own output pipes from then on.
+LEAVING = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else TAKE_OVER
 _PR_SET_PDEATHSIG = 1
 
 
@@ -256,17 +260,44 @@ def close_pipe(pipe: tuple[int, int] | None) -> None:
             os.close(fd)
 
 
-def watch_listener() -> None:
-    """In a task process, first thing: TAKE_OVER when its listener (the parent) dies (its
-    read end of our pipe goes with it) or tells it so. One that died before this was set is
-    found by the caller (``ParentLink.peer_closed``)."""
-    signal.signal(TAKE_OVER, _taken_over)
+def watch_listener(listener: int = -1) -> None:
+    """In a task process, first thing: TAKE_OVER when its parent dies (its listener, whose
+    read end of our pipe goes with it, or its fork server), LEAVING when its listener tells it
+    so. ``listener``: our socket to the listener, by which TAKE_OVER tells a dead listener
+    from a dead fork server (-1: none; the parent is the listener). One that died before this
+    was set is found by the caller (``ParentLink.peer_closed``)."""
+    global _listener
+    _listener = listener
+    signal.signal(TAKE_OVER, _parent_died)
+    signal.signal(LEAVING, _taken_over)
     prctl = libc_prctl()  # looked up by the listener already: its children inherit it
     if prctl is not None:
         prctl(_PR_SET_PDEATHSIG, int(TAKE_OVER), 0, 0, 0)
 
 
-_gone = False  # TAKE_OVER came
+_gone = False  # the listener is gone: TAKE_OVER (with the listener gone) or LEAVING came
+_listener = -1  # our socket to the listener (watch_listener)
+
+
+def _parent_died(signum: int, frame: object) -> None:
+    """Our parent died. A fork server's children come to the listener, which still reads
+    their pipes: only a listener gone (its end of our socket closed) leaves them to us. The
+    signal comes again when the listener, our parent then, dies."""
+    if _listener >= 0 and _peer_open(_listener):
+        return
+    _taken_over(signum, frame)
+
+
+def _peer_open(fd: int) -> bool:
+    """Whether the other end of socket ``fd`` is open: polled, nothing read, no flag changed
+    (the main thread may be waiting on it)."""
+    poller = select.poll()
+    closed = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+    poller.register(fd, select.POLLIN | getattr(select, "POLLRDHUP", 0))
+    try:
+        return not any(event & closed for _, event in poller.poll(0))
+    except OSError:
+        return False
 
 
 def _taken_over(signum: int, frame: object) -> None:

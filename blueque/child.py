@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from blueque import capture as captured_output
 from blueque import failpoints, progress
@@ -45,12 +45,13 @@ from blueque.reporting import (
     OutcomeFrame,
     ParentLink,
 )
-from blueque.retry import Backoff
 from blueque.run_processes import TASK_VARIABLE, RunMark, task_mark, task_title
 from blueque.spool import Held, Spool, server_of
-from blueque.store import RedisStore
 from blueque.task import Task
 from blueque.tasklog import TaskLogSettings, resumed_shipper
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.child")
 
@@ -126,6 +127,8 @@ def _record_itself(store: RedisStore, processor: Processor, policy: Policy,
     """Record the outcome, holding on to it while Redis is away or refuses it (the work is
     done): in memory, and in the node's spool (PROTOCOL.md 6.5) should this process end too."""
     task_id = processor.task.id
+    from blueque.retry import Backoff  # redis-py's errors: only a child that records itself
+
     backoff, deadline = Backoff(0.1, 5.0), time.monotonic() + REPORT_PATIENCE
     end = _run_end(processor, policy, outcome, store.now())
     # first of all on the node's disk: its listener is gone, and nothing else holds it should
@@ -208,14 +211,15 @@ def _run_end(processor: Processor, policy: Policy, outcome: CallOutcome, current
                              result_ttl_ms=policy.result_ttl_ms(), traceback=outcome.traceback)
 
 
-def prepare_process(title: str) -> None:
-    """The first steps of every task process: its own session, random and signals."""
+def prepare_process(title: str, listener: int = -1) -> None:
+    """The first steps of every task process: its own session, random and signals
+    (``listener``: its socket to its listener, if it has one)."""
     os.setsid()
     random.seed()
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
-    captured_output.watch_listener()  # its output pipe is read by its listener (5.19)
+    captured_output.watch_listener(listener)  # its output pipe is read by its listener (5.19)
     set_title(title)
 
 
@@ -278,7 +282,8 @@ def run_reporting_child(store: RedisStore, sock: socket.socket, assignment: Assi
     it. Without a listener (end of file), it records what it must itself."""
     code = EXIT_REPORT_FAILED
     try:
-        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting")
+        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting",
+                        sock.fileno())
         code = run_reporting(store, ParentLink(sock, assignment.patience), assignment,
                               function, task_logs)
     except BaseException:

@@ -7,7 +7,8 @@ long (the test acts meanwhile, e.g. restarts Redis). Without the variable every 
 set lookup. Points: ``listener-before-stamp``, ``listener-before-go``,
 ``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``;
 ``listener-before-warm-stamp`` (a warm process told its next task, PROTOCOL.md 6.7),
-``listener-after-take`` (an ending's round trip took the next task ahead, 6.2).
+``listener-after-take`` (an ending's round trip took the next task ahead, 6.2);
+``forkserver-after-fork`` (the fork server, between its fork and its answer, 6.8).
 """
 
 from __future__ import annotations

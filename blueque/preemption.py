@@ -15,12 +15,15 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from blueque.display import format_seconds
 from blueque.errors import Preempted
 from blueque.policy import field_float
 from blueque.reporting import ParentLink, PreemptFrame, ToChild
-from blueque.store import RedisStore
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.child")
 #: the listener's side logs as the listener daemon does

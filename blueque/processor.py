@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blueque.endings import Outcome, RunEnd
 from blueque.errors import ConfigurationError, InvalidTaskState
-from blueque.store import RedisStore
 from blueque.task import Task
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 
 def encode_result(value: object) -> str:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.processor import Processor, check_fraction
 from blueque.reporting import ParentLink
-from blueque.retry import Backoff
 
 log = logging.getLogger("blueque.child")
 
@@ -39,6 +38,8 @@ class ProgressReporter:
         self._sending = threading.Lock()  # one sender at a time
         self._pending: tuple[float, str] | None = None
         self._retry_at = 0.0
+        from blueque.retry import Backoff  # redis-py's errors: only a child that writes itself
+
         self._backoff = Backoff(0.1, PROGRESS_RETRY_MAX)
         self._kept = False  # a send failed: the value waits for Redis
         self._closed = False

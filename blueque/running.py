@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from blueque.capture import TAKE_OVER
+from blueque.capture import LEAVING
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Ending, RunEnd, Stopped
 from blueque.outputs import READ_LIMIT, TaskOutput
@@ -148,7 +148,7 @@ def hand_over_outputs(runs: Iterable[Running], current: float) -> None:
         if running.output is not None and running.state == "running":
             running.read_output(current)
             with contextlib.suppress(OSError):
-                os.kill(running.pid, TAKE_OVER)  # our child, not reaped yet: its pid
+                os.kill(running.pid, LEAVING)  # not reaped yet: its pid is its own
 
 
 #: The task fields describe_ending reads.

@@ -12,11 +12,13 @@ import os
 import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blueque.endings import RunEnd
 from blueque.errors import InvalidTaskState, TaskNotFound
-from blueque.store import RedisStore
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from blueque import dependencies
 from blueque import keys as k
@@ -19,8 +19,10 @@ from blueque.errors import (
     WrongType,
 )
 from blueque.statuses import FINISHED_STATUSES, RESERVED, STARTED, state_of
-from blueque.store import RedisStore
 from blueque.waiting import WaitResult, drive
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 T = TypeVar("T")
 

@@ -21,12 +21,14 @@ import math
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TextIO, TypeVar
 
 from blueque.display import ProgressLine, bar, format_seconds, shorten
 from blueque.errors import CorruptTask
 from blueque.statuses import CANCELLED, COMPLETE, FAILED, FINISHED_STATUSES, state_of
-from blueque.store import RedisStore, Subscription
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore, Subscription
 
 #: The longest a wait listens before it re-reads what it follows, whatever the done
 #: channels said (1.0.1 writers do not publish).

@@ -18,7 +18,7 @@ import os
 import socket
 import traceback
 from dataclasses import dataclass, replace
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import psutil
 
@@ -37,8 +37,10 @@ from blueque.process import process_alive, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
 from blueque.run_processes import TASK_VARIABLE, RunMark, signs
 from blueque.running import Running
-from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
+
+if TYPE_CHECKING:
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
@@ -67,7 +69,8 @@ def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignmen
     the next task its listener assigns it."""
     code = EXIT_REPORT_FAILED
     try:
-        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting")
+        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting",
+                        sock.fileno())
         link = ParentLink(sock, assignment.patience)
         runs = 0
         while True:

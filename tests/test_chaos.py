@@ -1,10 +1,11 @@
 """Chaos: three listeners with their own node names, hundreds of tasks, and for a minute the
 things operators and machines do to them: SIGKILL, SIGTERM and restart of listeners, SIGSTOP of
-a whole node, SIGKILL and SIGTERM of task processes, Redis SIGKILLed and restarted from its
-append-only file, once for longer than a lease, Redis refusing writes (out of memory, or
-unable to persist) for a few seconds, Redis stalled (DEBUG SLEEP) for longer than a lease while a
-`blueque scheduler` sweeps too, and a node's link to Redis cut (each node reaches Redis through a
-blueque.testing.DelayingProxy) for less than a lease.
+a whole node, SIGKILL and SIGTERM of task processes, SIGKILL of a listener's fork server,
+Redis SIGKILLed and restarted from its append-only file, once for longer than a lease, Redis
+refusing writes (out of memory, or unable to persist) for a few seconds, Redis stalled (DEBUG
+SLEEP) for longer than a lease while a `blueque scheduler` sweeps too, and a node's link to
+Redis cut (each node reaches Redis through a blueque.testing.DelayingProxy) for less than a
+lease.
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
 one task overlapped while one of them went on to finish its work, no node ever ran more task
@@ -57,6 +58,18 @@ def tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
     return found
 
 
+def fork_server(process: psutil.Process) -> bool:
+    """A listener's fork server (PROTOCOL.md 6.8), by its title, or by its command line while
+    it starts (imports, before it sets its title); or a process gone since it was listed (a
+    fork server the chaos killed between the two reads is a zombie: no live task process)."""
+    try:
+        command = process.cmdline()
+    except psutil.Error:
+        return True
+    return command[1:3] == ["-m", "blueque.forkserver"] or (
+        bool(command) and command[0].startswith("blueque fork server"))
+
+
 @dataclass
 class Node:
     name: str
@@ -88,7 +101,9 @@ class Node:
         return self.daemon.pid if self.alive() and self.daemon is not None else None
 
     def task_processes(self) -> list[psutil.Process]:
-        return [p for p in tagged(self.tag, self.name) if p.pid != self.listener_pid()]
+        """The node's task processes: neither its listener nor its fork server (6.8)."""
+        return [p for p in tagged(self.tag, self.name)
+                if p.pid != self.listener_pid() and not fork_server(p)]
 
 
 class SlotWatch(threading.Thread):
@@ -162,7 +177,7 @@ class Chaos:
 
     ACTIONS = {"kill listener": 2, "term listener": 2, "stop node": 2, "kill child": 3,
                "term child": 1, "restart redis": 1, "refuse writes": 1, "stall redis": 1,
-               "cut node": 2}
+               "cut node": 2, "kill fork server": 2}
 
     def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random,
                  links: dict[str, DelayingProxy] | None = None) -> None:
@@ -192,8 +207,7 @@ class Chaos:
             self.restart_listener(node, kind == "kill listener")
         elif kind == "stop node":
             self.freeze(node)
-        elif not self.signal_child(node, signal.SIGKILL if kind == "kill child"
-                                   else signal.SIGTERM):
+        elif not self.signal_process(node, kind):
             return
         self.events[kind] += 1
 
@@ -244,6 +258,22 @@ class Chaos:
         for process in frozen:
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGCONT)
+
+    def signal_process(self, node: Node, kind: str) -> bool:
+        """A task process SIGKILLed or SIGTERMed, or the fork server SIGKILLed; False: none."""
+        if kind == "kill fork server":
+            return self.kill_fork_server(node)
+        return self.signal_child(node, signal.SIGKILL if kind == "kill child" else signal.SIGTERM)
+
+    @staticmethod
+    def kill_fork_server(node: Node) -> bool:
+        """SIGKILL the node's fork server (6.8): its children live on and come to the listener,
+        which starts another; a fork it was making is made again by the listener."""
+        servers = [p for p in tagged(node.tag, node.name) if fork_server(p)]
+        for process in servers:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        return bool(servers)
 
     def signal_child(self, node: Node, signum: int) -> bool:
         children = node.task_processes()

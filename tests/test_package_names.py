@@ -64,3 +64,17 @@ def test_the_old_import_paths_stay() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_name"):
         blueque.no_such_name  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_fork_server_loads_no_redis_and_none_of_the_listener() -> None:
+    """What ``python -m blueque.forkserver`` imports before its task module (PROTOCOL.md 6.8):
+    the task process's code, not redis-py nor the daemon, CLI, dashboard or metrics."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import blueque.forkserver, json, sys\n"
+         "print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(done.stdout))
+    assert {"blueque.child", "blueque.warm", "blueque.forkserver"} <= loaded
+    listener_only = ("redis", "blueque.daemon", "blueque.cli", "blueque.web", "blueque.metrics",
+                     "blueque.client", "blueque.store")
+    assert sorted(m for m in loaded if m.startswith(listener_only)) == []

@@ -142,12 +142,12 @@ def test_redis_away_at_the_stamp_the_child_waits_and_runs_once(  # type: ignore[
     wait_until(lambda: client.store.listener_ids("work"), what="the listener")
     task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker), "value": 1}))
 
-    def forked() -> bool:
-        return any(p.cmdline()[:1] == [f"blueque: work {task_id} starting"]
-                   for p in psutil.Process(daemon.pid).children())
+    def forked() -> list[int]:  # the listener's, or its fork server's (PROTOCOL.md 6.8)
+        return [p.pid for p in psutil.Process(daemon.pid).children(recursive=True)
+                if p.cmdline()[:1] == [f"blueque: work {task_id} starting"]]
 
     wait_until(forked, what="the child forked, waiting for its stamp")
-    waiting = psutil.Process(daemon.pid).children()[0].pid
+    waiting = forked()[0]
     aof_server.kill()
     time.sleep(3.0)  # the outage itself, not a wait for a state
     aof_server.start()
@@ -167,7 +167,7 @@ def test_a_child_killed_before_go_never_ran_and_its_task_goes_back(  # type: ign
     task_id = client.get_queue("work").enqueue(json.dumps({"marker": str(marker), "value": 2}))
 
     def waiting() -> list[psutil.Process]:
-        return [p for p in psutil.Process(daemon.pid).children()
+        return [p for p in psutil.Process(daemon.pid).children(recursive=True)
                 if p.cmdline()[:1] == [f"blueque: work {task_id} starting"]]
 
     wait_until(waiting, what="the child forked, waiting for its stamp")

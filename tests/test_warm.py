@@ -49,9 +49,9 @@ def task_processes() -> list[psutil.Process]:
 
 
 def idle(daemon: Daemon) -> list[int]:
-    """The listener's warm processes waiting for a task."""
+    """The listener's warm processes waiting for a task (its fork server's children)."""
     found = []
-    for process in psutil.Process(daemon.pid).children():
+    for process in psutil.Process(daemon.pid).children(recursive=True):
         try:
             if process.cmdline()[:1] == ["blueque: work idle"]:
                 found.append(process.pid)

@@ -1,7 +1,8 @@
 """Making a listener's task process (PROTOCOL.md 6.2): a socket pair for its frames, a pipe for
-its output when task output is captured (5.19), and fork() under the store's pool lock. The
-child runs ``blueque.warm.run_task_process`` and never returns; the listener keeps its end of
-the socket and the read end of the pipe (see Recorder.settle)."""
+its output when task output is captured (5.19), and a fork: by the listener's fork server when
+it has a ready one (6.8: the child's ends go to it), else fork() here under the store's pool
+lock. The child runs ``blueque.warm.run_task_process`` and never returns; the listener keeps
+its end of the socket and the read end of the pipe (see Recorder.settle)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from dataclasses import dataclass, replace
 
 from blueque.calling import TaskFunction
 from blueque.child import Assignment
-from blueque.reporting import ChildChannel
+from blueque.daemon.forks import ANSWER_WAIT, ForkServerLink
+from blueque.process import create_time
+from blueque.reporting import READ_SIZE, ChildChannel, encode
 from blueque.store import RedisStore
 from blueque.tasklog import TaskLogSettings
 from blueque.warm import run_task_process
@@ -30,17 +33,31 @@ class Forked:
     pid: int
     channel: ChildChannel
     output: int | None
+    created: float | None  # its create time (as its fork server read it, if it forked it)
 
 
 def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Assignment,
                       function: TaskFunction, task_logs: TaskLogSettings | None, reuse: int,
-                      inherited: Callable[[], None]) -> Forked | None:
+                      inherited: Callable[[], None], server: ForkServerLink | None = None
+                      ) -> Forked | None:
     """Fork the process that runs ``assignment`` (its task moved into the listener's reserved
-    list; ``reuse``: how many tasks it may run, 6.7). In the child, ``inherited`` closes what
-    it must not keep of the listener's (its siblings' sockets). None: no process could be
-    forked (EAGAIN at a pids limit, ENOMEM), said in the log."""
+    list; ``reuse``: how many tasks it may run, 6.7), by ``server`` if it is ready. In a child
+    forked here, ``inherited`` closes what it must not keep of the listener's (its siblings'
+    sockets). None: no process could be forked (EAGAIN at a pids limit, ENOMEM), said in the
+    log."""
     ours, theirs = socket.socketpair()
     output = os.pipe() if task_logs is not None else None
+    if server is not None and server.ready:
+        made = server.fork(assignment, reuse, [theirs.fileno(), *(output or ())])
+        theirs.close()
+        if made is not None:
+            return _made(made, assignment, ours, output)
+        # it went away meanwhile: a child it may have made is told to stop, and is gone
+        # before this one, forked here, takes its place (never one process too many, 6.8)
+        _dismiss(ours, assignment)
+        close_fds(output)
+        ours, theirs = socket.socketpair()
+        output = os.pipe() if task_logs is not None else None
     try:
         with _pool_lock(store):
             pid = os.fork()
@@ -60,7 +77,39 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
     if output is not None:  # the read end stays ours too: see Recorder.settle
         os.close(output[1])
         os.set_blocking(output[0], False)
-    return Forked(pid, ChildChannel(ours), None if output is None else output[0])
+    return Forked(pid, ChildChannel(ours), None if output is None else output[0],
+                  create_time(pid))
+
+
+def _dismiss(ours: socket.socket, assignment: Assignment) -> None:
+    """The task process a fork server that died before its answer may have made: the only
+    holder of the other end of ``ours`` once the server is gone. Told to stop (6.2: it never
+    ran), then waited for (its end closes as it exits); none, and the send fails at once."""
+    try:
+        ours.settimeout(ANSWER_WAIT)
+        ours.sendall(encode({"stop": "its fork server died before answering"}))
+        while ours.recv(READ_SIZE):
+            pass
+    except OSError:  # no child (EPIPE), or one slower than ANSWER_WAIT: it reads its task
+        pass
+    finally:
+        ours.close()
+    log.warning("task %s: its fork server went away while making its process; forking it "
+                "from the listener", assignment.task_id)
+
+
+def _made(made: tuple[int, float | None] | str, assignment: Assignment, ours: socket.socket,
+          output: tuple[int, int] | None) -> Forked | None:
+    if isinstance(made, str):
+        ours.close()
+        close_fds(output)
+        log.error("task %s: its fork server cannot fork a process to run it (%s); putting it "
+                  "back", assignment.task_id, made)
+        return None
+    if output is not None:  # the read end stays ours too: see Recorder.settle
+        os.close(output[1])
+        os.set_blocking(output[0], False)
+    return Forked(made[0], ChildChannel(ours), None if output is None else output[0], made[1])
 
 
 def _pool_lock(store: RedisStore) -> contextlib.AbstractContextManager[object]:

@@ -28,6 +28,8 @@ class ListenerDaemon(ListenerStep):
 
     def run(self) -> int:
         self.load_function()
+        if self.supervisor.fork_server is not None:
+            self.supervisor.fork_server.start()  # ready soon; until then we fork ourselves
         self.on_stop = on_stop_here(self.on_stop, self.id)
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
@@ -92,6 +94,8 @@ class ListenerDaemon(ListenerStep):
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
         self.guard.close()
         self.supervisor.close()
+        if self.supervisor.fork_server is not None:
+            self.supervisor.fork_server.stop()
         self.wakeup.close()
 
     def _preempted_and_done(self) -> bool:

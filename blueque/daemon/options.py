@@ -50,6 +50,14 @@ class ListenerOptions:
     #: keep Prometheus counters (ListenerDaemon.metrics) for a metrics server to serve
     metrics: bool = False
 
+    def uses_fork_server(self, settings: object | None) -> bool:
+        """The one rule of PROTOCOL.md 6.8: task processes come from a fork server when the
+        listener knows its task function by an import path (``package.module:function``) and
+        its Redis by connection settings (a Client made from a URL or Settings, whose
+        ``settings`` are given here); a Python callable, or a client made from a ready redis-py
+        client, and the listener forks them from itself."""
+        return isinstance(self.function, str) and settings is not None
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", dict(self.queues))  # a copy: never the caller's
         if not self.queues:

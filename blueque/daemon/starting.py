@@ -13,12 +13,12 @@ from blueque import failpoints
 from blueque.calling import TaskFunction
 from blueque.child import Assignment
 from blueque.daemon.forking import fork_task_process
+from blueque.daemon.forks import ForkServerLink
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import Recorder
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.outputs import TaskOutput
 from blueque.policy import Policy
-from blueque.process import create_time
 from blueque.reporting import ChildChannel, ToChild
 from blueque.running import Running
 from blueque.store import RedisStore, Reservation, Taken
@@ -35,6 +35,7 @@ class Runs(Protocol):
     owner: Owner
     warm: WarmProcesses
     children: dict[int, Running]
+    fork_server: ForkServerLink | None
     clock: Callable[[], float]
     defaults: Defaults
     recorder: Recorder
@@ -67,10 +68,10 @@ class Starter:
             Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
                        self.supervisor.recorder.spool, node=self.owner.node),
             function, self.supervisor.recorder.task_logs, self.warm.reuse,
-            inherited=self.supervisor.close)
+            inherited=self.supervisor.close, server=self.supervisor.fork_server)
         if forked is None:
             return False
-        self._start(task_id, queue, forked.pid, create_time(forked.pid), forked.channel,
+        self._start(task_id, queue, forked.pid, forked.created, forked.channel,
                     TaskOutput.of(forked.output, self.supervisor.recorder.task_logs, self.store))
         return True
 

@@ -21,6 +21,7 @@ from blueque import eviction
 from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
+from blueque.daemon.forks import ForkServerLink, server_setup
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
@@ -97,12 +98,16 @@ class ListenerStep:
         self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency,
                                         busy=self.busy) if options.metrics else None)
         self.spool = Spool(options.spool_dir or spool_directory())
+        setup = None
+        if options.uses_fork_server(client.settings) and client.settings is not None:
+            setup = server_setup(str(options.function), client.settings,
+                                 client.store.checkpoint_max_bytes, options.task_logs, self.spool)
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None,
-            reuse=options.reuse)
+            reuse=options.reuse, fork_server=ForkServerLink(setup) if setup else None)
         self.supervisor.ahead.queues = self._next_queues
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)

@@ -6,7 +6,6 @@ listener decides what to run and when, the Supervisor runs it."""
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -14,12 +13,14 @@ from collections.abc import Callable
 from blueque import failpoints
 from blueque.child import TaskFunction
 from blueque.daemon.ahead import Ahead
+from blueque.daemon.forks import ForkServerLink, exits
 from blueque.daemon.owner import Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder, write_progress
 from blueque.daemon.starting import Starter
 from blueque.daemon.stopper import Stopper
+from blueque.daemon.wakeup import Pollable
 from blueque.leftovers import Leftovers
-from blueque.reporting import ChildChannel, ToChild
+from blueque.reporting import ToChild
 from blueque.running import Running, hand_over_outputs, output_deadlines
 from blueque.spool import Spool
 from blueque.store import RedisStore
@@ -33,9 +34,11 @@ class Supervisor:
     def __init__(self, store: RedisStore, task_store: RedisStore, owner: Owner,
                  clock: Callable[[], float], rng: random.Random, *,
                  task_logs: TaskLogSettings | None = None, spool: Spool | None = None,
-                 count_ending: CountEnding | None = None, reuse: int = 1) -> None:
+                 count_ending: CountEnding | None = None, reuse: int = 1,
+                 fork_server: ForkServerLink | None = None) -> None:
         """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.daemon.recorder);
-        ``reuse``: how many tasks one task process may run (PROTOCOL.md 6.7; 1: one)."""
+        ``reuse``: how many tasks one task process may run (PROTOCOL.md 6.7; 1: one);
+        ``fork_server``: what forks the task processes when it is ready (6.8)."""
         self.store = store  # the loop's, bounded
         self.task_store = task_store  # the children's: the client's whole retry_deadline
         self.owner = owner
@@ -59,6 +62,7 @@ class Supervisor:
         #: how its runs start: a process made or woken, the stamp, the word
         self.starter = Starter(self)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
+        self.fork_server = fork_server
 
     # --- forking and starting (blueque.daemon.starting) -----------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
@@ -131,17 +135,11 @@ class Supervisor:
 
     # --- children that end ------------------------------------------------------------------
     def reap(self) -> None:
-        """Reap every child that exited, and the orphans of our runs that came to us (a
-        child subreaper: blueque.leftovers). A run's ending is recorded, and what it started
-        besides its task process is stopped (its group at once; what left the group once
-        found), unless its task keeps it (keep_processes)."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        """Reap every child that exited and the orphans of our runs that came to us (a child
+        subreaper: blueque.leftovers), and settle the exits our fork server reported alike
+        (6.8). A run's ending is recorded, and what it started besides its task process is
+        stopped (its group at once; what left it once found), unless its task keeps it."""
+        for pid, status in exits(self.fork_server):
             running = self.children.get(pid)
             self.warm.reaped(pid)
             if running is None:
@@ -157,9 +155,13 @@ class Supervisor:
             self.recorder.settle(pid, status, running, self.clock() - running.started)
 
     # --- for the loop -----------------------------------------------------------------------
-    def channels(self) -> dict[int, ChildChannel]:
-        return {r.channel.fileno(): r.channel for r in self.children.values()
-                if r.channel is not None and not r.channel.closed}
+    def channels(self) -> dict[int, Pollable]:
+        """What the loop's wait watches: the children's sockets, and its fork server's."""
+        found: dict[int, Pollable] = {r.channel.fileno(): r.channel for r in
+                                      self.children.values() if r.channel and not r.channel.closed}
+        if self.fork_server is not None and self.fork_server.fileno() >= 0:
+            found[self.fork_server.fileno()] = self.fork_server
+        return found
 
     def deadlines(self) -> list[float]:
         """When something is due for a child: a time limit, a SIGKILL, progress, output."""
@@ -206,6 +208,8 @@ class Supervisor:
         their outcomes themselves (even when this process lives on: ForkingRunner.run()
         returns to its caller); idle ones exit (6.7)."""
         self.warm.close()
+        if self.fork_server is not None:  # it exits (6.8); its children live on
+            self.fork_server.close()
         for running in self.children.values():
             if running.channel is not None:
                 running.channel.close()

@@ -17,12 +17,11 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from blueque.errors import BluequeError
 from blueque.keys import Keys
 from blueque.preemption import NodePreemption
-from blueque.reporting import ChildChannel
 from blueque.retry import Backoff
 from blueque.store import RedisStore
 
@@ -32,6 +31,16 @@ Handler = Callable[[int, Any], None]
 #: The listener loop's periodic work: lease renewal, the recovery sweep, moving due tasks.
 Timer = Literal["renew", "sweep", "due"]
 
+
+
+class Pollable(Protocol):
+    """What the loop's wait watches besides its own pipes: a child's socket (ChildChannel),
+    its fork server's (PROTOCOL.md 6.8)."""
+
+    @property
+    def wants_write(self) -> bool: ...
+
+    def flush(self) -> None: ...
 
 class Cadence:
     """The listener loop's timers, on its clock: lease renewal every half interval, the
@@ -234,10 +243,11 @@ class Wakeup:
                 os.write(self._wake_w, b"\0")
 
     # --- the wait ---------------------------------------------------------------------------
-    def wait(self, timeout: float, channels: Mapping[int, ChildChannel],
+    def wait(self, timeout: float, channels: Mapping[int, Pollable],
              outputs: Iterable[int] = ()) -> None:
         """Until a signal, a message, a child's frame (or room to write one), output in one
-        of the children's ``outputs`` pipes (the loop reads them: 5.19) or ``timeout``."""
+        of the children's ``outputs`` pipes (the loop reads them: 5.19), a word of the fork
+        server (6.8) or ``timeout``."""
         # poll, not select: select refuses any descriptor past 1023, which a listener with
         # many children (or anything that left descriptors open) reaches
         poller = select.poll()

@@ -1,0 +1,31 @@
+"""A task module that imports nothing of Blueque's (PROTOCOL.md 6.8): what its task process
+holds is what its fork server held when it forked it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+
+def where(task: Any) -> str:
+    """Appends "[task id] [pid] [parent pid]" to its "marker" file and writes the modules it
+    finds loaded (redis, blueque's) to "modules" when given; waits for its "release" file
+    when given, then appends "[task id] [threads]" to its "threads" file when given;
+    returns its "value"."""
+    params = json.loads(task.parameters or "{}")
+    with open(params["marker"], "a", encoding="utf-8") as handle:
+        handle.write(f"{task.id} {os.getpid()} {os.getppid()}\n")
+    if "modules" in params:
+        loaded = sorted(m for m in sys.modules if m.startswith(("redis", "blueque")))
+        with open(params["modules"], "w", encoding="utf-8") as handle:
+            json.dump(loaded, handle)
+    while "release" in params and not os.path.exists(params["release"]):
+        time.sleep(0.02)
+    if "threads" in params:  # a process that took its output pipe over has a reader thread
+        with open(params["threads"], "a", encoding="utf-8") as handle:
+            handle.write(f"{task.id} {threading.active_count()}\n")
+    return str(params.get("value", "done"))

@@ -1,0 +1,209 @@
+"""The fork server (PROTOCOL.md 6.8), end to end with real processes: task processes are
+forked by it and hold none of the listener's machinery; killed with children running, or
+while it makes one, no task is lost or run twice and another starts; a listener SIGKILLed
+while its fork server and task processes live: the fork server exits, the runs record
+themselves and the next listener takes over, never more than --concurrency task processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+import blueque
+from blueque.config import Settings
+from blueque.daemon import ListenerOptions
+from blueque.daemon.forks import server_setup
+from blueque.daemon.step import ListenerStep
+from tests.daemons import Daemon, gone, lines, owned_processes, wait_until
+from tests.test_reporting import outcomes
+from tests.test_reporting import start as reporting_start
+
+pytestmark = pytest.mark.slow
+
+FUNCTION = "tests.forkserver_jobs:where"
+MACHINERY = ("redis", "blueque.daemon", "blueque.cli", "blueque.web", "blueque.metrics",
+             "blueque.client", "blueque.store")
+
+
+def start(started: list[Daemon], tmp_path: Path, url: str, *options: str,
+          failpoints: str = "") -> Daemon:
+    return reporting_start(started, tmp_path, url, *options, failpoints=failpoints,
+                           function=FUNCTION)
+
+
+def fork_servers(daemon: Daemon) -> list[int]:
+    found = []
+    for process in psutil.Process(daemon.pid).children():
+        try:
+            if process.cmdline()[:1] == [f"blueque fork server {FUNCTION}"]:
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def task_processes() -> list[int]:
+    """This test run's task processes, busy or idle (their titles say so)."""
+    found = []
+    for process in owned_processes():
+        try:
+            if process.cmdline()[:1] and process.cmdline()[0].startswith("blueque: work "):
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def ran(marker: Path) -> list[tuple[str, int, int]]:
+    """(task id, pid, parent pid) of each run, in order."""
+    return [(w[0], int(w[1]), int(w[2])) for w in (line.split() for line in lines(marker))]
+
+
+def enqueue(client: blueque.Client, marker: Path, **params: object) -> str:
+    return client.get_queue("work").enqueue(json.dumps({"marker": str(marker), **params}))
+
+
+@pytest.mark.parametrize("reuse", ["1", "3"])
+def test_task_processes_are_forked_by_the_fork_server_and_hold_no_listener_machinery(  # type: ignore[no-untyped-def]
+        client, redis_client, started, tmp_path, redis_url, reuse) -> None:
+    marker, modules = tmp_path / "marker", tmp_path / "modules.json"
+    daemon = start(started, tmp_path, redis_url, "--reuse", reuse)
+    wait_until(lambda: fork_servers(daemon) and "ready" in daemon.log(), what="its fork server")
+    server = fork_servers(daemon)[0]
+    ids = [enqueue(client, marker, value=n, modules=str(modules)) for n in range(4)]
+    for n, task_id in enumerate(ids):
+        task = client.get_task(task_id).wait(30)
+        assert task.status == "complete" and task.result == str(n)
+    runs = ran(marker)
+    assert sorted(r[0] for r in runs) == sorted(ids)
+    assert {r[2] for r in runs} == {server}  # each forked by the fork server
+    if reuse == "3":  # warm processes come from it too, and take several tasks
+        assert len({r[1] for r in runs}) < len(runs)
+    loaded = json.loads(modules.read_text())
+    assert [m for m in loaded if m.startswith(MACHINERY)] == []
+    assert "blueque.child" in loaded
+    assert outcomes(redis_client, "complete") == 4
+    assert psutil.Process(server).memory_info().rss < psutil.Process(daemon.pid).memory_info().rss
+
+    def zombies() -> list[int]:  # exits it reported: reaped once the listener settled them
+        found = []
+        for child in psutil.Process(server).children():
+            with contextlib.suppress(psutil.Error):
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    found.append(child.pid)
+        return found
+
+    if reuse == "1":
+        wait_until(lambda: not zombies(), what="no zombie left under the fork server")
+
+
+def test_a_fork_server_killed_with_children_running_loses_nothing_and_is_restarted(  # type: ignore[no-untyped-def]
+        client, redis_client, started, tmp_path, redis_url) -> None:
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    daemon = start(started, tmp_path, redis_url, "--concurrency", "2")
+    wait_until(lambda: fork_servers(daemon) and "ready" in daemon.log(), what="its fork server")
+    first = fork_servers(daemon)[0]
+    threads = tmp_path / "threads"
+    ids = [enqueue(client, marker, value=n, release=str(release), threads=str(threads))
+           for n in range(2)]
+    wait_until(lambda: len(lines(marker)) == 2, what="both tasks running")
+    assert {r[2] for r in ran(marker)} == {first}
+    psutil.Process(first).kill()
+    # its children come to the listener, each told so by its parent-death signal: their
+    # listener lives and still reads their output, so none takes its pipe over (no thread)
+    wait_until(lambda: all(psutil.Process(pid).ppid() == daemon.pid
+                           for _, pid, _ in ran(marker)), what="the children reparented")
+    wait_until(lambda: fork_servers(daemon) and fork_servers(daemon) != [first]
+               and daemon.log().count("ready") >= 2, what="another fork server")
+    release.touch()
+    for n, task_id in enumerate(ids):
+        task = client.get_task(task_id).wait(30)
+        assert task.status == "complete" and task.result == str(n) and task.attempts == 1
+    assert f"fork server {first} exited (killed by signal 9)" in daemon.log()
+    assert sorted(int(line.split()[1]) for line in lines(threads)) == [1, 1]
+    # their exits came to the listener (a child subreaper), which settled them
+    wait_until(lambda: outcomes(redis_client, "complete") == 2, what="both recorded")
+    second = fork_servers(daemon)[0]
+    following = enqueue(client, marker, value="next")
+    assert client.get_task(following).wait(30).result == "next"
+    assert ran(marker)[-1][2] == second
+    assert Counter(r[0] for r in ran(marker)) == Counter([*ids, following])
+    assert daemon.alive()
+
+
+def test_a_fork_server_killed_while_it_makes_a_child_loses_no_task_and_runs_none_twice(  # type: ignore[no-untyped-def]
+        client, redis_client, started, tmp_path, redis_url) -> None:
+    """Killed between its fork and its answer (every time: each new one is killed too): the
+    child it made is told to stop before its word and leaves; the listener forks the task's
+    process itself."""
+    marker = tmp_path / "marker"
+    daemon = start(started, tmp_path, redis_url, failpoints="forkserver-after-fork")
+    wait_until(lambda: "ready" in daemon.log(), what="its fork server")
+    ids = [enqueue(client, marker, value=n) for n in range(3)]
+    for n, task_id in enumerate(ids):
+        task = client.get_task(task_id).wait(30)
+        assert task.status == "complete" and task.result == str(n) and task.attempts == 1
+    assert Counter(r[0] for r in ran(marker)) == Counter(ids)  # each ran once
+    assert ran(marker)[0][2] == daemon.pid  # forked by the listener itself
+    assert "exited (killed by signal 9)" in daemon.log()
+    assert "went away while making its process" in daemon.log()
+    assert outcomes(redis_client, "complete") == 3 and outcomes(redis_client, "failed") == 0
+    assert daemon.alive()
+
+
+def test_a_listener_killed_while_its_fork_server_and_task_processes_live(  # type: ignore[no-untyped-def]
+        client, redis_client, started, tmp_path, redis_url) -> None:
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    first = start(started, tmp_path, redis_url, "--concurrency", "2")
+    wait_until(lambda: fork_servers(first) and "ready" in first.log(), what="its fork server")
+    server = fork_servers(first)[0]
+    ids = [enqueue(client, marker, value=n, release=str(release)) for n in range(3)]
+    wait_until(lambda: len(lines(marker)) == 2, what="two tasks running")
+    running = [r[1] for r in ran(marker)]
+    first.kill()
+    wait_until(lambda: gone(server), what="the fork server gone with its listener")
+    assert not any(gone(pid) for pid in running)  # its children live on
+    second = start(started, tmp_path, redis_url, "--concurrency", "2")
+    wait_until(lambda: fork_servers(second), what="the next listener's fork server")
+    seen = [len(task_processes())]
+    release.touch()  # the two adopted runs end; the third task runs beside nothing
+
+    def done() -> bool:
+        seen.append(len(task_processes()))
+        return all(client.get_task(i).status == "complete" for i in ids)
+
+    wait_until(done, timeout=60, what="every task complete")
+    assert max(seen) <= 2, seen  # never more than --concurrency on the node
+    assert Counter(r[0] for r in ran(marker)) == Counter(ids)
+    assert all(client.get_task(i).attempts == 1 for i in ids)
+    assert outcomes(redis_client, "complete") == 3
+
+
+def test_settings_that_cannot_be_passed_to_a_fork_server_mean_forking_from_the_listener(  # type: ignore[no-untyped-def]
+        caplog, redis_url) -> None:
+    """A redis option that cannot be pickled (a callable) cannot reach a fork server's
+    children: the listener says so and forks its task processes itself (6.8)."""
+    settings = Settings.from_url(redis_url, redis_connect_func=lambda connection: None)
+    assert server_setup(FUNCTION, settings, None, None, None) is None
+    assert "forked from the listener" in caplog.text
+    assert server_setup(FUNCTION, Settings.from_url(redis_url), None, None, None) is not None
+
+
+def test_one_rule_says_when_a_listener_uses_a_fork_server(redis_url) -> None:  # type: ignore[no-untyped-def]
+    """An import path and connection settings: a fork server; a Python callable, or a client
+    made from a ready redis-py client: the listener forks its task processes itself."""
+    settings = Settings.from_url(redis_url)
+    assert ListenerOptions({"work": 1}, FUNCTION).uses_fork_server(settings)
+    assert not ListenerOptions({"work": 1}, FUNCTION).uses_fork_server(None)
+    assert not ListenerOptions({"work": 1}, lambda task: None).uses_fork_server(settings)
+    by_url = ListenerStep(blueque.Client(redis_url), ListenerOptions({"work": 1}, FUNCTION))
+    assert by_url.supervisor.fork_server is not None
+    ready = blueque.Client(redis.Redis.from_url(redis_url, decode_responses=True))
+    assert ListenerStep(ready, ListenerOptions({"work": 1}, FUNCTION)).supervisor.fork_server \
+        is None
