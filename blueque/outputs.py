@@ -14,10 +14,13 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from blueque.capture import CappedFile
-from blueque.store import RedisStore
 from blueque.tasklog import Shipper, TaskLogSettings
+
+if TYPE_CHECKING:  # a task process imports this module (blueque.running), never the store
+    from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
