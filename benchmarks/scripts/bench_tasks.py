@@ -1,13 +1,15 @@
 """Task functions the Blueque listener daemon runs in the benchmarks (``bench_tasks:noop``).
 
-The daemon imports this module by name, so the benchmark puts this folder on PYTHONPATH.
+The daemon imports this module by name, so the benchmark puts this folder on PYTHONPATH. It
+imports nothing heavy itself (benchcommon, which holds redis-py, only in the functions that
+need it): the listener's fork server imports it (PROTOCOL.md 6.8), and a module that pulled
+in redis-py would make every forked task process as big as a listener, which a no-op task
+module in real use is not.
 """
 
 from __future__ import annotations
 
 import time
-
-import benchcommon as bc
 
 
 def noop(task: object) -> None:
@@ -15,10 +17,14 @@ def noop(task: object) -> None:
 
 
 def record(task: object) -> None:
+    import benchcommon as bc
+
     bc.record_first_line()
 
 
 def record_then_sleep(task: object) -> None:
     """Recovery: say when this run started, then hold the task until killed."""
+    import benchcommon as bc
+
     bc.record_first_line()
     time.sleep(3600)
