@@ -11,6 +11,8 @@ import redis
 
 import blueque
 from blueque import keys as k
+from blueque.listener import Listener
+from blueque.web.history import listener_history
 from tests.test_metrics import run_to_end
 
 
@@ -63,7 +65,16 @@ def test_hour_and_listener_counters_expire_and_name_the_listener(
     assert k.LISTENER_COUNTS_TTL - 60 < redis_client.ttl(counts) <= k.LISTENER_COUNTS_TTL
     seen = client.store.keys.listeners_seen("q")
     redis_client.zadd(seen, {"long-gone_1": now - k.LISTENER_COUNTS_TTL - 10})
-    run_to_end(client, "q", "complete")  # each write drops who was last seen 7 days ago
-    assert [name for name, _ in client.store.listeners_seen_many(["q"], 10)[0]] == [ran_by]
+    run_to_end(client, "q", "complete")  # the same listener again: the set does not grow
+    # readers skip who was last seen over 7 days ago; the set drops them when it grows
+    assert [row["id"] for row in listener_history(client.store, ["q"], set())] == [ran_by]
+    task_id = client.get_queue("q").enqueue("{}")
+    task = Listener("q", client.store, "newcomer_2").reserve()
+    assert task is not None and task.id == task_id
+    processor = client.get_processor(task)
+    processor.start(4343)
+    processor.complete("done")
+    assert sorted(name for name, _ in client.store.listeners_seen_many(["q"], 10)[0]) == sorted(
+        [ran_by, "newcomer_2"])
     assert client.store.listener_counts_many([("q", ran_by)]) == [
         {"complete": 2, "failed": 1}]
