@@ -91,16 +91,14 @@ local history = added(history_from(cur[8]), {attempt = tonumber(cur[2]), outcome
           at = tonumber(ARGV[6]), node = ARGV[2], pid = tonumber(pid),
           started = tonumber(cur[5]), error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
           eta = outcome == 'retry' and tonumber(ARGV[8]) or nil})
-if outcome == 'complete' and not cur[8] then
-  redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
-             'finished_at', ARGV[6])
-  if cur[6] or cur[7] then  -- an earlier attempt's (one never ended: a stamp's count)
-    redis.call('HDEL', KEYS[1], 'error', 'traceback')
+if outcome == 'complete' then
+  local fields = {'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
+                  'finished_at', ARGV[6]}
+  if cur[8] then  -- no history yet: none is written (3.2)
+    fields[#fields + 1] = 'history'
+    fields[#fields + 1] = history
   end
-  redis.call('LPUSH', KEYS[4], ARGV[1])
-elseif outcome == 'complete' then
-  redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
-             'finished_at', ARGV[6], 'history', history)
+  redis.call('HSET', KEYS[1], unpack(fields))
   if cur[6] or cur[7] then  -- an earlier attempt's: in the history
     redis.call('HDEL', KEYS[1], 'error', 'traceback')
   end
