@@ -69,8 +69,9 @@ class LazyStore:
     """A task process's RedisStore, made on first use from its listener's settings: a child
     whose listener records all it reports never loads redis-py nor opens a connection."""
 
-    def __init__(self, setup: Setup, bound: tuple[float, bool | None] | None = None) -> None:
-        self._setup, self._bound = setup, bound
+    def __init__(self, setup: Setup, bound: tuple[float, bool | None] | None = None,
+                 loaded: int | None = None) -> None:
+        self._setup, self._bound, self._loaded = setup, bound, loaded
         self._store: Any = None
         self._lock = threading.Lock()  # the output shipper's thread may be the first user
 
@@ -79,6 +80,7 @@ class LazyStore:
             if self._store is None:
                 from blueque.client import Client  # redis-py: only now
 
+                _tell(self._loaded)
                 client = Client(pickle.loads(self._setup.settings),
                                 checkpoint_max_bytes=self._setup.checkpoint_max_bytes)
                 self._store = (client.store if self._bound is None
@@ -87,7 +89,7 @@ class LazyStore:
 
     def bounded(self, seconds: float, quiet: bool | None = None) -> Any:
         if self._store is None:
-            return LazyStore(self._setup, (seconds, quiet))
+            return LazyStore(self._setup, (seconds, quiet), self._loaded)
         return self._store.bounded(seconds, quiet)
 
     def __getattr__(self, name: str) -> Any:
@@ -104,6 +106,12 @@ class ForkServer:
             os.set_blocking(fd, False)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         signal.set_wakeup_fd(self._wake_w)
+        # a child that had to import the client writes a byte here: the next ones find it loaded
+        self._loaded: tuple[int, int] | None = None
+        if "blueque.client" not in sys.modules:
+            self._loaded = os.pipe()
+            for fd in self._loaded:
+                os.set_blocking(fd, False)
         self.children: set[int] = set()  # forked, running (or exited, not yet reported)
         self.reported: set[int] = set()  # exited and reported: zombies until "reap"
 
@@ -112,6 +120,8 @@ class ForkServer:
         poller = select.poll()
         poller.register(self.control, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        if self._loaded is not None:
+            poller.register(self._loaded[0], select.POLLIN)
         while True:
             self.report_exits()
             try:
@@ -121,8 +131,26 @@ class ForkServer:
             if self._wake_r in events:
                 while _read_some(self._wake_r):
                     pass
+            if self._loaded is not None and self._loaded[0] in events:
+                poller.unregister(self._loaded[0])
+                self.load_client()
             if self.control.fileno() in events and not self.take_request():
                 return
+
+    def load_client(self) -> None:
+        """A child of ours needed Redis and imported redis-py and the client, a quarter of a
+        second each time: from now on they are here, and its siblings inherit them."""
+        if self._loaded is not None:
+            _close(list(self._loaded))
+            self._loaded = None
+        try:
+            import blueque.client  # noqa: F401 - loaded for the children to inherit
+        except Exception:  # children import it themselves, as before
+            log.exception("fork server: cannot load the client for its task processes")
+            return
+        gc.freeze()
+        log.info("fork server: a task process used Redis; the client is loaded here now, "
+                 "for the next ones")
 
     def take_request(self) -> bool:
         """One request; False once the listener is gone."""
@@ -176,9 +204,12 @@ class ForkServer:
     def _child(self, assignment: Assignment, sock: int, reuse: int) -> NoReturn:
         try:
             self.control.close()
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
-            store = cast("RedisStore", LazyStore(self.setup))
+            _close([self._wake_r, self._wake_w])
+            loaded = None
+            if self._loaded is not None:
+                _close([self._loaded[0]])
+                loaded = self._loaded[1]
+            store = cast("RedisStore", LazyStore(self.setup, loaded=loaded))
             run_task_process(store, socket.socket(fileno=sock), assignment, self.function,
                              self.setup.task_logs, reuse)
         finally:
@@ -221,6 +252,14 @@ def _read_some(fd: int) -> bool:
         return bool(os.read(fd, 512))
     except (BlockingIOError, InterruptedError):
         return False
+
+
+def _tell(fd: int | None) -> None:
+    """A child's word to its fork server that it imported the client (its pipe may be closed:
+    the server loaded it already, or is gone)."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"1")
 
 
 def _close(fds: list[int]) -> None:

@@ -92,6 +92,17 @@ def owned_processes() -> list[psutil.Process]:
     return found
 
 
+def task_processes(queue: str = "work") -> list[psutil.Process]:
+    """This test run's task processes of ``queue``, busy or idle (their titles say so)."""
+    found = []
+    for process in owned_processes():
+        with contextlib.suppress(psutil.Error):
+            title = process.cmdline()[:1]  # read once: a process may exit between two reads
+            if title and title[0].startswith(f"blueque: {queue} "):
+                found.append(process)
+    return found
+
+
 def kill_session_children(pids: Sequence[int]) -> None:
     """SIGKILL task processes (and their groups) a test left behind."""
     for pid in pids:

@@ -14,8 +14,8 @@ from typing import Any
 def where(task: Any) -> str:
     """Appends "[task id] [pid] [parent pid]" to its "marker" file and writes the modules it
     finds loaded (redis, blueque's) to "modules" when given; waits for its "release" file
-    when given, then appends "[task id] [threads]" to its "threads" file when given;
-    returns its "value"."""
+    when given, then appends "[task id] [threads]" to its "threads" file when given; reads
+    its parents from Redis when "parents" is given; returns its "value"."""
     params = json.loads(task.parameters or "{}")
     with open(params["marker"], "a", encoding="utf-8") as handle:
         handle.write(f"{task.id} {os.getpid()} {os.getppid()}\n")
@@ -28,4 +28,6 @@ def where(task: Any) -> str:
     if "threads" in params:  # a process that took its output pipe over has a reader thread
         with open(params["threads"], "a", encoding="utf-8") as handle:
             handle.write(f"{task.id} {threading.active_count()}\n")
+    if params.get("parents"):
+        task.parents()
     return str(params.get("value", "done"))

@@ -20,7 +20,7 @@ from blueque.config import Settings
 from blueque.daemon import ListenerOptions
 from blueque.daemon.forks import server_setup
 from blueque.daemon.step import ListenerStep
-from tests.daemons import Daemon, gone, lines, owned_processes, wait_until
+from tests.daemons import Daemon, gone, lines, task_processes, wait_until
 from tests.test_reporting import outcomes
 from tests.test_reporting import start as reporting_start
 
@@ -47,17 +47,6 @@ def fork_servers(daemon: Daemon) -> list[int]:
             continue
     return found
 
-
-def task_processes() -> list[int]:
-    """This test run's task processes, busy or idle (their titles say so)."""
-    found = []
-    for process in owned_processes():
-        try:
-            if process.cmdline()[:1] and process.cmdline()[0].startswith("blueque: work "):
-                found.append(process.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 def ran(marker: Path) -> list[tuple[str, int, int]]:
@@ -101,6 +90,27 @@ def test_task_processes_are_forked_by_the_fork_server_and_hold_no_listener_machi
 
     if reuse == "1":
         wait_until(lambda: not zombies(), what="no zombie left under the fork server")
+
+
+def test_a_task_process_that_uses_redis_makes_its_fork_server_load_the_client(  # type: ignore[no-untyped-def]
+        client, started, tmp_path, redis_url) -> None:
+    """The first task process that talks to Redis itself (here: Task.parents) imports
+    redis-py and the client, a quarter of a second; it tells its fork server, which loads them
+    once, so that the task processes it forks next find them loaded and do not pay again."""
+    marker = tmp_path / "marker"
+    daemon = start(started, tmp_path, redis_url)
+    wait_until(lambda: fork_servers(daemon) and "ready" in daemon.log(), what="its fork server")
+    first = enqueue(client, marker, parents=True, modules=str(tmp_path / "first.json"))
+    assert client.get_task(first).wait(30).status == "complete"
+    assert "redis" not in json.loads((tmp_path / "first.json").read_text())
+    wait_until(lambda: "the client is loaded here now" in daemon.log(),
+               what=f"the fork server to load the client: {daemon.log()}")
+    second = enqueue(client, marker, parents=True, modules=str(tmp_path / "second.json"))
+    assert client.get_task(second).wait(30).status == "complete"
+    loaded = json.loads((tmp_path / "second.json").read_text())
+    assert "redis" in loaded and "blueque.client" in loaded  # inherited, before it asked
+    assert {r[2] for r in ran(marker)} == set(fork_servers(daemon))  # both forked by it
+    assert daemon.log().count("the client is loaded here now") == 1
 
 
 def test_a_fork_server_killed_with_children_running_loses_nothing_and_is_restarted(  # type: ignore[no-untyped-def]

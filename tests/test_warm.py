@@ -19,7 +19,14 @@ import blueque
 from blueque import warm
 from blueque.keys import Keys
 from blueque.preemption import notice, on_preempt
-from tests.daemons import Daemon, gone, lines, listen_command, owned_processes, wait_until
+from tests.daemons import (
+    Daemon,
+    gone,
+    lines,
+    listen_command,
+    task_processes,
+    wait_until,
+)
 from tests.test_reporting import outcomes
 from tests.test_reporting import start as reporting_start
 
@@ -35,17 +42,6 @@ def start(started: list[Daemon], tmp_path: Path, url: str, *options: str,
     return reporting_start(started, tmp_path, url, "--log-dir", str(tmp_path / "task-logs"),
                            *options, failpoints=failpoints, function="tests.jobs:acts")
 
-
-def task_processes() -> list[psutil.Process]:
-    """This test run's task processes, busy or idle (their titles say so)."""
-    found = []
-    for process in owned_processes():
-        try:
-            if process.cmdline()[:1] and process.cmdline()[0].startswith("blueque: work "):
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
 
 
 def idle(daemon: Daemon) -> list[int]:
