@@ -8,7 +8,8 @@ set lookup. Points: ``listener-before-stamp``, ``listener-before-go``,
 ``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``;
 ``listener-before-warm-stamp`` (a warm process told its next task, PROTOCOL.md 6.7),
 ``listener-after-take`` (an ending's round trip took the next task ahead, 6.2);
-``forkserver-after-fork`` (the fork server, between its fork and its answer, 6.8).
+``forkserver-after-fork`` (the fork server, between its fork and its answer, 6.8);
+``listener-after-lease`` (registration, between a queue's lease and its listeners set, 6).
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ class ListenerMetrics:
         self._last_renewal: float | None = None
 
     def renewal(self, at: float, interval: float) -> None:
-        """At every renewal (monotonic clock)."""
+        """At registration and every renewal (monotonic clock): each writes the leases."""
         if self._last_renewal is not None and at - self._last_renewal > interval:
             self.late.inc()
         self._last_renewal = at

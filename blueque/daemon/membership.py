@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from blueque import failpoints
 from blueque.errors import ConfigurationError
 from blueque.fencing import unstarted_verdict
 from blueque.metrics import ListenerMetrics
@@ -137,8 +138,11 @@ class Membership:
         self.store.check_server()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
         for queue in self.weights:
-            self.store.add_listener(queue, self.id)
+            # the lease first: dead between the two, we leave a lease that lapses and is swept,
+            # not a member no sweep would ever find dead (PROTOCOL.md 6, registration)
             self.store.lease(queue, self.id, self.lease_ms, "register")
+            failpoints.hit("listener-after-lease")
+            self.store.add_listener(queue, self.id)
         self.registered = True
         log.info("listener %s listening on %s with concurrency %d", self.id,
                  self.info["queues"], concurrency)
@@ -188,8 +192,8 @@ class Membership:
                     metrics.lease_lost(queue)
                 log.error("listener %s lost its lease on %s (declared dead and recovered); "
                           "registering again", self.id, queue)
-                self.store.add_listener(queue, self.id)
                 self.store.lease(queue, self.id, self.lease_ms, "register")
+                self.store.add_listener(queue, self.id)
 
     def _took(self, seconds: float, metrics: ListenerMetrics | None) -> None:
         """Measure the renewal; warn (at most every SLOW_WARN_EVERY) when it is slow for the

@@ -133,6 +133,8 @@ class ListenerStep:
         sent = self.clock()
         self.membership.register(self.options.concurrency)
         self.guard.renewed_at(sent)  # its leases run from here
+        if self.metrics:  # the first renewal is late if it comes an interval after this
+            self.metrics.renewal(sent, self.membership.interval)
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
 

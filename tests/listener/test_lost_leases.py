@@ -17,7 +17,7 @@ from blueque.listener import Listener
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.running import Running
-from tests.daemons import gone, kill_session_children, lines, wait_until
+from tests.daemons import Daemon, gone, kill_session_children, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +65,29 @@ def test_listener_whose_lease_was_lost_registers_again(  # type: ignore[no-untyp
     assert lines(marker)[-1].startswith("end")  # it was not stopped as superseded
     assert "superseded" not in frozen.log()
     assert frozen.alive()
+
+
+def test_a_listener_killed_while_it_registers_leaves_no_member_without_a_lease(  # type: ignore[no-untyped-def]
+        client, start, tmp_path, redis_client, redis_url):
+    """Killed between its lease and its entry in the listeners set, a listener leaves a lease
+    that lapses and is swept: never a member that no sweep would ever find dead (the stats,
+    the dashboard and 1.0.1's readers would count it for ever)."""
+    doomed = Daemon(listen_command(redis_url, "work", "tests.jobs:echo", *FAST),
+                    tmp_path / "doomed.log", env={"BLUEQUE_FAILPOINTS": "listener-after-lease"})
+    try:
+        assert doomed.process.wait(20) == -signal.SIGKILL
+    finally:
+        doomed.close()
+    dead = next(iter(redis_client.zrange(KEYS.leases("work"), 0, -1)))
+    assert not redis_client.sismember(KEYS.listeners("work"), dead)
+    start("work", "tests.jobs:echo", *FAST)  # its sweeps find the lapsed lease
+    wait_until(lambda: redis_client.zscore(KEYS.leases("work"), dead) is None,
+               what="the dead listener's lease swept")
+    wait_until(lambda: len(client.store.listener_ids("work")) == 1, what="the sweeper listed")
+    assert dead not in client.store.listener_ids("work")
+    assert redis_client.zscore(KEYS.queues(), "work") == 1  # one listener, counted once
+    task_id = client.get_queue("work").enqueue(json.dumps({"value": "hi"}))
+    assert client.get_task(task_id).wait(20).result == "hi"
 
 
 def test_listener_back_from_the_dead_stops_its_superseded_runs(  # type: ignore[no-untyped-def]
