@@ -75,8 +75,8 @@ def test_a_fan_in_of_ten_thousand_on_two_queues_releases_its_dependent_once(
     assert len(client.get_task(book).awaiting()) == 10_000
     _listen(started, redis_url, "pages-a,book", tmp_path, "a",
             "tests.dependency_jobs:counts_parents", "--concurrency", "4")
-    _listen(started, redis_url, "pages-b,book", tmp_path, "b",
-            "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+    _listen(started, redis_url, "pages-b,book", tmp_path, "b",  # warm processes on this one
+            "tests.dependency_jobs:counts_parents", "--concurrency", "4", "--reuse", "50")
     done = client.get_task(book).wait(timeout=900)
     assert json.loads(done.result or "")["complete"] == 10_000
     assert lines(marker) == [f"ran {book}"]  # released once, run once
@@ -196,9 +196,10 @@ CRASH_FANINS = int(os.environ.get("BLUEQUE_CRASH_FANINS", "1000"))
 @pytest.mark.timeout(1500)  # 21,000 task processes on a shared machine
 def test_crashes_leave_every_dependent_ended_once_and_none_waiting(
         aof_server: RedisServer, tmp_path: Path, started: list[Daemon]) -> None:
-    """1,000 fan-ins of 20 parents each (on two queues) run by listeners; meanwhile a
-    listener is SIGKILLed with its task processes, a parent is cancelled, and Redis is
-    SIGKILLed and started again from its append-only file. Every dependent ends, once."""
+    """1,000 fan-ins of 20 parents each (on two queues) run by listeners (a process per task
+    and warm processes); meanwhile a listener is SIGKILLed with its task processes, a parent
+    is cancelled, and Redis is SIGKILLed and started again from its append-only file. Every
+    dependent ends, once."""
     client = blueque.Client(aof_server.url)
     for queue in ("crash-a", "crash-b", "crash-deps"):
         client.get_queue(queue).configure(max_attempts=5, retry_backoff=0.1)
@@ -209,9 +210,10 @@ def test_crashes_leave_every_dependent_ended_once_and_none_waiting(
         fanins.append(client.get_queue("crash-deps").enqueue(
             json.dumps({"marker": str(tmp_path / "runs")}), task_id=f"fanin-{n}",
             after=parents))
-    for name in ("first", "second"):
+    # a process per task on the first (SIGKILLed below), warm processes on the others
+    for name, reuse in (("first", "1"), ("second", "50")):
         _listen(started, aof_server.url, "crash-a,crash-b,crash-deps", tmp_path, name,
-                "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+                "tests.dependency_jobs:counts_parents", "--concurrency", "4", "--reuse", reuse)
     stats = client.get_queue("crash-deps").stats
     wait_until(lambda: stats().complete >= CRASH_FANINS // 20, timeout=300,
                what="some fan-ins to complete")
@@ -221,7 +223,7 @@ def test_crashes_leave_every_dependent_ended_once_and_none_waiting(
     aof_server.kill()
     aof_server.start()
     _listen(started, aof_server.url, "crash-a,crash-b,crash-deps", tmp_path, "third",
-            "tests.dependency_jobs:counts_parents", "--concurrency", "4")
+            "tests.dependency_jobs:counts_parents", "--concurrency", "4", "--reuse", "50")
     wait_until(lambda: stats().waiting == 0 and stats().complete + stats().failed
                == CRASH_FANINS, timeout=900, what="every fan-in to end")
     runs = Counter(line.split()[1] for line in lines(tmp_path / "runs"))

@@ -180,7 +180,9 @@ def test_a_crowded_log_directory_does_not_keep_a_dead_listener_unrecovered(  # t
     release.touch()
     assert client.get_task(task_id).wait(20).status == "complete"
     assert survivor.alive()
-    assert "stalled" not in survivor.log()
+    # its own sweep recovered it: one that listed the crowd took itself for stalled at every
+    # sweep and recovered nobody (a single late sweep on a loaded machine is no failure)
+    assert "recovered listener gone.example_4444" in survivor.log()
 
 
 def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ignore[no-untyped-def]
