@@ -17,14 +17,18 @@ def noop(task: object) -> None:
 
 
 def record(task: object) -> None:
+    """Pickup: say when this run started. The clock is read before benchcommon (redis-py) is
+    imported: the task function's first line, as the peers' record it."""
+    started = time.time()
     import benchcommon as bc
 
-    bc.record_first_line()
+    bc.record_first_line(started)
 
 
 def record_then_sleep(task: object) -> None:
     """Recovery: say when this run started, then hold the task until killed."""
+    started = time.time()
     import benchcommon as bc
 
-    bc.record_first_line()
+    bc.record_first_line(started)
     time.sleep(3600)

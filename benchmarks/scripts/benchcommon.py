@@ -96,9 +96,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def record_first_line() -> None:
-    """What a task function calls on its first line: push the time it started running."""
-    started = time.time()
+def record_first_line(started: float | None = None) -> None:
+    """What a task function calls on its first line: push the time it started running
+    (``started``: taken by a caller that had to import this module first, before it did)."""
+    started = time.time() if started is None else started
     r = connect(os.environ["BENCH_REDIS_URL"])
     r.rpush(PICKUP_LIST, repr(started))
     r.close()
