@@ -140,9 +140,8 @@ class ForkServer:
     def load_client(self) -> None:
         """A child of ours needed Redis and imported redis-py and the client, a quarter of a
         second each time: from now on they are here, and its siblings inherit them."""
-        if self._loaded is not None:
-            _close(list(self._loaded))
-            self._loaded = None
+        _close(list(self._loaded or ()))
+        self._loaded = None
         try:
             import blueque.client  # noqa: F401 - loaded for the children to inherit
         except Exception:  # children import it themselves, as before

@@ -138,11 +138,7 @@ class Membership:
         self.store.check_server()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
         for queue in self.weights:
-            # the lease first: dead between the two, we leave a lease that lapses and is swept,
-            # not a member no sweep would ever find dead (PROTOCOL.md 6, registration)
-            self.store.lease(queue, self.id, self.lease_ms, "register")
-            failpoints.hit("listener-after-lease")
-            self.store.add_listener(queue, self.id)
+            self._join(queue)
         self.registered = True
         log.info("listener %s listening on %s with concurrency %d", self.id,
                  self.info["queues"], concurrency)
@@ -192,8 +188,14 @@ class Membership:
                     metrics.lease_lost(queue)
                 log.error("listener %s lost its lease on %s (declared dead and recovered); "
                           "registering again", self.id, queue)
-                self.store.lease(queue, self.id, self.lease_ms, "register")
-                self.store.add_listener(queue, self.id)
+                self._join(queue)
+
+    def _join(self, queue: str) -> None:
+        """The lease first: dead between the two, we leave a lease that lapses and is swept,
+        not a member no sweep would ever find dead (PROTOCOL.md 6, registration)."""
+        self.store.lease(queue, self.id, self.lease_ms, "register")
+        failpoints.hit("listener-after-lease")
+        self.store.add_listener(queue, self.id)
 
     def _took(self, seconds: float, metrics: ListenerMetrics | None) -> None:
         """Measure the renewal; warn (at most every SLOW_WARN_EVERY) when it is slow for the

@@ -94,7 +94,7 @@ local history = added(history_from(cur[8]), {attempt = tonumber(cur[2]), outcome
 if outcome == 'complete' then
   local fields = {'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
                   'finished_at', ARGV[6]}
-  if cur[8] then  -- no history yet: none is written (3.2)
+  if cur[8] then  -- a history already: this run's entry joins it
     fields[#fields + 1] = 'history'
     fields[#fields + 1] = history
   end
