@@ -58,14 +58,18 @@ def tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
     return found
 
 
-def fork_server(process: psutil.Process) -> bool:
-    """A listener's fork server (PROTOCOL.md 6.8), by its title, or by its command line while
-    it starts (imports, before it sets its title); or a process gone since it was listed (a
-    fork server the chaos killed between the two reads is a zombie: no live task process)."""
+def command_line(process: psutil.Process) -> list[str] | None:
+    """A process's command line, read once; None once it is gone or a zombie. Empty while it
+    exits: its memory is released before it becomes a zombie, and no code of its runs then."""
     try:
-        command = process.cmdline()
+        return process.cmdline()
     except psutil.Error:
-        return True
+        return None
+
+
+def fork_server(command: list[str]) -> bool:
+    """A listener's fork server (PROTOCOL.md 6.8), by its title, or by its command line while
+    it starts (imports, before it sets its title)."""
     return command[1:3] == ["-m", "blueque.forkserver"] or (
         bool(command) and command[0].startswith("blueque fork server"))
 
@@ -100,10 +104,16 @@ class Node:
     def listener_pid(self) -> int | None:
         return self.daemon.pid if self.alive() and self.daemon is not None else None
 
-    def task_processes(self) -> list[psutil.Process]:
-        """The node's task processes: neither its listener nor its fork server (6.8)."""
-        return [p for p in tagged(self.tag, self.name)
-                if p.pid != self.listener_pid() and not fork_server(p)]
+    def task_processes(self) -> dict[int, str]:
+        """The node's live task processes, by pid, with their titles: neither its listener
+        nor its fork server (6.8), nor a process that is exiting or gone (seen in CI: a
+        killed listener's fork server, exiting, read as an empty command line)."""
+        found = {}
+        for process in tagged(self.tag, self.name):
+            command = command_line(process)
+            if command and process.pid != self.listener_pid() and not fork_server(command):
+                found[process.pid] = " ".join(command)[:80]
+        return found
 
 
 class SlotWatch(threading.Thread):
@@ -124,20 +134,13 @@ class SlotWatch(threading.Thread):
                 processes = node.task_processes()
                 self.most[node.name] = max(self.most[node.name], len(processes))
                 if len(processes) > CONCURRENCY:
-                    self.over.append((node.name, [described(p) for p in processes]))
+                    self.over.append((node.name, [f"{pid}: {title}"
+                                                  for pid, title in processes.items()]))
             self.samples += 1
 
     def stop(self) -> None:
         self._done.set()
         self.join(10)
-
-
-def described(process: psutil.Process) -> str:
-    """A process's pid, parent and title, for a failure's message."""
-    try:
-        return f"{process.pid} (parent {process.ppid()}): {' '.join(process.cmdline())[:80]}"
-    except psutil.Error:
-        return f"{process.pid} (gone)"
 
 
 @dataclass
@@ -269,7 +272,7 @@ class Chaos:
     def kill_fork_server(node: Node) -> bool:
         """SIGKILL the node's fork server (6.8): its children live on and come to the listener,
         which starts another; a fork it was making is made again by the listener."""
-        servers = [p for p in tagged(node.tag, node.name) if fork_server(p)]
+        servers = [p for p in tagged(node.tag, node.name) if fork_server(command_line(p) or [])]
         for process in servers:
             with contextlib.suppress(psutil.Error):
                 process.kill()
@@ -279,10 +282,10 @@ class Chaos:
         children = node.task_processes()
         if not children:
             return False
-        victim = self.rng.choice(children)
-        self.signalled.add(victim.pid)
-        with contextlib.suppress(psutil.Error):
-            victim.send_signal(signum)
+        victim = self.rng.choice(sorted(children))
+        self.signalled.add(victim)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signum)
         return True
 
 
