@@ -62,15 +62,14 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "EXPIRE"): "the node's runs hash lives a week after its last write (6.2)",
     ("blueque", "EVALSHA stamp.lua"): "stamp: reserved -> started with the child's pid in one "
                                       "script (5.4), round trip 1 of 2",
-    ("blueque", "stamp.lua: HMGET"): "status, node, pid, attempts, eta, error, traceback: is "
-                                     "it still this listener's to run, and what to clear",
     ("blueque", "stamp.lua: HINCRBY"): "attempts + 1 (only when attempts is no integer)",
     ("blueque", "stamp.lua: HDEL"): "eta, error, traceback of an earlier attempt (a retry)",
     ("blueque", "stamp.lua: SADD"): "the run joins blueque_started_tasks_[queue] (1.0.1's)",
     ("blueque", "stamp.lua: HSET"): "status started, node, pid, pid_created, started_at, "
                                     "updated, attempts + 1",
-    ("blueque", "stamp.lua: HGETALL"): "the task as stamped, returned: the listener reads "
-                                       "nothing more",
+    ("blueque", "stamp.lua: HGETALL"): "the one read: is it still this listener's to run, "
+                                       "what to clear; returned with the writes applied, so "
+                                       "the listener reads nothing more",
     ("blueque", "EVALSHA finish.lua"): "the ending: complete (5.6), round trip 2 of 2, "
                                        "pipelined with the next reservation (take.lua)",
     ("blueque", "finish.lua: HSET"): "status complete, result, updated, finished_at (and the "
@@ -84,11 +83,11 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "finish.lua: LPUSH"): "onto the complete list (1.0.1's)",
     ("blueque", "finish.lua: HINCRBY"): "outcome counters: this minute's, this hour's, all "
                                         "time's and the listener's (5.6, the dashboard)",
-    ("blueque", "finish.lua: EXPIRE"): "the listener's counts and its last-seen entry live 7 "
-                                       "days after its last run; a minute's or hour's "
-                                       "counter its TTL at its first ending",
-    ("blueque", "finish.lua: ZADD"): "blueque_listeners_seen_[queue]: when this listener's "
-                                     "last run ended (the nodes page)",
+    ("blueque", "finish.lua: EXPIRE"): "a minute's or hour's counter its TTL at its first "
+                                       "ending; the listener's counts and last-seen entry at "
+                                       "its first ending (then its renewals keep them)",
+    ("blueque", "finish.lua: ZADD"): "blueque_listeners_seen_[queue]: the listener's first "
+                                     "ending (its renewals write the later ones)",
     ("blueque", "finish.lua: ZREMRANGEBYSCORE"): "listeners seen: entries older than 7 days "
                                                  "dropped when a listener joins the set",
     ("blueque", "finish.lua: PUBLISH"): "blueque_done_[queue] [id]: wakes wait_for_tasks",
@@ -98,11 +97,11 @@ WHY: dict[tuple[str, str], str] = {
                                      "(6.2, taking ahead)",
     ("blueque", "take.lua: LMOVE"): "the next pending id onto this listener's reserved list "
                                     "(5.4); with --reuse stamped for the warm process there",
-    ("blueque", "take.lua: HMGET"): "with --reuse: the stamp's read (as stamp.lua's)",
     ("blueque", "take.lua: SADD"): "with --reuse: the run joins the started set",
     ("blueque", "take.lua: HSET"): "with --reuse: status started for the warm process's pid, "
                                    "attempts + 1; then its run on the node",
-    ("blueque", "take.lua: HGETALL"): "with --reuse: the task as stamped, returned",
+    ("blueque", "take.lua: HGETALL"): "with --reuse: the stamp's one read (as stamp.lua's), "
+                                      "returned with the writes applied",
     ("blueque", "take.lua: EXPIRE"): "with --reuse: the node's runs hash lives a week after "
                                      "its last write",
     # --- Blueque's listener: periodic, spread over the tasks -------------------------------
@@ -113,6 +112,9 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "lease.lua: ZSCORE"): "renew: is the lease still there",
     ("blueque", "lease.lua: ZADD"): "renew: the new deadline",
     ("blueque", "LRANGE"): "heal at each renewal: this listener's reserved list (6)",
+    ("blueque", "ZADD"): "renewal: when the listener's last run ended, in "
+                         "blueque_listeners_seen_[queue]; with EXPIRE of it and of the "
+                         "listener's counts (6, step 2)",
     ("blueque", "TIME"): "Redis' clock, measured once a minute (clock.py)",
     ("blueque", "INFO"): "the eviction policy, checked every few minutes (eviction.py)",
     ("blueque", "CONFIG"): "the eviction policy, checked every few minutes (eviction.py)",
@@ -134,11 +136,10 @@ WHY: dict[tuple[str, str], str] = {
 
 
 #: What every task a Blueque listener drains costs (the rest of WHY is periodic work).
-PER_TASK = ("HSET", "EXPIRE", "EVALSHA stamp.lua", "stamp.lua: HMGET", "stamp.lua: SADD",
-            "stamp.lua: HSET", "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HSET",
-            "finish.lua: HMGET", "finish.lua: LREM", "finish.lua: SREM", "finish.lua: LPUSH",
-            "finish.lua: HINCRBY", "finish.lua: EXPIRE", "finish.lua: ZADD", "finish.lua: PUBLISH",
-            "SMEMBERS", "HDEL", "EVALSHA take.lua", "take.lua: LMOVE")
+PER_TASK = ("HSET", "EXPIRE", "EVALSHA stamp.lua", "stamp.lua: SADD", "stamp.lua: HSET",
+            "stamp.lua: HGETALL", "EVALSHA finish.lua", "finish.lua: HSET", "finish.lua: HMGET",
+            "finish.lua: LREM", "finish.lua: SREM", "finish.lua: LPUSH", "finish.lua: HINCRBY",
+            "finish.lua: PUBLISH", "SMEMBERS", "HDEL", "EVALSHA take.lua", "take.lua: LMOVE")
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,23 @@ every script that counts an ending counts it per hour too, on Redis and on faker
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import redis
 
 import blueque
 from blueque import keys as k
+from blueque.endings import RunEnd
 from blueque.listener import Listener
+from blueque.store import NodeRenewal
 from blueque.web.history import listener_history
+from tests.daemons import Daemon, daemons, listen_command, task_processes, wait_until
 from tests.test_metrics import run_to_end
+
+KEYS = k.Keys()
 
 
 def per_hour(client: blueque.Client, queue: str) -> dict[str, int]:
@@ -78,3 +86,72 @@ def test_hour_and_listener_counters_expire_and_name_the_listener(
         [ran_by, "newcomer_2"])
     assert client.store.listener_counts_many([("q", ran_by)]) == [
         {"complete": 2, "failed": 1}]
+
+
+def _finish_renewing(client: blueque.Client, listener: Listener, now: float) -> str:
+    """One run of ``listener`` completed as its daemon records it: finish.lua told that the
+    listener's renewals keep its listeners-seen entry and its counts' expiry."""
+    task_id = client.get_queue("q").enqueue("{}")
+    task = listener.reserve()
+    assert task is not None and task.id == task_id
+    client.get_processor(task).start(4242)
+    client.store.finish(RunEnd("q", task_id, listener.id, 4242, 1, "complete", "done", now),
+                        renews=True)
+    return task_id
+
+
+def test_a_renewing_listener_writes_its_record_at_its_first_ending_then_at_its_renewals(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    """Three commands fewer per drained task (issue 20): the listener's first ending puts it
+    in listeners-seen with its counts' expiry; the next endings only count, and the renewal
+    writes the time of its last ending and the expiries again (PROTOCOL.md 6, step 2)."""
+    listener = Listener("q", client.store, "renewing_7")
+    seen = KEYS.listeners_seen("q")
+    counts = KEYS.listener_counts("q", listener.id)
+    first = client.store.now()
+    _finish_renewing(client, listener, first)
+    assert redis_client.zscore(seen, listener.id) == first
+    assert k.LISTENER_COUNTS_TTL - 60 < redis_client.ttl(counts) <= k.LISTENER_COUNTS_TTL
+    redis_client.expire(counts, 100)
+    redis_client.expire(seen, 100)
+    last = first + 5
+    _finish_renewing(client, listener, last)
+    assert redis_client.hget(counts, "complete") == "2"  # counted at once
+    assert redis_client.zscore(seen, listener.id) == first  # left to the renewal
+    assert redis_client.ttl(counts) <= 100 and redis_client.ttl(seen) <= 100
+    client.store.lease("q", listener.id, 2000, "register")
+    renewal = NodeRenewal(listener.id, "node-1", ["q"], 2000, {"busy": "0"}, 4, {}, 60, [],
+                          {"q": last})
+    reply = client.store.renew_node(renewal)
+    assert reply.leases["q"] > 0 and reply.reserved == {"q": []}  # the replies stay in place
+    assert redis_client.zscore(seen, listener.id) == last
+    assert k.LISTENER_COUNTS_TTL - 60 < redis_client.ttl(counts) <= k.LISTENER_COUNTS_TTL
+    assert k.LISTENER_COUNTS_TTL - 60 < redis_client.ttl(seen) <= k.LISTENER_COUNTS_TTL
+    client.store.renew_node(replace(renewal, seen={"q": first}))  # never back in time
+    assert redis_client.zscore(seen, listener.id) == last
+
+
+def test_a_listener_daemon_keeps_the_time_of_its_last_ending(
+        client: blueque.Client, redis_url: str, redis_client: redis.Redis,
+        tmp_path: Path) -> None:
+    """End to end: the listener's renewal, and its leaving, write when its last run ended."""
+    queue = client.get_queue("q")
+    with daemons(tmp_path) as started:
+        daemon = Daemon(listen_command(redis_url, "q", "tests.jobs:echo", "--interval", "4",
+                                       "--poll", "0.1"), tmp_path / "daemon.log")
+        started.append(daemon)
+        ids = [queue.enqueue(json.dumps({"n": n})) for n in range(5)]
+        tasks = [client.get_task(task_id).wait(20) for task_id in ids]
+        assert [task.status for task in tasks] == ["complete"] * 5
+        listener = tasks[0].node or ""
+        last = max(float(task.data["finished_at"]) for task in tasks)
+        seen = KEYS.listeners_seen("q")
+        wait_until(lambda: redis_client.zscore(seen, listener) == last,
+                   what="the last ending's time written by a renewal")
+        assert redis_client.hgetall(KEYS.listener_counts("q", listener)) == {"complete": "5"}
+        more = queue.enqueue(json.dumps({"n": 6}))
+        ended = float(client.get_task(more).wait(20).data["finished_at"])
+        # its process gone too (else its leaving renews, for the runs it leaves to adoption)
+        wait_until(lambda: not task_processes("q"), what="the task process gone")
+        assert daemon.stop() == 0  # at once, between two renewals: its leaving writes it
+        assert redis_client.zscore(seen, listener) == ended

@@ -88,6 +88,8 @@ class ListenerDaemon(ListenerStep):
                          "the next listener on this host", self.id, len(self.supervisor.children))
                 self._renew()
             elif self.membership.registered:
+                if self.supervisor.recorder.seen:  # our last runs' record, before we go
+                    self._renew()
                 self.supervisor.ahead.give_back(self.id)
                 self.membership.release()  # leave cleanly: nothing of ours to recover
         except BluequeError as error:

@@ -51,6 +51,9 @@ class Recorder:
         self.unrecorded: list[tuple[Running, str]] = []  # endings of children gone
         self.ended_pids: list[str] = []  # to drop from blueque_node_[node]
         self.taken: Taken | None = None  # what the last finish took ahead (record_report)
+        #: queue -> when the last run of ours recorded since our last renewal ended: the
+        #: renewal writes it to blueque_listeners_seen_[queue] (PROTOCOL.md 6, step 2)
+        self.seen: dict[str, float] = {}
 
     def settle(self, pid: int, status: int, running: Running, duration: float) -> None:
         """A reaped child: record its ending unless already done, count it, log it."""
@@ -180,17 +183,20 @@ class Recorder:
         end = running.run_end(ending, listener or self.listener, self.store.now(), trace,
                               attempt)
         forget_run = (self.node, running.pid) if forget else None
+        renews = end.listener == self.listener  # not a dead listener's run we adopted
         try:
             if take is None:
-                status = self.store.finish(end, forget_run=forget_run)
+                status = self.store.finish(end, forget_run=forget_run, renews=renews)
             else:
-                outcome, self.taken = self.store.finish_and_take(end, forget_run, take)
+                outcome, self.taken = self.store.finish_and_take(end, forget_run, take, renews)
                 if isinstance(outcome, BluequeError):
                     raise outcome
                 status = outcome
         except RedisUnavailable:
             self._hold(end, forget)
             raise
+        if renews:
+            self.seen[end.queue] = max(end.now, self.seen.get(end.queue, end.now))
         if self.spool is not None and (end.task_id, end.attempt) in self.spooled:
             self.spooled.discard((end.task_id, end.attempt or 0))
             self.spool.release(end.task_id, end.attempt)  # recorded: the file is moot

@@ -230,7 +230,8 @@ class ListenerStep:
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
         watched = supervisor.stopper.watched()
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
-                                      [r.task_id for r in watched], self.metrics)
+                                      [r.task_id for r in watched], self.metrics,
+                                      supervisor.recorder.seen)
         self.inbox.cancel(supervisor.stopper.look_at(zip(watched, reply.tasks, strict=True)))
         if self.membership.renewed_at is not None:
             self.guard.renewed_at(self.membership.renewed_at)

@@ -18,7 +18,8 @@
 -- preempted) why, ARGV[6] now
 -- ARGV[7] attempt ("" = unfenced), ARGV[8] retry eta, ARGV[9] result ttl ms ("" = keep)
 -- ARGV[10] channel to publish the task id on, ARGV[11] "cancelled" when a failed run was
--- cancelled (endings.decide: the task is stamped cancelled = now) else "", ARGV[12] unused ("")
+-- cancelled (endings.decide: the task is stamped cancelled = now) else "", ARGV[12] "renews"
+-- when the listener named is the caller and renews its record (below) at each lease renewal
 -- ARGV[13] seconds KEYS[5] is kept
 -- ARGV[14] traceback of a failed or retried run ("" none: an older traceback is removed)
 -- ARGV[15] the queue's channel, ARGV[16] the queue (preempted: published, the task is pending)
@@ -143,13 +144,17 @@ if ARGV[9] ~= '' and final then
 end
 count_outcome(counted, 1, KEYS[5], ARGV[13], KEYS[6], KEYS[7])
 local kept = 604800  -- keys.LISTENER_COUNTS_TTL: the runs of a listener, 7 days after its last
-redis.call('HINCRBY', KEYS[9], counted, 1)
-redis.call('EXPIRE', KEYS[9], kept)
-if redis.call('ZADD', KEYS[10], ARGV[6], ARGV[2]) == 1 then  -- a listener new to the set:
-  -- the set only grows then, so the entries older than 7 days are dropped then
-  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', tonumber(ARGV[6]) - kept)
+-- the listener's own record: its count, and (at its first ending of this outcome, or when the
+-- caller is no listener that renews: ARGV[12] '') its counts' expiry and its listeners-seen
+-- entry; a listener that renews writes those two at its renewals (PROTOCOL.md 6, step 2)
+if redis.call('HINCRBY', KEYS[9], counted, 1) == 1 or ARGV[12] ~= 'renews' then
+  redis.call('EXPIRE', KEYS[9], kept)
+  if redis.call('ZADD', KEYS[10], ARGV[6], ARGV[2]) == 1 then  -- a listener new to the set:
+    -- the set only grows then, so the entries older than 7 days are dropped then
+    redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', tonumber(ARGV[6]) - kept)
+  end
+  redis.call('EXPIRE', KEYS[10], kept)
 end
-redis.call('EXPIRE', KEYS[10], kept)
 if outcome ~= 'pending' then  -- a preempted task is not done: nobody waiting is woken
   redis.call('PUBLISH', ARGV[10], ARGV[1])
 end

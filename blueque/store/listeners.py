@@ -3,13 +3,15 @@ run records, the server's clock and restarts, cron ticks and preemption requests
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, cast
 
 import redis
 
 from blueque.eviction import MemoryPolicy
+from blueque.keys import LISTENER_COUNTS_TTL
 from blueque.statuses import LeaseMode
 from blueque.store.core import StoreCore
 from blueque.store.errors import translate_errors
@@ -32,6 +34,8 @@ class NodeRenewal:
     runs: dict[str, str]
     runs_ttl: int
     tasks: Sequence[str]
+    #: queue -> when our last run recorded since the last renewal ended (PROTOCOL.md 6, 2)
+    seen: Mapping[str, float] = dataclass_field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,8 @@ class RenewalReply:
         tasks = [{name: value for name, value in zip(RENEWAL_FIELDS, values, strict=True)
                   if value is not None}
                  for values in replies[tasks_from:tasks_from + len(renewal.tasks)]]
-        lists = replies[tasks_from + len(renewal.tasks):]
+        lists_from = tasks_from + len(renewal.tasks)
+        lists = replies[lists_from:lists_from + len(queues)]
         return cls(leases, tasks, {q: list(ids) for q, ids in zip(queues, lists, strict=True)})
 
 
@@ -226,6 +231,13 @@ class ListenerOperations(StoreCore):
             out.append(pipe.hmget(self.keys.task(task_id), list(RENEWAL_FIELDS)))
         for queue in renewal.queues:
             out.append(pipe.lrange(self.keys.reserved(queue, renewal.listener), 0, -1))
+        # our record of the runs we ended since the last renewal (finish.lua leaves it to us)
+        for queue, ended in renewal.seen.items():
+            seen, counts = (self.keys.listeners_seen(queue),
+                            self.keys.listener_counts(queue, renewal.listener))
+            out.append(pipe.zadd(seen, {renewal.listener: ended}, gt=True))
+            out.append(pipe.expire(seen, LISTENER_COUNTS_TTL))
+            out.append(pipe.expire(counts, LISTENER_COUNTS_TTL))
         return out
 
     @translate_errors

@@ -122,18 +122,22 @@ class RunOperations(StoreCore):
         )
 
     @translate_errors
-    def finish(self, end: RunEnd, forget_run: tuple[str, int] | None = None) -> str:
+    def finish(self, end: RunEnd, forget_run: tuple[str, int] | None = None,
+               renews: bool = False) -> str:
         """Record one run's ending (finish.lua): complete, failed, retry or preempted; returns
         the new status. ``forget_run`` (node identity, pid): the listener daemon drops the
-        run's record from blueque_node_[node] in the same round trip (PROTOCOL.md 6.2)."""
-        status = self._finish(end, forget_run, None)[0]
+        run's record from blueque_node_[node] in the same round trip (PROTOCOL.md 6.2).
+        ``renews``: the caller is ``end.listener``, and its lease renewals keep its
+        listeners-seen entry and its counts' expiry (PROTOCOL.md 5.6), not each ending."""
+        status = self._finish(end, forget_run, None, renews)[0]
         if isinstance(status, BluequeError):
             raise status
         return status
 
     @translate_errors
     def finish_and_take(self, end: RunEnd, forget_run: tuple[str, int] | None,
-                        take: Take) -> tuple[str | BluequeError, Taken | None]:
+                        take: Take, renews: bool = False
+                        ) -> tuple[str | BluequeError, Taken | None]:
         """``finish``, and in the same round trip the listener's next reservation (take.lua;
         not on a Redis Cluster, where the queues and the node's runs live in other slots):
         the status recorded, and what was taken (None: every queue of ``take`` was empty).
@@ -142,10 +146,10 @@ class RunOperations(StoreCore):
         Repeated after a lost reply, the fenced finish answers its status again and the take
         takes the next task; the one the lost reply took waits in the reserved list for the
         listener's heal (PROTOCOL.md 6.2)."""
-        return self._finish(end, forget_run, take)
+        return self._finish(end, forget_run, take, renews)
 
     def _finish(self, end: RunEnd, forget_run: tuple[str, int] | None,
-                take: Take | None) -> tuple[str | BluequeError, Taken | None]:
+                take: Take | None, renews: bool) -> tuple[str | BluequeError, Taken | None]:
         queue = end.queue
         if end.outcome == "complete":
             target = self.keys.complete(queue)
@@ -166,7 +170,8 @@ class RunOperations(StoreCore):
                 end.text, repr(end.now), "" if end.attempt is None else end.attempt,
                 "" if end.retry_eta is None else repr(end.retry_eta),
                 "" if end.result_ttl_ms is None else end.result_ttl_ms,
-                self.keys.done_channel(queue), "cancelled" if end.cancelled else "", "",
+                self.keys.done_channel(queue), "cancelled" if end.cancelled else "",
+                "renews" if renews else "",
                 k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue]
         # in the same round trip: the task's dependents, so that an ending with none (nearly
         # every one) costs no second round trip to find out (PROTOCOL.md 5.21)

@@ -21,6 +21,31 @@ local function stamp_task(k, id, listener, now, queue, minute_ttl, pid, created)
     count_outcome('failed', 1, k[4], minute_ttl, k[5], k[6])
     return {'bad', reason}
   end
+  -- the task as read once (HGETALL), kept as written: what `ok` returns, with no second read
+  local flat = redis.pcall('HGETALL', k[1])
+  if flat['err'] then  -- WRONGTYPE
+    local kind = redis.call('TYPE', k[1])['ok']
+    return record_failure('task data is a ' .. kind .. ', not a hash: cannot run it')
+  end
+  if #flat == 0 then  -- a hash has a field or is gone
+    return record_failure('task data was missing when the task was reserved')
+  end
+  local task = {}
+  for i = 1, #flat, 2 do
+    task[flat[i]] = flat[i + 1]
+  end
+  local function hset(fields)
+    redis.call('HSET', k[1], unpack(fields))
+    for i = 1, #fields, 2 do
+      task[fields[i]] = fields[i + 1]
+    end
+  end
+  local function hdel(...)
+    redis.call('HDEL', k[1], ...)
+    for _, name in ipairs({...}) do
+      task[name] = nil
+    end
+  end
   -- the writes of start.lua (PROTOCOL.md 5.5) for the given pid; `counted`: the new attempt
   -- number, written in the same HSET ({} when HINCRBY counted it, or a retried stamp)
   local function start(counted)
@@ -31,24 +56,22 @@ local function stamp_task(k, id, listener, now, queue, minute_ttl, pid, created)
       fields[#fields + 1] = 'pid_created'
       fields[#fields + 1] = created
     end
-    redis.call('HSET', k[1], unpack(fields))
-    if created == '' then
-      redis.call('HDEL', k[1], 'pid_created')
+    hset(fields)
+    if created == '' and task.pid_created then
+      hdel('pid_created')
     end
   end
   local function ok(attempts)
-    return {'ok', attempts, redis.call('HGETALL', k[1])}
+    local fields = {}
+    for name, value in pairs(task) do
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
+    return {'ok', attempts, fields}
   end
-  local cur = redis.pcall('HMGET', k[1], 'status', 'node', 'pid', 'attempts', 'eta', 'error',
-                          'traceback')
-  if cur['err'] then  -- WRONGTYPE
-    local kind = redis.call('TYPE', k[1])['ok']
-    return record_failure('task data is a ' .. kind .. ', not a hash: cannot run it')
-  end
+  local cur = {task.status, task.node, task.pid, task.attempts, task.eta, task.error,
+               task.traceback}
   local status = cur[1]
-  if not status and redis.call('EXISTS', k[1]) == 0 then
-    return record_failure('task data was missing when the task was reserved')
-  end
   if status == 'pending' then
     -- attempts + 1, written with the status (HINCRBY's rule: a whole number or nothing)
     local attempts, counted = tonumber(cur[4] or '0'), {}
@@ -57,16 +80,16 @@ local function stamp_task(k, id, listener, now, queue, minute_ttl, pid, created)
       counted = {'attempts', string.format('%d', attempts)}
     else  -- not an integer: HINCRBY refuses it, as it always did
       attempts = redis.call('HINCRBY', k[1], 'attempts', 1)
+      task.attempts = string.format('%d', attempts)
     end
     if cur[5] or cur[6] or cur[7] then  -- the last attempt's: in the history (3.2)
-      redis.call('HDEL', k[1], 'eta', 'error', 'traceback')
+      hdel('eta', 'error', 'traceback')
     end
     if pid ~= '' then
       start(counted)
     else
-      redis.call('HSET', k[1], 'status', 'reserved', 'node', listener, 'updated', now,
-                 unpack(counted))
-      redis.call('HDEL', k[1], 'pid')
+      hset({'status', 'reserved', 'node', listener, 'updated', now, unpack(counted)})
+      hdel('pid')
     end
     return ok(attempts)
   elseif status == 'reserved' and cur[2] == listener then
