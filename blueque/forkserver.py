@@ -34,6 +34,7 @@ from blueque import logs as log_setup
 from blueque.calling import TaskFunction, import_function
 from blueque.child import Assignment, leave_process
 from blueque.process import create_time, set_title
+from blueque.run_processes import libc_prctl
 from blueque.spool import Spool
 from blueque.tasklog import TaskLogSettings
 from blueque.warm import run_task_process
@@ -285,6 +286,9 @@ def main(argv: list[str]) -> int:
     except Exception as error:  # CallbackError, or anything the module raised
         control.sendall(json.dumps({"failed": str(error)}).encode())
         return 1
+    # each child sets its parent-death signal with libc's prctl: looked up here, once (in a
+    # child, ctypes.util.find_library would run `ldconfig -p` in a subprocess at every task)
+    libc_prctl()
     gc.freeze()  # what it holds stays put: its children's collections never copy it
     server = ForkServer(control, setup, function)
     if not server.send({"ready": os.getpid()}):
