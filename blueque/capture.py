@@ -270,7 +270,7 @@ def watch_listener(listener: int = -1) -> None:
     _listener = listener
     signal.signal(TAKE_OVER, _parent_died)
     signal.signal(LEAVING, _taken_over)
-    prctl = libc_prctl()  # looked up by the listener already: its children inherit it
+    prctl = libc_prctl()  # looked up by our listener or fork server: inherited
     if prctl is not None:
         prctl(_PR_SET_PDEATHSIG, int(TAKE_OVER), 0, 0, 0)
 

@@ -286,8 +286,8 @@ def main(argv: list[str]) -> int:
     except Exception as error:  # CallbackError, or anything the module raised
         control.sendall(json.dumps({"failed": str(error)}).encode())
         return 1
-    # each child sets its parent-death signal with libc's prctl: looked up here, once (in a
-    # child, ctypes.util.find_library would run `ldconfig -p` in a subprocess at every task)
+    # each child sets its parent-death signal with libc's prctl: looked up here, once, for
+    # them all to inherit
     libc_prctl()
     gc.freeze()  # what it holds stays put: its children's collections never copy it
     server = ForkServer(control, setup, function)

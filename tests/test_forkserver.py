@@ -115,10 +115,10 @@ def test_a_task_process_that_uses_redis_makes_its_fork_server_load_the_client(  
 
 def test_a_task_process_finds_libc_looked_up_by_its_fork_server(  # type: ignore[no-untyped-def]
         client, started, tmp_path, redis_url) -> None:
-    """Each task process sets its parent-death signal with libc's prctl. Looked up in the
-    task process, that is ctypes.util.find_library, which runs `ldconfig -p` in a subprocess:
-    a process and about 3 ms of CPU per task, a third of a no-op task's drain (issue 20).
-    The fork server looks it up once, before it forks; its children inherit the cached one."""
+    """Each task process sets its parent-death signal with libc's prctl. The fork server
+    looks it up once, before it forks; its children inherit the cached one (the lookup was
+    ctypes.util.find_library, which runs `ldconfig -p` in a subprocess: done in each task
+    process, a process and about 3 ms of CPU per task, a third of a no-op drain; issue 20)."""
     marker = tmp_path / "marker"
     daemon = start(started, tmp_path, redis_url)
     wait_until(lambda: fork_servers(daemon) and "ready" in daemon.log(), what="its fork server")
