@@ -161,7 +161,7 @@ class Membership:
         started = self.clock()
         reply = self.store.renew_node(self.renewal(busy, runs, runs_ttl, tasks, self.took,
                                                    dict(seen or {})))
-        if seen:
+        if seen:  # written
             seen.clear()
         if all(deadline != -1 for deadline in reply.leases.values()):
             self.renewed_at = started  # each lease lapses no earlier than a lease from now
@@ -171,8 +171,7 @@ class Membership:
         return reply
 
     def renewal(self, busy: int, runs: dict[str, str], runs_ttl: int,
-                tasks: list[str], took: float | None,
-                seen: dict[str, float] | None = None) -> NodeRenewal:
+                tasks: list[str], took: float | None, seen: dict[str, float]) -> NodeRenewal:
         """What one renewal writes (PROTOCOL.md 6, step 2): the leases, the info hash whole
         (after a pause longer than its TTL it is gone, and recover_local needs pid_created
         to tell us from a reused pid), the node's runs; and which tasks it reads.
@@ -181,7 +180,7 @@ class Membership:
         if took is not None:
             info["renewal_seconds"] = f"{took:.3f}"
         return NodeRenewal(self.id, self.node, list(self.weights), self.lease_ms, info,
-                           self._info_ttl(), runs, runs_ttl, tasks, seen or {})
+                           self._info_ttl(), runs, runs_ttl, tasks, seen)
 
     def renewed(self, leases: dict[str, int], metrics: ListenerMetrics | None = None) -> None:
         """After a renewal: a lease that was lost (we were declared dead and recovered) is

@@ -69,20 +69,19 @@ local function stamp_task(k, id, listener, now, queue, minute_ttl, pid, created)
     end
     return {'ok', attempts, fields}
   end
-  local cur = {task.status, task.node, task.pid, task.attempts, task.eta, task.error,
-               task.traceback}
-  local status = cur[1]
+  local status = task.status
   if status == 'pending' then
     -- attempts + 1, written with the status (HINCRBY's rule: a whole number or nothing)
-    local attempts, counted = tonumber(cur[4] or '0'), {}
-    if attempts and attempts == math.floor(attempts) and string.find(cur[4] or '0', '^-?%d+$') then
+    local attempts, counted = tonumber(task.attempts or '0'), {}
+    if attempts and attempts == math.floor(attempts)
+        and string.find(task.attempts or '0', '^-?%d+$') then
       attempts = attempts + 1
       counted = {'attempts', string.format('%d', attempts)}
     else  -- not an integer: HINCRBY refuses it, as it always did
       attempts = redis.call('HINCRBY', k[1], 'attempts', 1)
       task.attempts = string.format('%d', attempts)
     end
-    if cur[5] or cur[6] or cur[7] then  -- the last attempt's: in the history (3.2)
+    if task.eta or task.error or task.traceback then  -- the last attempt's: in the history
       hdel('eta', 'error', 'traceback')
     end
     if pid ~= '' then
@@ -92,15 +91,15 @@ local function stamp_task(k, id, listener, now, queue, minute_ttl, pid, created)
       hdel('pid')
     end
     return ok(attempts)
-  elseif status == 'reserved' and cur[2] == listener then
+  elseif status == 'reserved' and task.node == listener then
     -- a retried stamp whose first reply was lost (with a pid: start it now)
     if pid ~= '' then
       start({})
     end
-    return ok(tonumber(cur[4] or '1'))
-  elseif status == 'started' and pid ~= '' and cur[2] == listener and cur[3] == pid then
+    return ok(tonumber(task.attempts or '1'))
+  elseif status == 'started' and pid ~= '' and task.node == listener and task.pid == pid then
     -- a retried stamp with start whose first reply was lost
-    return ok(tonumber(cur[4] or '1'))
+    return ok(tonumber(task.attempts or '1'))
   elseif status == 'scheduled' or status == 'reserved' or status == 'started'
       or status == 'complete' or status == 'failed' then
     drop()
