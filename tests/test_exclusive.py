@@ -127,3 +127,41 @@ def test_a_cut_off_node_records_the_late_ending_of_its_only_attempt(  # type: ig
         assert [entry["outcome"] for entry in task.history] == ["failed", "complete"]
         assert [line.split()[0] for line in lines(marker)] == ["start", "end"]  # ran once
         assert far.alive() and near.alive()
+
+
+def test_an_exclusive_listener_declared_dead_runs_its_next_task_once_it_registers_again(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path):
+    """Seen in an operator trial (a node cut off by iptables, --exclusive): past the cut, the
+    renewal found its lease taken (declared dead), registered again, and took tasks; but its
+    guard still counted the silence from the last renewal before the cut, and SIGKILLed each
+    new run at once (ended "preempted", taken again, killed again: 10 runs in half a second).
+    A lease registered again runs from that renewal: the guard counts from it."""
+    direct, through_proxy, proxy = cuttable
+    marker, release = tmp_path / "marker", tmp_path / "release"
+    client = blueque.Client(direct)
+    with daemons(tmp_path) as started:
+        far = Daemon(listen_command(through_proxy, "work", "tests.jobs:hold", "--interval",
+                                    "0.5", "--poll", "0.1", "--identity", "far.example_1",
+                                    "--no-task-logs", "--exclusive"), tmp_path / "far.log")
+        started.append(far)
+        wait_until(lambda: redis_client.zscore(KEYS.leases("work"), "far.example_1"),
+                   what="its lease")
+        proxy.cut()
+        wait_until(lambda: "unreachable" in far.log(), what="the listener cut off")
+        redis_client.zrem(KEYS.leases("work"), "far.example_1")  # a sweep took it for dead
+        task_id = client.get_queue("work").enqueue(json.dumps(
+            {"marker": str(marker), "release": str(release)}), max_attempts=3)
+        info = KEYS.listener_info("far.example_1")
+        # its info hash lives 3 intervals past its last renewal: gone, the listener has been
+        # silent longer than its lease
+        wait_until(lambda: not redis_client.exists(info), what="a silence longer than a lease")
+        proxy.restore()
+        wait_until(lambda: lines(marker), what="the task running after the listener is back")
+        renewed = redis_client.hget(info, "renewed")
+        wait_until(lambda: redis_client.hget(info, "renewed") not in (None, renewed),
+                   what="a renewal after the run started")
+        release.touch()
+        task = client.get_task(task_id).wait(20)
+        assert (task.status, task.attempts) == ("complete", 1), task.data
+        assert [line.split()[0] for line in lines(marker)] == ["start", "end"]  # ran once
+        assert "lost its lease on work" in far.log()

@@ -40,7 +40,8 @@ class ExclusiveGuard:
         self.supervisor, self.lease_s, self.everything = supervisor, lease_s, everything
         self.clock = clock
         self._kill = kill or _signal_group
-        #: when the latest renewal that renewed every lease was sent (None: not yet)
+        #: when the latest renewal that held every lease (renewed or registered again) was
+        #: sent (None: not yet)
         self.renewed: float | None = None
         self._sent: dict[int, int] = {}  # pid -> the last signal sent since that renewal
         self._closed = threading.Event()

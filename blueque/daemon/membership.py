@@ -54,7 +54,8 @@ class Membership:
         self.registered = False
         #: how long the latest renewal took (s), written to the info hash by the next one
         self.took: float | None = None
-        #: when the latest renewal that renewed every lease was sent (this clock), or None
+        #: when the latest renewal that held every lease (renewed, or registered again) was
+        #: sent (this clock), or None
         self.renewed_at: float | None = None
         self._warned_at: float | None = None
         #: the reserved lists as the latest renewal read them, for the heal that follows it
@@ -163,9 +164,10 @@ class Membership:
                                                    dict(seen or {})))
         if seen:  # written
             seen.clear()
-        if all(deadline != -1 for deadline in reply.leases.values()):
-            self.renewed_at = started  # each lease lapses no earlier than a lease from now
         self.renewed(reply.leases, metrics)
+        # each lease, renewed or (lost) registered again just now, lapses no earlier than a
+        # lease from ``started``: the exclusive guard counts from here (PROTOCOL.md 6.6)
+        self.renewed_at = started
         self._reserved = reply.reserved
         self._took(self.clock() - started, metrics)
         return reply
