@@ -39,7 +39,11 @@ class DelayingProxy:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
     def cut(self) -> None:
-        """The link goes: every connection is dropped and new ones are refused."""
+        """The link goes: every connection is dropped and new ones are refused. The port stays
+        ours meanwhile (bound, not listening: a connect is refused), so that no other socket's
+        ephemeral port takes it before ``restore`` (seen once in CI: EADDRINUSE)."""
+        with contextlib.suppress(OSError):  # wakes the thread in accept(), which holds it
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         with self._lock:
             sockets, self._sockets = self._sockets, []
@@ -47,10 +51,14 @@ class DelayingProxy:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+        if not self._closed:  # after the connections on the port are gone
+            self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._server.bind(("127.0.0.1", self.port))
 
     def restore(self) -> None:
         """The link is back: connections are accepted again on the same port."""
-        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._server.listen()
         threading.Thread(target=self._accept, args=(self._server,), daemon=True).start()
 
     def close(self) -> None:
