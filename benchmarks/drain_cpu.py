@@ -6,7 +6,9 @@ The drain rows of ``benchmarks.run`` give rates; this says why they are what the
 Blueque (with and without per-attempt output capture) and for the original 1.0.1
 ForkingRunner, it drains ``n`` no-op tasks on a private redis-server and reads, from the
 kernel's accounting, the user and system CPU of the worker process itself and of its reaped
-children (the task processes), and redis-server's, per task. Then it times a bare
+children (the task processes), and redis-server's, per task; Blueque also at concurrency 2 and
+with warm processes, and for each the cores that CPU keeps busy at its rate (how far a second
+slot can go on the machine's cores). Then it times a bare
 ``fork()`` + ``os._exit(0)`` + ``waitpid`` in two interpreters: one that imported nothing, and
 one holding what a listener imports (redis-py 8 alone is most of it), because the cost of a
 fork and an exit grows with the memory the parent maps. CPU seconds, unlike rates, hardly
@@ -157,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     original = str(venvs.ensure(venvs.PEERS["original"]))
+    warm = ["--reuse", "1000"]
     systems: dict[str, Callable[[RedisServer], dict[str, float]]] = {
         "blueque": lambda s: blueque_system(s, args.n, []),
         "blueque --no-task-logs": lambda s: blueque_system(s, args.n, ["--no-task-logs"]),
+        "blueque c=2": lambda s: blueque_system(s, args.n, ["--concurrency", "2"]),
+        "blueque warm": lambda s: blueque_system(s, args.n, warm),
+        "blueque warm c=2": lambda s: blueque_system(s, args.n, [*warm, "--concurrency", "2"]),
         "original 1.0.1": lambda s: original_system(s, args.n, original),
     }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
@@ -172,16 +178,20 @@ def main(argv: list[str] | None = None) -> int:
         for kind in forks:
             forks[kind].append(fork_cost(kind, 300))
     print(f"CPU per drained no-op task, ms (median of {args.repeats} x {args.n} tasks; "
-          "concurrency 1)")
+          "concurrency 1 unless named; warm: --reuse 1000)")
     print(f"{'system':24s} {'tasks/s':>8s} {'worker user':>12s} {'worker sys':>11s} "
-          f"{'tasks user':>11s} {'tasks sys':>10s} {'all':>6s} {'redis':>6s}")
+          f"{'tasks user':>11s} {'tasks sys':>10s} {'all':>6s} {'redis':>6s} {'cores':>6s}")
     for name, runs in results.items():
         med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         total = med["worker_user"] + med["worker_sys"] + med["tasks_user"] + med["tasks_sys"]
+        # cores kept busy: CPU per task (worker, tasks, redis-server) times tasks per second;
+        # at concurrency 1 it says how far a second slot can go on this machine's cores
+        cores = (total + med["redis"]) * med["rate"] / 1e3
         print(f"{name:24s} {med['rate']:8.0f} {med['worker_user']:12.2f} "
               f"{med['worker_sys']:11.2f} "
               f"{med['tasks_user']:11.2f} {med['tasks_sys']:10.2f} {total:6.2f} "
-              f"{med['redis']:6.3f}")
+              f"{med['redis']:6.3f} {cores:6.2f}")
+    print(f"(this machine: {os.cpu_count()} cores)")
     print("\nfork() + os._exit(0) + waitpid, ms (median of "
           f"{args.repeats} x 300)")
     print(f"{'interpreter':24s} {'RSS MB':>7s} {'parent CPU':>11s} {'child CPU':>10s} {'wall':>6s}")

@@ -8,7 +8,8 @@ set lookup. Points: ``listener-before-stamp``, ``listener-before-go``,
 ``listener-before-finish``, ``listener-before-recorded``, ``child-after-outcome``;
 ``listener-before-warm-stamp`` (a warm process told its next task, PROTOCOL.md 6.7),
 ``listener-after-take`` (an ending's round trip took the next task ahead, 6.2);
-``forkserver-after-fork`` (the fork server, between its fork and its answer, 6.8);
+``forkserver-after-fork`` (the fork server, between its fork and its answer, 6.8), and
+``forkserver-after-spare-fork`` (the same, for a process made ahead of its task);
 ``listener-after-lease`` (registration, between a queue's lease and its listeners set, 6).
 """
 

@@ -7,10 +7,12 @@ the listener takes no copy-on-write faults from its children's lives.
 Over its control socket (FD, a SOCK_SEQPACKET socket: one message a packet) it reads its setup
 (``Setup``, pickled), says ``{"ready": pid}``, then takes ``{"fork": {...}}`` requests, each
 with the child's end of its socket pair (and its output pipe) as SCM_RIGHTS, and answers
-``{"forked": pid, "created": t}`` (or ``{"refused": why}``). It reports each child's exit,
-``{"exited": pid, "status": raw}``, and reaps it only once the listener, having settled it, says
-``{"reap": [pids]}`` (until then its pid is nobody else's); it exits when the socket closes
-(its listener is gone: its children live on, as a dead listener's do)."""
+``{"forked": pid, "created": t}`` (or ``{"refused": why}``); a request marked ``"spare"``
+makes a task process ahead of its task, which waits for it as an idle warm one does. It
+reports each child's exit, ``{"exited": pid, "status": raw}``, and reaps it only once the
+listener, having settled it, says ``{"reap": [pids]}`` (until then its pid is nobody else's);
+it exits when the socket closes (its listener is gone: its children live on, as a dead
+listener's do)."""
 
 from __future__ import annotations
 
@@ -191,17 +193,18 @@ class ForkServer:
             None if self.setup.spool is None else Spool(self.setup.spool),
             (fds[1], fds[2]) if len(fds) == 3 else None, str(request.get("node") or ""))
         reuse = int(request.get("reuse") or 1)
+        spare = bool(request.get("spare"))
         try:
             pid = os.fork()
         except OSError as error:  # EAGAIN at a pids limit, ENOMEM
             return {"refused": str(error)}
         if pid == 0:
-            self._child(assignment, fds[0], reuse)
+            self._child(assignment, fds[0], reuse, spare)
         self.children.add(pid)
-        failpoints.hit("forkserver-after-fork")
+        failpoints.hit("forkserver-after-spare-fork" if spare else "forkserver-after-fork")
         return {"forked": pid, "created": create_time(pid)}
 
-    def _child(self, assignment: Assignment, sock: int, reuse: int) -> NoReturn:
+    def _child(self, assignment: Assignment, sock: int, reuse: int, spare: bool) -> NoReturn:
         try:
             self.control.close()
             _close([self._wake_r, self._wake_w])
@@ -211,7 +214,7 @@ class ForkServer:
                 loaded = self._loaded[1]
             store = cast("RedisStore", LazyStore(self.setup, loaded=loaded))
             run_task_process(store, socket.socket(fileno=sock), assignment, self.function,
-                             self.setup.task_logs, reuse)
+                             self.setup.task_logs, reuse, spare)
         finally:
             leave_process(1)
 

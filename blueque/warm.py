@@ -53,25 +53,35 @@ def idle_title(queue: str) -> str:
 # --- the task process ----------------------------------------------------------------------------
 def run_task_process(store: RedisStore, sock: socket.socket, assignment: Assignment,
                      function: TaskFunction, task_logs: TaskLogSettings | None,
-                     reuse: int) -> NoReturn:
+                     reuse: int, spare: bool = False) -> NoReturn:
     """Body of a listener daemon's task process; never returns: one task (``reuse`` 1,
-    PROTOCOL.md 6.2), or up to ``reuse`` tasks in turn (6.7)."""
-    if reuse == 1:
+    PROTOCOL.md 6.2), or up to ``reuse`` tasks in turn (6.7). A ``spare`` (6.8) is made
+    before its task: it waits for its first one as an idle warm process does."""
+    if reuse == 1 and not spare:
         run_reporting_child(store, sock, assignment, function, task_logs)
-    run_warm_child(store, sock, assignment, function, task_logs, reuse)
+    run_warm_child(store, sock, assignment, function, task_logs, reuse, spare)
 
 
 def run_warm_child(store: RedisStore, sock: socket.socket, assignment: Assignment,
                    function: TaskFunction, task_logs: TaskLogSettings | None,
-                   reuse: int) -> NoReturn:
+                   reuse: int, spare: bool = False) -> NoReturn:
     """Body of a warm child; never returns. Runs its assignment as ``run_reporting_child``
-    does; then, while its listener recorded each outcome and fewer than ``reuse`` tasks ran,
-    the next task its listener assigns it."""
+    does (a ``spare`` first waits for it: ``assignment`` names no task yet); then, while its
+    listener recorded each outcome and fewer than ``reuse`` tasks ran, the next task its
+    listener assigns it."""
     code = EXIT_REPORT_FAILED
     try:
-        prepare_process(f"blueque: {assignment.queue} {assignment.task_id} starting",
+        prepare_process(idle_title(assignment.queue) if spare else
+                        f"blueque: {assignment.queue} {assignment.task_id} starting",
                         sock.fileno())
         link = ParentLink(sock, assignment.patience)
+        if spare:
+            code = EXIT_REPORTED  # none given (end of file, retired): nothing ran
+            first = _wait_for_task(link, assignment.queue)
+            if first is None:
+                leave_process(code)
+            assignment = replace(assignment, task_id=first[0], queue=first[1])
+            code = EXIT_REPORT_FAILED
         runs = 0
         while True:
             code = run_reporting(store, link, assignment, function, task_logs)
@@ -189,6 +199,11 @@ class WarmProcesses:
             self._runs[idle.pid] = idle.runs + 1
             return idle
         return None
+
+    def add_spare(self, pid: int, created: float | None, channel: ChildChannel,
+                  output: TaskOutput | None) -> None:
+        """A process made before its task (6.8): idle, no task run yet."""
+        self.idle[pid] = Idle(pid, created, channel, output, 0)
 
     def retire_reason(self, running: Running, task_processes: set[int], now: float) -> str:
         """Why the process of ``running`` (its outcome recorded at ``now``) must not take

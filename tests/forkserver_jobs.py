@@ -12,12 +12,14 @@ from typing import Any
 
 
 def where(task: Any) -> str:
-    """Appends "[task id] [pid] [parent pid]" to its "marker" file and writes the modules it
-    finds loaded (redis, blueque's) to "modules" when given, and how its process came by
-    libc's prctl to "lookups"; waits for its "release" file
-    when given, then appends "[task id] [threads]" to its "threads" file when given; reads
-    its parents from Redis when "parents" is given; returns its "value"."""
+    """Prints its "say" when given; appends "[task id] [pid] [parent pid]" to its "marker"
+    file and writes the modules it finds loaded (redis, blueque's) to "modules" when given,
+    and how its process came by libc's prctl to "lookups"; waits for its "release" file when
+    given, then appends "[task id] [threads]" to its "threads" file when given; reads its
+    parents from Redis when "parents" is given; returns its "value"."""
     params = json.loads(task.parameters or "{}")
+    if "say" in params:
+        print(params["say"], flush=True)
     with open(params["marker"], "a", encoding="utf-8") as handle:
         handle.write(f"{task.id} {os.getpid()} {os.getppid()}\n")
     if "modules" in params:

@@ -81,6 +81,29 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
                   create_time(pid))
 
 
+def fork_spare(server: ForkServerLink, assignment: Assignment,
+               task_logs: TaskLogSettings | None, reuse: int) -> Forked | None:
+    """A task process made by ``server`` before its task (6.8, a spare; ``assignment`` names
+    its queue, no task): it waits for its first task as an idle warm process does. None: the
+    server is not ready, went away (a child it made meanwhile reads end of file on the pair
+    closed here and exits) or could not fork (said in the log); the next task then gets its
+    fork as usual."""
+    if not server.ready:
+        return None
+    ours, theirs = socket.socketpair()
+    output = os.pipe() if task_logs is not None else None
+    made = server.fork(assignment, reuse, [theirs.fileno(), *(output or ())], spare=True)
+    theirs.close()
+    if made is None or isinstance(made, str):
+        ours.close()
+        close_fds(output)
+        if made is not None:
+            log.warning("queue %s: its fork server cannot fork a process ahead of its task "
+                        "(%s)", assignment.queue, made)
+        return None
+    return _made(made, assignment, ours, output)
+
+
 def _dismiss(ours: socket.socket, assignment: Assignment) -> None:
     """The task process a fork server that died before its answer may have made: the only
     holder of the other end of ``ours`` once the server is gone. Told to stop (6.2: it never

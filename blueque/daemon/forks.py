@@ -201,17 +201,18 @@ class ForkServerLink:
                 self.control.settimeout(ANSWER_WAIT)
                 self.control.send(json.dumps({"reap": pids}).encode())
 
-    def fork(self, assignment: Assignment, reuse: int, fds: list[int]
+    def fork(self, assignment: Assignment, reuse: int, fds: list[int], spare: bool = False
              ) -> tuple[int, float | None] | str | None:
         """Ask it for the task process of ``assignment`` (``fds``: the child's end of its
-        socket, and its output pipe's ends): its pid and create time; a str: it could not
-        fork (EAGAIN...); None: it is not there (fork from the listener)."""
+        socket, and its output pipe's ends; ``spare``: one made before its task, 6.8): its
+        pid and create time; a str: it could not fork (EAGAIN...); None: it is not there
+        (fork from the listener)."""
         self.read()
         if not self.ready or self.control is None:
             return None
         request = {"fork": {"task": assignment.task_id, "queue": assignment.queue,
                             "listener": assignment.listener, "patience": assignment.patience,
-                            "node": assignment.node, "reuse": reuse}}
+                            "node": assignment.node, "reuse": reuse, "spare": spare}}
         try:
             self.control.setblocking(True)
             socket.send_fds(self.control, [json.dumps(request).encode()], fds)

@@ -12,7 +12,7 @@ from typing import Protocol
 from blueque import failpoints
 from blueque.calling import TaskFunction
 from blueque.child import Assignment
-from blueque.daemon.forking import fork_task_process
+from blueque.daemon.forking import fork_spare, fork_task_process
 from blueque.daemon.forks import ForkServerLink
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import Recorder
@@ -73,6 +73,25 @@ class Starter:
             return False
         self._start(task_id, queue, forked.pid, forked.created, forked.channel,
                     TaskOutput.of(forked.output, self.supervisor.recorder.task_logs, self.store))
+        return True
+
+    def make_spare(self, queue: str, free: int) -> bool:
+        """Have the fork server make a task process before its task (6.8), when a slot is
+        free (``free``: how many) and no process is idle: the next task moved goes to it.
+        False: none was made (none is wanted, no ready fork server, or it made none)."""
+        server = self.supervisor.fork_server
+        if server is None or free <= 0 or self.warm.idle:
+            return False
+        task_logs = self.supervisor.recorder.task_logs
+        made = fork_spare(server, Assignment("", queue, self.owner.id, self.owner.lease_s,
+                                             self.supervisor.recorder.spool,
+                                             node=self.owner.node),
+                          task_logs, self.warm.reuse)
+        if made is None:
+            return False
+        self.warm.add_spare(made.pid, made.created, made.channel,
+                            TaskOutput.of(made.output, task_logs, self.store))
+        log.debug("queue %s: process %d made ahead of its task", queue, made.pid)
         return True
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,

@@ -272,7 +272,9 @@ class ListenerStep:
         while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
             moved = self.supervisor.ahead.pop() or reserve(self.store, self.weights, self.id,
                                                            self.rng)
-            if moved is None:
+            if moved is None:  # nothing to take: a process made ready for the next (6.8)
+                self.supervisor.starter.make_spare(next(iter(self.weights)), self.slots.free(
+                    self.supervisor.occupied()))
                 return
             if not self.supervisor.fork(*moved, self.load_function()):
                 self.heal()
