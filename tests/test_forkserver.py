@@ -20,7 +20,6 @@ from blueque.config import Settings
 from blueque.daemon import ListenerOptions
 from blueque.daemon.forks import server_setup
 from blueque.daemon.step import ListenerStep
-
 from tests.daemons import Daemon, gone, lines, task_processes, wait_until
 from tests.test_reporting import KEYS, outcomes
 from tests.test_reporting import start as reporting_start

@@ -82,12 +82,12 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
 
 
 def fork_spare(server: ForkServerLink, assignment: Assignment,
-               task_logs: TaskLogSettings | None, reuse: int) -> Forked | None:
+               task_logs: TaskLogSettings | None, reuse: int) -> Forked | str | None:
     """A task process made by ``server`` before its task (6.8, a spare; ``assignment`` names
-    its queue, no task): it waits for its first task as an idle warm process does. None: the
-    server is not ready, went away (a child it made meanwhile reads end of file on the pair
-    closed here and exits) or could not fork (said in the log); the next task then gets its
-    fork as usual."""
+    its queue, no task): it waits for its first task as an idle warm process does. A str: the
+    server could not fork (why); None: it is not ready, or went away (a child it made
+    meanwhile reads end of file on the pair closed here and exits). The next task then gets
+    its fork as usual."""
     if not server.ready:
         return None
     ours, theirs = socket.socketpair()
@@ -97,10 +97,7 @@ def fork_spare(server: ForkServerLink, assignment: Assignment,
     if made is None or isinstance(made, str):
         ours.close()
         close_fds(output)
-        if made is not None:
-            log.warning("queue %s: its fork server cannot fork a process ahead of its task "
-                        "(%s)", assignment.queue, made)
-        return None
+        return made
     return _made(made, assignment, ours, output)
 
 

@@ -1,7 +1,8 @@
-"""How a listener's runs start (PROTOCOL.md 6.2, 6.7): a process made for the task (forked) or
-an idle warm one woken, then the stamp (pending -> started by that process, and the run's
-record on the node, in one round trip) and the word: go, or stop. Also the start of a task
-taken ahead for a warm process (blueque.daemon.ahead), whose stamp came with an ending."""
+"""How a listener's runs start (PROTOCOL.md 6.2, 6.7, 6.8): a process made for the task (forked)
+or an idle one woken (a warm one, or the spare made ahead of its task), then the stamp
+(pending -> started by that process, and the run's record on the node, in one round trip)
+and the word: go, or stop. Also the start of a task taken ahead for a warm process
+(blueque.daemon.ahead), whose stamp came with an ending; and the spare itself."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class Starter:
         self.store, self.warm = supervisor.store, supervisor.warm
         self.defaults, self.children = supervisor.defaults, supervisor.children
         self.clock, self.tell = supervisor.clock, supervisor.tell
+        self._spare_refused = False  # its fork server's last answer for a spare: refused
 
     @property
     def owner(self) -> Owner:
@@ -87,7 +89,11 @@ class Starter:
                                              self.supervisor.recorder.spool,
                                              node=self.owner.node),
                           task_logs, self.warm.reuse)
-        if made is None:
+        if isinstance(made, str) and not self._spare_refused:  # said once, not every step
+            log.warning("queue %s: its fork server cannot make a process ahead of its task "
+                        "(%s); tasks get their fork when they come", queue, made)
+        self._spare_refused = isinstance(made, str)
+        if made is None or isinstance(made, str):
             return False
         self.warm.add_spare(made.pid, made.created, made.channel,
                             TaskOutput.of(made.output, task_logs, self.store))
