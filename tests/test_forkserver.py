@@ -337,3 +337,23 @@ def test_a_fork_server_killed_while_it_makes_a_spare_leaves_no_process_too_many(
                             and p.cmdline()[:1] == ["blueque: work idle"]],
                what="no spare of a dead fork server left")
     assert outcomes(redis_client, "complete") == 3 and daemon.alive()
+
+
+def test_a_spare_whose_fork_server_dies_still_runs_the_next_task(  # type: ignore[no-untyped-def]
+        client, redis_client, started, tmp_path, redis_url) -> None:
+    """The spare comes to the listener (its child subreaper) with the fork server's death and
+    waits on: the next task runs in it, once; the new fork server makes the spare after it."""
+    marker = tmp_path / "marker"
+    daemon = start(started, tmp_path, redis_url)
+    wait_until(lambda: len(spares(daemon)) == 1, what="a spare")
+    spare, server = spares(daemon)[0], fork_servers(daemon)[0]
+    psutil.Process(server).kill()
+    wait_until(lambda: psutil.Process(spare).ppid() == daemon.pid, what="the spare reparented")
+    wait_until(lambda: fork_servers(daemon) and fork_servers(daemon) != [server]
+               and daemon.log().count("ready") >= 2, what="another fork server")
+    task_id = enqueue(client, marker, value=5)
+    task = client.get_task(task_id).wait(30)
+    assert task.status == "complete" and task.result == "5" and task.attempts == 1
+    assert ran(marker) == [(task_id, spare, daemon.pid)]  # the orphaned spare ran it
+    wait_until(lambda: gone(spare) and len(spares(daemon)) == 1, what="the next spare")
+    assert outcomes(redis_client, "complete") == 1 and daemon.alive()
