@@ -45,19 +45,16 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
     forked here, ``inherited`` closes what it must not keep of the listener's (its siblings'
     sockets). None: no process could be forked (EAGAIN at a pids limit, ENOMEM), said in the
     log."""
-    ours, theirs = socket.socketpair()
-    output = os.pipe() if task_logs is not None else None
     if server is not None and server.ready:
-        made = server.fork(assignment, reuse, [theirs.fileno(), *(output or ())])
-        theirs.close()
+        made, ours, output = _ask(server, assignment, task_logs, reuse)
         if made is not None:
             return _made(made, assignment, ours, output)
         # it went away meanwhile: a child it may have made is told to stop, and is gone
         # before this one, forked here, takes its place (never one process too many, 6.8)
         _dismiss(ours, assignment)
         close_fds(output)
-        ours, theirs = socket.socketpair()
-        output = os.pipe() if task_logs is not None else None
+    ours, theirs = socket.socketpair()
+    output = os.pipe() if task_logs is not None else None
     try:
         with _pool_lock(store):
             pid = os.fork()
@@ -90,15 +87,24 @@ def fork_spare(server: ForkServerLink, assignment: Assignment,
     its fork as usual."""
     if not server.ready:
         return None
-    ours, theirs = socket.socketpair()
-    output = os.pipe() if task_logs is not None else None
-    made = server.fork(assignment, reuse, [theirs.fileno(), *(output or ())], spare=True)
-    theirs.close()
+    made, ours, output = _ask(server, assignment, task_logs, reuse, spare=True)
     if made is None or isinstance(made, str):
         ours.close()
         close_fds(output)
         return made
     return _made(made, assignment, ours, output)
+
+
+def _ask(server: ForkServerLink, assignment: Assignment, task_logs: TaskLogSettings | None,
+         reuse: int, spare: bool = False
+         ) -> tuple[tuple[int, float | None] | str | None, socket.socket, tuple[int, int] | None]:
+    """Ask ``server`` for a task process (ForkServerLink.fork): its answer, and our end of the
+    process's socket pair and its output pipe (their ends, sent to it, are closed here)."""
+    ours, theirs = socket.socketpair()
+    output = os.pipe() if task_logs is not None else None
+    made = server.fork(assignment, reuse, [theirs.fileno(), *(output or ())], spare=spare)
+    theirs.close()
+    return made, ours, output
 
 
 def _dismiss(ours: socket.socket, assignment: Assignment) -> None:
