@@ -1,7 +1,9 @@
 """Fencing: whether a run is its task's current run (PROTOCOL.md 5.6), the one rule that every
 part judging a run follows — the listener recording a child's ending and stopping superseded
 runs at each renewal, a child whose listener died before telling it to go, recovery stopping
-the fenced runs of dead listeners; and what recover.lua does with a task whose run never ran it.
+the fenced runs of dead listeners; whether a run that is no longer current may take its task
+back (reclaim.lua: it lived through a cut, and nothing newer started); and what recover.lua
+does with a task whose run never ran it.
 
 A pure function of the task's fields (its hash, empty when gone) and of what the run knows of
 itself: its listener, its attempt (the fencing token, once the stamp told it) and its pid.
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from blueque.statuses import PENDING, RESERVED, STARTED, Verdict
+from blueque.endings import late_ending_allowed
+from blueque.statuses import PENDING, RESERVED, SCHEDULED, STARTED, Verdict
 
 #: The statuses of a task that has a current run: reserved (stamped without a process, as a
 #: Processor does) or started.
@@ -33,6 +36,17 @@ def is_current_run(task: Mapping[str, str], listener: str, attempt: int | str | 
         return task.get("attempts") == str(attempt)
     return (task.get("status") == STARTED and pid is not None
             and task.get("pid") == str(pid))
+
+
+def may_reclaim(task: Mapping[str, str], listener: str, attempt: int) -> bool:
+    """Whether ``listener`` may take its task back for its live run at ``attempt``, which is
+    not its task's current run any more (reclaim.lua, PROTOCOL.md 5.12b): recover took this
+    very attempt back from it while the run lived (its node cut off longer than its lease),
+    the task waits for its retry (scheduled, or pending once due), and no newer attempt has
+    started (the late-ending rule, ``endings.late_ending_allowed``). Reclaimed, the run is
+    the current run again by ``is_current_run``."""
+    return (task.get("status") in (PENDING, SCHEDULED)
+            and late_ending_allowed(task, listener, attempt))
 
 
 def unstarted_verdict(task_id: str, task: Mapping[str, str], listener: str,

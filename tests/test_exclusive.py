@@ -165,3 +165,66 @@ def test_an_exclusive_listener_declared_dead_runs_its_next_task_once_it_register
         assert (task.status, task.attempts) == ("complete", 1), task.data
         assert [line.split()[0] for line in lines(marker)] == ["start", "end"]  # ran once
         assert "lost its lease on work" in far.log()
+
+
+def test_a_node_cut_off_past_its_lease_reclaims_the_runs_no_other_node_started(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path):
+    """Issue 30 item 1. Default mode, every other slot busy: a node is cut off longer than its
+    lease, a sweep puts its two running tasks back for their retries (one due at once, so
+    pending; one scheduled an hour ahead), and no slot is free to start them. Before: at the
+    heal the node stopped both runs as superseded and ran them again from zero. Now it takes
+    both tasks back (reclaim.lua) and the runs go on: each task runs once, attempt 1."""
+    direct, through_proxy, proxy = cuttable
+    client = blueque.Client(direct)
+    queue = client.get_queue("work")
+    markers = {name: tmp_path / name for name in ("blocker", "due", "later")}
+    release, blocker_release = tmp_path / "release", tmp_path / "blocker-release"
+    with daemons(tmp_path) as started:
+        near = Daemon(listen_command(direct, "work", "tests.jobs:waits_for_release",
+                                     "--interval", "0.5", "--poll", "0.1", "--identity",
+                                     "near.example_2", "--no-task-logs"), tmp_path / "near.log")
+        started.append(near)
+        blocker = queue.enqueue(json.dumps({"marker": str(markers["blocker"]),
+                                            "release": str(blocker_release)}))
+        wait_until(lambda: lines(markers["blocker"]), what="the other node's only slot busy")
+        far = Daemon(listen_command(through_proxy, "work", "tests.jobs:waits_for_release",
+                                    "--interval", "0.5", "--poll", "0.1", "--concurrency", "2",
+                                    "--identity", "far.example_1", "--no-task-logs"),
+                     tmp_path / "far.log")
+        started.append(far)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 2, what="two")
+        ids = {name: queue.enqueue(json.dumps({"marker": str(markers[name]),
+                                               "release": str(release)}),
+                                   max_attempts=3, retry_backoff=backoff)
+               for name, backoff in (("due", 0.01), ("later", 3600))}
+        wait_until(lambda: lines(markers["due"]) and lines(markers["later"]),
+                   what="both running on the node to be cut off")
+        pids = {name: client.get_task(task_id).pid for name, task_id in ids.items()}
+        proxy.cut()
+        wait_until(lambda: [client.get_task(ids[name]).status for name in ("due", "later")]
+                   == ["pending", "scheduled"], timeout=15,
+                   what="both put back for their retries by the other node's sweep")
+        proxy.restore()
+        wait_until(lambda: all(client.get_task(task_id).status == "started"
+                               for task_id in ids.values()), timeout=15,
+                   what="both taken back by the node that runs them")
+        for name, task_id in ids.items():
+            task = client.get_task(task_id)
+            assert (task.node, task.attempts, task.pid) == ("far.example_1", 1, pids[name])
+            assert task.history[-1]["outcome"] == "retry" and task.history[-1]["reclaimed"]
+        assert redis_client.llen(KEYS.pending("work")) == 0
+        assert redis_client.zcard(KEYS.scheduled("work")) == 0
+        assert far.log().count("taken back, its run") == 2
+        assert all(not gone(pid) for pid in pids.values() if pid is not None)
+        release.touch()
+        for name, task_id in ids.items():
+            task = client.get_task(task_id).wait(20)
+            assert (task.status, task.attempts, task.node) == ("complete", 1, "far.example_1")
+            assert [entry["outcome"] for entry in task.history] == ["retry", "complete"]
+            # its work ran once, to its end, in the process that ran before the cut
+            assert lines(markers[name]) == [f"start {pids[name]}", f"end {pids[name]}"]
+        assert "superseded" not in far.log()
+        blocker_release.touch()
+        assert client.get_task(blocker).wait(20).status == "complete"
+        assert far.alive() and near.alive()
+

@@ -4,11 +4,13 @@ verdict of a task that no run of a listener ran (recovery, the heal, a child nev
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
 import blueque
-from blueque.fencing import is_current_run, unstarted_verdict
+from blueque.fencing import is_current_run, may_reclaim, unstarted_verdict
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.recovery import Recovery, RecoveryReport
@@ -59,6 +61,41 @@ def task(status: str, node: str = A, attempts: str | None = "2",
 ])
 def test_is_current_run(fields, listener, attempt, pid, expected) -> None:  # type: ignore[no-untyped-def]
     assert is_current_run(fields, listener, attempt, pid) is expected
+
+
+def recovered(status: str, outcome: str = "retry", node: str = A, attempt: int = 2,
+              **more: str) -> dict[str, str]:
+    """A task recover took from run ``attempt`` of ``node`` while it lived (5.6, 5.12b)."""
+    entry = {"attempt": attempt, "outcome": outcome, "node": node, "recovered": True}
+    return {"status": status, "attempts": "2", "history": json.dumps([entry]), **more}
+
+
+@pytest.mark.parametrize("fields, expected", [
+    # waiting for the retry recover gave it (scheduled, or pending once due): reclaimed
+    (recovered("scheduled"), True),
+    (recovered("pending"), True),
+    (recovered("pending", outcome="preempted"), True),
+    # recorded failed: its late ending (5.6) follows, no attempt to withdraw
+    (recovered("failed", outcome="failed"), False),
+    # a newer attempt was stamped (it started, or a Processor reserved it)
+    (recovered("started", attempts="3"), False),
+    (recovered("reserved", attempts="3"), False),
+    ({**recovered("pending"), "attempts": "3"}, False),
+    # not recover's ending of this very run
+    (recovered("scheduled", node=B), False),
+    (recovered("scheduled", attempt=1), False),
+    (recovered("pending", outcome="requeued"), False),  # put back before it ran
+    ({**recovered("scheduled"), "history": "[]"}, False),
+    ({**recovered("scheduled"), "history": "not json"}, False),
+    # cancelled meanwhile; its hash gone
+    (recovered("failed", outcome="retry", cancelled="1795000000"), False),
+    ({}, False),
+])
+def test_may_reclaim(fields, expected) -> None:  # type: ignore[no-untyped-def]
+    assert may_reclaim(fields, A, 2) is expected
+    if expected:  # reclaimed, the run is its task's current run again
+        assert not is_current_run(fields, A, 2)
+        assert is_current_run({**fields, "status": "started", "node": A}, A, 2)
 
 
 @pytest.mark.parametrize("fields, pid, expected", [

@@ -11,6 +11,7 @@ import redis
 import blueque
 from blueque.endings import RunEnd
 from blueque.errors import InvalidTaskState, StaleAttempt
+from blueque.fencing import is_current_run
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.processor import Processor
@@ -509,3 +510,81 @@ def test_a_finished_task_is_no_late_ending(any_client: blueque.Client) -> None:
     with pytest.raises(InvalidTaskState):
         processor.complete("a second ending")
     assert r.hget(K.task(task.id), "status") == "failed"
+
+
+# --- reclaim (PROTOCOL.md 5.12b): the run goes on when its retry has not started ----------------
+def test_a_run_reclaims_its_task_from_the_retry_that_had_not_begun(
+        any_client: blueque.Client) -> None:
+    """Issue 30 item 1: the listener back from a cut longer than its lease takes the task back
+    for its live run, instead of killing hours of work to run it again from zero."""
+    r, store = any_client.redis, any_client.store
+    task, processor = recovered_alive(any_client, "retry", max_attempts=3)
+    listener = task.node or ""
+    started = any_client.get_task(task.id).history[-1]["started"]
+    assert store.reclaim("q", task.id, listener, 1, 4242, 123.5, time.time()) == ("ok", "")
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["node"], data["pid"], data["attempts"]) == (
+        "started", listener, "4242", "1")
+    # when the run began, as recover's history entry kept it (to the millisecond: cjson's)
+    assert data["pid_created"] == "123.5" and float(data["started_at"]) == pytest.approx(
+        started, abs=0.001)
+    assert not {"eta", "error"} & set(data)  # recover's guess is in the history only
+    assert is_current_run(data, listener, 1)
+    assert r.zscore(K.scheduled("q"), task.id) is None  # the retry is withdrawn
+    assert r.lrange(K.reserved("q", listener), 0, -1) == [task.id]
+    assert f"{listener} 4242 {task.id}" in r.smembers(K.started("q"))
+    assert any_client.get_task(task.id).history[-1]["reclaimed"] > started
+    # a repeat whose reply was lost changes nothing
+    assert store.reclaim("q", task.id, listener, 1, 4242, 123.5, time.time()) == ("ok", "")
+    assert r.lrange(K.reserved("q", listener), 0, -1) == [task.id]
+    processor.complete("done")
+    done = any_client.get_task(task.id)
+    assert (done.status, done.attempts) == ("complete", 1)
+    assert [entry["outcome"] for entry in done.history] == ["retry", "complete"]
+
+
+def test_a_reclaimed_task_fences_out_the_attempt_a_listener_moved_but_did_not_stamp(
+        any_client: blueque.Client) -> None:
+    """The retry was due (pending) and another listener's LMOVE took it, not yet stamped: its
+    stamp then finds the task started by the run that reclaimed it, and drops it."""
+    r, store = any_client.redis, any_client.store
+    task, _ = recovered_alive(any_client, "retry", max_attempts=3)
+    store.enqueue_due("q", time.time() + 120)
+    assert r.hget(K.task(task.id), "status") == "pending"
+    assert store.move_pending("q", "other_2", None) == task.id  # the reserved window
+    assert store.reclaim("q", task.id, task.node or "", 1, 4242, None, time.time()) == ("ok", "")
+    assert "pid_created" not in r.hgetall(K.task(task.id))
+    assert store.stamp("q", "other_2", task.id, time.time()).verdict == "skip"
+    assert r.lrange(K.reserved("q", "other_2"), 0, -1) == []
+    assert r.lrange(K.pending("q"), 0, -1) == []
+    data = r.hgetall(K.task(task.id))
+    assert (data["status"], data["node"], data["attempts"]) == ("started", task.node, "1")
+
+
+def test_a_newer_attempt_supersedes_the_run_and_no_reclaim_undoes_it(
+        any_client: blueque.Client) -> None:
+    r, store = any_client.redis, any_client.store
+    task, _ = recovered_alive(any_client, "retry", max_attempts=3)
+    store.enqueue_due("q", time.time() + 120)
+    again = any_client.get_listener("q").reserve()
+    assert again is not None and again.attempts == 2
+    assert store.reclaim("q", task.id, task.node or "", 1, 4242, None, time.time()) == (
+        "stale", "2")
+    assert r.hget(K.task(task.id), "node") == again.node
+
+
+@pytest.mark.parametrize("case", ["attempts used up", "cancelled", "another listener's"])
+def test_only_a_task_waiting_for_the_retry_of_this_very_run_is_reclaimed(
+        any_client: blueque.Client, case: str) -> None:
+    """A task recorded failed is left to its run's late ending (5.6); a cancelled one stays
+    cancelled; a run is never reclaimed for a listener other than its own."""
+    r, store = any_client.redis, any_client.store
+    task, _ = recovered_alive(any_client, "failed" if case == "attempts used up" else "retry",
+                              max_attempts=1 if case == "attempts used up" else 3)
+    if case == "cancelled":
+        any_client.cancel_task(task.id)
+    before = r.hgetall(K.task(task.id))
+    listener = "someone_7" if case == "another listener's" else task.node or ""
+    verdict, status = store.reclaim("q", task.id, listener, 1, 4242, None, time.time())
+    assert (verdict, status) == ("no", before["status"])
+    assert r.hgetall(K.task(task.id)) == before

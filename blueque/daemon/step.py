@@ -225,14 +225,14 @@ class ListenerStep:
     def _renew(self) -> None:
         """Renew our leases and info hash and write our runs (Membership.renew), and look at
         each running child's task as it is now (Supervisor.look_at): a superseded run is
-        stopped, a cancel whose message was missed is taken."""
+        stopped, one recovered while it lived reclaimed, a missed cancel taken."""
         supervisor = self.supervisor
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
         watched = supervisor.stopper.watched()
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics,
                                       supervisor.recorder.seen)
-        self.inbox.cancel(supervisor.stopper.look_at(zip(watched, reply.tasks, strict=True)))
+        self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
         if self.membership.renewed_at is not None:
             self.guard.renewed_at(self.membership.renewed_at)
 

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable, Iterable
 
 from blueque.endings import Stopped, late_ending_allowed
-from blueque.fencing import is_current_run
+from blueque.fencing import is_current_run, may_reclaim
 from blueque.leftovers import Leftovers
 from blueque.process import Stopping, signal_group
 from blueque.reporting import ToChild
@@ -90,17 +90,23 @@ class Stopper:
         whose outcome we took in is only exiting, not superseded by its own end)."""
         return [r for r in self.children.values() if r.report is None and r.state == "running"]
 
-    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
+    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]
+                ) -> tuple[list[str], list[Running]]:
         """With each watched child's task as a renewal read it: stop the runs that were taken
         back or reserved again (superseded: they could record nothing); returns the tasks
-        whose cancel was asked for (their message may have been missed)."""
-        cancels = []
+        whose cancel was asked for (their message may have been missed), and the runs whose
+        task recover took back while they lived and that no newer attempt superseded: to
+        reclaim (PROTOCOL.md 5.12b)."""
+        cancels, reclaim = [], []
         for running, data in fields:
             if data.get("cancel_requested"):
                 cancels.append(running.task_id)
+            elif running.attempt is not None and may_reclaim(data, self.listener,
+                                                             running.attempt):
+                reclaim.append(running)
             elif self._superseded(running, data):
                 self.stop(running, "superseded")
-        return cancels
+        return cancels, reclaim
 
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         if not data or running.attempt is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from blueque import failpoints
 from blueque.child import TaskFunction
@@ -119,6 +119,35 @@ class Supervisor:
                     self.ahead.held.append((taken.queue, taken.task_id))  # for a free slot
                 elif taken is not None and taken.reservation is not None:
                     self.starter.take_up(taken, taken.reservation, running.pid, kept)
+
+    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
+        """With each running child's task as a lease renewal read it (Stopper.look_at): the
+        superseded runs are stopped, and those whose task recover took back while they lived
+        are reclaimed (PROTOCOL.md 5.12b); returns the tasks whose cancel was asked for.
+        Raises RedisUnavailable (a run not reclaimed yet is looked at again next time)."""
+        cancels, recovered = self.stopper.look_at(fields)
+        for running in recovered:
+            self._reclaim(running)
+        return cancels
+
+    def _reclaim(self, running: Running) -> None:
+        """Take its task back for a run that lived through a cut longer than our lease, unless
+        a newer attempt started meanwhile: then it is superseded, and stopped."""
+        assert running.attempt is not None  # Stopper.look_at reclaims only such runs
+        verdict, detail = self.store.reclaim(running.queue, running.task_id, self.owner.id,
+                                             running.attempt, running.pid, running.created,
+                                             self.store.now())
+        if verdict == "ok":
+            log.warning("task %s: recovered while its run lived (its listener was cut off from "
+                        "Redis longer than its lease) and not started again anywhere: taken "
+                        "back, its run (attempt %s, pid %d) goes on", running.task_id,
+                        running.attempt, running.pid, extra={
+                            "task_id": running.task_id, "queue": running.queue,
+                            "event": "reclaimed"})
+            return
+        log.info("task %s: not taken back (%s %s): another attempt supersedes its run",
+                 running.task_id, verdict, detail)
+        self.stopper.stop(running, "superseded")
 
     def hold_reports(self) -> None:
         """While Redis cannot take them: spool the outcomes our children reported (6.5)."""

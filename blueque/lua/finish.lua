@@ -28,7 +28,7 @@
 -- The ending is appended to the task's `history` (PROTOCOL.md 3.2); the current fields then
 -- describe the current attempt only: complete drops `error` and `traceback`, retry and
 -- preempted (the task waits for its next attempt) drop the run's node, pid and progress.
--- uses: history, counts
+-- uses: history, counts, late
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at',
                       'error', 'traceback', 'history')
 local status = cur[1]
@@ -58,17 +58,7 @@ local function late()
   if ARGV[7] == '' or not KEYS[13] then
     return false
   end
-  if status ~= 'failed' and status ~= 'scheduled' and status ~= 'pending' then
-    return false
-  end
-  if redis.call('HEXISTS', KEYS[1], 'cancelled') == 1 then
-    return false
-  end
-  local last = history_from(cur[8])
-  last = last[#last]
-  return type(last) == 'table' and last.recovered == true and last.node == ARGV[2]
-    and tostring(last.attempt) == ARGV[7]
-    and (last.outcome == 'failed' or last.outcome == 'retry' or last.outcome == 'preempted')
+  return recovered_alive(KEYS[1], status, cur[8], ARGV[2], ARGV[7])
 end
 if status ~= 'reserved' and status ~= 'started' then
   if not late() then

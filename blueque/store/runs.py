@@ -265,6 +265,20 @@ class RunOperations(StoreCore):
         return counts
 
     @translate_errors
+    def reclaim(self, queue: str, task_id: str, listener_id: str, attempt: int, pid: int,
+                pid_created: float | None, now: float) -> tuple[str, str]:
+        """Take back, for a listener's run that still lives, the task recover took from it
+        while it was cut off, if no newer attempt has started (reclaim.lua, PROTOCOL.md 5.12b):
+        ("ok", ""), ("stale", the task's attempts) or ("no", its status)."""
+        reply = self._run(
+            "reclaim",
+            [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
+             self.keys.started(queue), self.keys.pending(queue), self.keys.scheduled(queue)],
+            [task_id, listener_id, attempt, pid, "" if pid_created is None else repr(pid_created),
+             repr(now)], durable=True)
+        return str(reply[0]), str(reply[1]) if len(reply) > 1 else ""
+
+    @translate_errors
     def claim_reserved(self, queue: str, dead_listener: str, new_listener: str) -> str | None:
         """blueque 1.0.1's orphan claim: the dead listener's first reserved task, marked with
         reclaimed_node (the caller has already won the claim with remove_listener)."""

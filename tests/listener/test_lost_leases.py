@@ -92,8 +92,10 @@ def test_a_listener_killed_while_it_registers_leaves_no_member_without_a_lease( 
 
 def test_listener_back_from_the_dead_stops_its_superseded_runs(  # type: ignore[no-untyped-def]
         client, start, tmp_path, redis_client):
-    """Its tasks were taken back while it was frozen: their runs can record nothing any more
-    (fenced), so letting them go on for hours only duplicates work another attempt redoes."""
+    """Its tasks were taken back while it was frozen, and their retries started on another
+    listener: their runs can record nothing any more (fenced), so letting them go on for hours
+    only duplicates work the newer attempt does. (A run whose retry has not started is
+    reclaimed instead: tests/test_exclusive.py.)"""
     marker, release = tmp_path / "marker", tmp_path / "release"
     frozen = start("work", "tests.jobs:waits_for_release", *FAST)
     queue = client.get_queue("work")
@@ -105,13 +107,15 @@ def test_listener_back_from_the_dead_stops_its_superseded_runs(  # type: ignore[
     try:
         wait_until(lambda: Recovery(client.store, host="elsewhere.example").sweep(
             ["work"]).retried == 1, what="its lease lapsed and the task taken back")
+        other = start("work", "tests.jobs:waits_for_release", *FAST)
+        wait_until(lambda: len(lines(marker)) == 2, what="its retry running elsewhere")
         frozen.signal(signal.SIGCONT)
         wait_until(lambda: gone(child), what="the superseded run stopped")
         assert "superseded" in frozen.log()
         assert "end" not in " ".join(lines(marker))
         release.touch()
-        task = client.get_task(task_id).wait(20)  # attempt 2, in the thawed listener's slot
-        assert task.attempts == 2
+        task = client.get_task(task_id).wait(20)  # attempt 2, on the other listener
+        assert task.attempts == 2 and (task.node or "").endswith(f"_{other.pid}")
     finally:
         frozen.signal(signal.SIGCONT)
         kill_session_children([child])
