@@ -87,10 +87,13 @@ class Recovery:
         self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
 
     def _verdicts(
-        self, queue: str, listener: str, why: str, adopt: bool
+        self, queue: str, listener: str, why: str, adopt: bool, exclusive: bool = False
     ) -> tuple[list[Verdict], dict[str, tuple[int, float | None]]]:
         """Verdicts for a dead listener's reserved tasks, and the still-running ones
-        (adopt=True: checked by pid on this node) left alone: task id -> (pid, created)."""
+        (adopt=True: checked by pid on this node) left alone: task id -> (pid, created).
+        adopt=False (its lease lapsed): its exclusive runs (``exclusive``: all of them, a
+        listener --exclusive) were stopped by their own listener before the lapse, and are
+        put back as preempted runs are, without spending an attempt (PROTOCOL.md 6.6)."""
         ids = self.store.reserved_ids(queue, listener)
         datas = self.store.task_data_many(ids) if ids else []
         config = self.store.queue_config(queue) if ids else {}
@@ -109,9 +112,11 @@ class Recovery:
                 stopped = self.runs.gone(task_id)
                 if adopt and pid and pid.isdigit():
                     self.runs.ended(task_id, int(pid), data, Policy.resolve(data, config), stopped)
+                elif not adopt and (exclusive or Policy.resolve(data, config).exclusive == 1):
+                    stopped = "fenced"
                 verdicts.append(self._started_verdict(
                     task_id, data, config, self._why(why, stopped, data, config), current,
-                    preempted=stopped == "preempted"))
+                    preempted=stopped in ("preempted", "fenced")))
             else:  # never started by a run of it: put back, or dropped if it moved on
                 verdicts.append(unstarted_verdict(task_id, data, listener))
                 if verdicts[-1].kind == "drop" and pid and pid.isdigit():
@@ -132,6 +137,8 @@ class Recovery:
                     f"(--on-stop=terminate; {why})")
         if stopped == "preempted":
             return f"{describe_exit(0, stopped, 0)} (adopted; {why})"
+        if stopped == "fenced":
+            return f"exclusive, so stopped by its own listener before its lease lapsed ({why})"
         if stopped != "time limit":
             return why
         limit = Policy.resolve(data, config).time_limit
@@ -151,8 +158,8 @@ class Recovery:
         dead): recover everything they held (mode "lease")."""
         for listener in self.store.expired_listeners(queue) if listeners is None else listeners:
             verdicts, _ = self._verdicts(
-                queue, listener, f"listener {listener} stopped renewing its lease", adopt=False
-            )
+                queue, listener, f"listener {listener} stopped renewing its lease", adopt=False,
+                exclusive=self.store.listener_info(listener).get("exclusive") == "1")
             if listeners is not None and not self.watch.still_dead(listener):
                 continue  # Redis stalled while we read its tasks: judge it again next sweep
             if (listeners is not None and self._holds_exclusive(queue, listener)

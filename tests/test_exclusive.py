@@ -6,6 +6,7 @@ hold a flock on one file, which the kernel drops only when the holder dies."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -228,3 +229,47 @@ def test_a_node_cut_off_past_its_lease_reclaims_the_runs_no_other_node_started( 
         assert client.get_task(blocker).wait(20).status == "complete"
         assert far.alive() and near.alive()
 
+
+def test_a_partition_costs_an_exclusive_run_no_attempt(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path):
+    """Issue 30 item 2. `--exclusive`, max_attempts=1: the node is cut off, its guard stops the
+    run before its lease lapses, and a sweep elsewhere recovers the listener. Before: the
+    sweep recorded "stopped renewing its lease" as a failure, and the job failed for good.
+    The run was stopped by its own node for fencing, as a preemption stops one: the task is
+    put back without spending an attempt, its checkpoint kept, and resumes from it."""
+    direct, through_proxy, proxy = cuttable
+    marker = tmp_path / "marker"
+    client = blueque.Client(direct)
+    with daemons(tmp_path) as started:
+        far = Daemon(listen_command(through_proxy, "work", "tests.checkpoint_jobs:count",
+                                    "--interval", "1", "--poll", "0.1", "--identity",
+                                    "far.example_1", "--no-task-logs", "--exclusive"),
+                     tmp_path / "far.log")
+        started.append(far)
+        wait_until(lambda: redis_client.scard(KEYS.listeners("work")) == 1, what="listener")
+        task_id = client.get_queue("work").enqueue(json.dumps(
+            {"marker": str(marker), "n": 60, "k": 5, "step": 0.1}), max_attempts=1)
+        wait_until(lambda: client.get_task(task_id).checkpoint, what="a checkpoint saved")
+        # the sweeper, near Redis (a scheduler: it runs no task)
+        scheduler = Daemon([sys.executable, "-m", "blueque.cli", "scheduler", "--url", direct,
+                            "--interval", "0.5", "--recovery-interval", "0.5"],
+                           tmp_path / "scheduler.log")
+        started.append(scheduler)
+        wait_until(lambda: "scheduler started" in scheduler.log(), what="the sweeper")
+        proxy.cut()
+        wait_until(lambda: client.get_task(task_id).status != "started", timeout=20,
+                   what="the cut-off listener recovered by the sweep")
+        task = client.get_task(task_id)
+        assert (task.status, task.attempts, task.data.get("preemptions")) == (
+            "pending", 1, "1"), task.data
+        assert task.history[-1]["outcome"] == "preempted"
+        assert "exclusive" in task.history[-1]["error"]
+        saved = json.loads(task.checkpoint or "{}")["done"]
+        assert saved >= 5  # kept for the next attempt
+        proxy.restore()
+        task = client.get_task(task_id).wait(30)
+        assert task.status == "complete", task.data
+        result = json.loads(task.result or "{}")
+        assert result["attempt"] == 2 and result["resumed_from"] >= saved
+        assert [entry["outcome"] for entry in task.history] == ["preempted", "complete"]
+        assert far.alive()
