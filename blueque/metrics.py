@@ -198,8 +198,9 @@ class ListenerMetrics:
             ["queue", "outcome"], buckets=RUN_TIME_BUCKETS, registry=self.registry)
         self.renewal_time = Gauge(
             "blueque_listener_renewal_seconds",
-            "How long the latest lease renewal took (one round trip): more than a quarter of "
-            "the lease (half an interval) and renewals come late", registry=self.registry)
+            "How long the latest lease renewal took (one round trip): more than a tenth of "
+            "--interval is a slow link, on which the lease is not promised to hold",
+            registry=self.registry)
         self._last_renewal: float | None = None
 
     def renewal(self, at: float, interval: float) -> None:

@@ -335,11 +335,12 @@ def test_status_shows_each_listeners_busy_slots(fleet: Fleet, run: Run) -> None:
 
 
 def test_status_says_when_renewals_are_slow_for_the_interval() -> None:
-    """A renewal that took more than half an interval (a quarter of the lease) is SLOW, and
-    the column names an --interval that would hold (issue 19 item 4)."""
+    """A renewal whose round trip took more than a tenth of the interval is on a SLOW link,
+    and the column names an --interval that would hold (issue 19 item 4, issue 30 item 3)."""
     assert _renewal_text({"renewal_seconds": "0.004", "interval": "2"}) == "4ms"
-    assert _renewal_text({"renewal_seconds": "1.6", "interval": "2"}) == (
-        "1.6s SLOW (--interval 3.5 would hold)")
+    assert _renewal_text({"renewal_seconds": "0.2", "interval": "2"}) == "200ms"
+    assert _renewal_text({"renewal_seconds": "0.31", "interval": "2"}) == (
+        "310ms SLOW (--interval 3.5 would hold)")
     assert _renewal_text({"interval": "2"}) == "-"  # a listener older than the field
 
 

@@ -176,14 +176,14 @@ def _lease_text(remaining: float | None) -> str:
 
 
 def _renewal_text(info: dict[str, str]) -> str:
-    """How long its latest lease renewal took; SLOW, with an --interval that would hold,
-    past half its interval (a quarter of its lease: PROTOCOL.md 6, step 2)."""
+    """How long its latest lease renewal's round trip took; SLOW, with an --interval that
+    would hold, past a tenth of its interval (a slow link: PROTOCOL.md 6, step 2)."""
     took, interval = field_float(info.get("renewal_seconds")), field_float(info.get("interval"))
     if took is None:
         return "-"
     text = format_seconds(took)
-    if interval and took > interval / 2:
-        text += f" SLOW (--interval {math.ceil(took * 4) / 2:g} would hold)"
+    if interval and took > interval / 10:
+        text += f" SLOW (--interval {math.ceil(took * 20) / 2:g} would hold)"
     return text
 
 

@@ -43,6 +43,7 @@ class ListenerDaemon(ListenerStep):
         # stop those of runs that ended (blueque.leftovers)
         subreaper = child_subreaper(True)
         self.guard.start()  # stops exclusive runs in time, even while the loop waits on Redis
+        self.keeper.start()  # renews the lease in time, even while the loop is slow
         try:
             while True:
                 self.run_once()
@@ -79,6 +80,7 @@ class ListenerDaemon(ListenerStep):
         return self.supervisor.done() and not self.slots.adopted
 
     def _finish(self) -> None:
+        self.keeper.close()  # the lease is the loop's to leave with (release, or keep)
         self.supervisor.let_go()
         # what ended runs left is not left to anyone (runs still running are: --on-stop=keep)
         self.supervisor.leftovers.finish(self.supervisor.children)

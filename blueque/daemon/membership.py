@@ -1,7 +1,8 @@
 """A listener's presence in Redis (PROTOCOL.md 6 "Registration", 6.1 "Identity check"): its
 id, which no other live listener may hold; its info hash; its lease on each queue, renewed
-every half interval in one round trip (timed, and warned of when slow for the lease); and its
-reserved lists, healed of ids no child of its runs."""
+every half interval in one round trip (timed, and warned of on a slow link: the lease keeper,
+blueque.daemon.keeper, renews it between two when the loop is late); and its reserved lists,
+healed of ids no child of its runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -24,11 +26,13 @@ from blueque.store import NodeRenewal, RedisStore, RenewalReply
 
 log = logging.getLogger("blueque.daemon")
 
-#: A renewal that takes more than this share of the lease is slow: the next one is due
-#: before it ended (it comes every quarter lease), and the lease's slack is being used up.
-SLOW_SHARE = 0.25
-#: How often a slow renewal is warned of, at most (s).
+#: A renewal whose round trip takes more than this share of the interval is on a slow link:
+#: the lease is promised to hold only under it (PROTOCOL.md 6, step 2, "Slow links").
+SLOW_SHARE = 0.1
+#: How often a slow link is warned of, at most (s).
 SLOW_WARN_EVERY = 60.0
+#: How many of the latest round trips a renewal's time is the least of.
+TRIPS_KEPT = 3
 
 #: The error of a started task whose listener has no run of it (Membership.heal).
 LOST_RUN = ("listener {listener} has no run of it any more: its ending was lost (Redis came "
@@ -52,8 +56,10 @@ class Membership:
         self.lease_ms = int(self.interval * 2000)
         self.info: dict[str, str] = {}  # what register wrote, written whole at each renewal
         self.registered = False
-        #: how long the latest renewal took (s), written to the info hash by the next one
+        #: how long a renewal's round trip takes (s): the least of the latest TRIPS_KEPT (one
+        #: that had to connect first is no slow link), written to the info hash by the next
         self.took: float | None = None
+        self._trips: deque[float] = deque(maxlen=TRIPS_KEPT)
         #: when the latest renewal that held every lease (renewed, or registered again) was
         #: sent (this clock), or None
         self.renewed_at: float | None = None
@@ -137,7 +143,9 @@ class Membership:
         if self.exclusive:
             self.info["exclusive"] = "1"
         self.store.check_server()
+        sent = self.clock()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
+        self._took(self.clock() - sent, None)  # one round trip: a slow link is said at start
         for queue in self.weights:
             self._join(queue)
         self.registered = True
@@ -162,6 +170,7 @@ class Membership:
         started = self.clock()
         reply = self.store.renew_node(self.renewal(busy, runs, runs_ttl, tasks, self.took,
                                                    dict(seen or {})))
+        self._took(self.clock() - started, metrics)
         if seen:  # written
             seen.clear()
         self.renewed(reply.leases, metrics)
@@ -169,7 +178,6 @@ class Membership:
         # lease from ``started``: the exclusive guard counts from here (PROTOCOL.md 6.6)
         self.renewed_at = started
         self._reserved = reply.reserved
-        self._took(self.clock() - started, metrics)
         return reply
 
     def renewal(self, busy: int, runs: dict[str, str], runs_ttl: int,
@@ -186,9 +194,7 @@ class Membership:
 
     def renewed(self, leases: dict[str, int], metrics: ListenerMetrics | None = None) -> None:
         """After a renewal: a lease that was lost (we were declared dead and recovered) is
-        registered again; our old runs are fenced out."""
-        if metrics:
-            metrics.renewal(self.clock(), self.interval)
+        registered again; our old runs are fenced out, or reclaimed (PROTOCOL.md 5.12b)."""
         for queue, deadline in leases.items():
             if deadline == -1:
                 if metrics:
@@ -205,23 +211,25 @@ class Membership:
         self.store.add_listener(queue, self.id)
 
     def _took(self, seconds: float, metrics: ListenerMetrics | None) -> None:
-        """Measure the renewal; warn (at most every SLOW_WARN_EVERY) when it is slow for the
-        lease, naming an --interval that would hold."""
-        self.took = seconds
+        """Measure a round trip (a renewal's, the registration's); warn (at most every
+        SLOW_WARN_EVERY) when the link is slow for the interval, naming an --interval that
+        would hold."""
+        self._trips.append(seconds)
+        seconds = self.took = min(self._trips)
         if metrics:
             metrics.renewal_took(seconds)
-        lease = self.lease_ms / 1000
-        if seconds <= SLOW_SHARE * lease:
+        if seconds <= SLOW_SHARE * self.interval:
             return
         now = self.clock()
         if self._warned_at is not None and now - self._warned_at < SLOW_WARN_EVERY:
             return
         self._warned_at = now
-        holds = math.ceil(seconds / (2 * SLOW_SHARE) * 2) / 2  # renewing in a quarter lease
-        log.warning("listener %s: its lease renewal took %.2f s, more than a quarter of its "
-                    "%g-s lease (--interval %g): a slow or distant Redis; renewals may come "
-                    "too late and live tasks be run again elsewhere. --interval %g or more "
-                    "would hold", self.id, seconds, lease, self.interval, holds)
+        holds = math.ceil(seconds / SLOW_SHARE * 2) / 2
+        log.warning("listener %s: a round trip to Redis took %.2f s, more than a tenth of "
+                    "its --interval %g: a slow or distant Redis, on which its lease is not "
+                    "promised to hold (renewals may land late, and live tasks be run again "
+                    "elsewhere). --interval %g or more would hold", self.id, seconds,
+                    self.interval, holds)
 
     def _info_ttl(self) -> int:
         return int(self.interval * 3) + 1

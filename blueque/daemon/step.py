@@ -22,6 +22,7 @@ from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
 from blueque.daemon.forks import ForkServerLink, server_setup
+from blueque.daemon.keeper import LeaseKeeper
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
@@ -37,7 +38,7 @@ from blueque.recovery import Recovery
 from blueque.running import output_fds
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
-from blueque.store import RedisStore
+from blueque.store import RedisStore, apart
 
 log = logging.getLogger("blueque.daemon")
 
@@ -111,6 +112,9 @@ class ListenerStep:
         self.supervisor.ahead.queues = self._next_queues
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
                                     clock)
+        #: renews the leases when the loop is late (a slow link); hears of every renewal
+        self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
+                                  interval, self.guard.renewed_at, clock, self.metrics)
         self.wakeup = Wakeup(self.store, interval)
         self.preemption = NodePreemption(self.store, self.node_name, self.id, clock,
                                          options.preempt_grace)
@@ -132,9 +136,7 @@ class ListenerStep:
     def register(self) -> None:
         sent = self.clock()
         self.membership.register(self.options.concurrency)
-        self.guard.renewed_at(sent)  # its leases run from here
-        if self.metrics:  # the first renewal is late if it comes an interval after this
-            self.metrics.renewal(sent, self.membership.interval)
+        self.keeper.renewed(sent)  # its leases run from here
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
 
@@ -149,6 +151,7 @@ class ListenerStep:
         return self.stop_asked or bool(self.program_signals and self.program_signals.pending)
 
     def run_once(self) -> None:
+        self.keeper.beat()  # a loop that no longer steps lets its lease lapse
         self.supervisor.take_in()
         self.supervisor.reap()
         try:
@@ -233,8 +236,7 @@ class ListenerStep:
                                       [r.task_id for r in watched], self.metrics,
                                       supervisor.recorder.seen)
         self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
-        if self.membership.renewed_at is not None:
-            self.guard.renewed_at(self.membership.renewed_at)
+        self.keeper.renewed(self.membership.renewed_at)  # the guard and metrics hear of it
 
     def heal(self) -> None:
         """Put back the ids in our reserved lists that no child of ours runs or still has

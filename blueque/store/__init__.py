@@ -22,6 +22,7 @@ from blueque.store.core import (
     RedisLike,
     Reservation,
     StoreCore,
+    apart,
 )
 from blueque.store.errors import (
     MIN_REDIS_VERSION,
@@ -76,6 +77,7 @@ __all__ = [
     "Subscription",
     "Take",
     "Taken",
+    "apart",
     "check_version",
     "describe",
     "load_script",

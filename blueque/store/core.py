@@ -20,7 +20,7 @@ from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
 from blueque.retry import NoRetry, RetryPolicy, is_transient
-from blueque.store.direct import NOT_SENT, DirectCalls, Resend
+from blueque.store.direct import NOT_SENT, DirectCalls, Resend, eligible
 from blueque.store.errors import (
     check_version,
     describe,
@@ -34,6 +34,7 @@ from blueque.store.subscription import Subscription
 log = logging.getLogger("blueque.store")
 
 T = TypeVar("T")
+S = TypeVar("S", bound="StoreCore")
 P = ParamSpec("P")
 
 #: How long a blocking pop waits per round trip; listen() loops, so this bounds only how
@@ -116,6 +117,7 @@ class StoreCore:
         #: the client-wide checkpoint size limit (Client(..., checkpoint_max_bytes=...))
         self.checkpoint_max_bytes = CHECKPOINT_MAX_BYTES
         self._unbounded: Self | None = None  # set on the copies bounded() makes
+        self._owns_client = False  # a client apart() made: closed with the store
         #: Redis' clock (blueque.clock), shared by the copies bounded() makes
         self.clock = ServerClock()
 
@@ -156,8 +158,10 @@ class StoreCore:
 
     def close(self) -> None:
         """Disconnect the connection the store keeps for script calls (blueque.store.direct);
-        the redis-py client's pool is its owner's to close."""
+        the redis-py client's pool is its owner's to close (``apart``'s, this store's)."""
         self._direct.close()
+        if self._owns_client:
+            self.redis.close()
 
     @property
     def clustered(self) -> bool:
@@ -344,3 +348,20 @@ class StoreCore:
         self._server_checked = True
 
 
+def apart(store: S, timeout: float) -> S:
+    """``store`` (same server, settings and key layout) on a connection pool of its own, whose
+    calls time out after ``timeout`` seconds and are tried once, with a Health of its own:
+    for a thread that must neither wait behind the others' calls nor count as their
+    interruptions (the listener's lease keeper). A client whose connections cannot be made
+    apart (a cluster, a single connection, fakeredis) is shared; the store's ``close``
+    disconnects a pool made here."""
+    view = copy.copy(store)
+    view.retry, view.health = NoRetry(), Health()
+    if eligible(store.redis):
+        pool = store.redis.connection_pool
+        kwargs = {**pool.connection_kwargs, "socket_timeout": timeout,
+                  "socket_connect_timeout": timeout}
+        view.redis = redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, **kwargs))
+        view._direct, view._scripts, view._owns_client = DirectCalls(view.redis), {}, True
+    return view

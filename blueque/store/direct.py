@@ -40,7 +40,7 @@ class Resend(Exception):
     """The kept connection failed around a call: send it the ordinary way."""
 
 
-def _eligible(client: Any) -> bool:
+def eligible(client: Any) -> bool:
     """A plain redis-py client over a connection pool (Sentinel's too), whose connections
     are redis-py's own: where the kept connection behaves as the pool's would."""
     if not isinstance(client, redis.Redis) or getattr(client, "connection", None) is not None:
@@ -58,7 +58,7 @@ class DirectCalls:
     ordinary way)."""
 
     def __init__(self, client: Any) -> None:
-        self._pool: Any = client.connection_pool if _eligible(client) else None
+        self._pool: Any = client.connection_pool if eligible(client) else None
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._connection: Any = None

@@ -195,32 +195,30 @@ class ListenerOperations(StoreCore):
         running tasks a renewal looks at (never their parameters), and its reserved lists.
         A pipeline, sent again whole after a NOSCRIPT (each command may be repeated); on a
         Redis Cluster (whose pipelines refuse scripts) command by command."""
-        script = self._script("lease")
-        if hasattr(self.redis, "get_nodes"):  # a cluster: its pipelines refuse scripts
-            return RenewalReply.of(renewal, self._renewal_commands(self.redis, renewal, script))
-        for _ in range(2):
-            pipe = self.redis.pipeline(transaction=False)
-            self._renewal_commands(pipe, renewal, script)
-            replies = pipe.execute(raise_on_error=False)
-            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                script.sha = self.redis.script_load(script.script)
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return RenewalReply.of(renewal, replies)
-        raise redis.exceptions.NoScriptError("lease.lua: the server did not keep it")
+        return RenewalReply.of(renewal, _with_leases(
+            self, lambda pipe, script: self._renewal_commands(pipe, renewal, script)))
+
+    @translate_errors
+    def renew_leases(self, listener_id: str, queues: Sequence[str], lease_ms: int,
+                     info_ttl: int) -> dict[str, int]:
+        """The lease keeper's renewal (PROTOCOL.md 6, step 2): lease.lua renew on each queue
+        and EXPIRE blueque_listener_[id], in one round trip; each queue's new deadline, -1
+        for a lease that was lost (renew never registers again)."""
+        info = self.keys.listener_info(listener_id)
+
+        def commands(pipe: Any, script: Any) -> list[Any]:
+            out = _lease_commands(self, pipe, script, listener_id, queues, lease_ms)
+            out.append(pipe.expire(info, info_ttl))
+            return out
+
+        replies = _with_leases(self, commands)
+        return {queue: int(reply) for queue, reply in zip(queues, replies, strict=False)}
 
     def _renewal_commands(self, pipe: Any, renewal: NodeRenewal, script: Any) -> list[Any]:
         """Queue the renewal's commands on a pipeline, or run them one by one on a cluster
         client (``pipe`` is then the client: their replies are returned)."""
-        cluster = pipe is self.redis
-        out: list[Any] = []
-        for queue in renewal.queues:
-            keys = [self.keys.leases(queue)]
-            args = [renewal.listener, renewal.lease_ms, "renew"]
-            out.append(script(keys=keys, args=args) if cluster
-                       else pipe.evalsha(script.sha, 1, *keys, *args))
+        out = _lease_commands(self, pipe, script, renewal.listener, renewal.queues,
+                              renewal.lease_ms)
         info, runs = self.keys.listener_info(renewal.listener), self.keys.node_runs(renewal.node)
         out.append(pipe.hset(info, mapping=renewal.info))
         out.append(pipe.expire(info, renewal.info_ttl))
@@ -300,6 +298,40 @@ class ListenerOperations(StoreCore):
         return bool(self._run("cron_advance", [self.keys.cron()],
                               [name, expected or "", str(tick)]))
 
+
+
+def _with_leases(store: StoreCore, commands: Callable[[Any, Any], list[Any]]) -> list[Any]:
+    """The replies of ``commands(pipe, lease.lua)`` sent in one pipeline, sent again whole
+    after a NOSCRIPT (a restart emptied the script cache: each command may be repeated); on
+    a Redis Cluster, whose pipelines refuse scripts, ``commands`` runs them one by one on the
+    client and returns their replies."""
+    script = store._script("lease")
+    if store.clustered:
+        return commands(store.redis, script)
+    for _ in range(2):
+        pipe = store.redis.pipeline(transaction=False)
+        commands(pipe, script)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            script.sha = store.redis.script_load(script.script)
+            continue
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+    raise redis.exceptions.NoScriptError("lease.lua: the server did not keep it")
+
+
+def _lease_commands(store: StoreCore, pipe: Any, script: Any, listener_id: str,
+                    queues: Sequence[str], lease_ms: int) -> list[Any]:
+    """lease.lua renew for each queue, on a pipeline or (a cluster client) one by one."""
+    cluster = pipe is store.redis
+    out: list[Any] = []
+    for queue in queues:
+        keys, args = [store.keys.leases(queue)], [listener_id, lease_ms, "renew"]
+        out.append(script(keys=keys, args=args) if cluster
+                   else pipe.evalsha(script.sha, 1, *keys, *args))
+    return out
 
 
 def _per_node(reply: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
