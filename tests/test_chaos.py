@@ -5,7 +5,9 @@ Redis SIGKILLed and restarted from its append-only file, once for longer than a 
 refusing writes (out of memory, or unable to persist) for a few seconds, Redis stalled (DEBUG
 SLEEP) for longer than a lease while a `blueque scheduler` sweeps too, and a node's link to
 Redis cut (each node reaches Redis through a blueque.testing.DelayingProxy) for less than a
-lease.
+lease, or for longer than a lease while every slot of the fleet is busy: the first such cut
+comes while every node runs two long tasks, which the cut node's sweepers put back for their
+retries behind a long line, and which it reclaims at the heal (PROTOCOL.md 5.12b).
 
 At the end no task is lost (every one complete), no task's work finished twice, no two runs of
 one task overlapped while one of them went on to finish its work, no node ever ran more task
@@ -18,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -44,6 +47,13 @@ LEASE = 2 * INTERVAL
 TASKS_BEFORE, TASKS_DURING = 160, 60
 CONCURRENCY = 2
 CHAOS_SECONDS = 50.0
+#: Tasks at the head of the line that outlast a long cut: every node starts with two of them.
+LONG_TASKS, LONG_SECONDS = 3 * CONCURRENCY, 15.0
+#: How long a long cut lasts: past the lease, and past the sweeps that recover the node.
+LONG_CUT = (LEASE + 2.0, LEASE + 3.0)
+#: Pending tasks a long cut needs: the rest of the fleet does not reach the cut node's put-back
+#: retries (at the back of the line) before the heal, so no slot ever starts one.
+BACKLOG = 50
 
 
 def tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
@@ -180,29 +190,43 @@ class Chaos:
 
     ACTIONS = {"kill listener": 2, "term listener": 2, "stop node": 2, "kill child": 3,
                "term child": 1, "restart redis": 1, "refuse writes": 1, "stall redis": 1,
-               "cut node": 2, "kill fork server": 2}
+               "cut node": 2, "cut node long": 1, "kill fork server": 2}
 
     def __init__(self, server: RedisServer, nodes: list[Node], rng: random.Random,
-                 links: dict[str, DelayingProxy] | None = None) -> None:
+                 links: dict[str, DelayingProxy] | None = None,
+                 backlog: Callable[[], int] = lambda: 0) -> None:
         self.server, self.nodes, self.rng = server, nodes, rng
         self.links = links or {}  # node name -> the proxy its processes reach Redis through
+        self.backlog = backlog  # how many tasks wait in the line
         self.events: Counter[str] = Counter()
         self.signalled: set[int] = set()  # task processes the chaos itself killed or stopped
         self.long_outage_due = True  # one Redis outage longer than a lease, the rest shorter
+        self.long_cut_due = True  # one cut longer than a lease early, while the long tasks run
+        self.cut_off: set[str] = set()  # listener ids cut off longer than their lease
+
+    def choose(self, elapsed: float) -> str:
+        """The next action: drawn from the menu, but for the long cut and the long outage,
+        each once at its time; a long cut only while the fleet is busy (else a short one)."""
+        kind = self.rng.choices(list(self.ACTIONS), weights=list(self.ACTIONS.values()))[0]
+        if self.long_cut_due and elapsed > 4 and self.fleet_busy():
+            kind, self.long_cut_due = "cut node long", False
+        if self.long_outage_due and elapsed > 20:
+            kind = "restart redis"
+        if kind == "cut node long" and not self.fleet_busy():
+            kind = "cut node"
+        return kind
 
     def step(self, elapsed: float) -> None:
         node = self.rng.choice(self.nodes)
-        kind = self.rng.choices(list(self.ACTIONS), weights=list(self.ACTIONS.values()))[0]
-        if self.long_outage_due and elapsed > 20:
-            kind = "restart redis"
+        kind = self.choose(elapsed)
         if kind == "restart redis":
             self.restart_redis()
         elif kind == "refuse writes":
             self.refuse_writes()
         elif kind == "stall redis":
             self.stall_redis()
-        elif kind == "cut node" and node.name in self.links:
-            self.cut(node)
+        elif kind.startswith("cut node") and node.name in self.links:
+            self.cut(node, long=kind == "cut node long")
         elif not node.alive():
             node.start()  # a listener the chaos stopped comes back
             return
@@ -235,13 +259,24 @@ class Chaos:
         stall = self.rng.uniform(LEASE, 1.25 * LEASE)
         redis.Redis(port=self.server.port).execute_command("DEBUG", "SLEEP", f"{stall:.2f}")
 
-    def cut(self, node: Node) -> None:
+    def cut(self, node: Node, long: bool = False) -> None:
         """The node's link to Redis goes (its connections drop, new ones are refused) for
-        less than a lease, then comes back."""
+        less than a lease, or (``long``) for longer: its listener is recovered elsewhere, and
+        at the heal it reclaims the runs still going and records the endings of the others,
+        while no put-back retry has started (the fleet is busy: fleet_busy)."""
         link = self.links[node.name]
+        if long:
+            self.cut_off.add(f"{node.name}_{node.listener_pid()}")
         link.cut()
-        time.sleep(self.rng.uniform(0.3, LEASE / 2))
+        time.sleep(self.rng.uniform(*LONG_CUT) if long else self.rng.uniform(0.3, LEASE / 2))
         link.restore()
+
+    def fleet_busy(self) -> bool:
+        """Every node's listener alive and every slot running a task, and a line long enough
+        that the fleet does not get through it during a long cut."""
+        return (self.backlog() >= BACKLOG
+                and all(node.alive() and len(node.task_processes()) >= CONCURRENCY
+                        for node in self.nodes))
 
     def restart_listener(self, node: Node, kill: bool) -> None:
         assert node.daemon is not None
@@ -354,18 +389,20 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
     journal.mkdir()
     links = {f"node-{letter}": DelayingProxy(chaos_server.port) for letter in "abc"}
     nodes = [Node(name, link.url(), tmp_path, tag, mode) for name, link in links.items()]
-    chaos = Chaos(chaos_server, nodes, rng, links)
     client = blueque.Client(chaos_server.url)
     queue = client.get_queue("chaos")
+    chaos = Chaos(chaos_server, nodes, rng, links, backlog=lambda: queue.stats().pending)
 
-    def enqueue(count: int) -> list[str]:
+    def enqueue(count: int, seconds: float | None = None) -> list[str]:
         return [
-            queue.enqueue(json.dumps({"dir": str(journal), "seconds": rng.uniform(0.3, 3.0)}),
+            queue.enqueue(json.dumps({"dir": str(journal),
+                                      "seconds": seconds or rng.uniform(0.3, 3.0)}),
                           max_attempts=30, retry_backoff=0)
             for _ in range(count)
         ]
 
-    ids = enqueue(TASKS_BEFORE)
+    ids = enqueue(LONG_TASKS, LONG_SECONDS)  # first in line: every node starts with two
+    ids += enqueue(TASKS_BEFORE)
     began = time.monotonic()
     scheduler: Daemon | None = None
     slots = SlotWatch(nodes)
@@ -397,7 +434,10 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
         assert statuses == {"complete": len(ids)}, statuses
         assert {client.get_task(task_id).result for task_id in ids} == {"ok"}
         figures = check_journal(ids, journal, chaos.signalled)
-        assert scheduler.alive() and "recovered listener" not in scheduler.log()
+        # the scheduler took no listener for dead but those cut off longer than their lease
+        recovered = set(re.findall(r"recovered listener (\S+) on queue", scheduler.log()))
+        assert scheduler.alive() and recovered <= chaos.cut_off, (recovered, chaos.cut_off)
+        assert chaos.events["cut node long"] >= 1, chaos.events
         scheduler.stop(timeout=30)
         for node in nodes:
             assert node.daemon is not None
@@ -411,6 +451,8 @@ def test_chaos_loses_nothing_and_runs_nothing_twice(chaos_server: RedisServer,
     print("chaos figures:", json.dumps({
         "seed": seed, "tasks": len(ids), "complete": statuses["complete"], **figures,
         "events": dict(chaos.events), "listener_starts": sum(n.starts for n in nodes),
+        "reclaimed": sum(log.read_text(errors="replace").count("taken back, its run")
+                         for node in nodes for log in node.logs),
         "most_runs_on_a_node": max(slots.most.values()), "slot_samples": slots.samples,
         "chaos_s": round(chaos_took, 1), "drained_s": round(drained_at, 1),
     }))
