@@ -86,10 +86,13 @@ class LeaseKeeper:
 
     def close(self) -> None:
         """Stop renewing (before the listener leaves): the thread ends at its next look, and
-        its connection is closed."""
+        its connection is closed. A thread still in a call on a dead link after a second is
+        left to end with the process: a renewal of a released lease changes nothing."""
         self._closed.set()
         if self._thread is not None:
-            self._thread.join(self.interval + 1.0)  # at most one call, which times out
+            self._thread.join(1.0)
+            if self._thread.is_alive():
+                return
         self.store.close()
 
     def _watch(self) -> None:
