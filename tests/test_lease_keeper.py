@@ -12,17 +12,10 @@ import blueque
 from blueque.daemon.keeper import DUE, STUCK_MIN, LeaseKeeper
 from blueque.keys import Keys
 from blueque.store import apart
+from tests.test_recorder_table import FakeClock as Clock
 
 KEYS = Keys()
 INTERVAL = 2.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def keeper(client: blueque.Client, clock: Clock, heard: list[float]) -> LeaseKeeper:
