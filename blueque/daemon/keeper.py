@@ -38,7 +38,7 @@ SAY_EVERY = 60.0
 
 class LeaseKeeper:
     """Renews ``listener``'s leases on ``queues`` (``store``: a connection of its own whose
-    calls time out, RedisStore.apart) when the latest renewal was sent DUE of an interval ago;
+    calls time out: blueque.store.apart) when the latest renewal was sent DUE of an interval ago;
     tells ``on_renewed`` (the exclusive guard) and the metrics of every renewal that renewed
     every lease, the loop's and its own."""
 
