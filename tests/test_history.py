@@ -165,14 +165,14 @@ def test_every_script_that_writes_history_uses_the_one_history_library() -> None
     assert f"while #list > {protocol.HISTORY_KEEP} do" in library
     assert library.count(str(protocol.HISTORY_ERROR_BYTES)) >= 3
     def writes_history(path: Path) -> bool:  # itself, or through a library (lib/stamp)
-        return bool(re.search(r"remember\(|with_entry\(|added\(",
+        return bool(re.search(r"remember\(|with_entry\(|added\(|with_last\(",
                               load_script(path.stem).replace(library, "")))
 
     users = [path for path in sorted(LUA.glob("*.lua")) if writes_history(path)]
     assert {path.name for path in users} >= {"finish.lua", "recover.lua", "cancel.lua",
                                             "cancel_pending.lua", "cancel_scheduled.lua",
                                             "stamp.lua", "take.lua", "retry_failed.lua",
-                                            "tell.lua"}
+                                            "tell.lua", "reclaim.lua"}
     for path in [*sorted(LUA.glob("*.lua")), *sorted((LUA / "lib").glob("*.lua"))]:
         body = path.read_text()
         if path.name == "history.lua":
@@ -180,7 +180,7 @@ def test_every_script_that_writes_history_uses_the_one_history_library() -> None
         # the field is written only with the value the library made (with_entry)
         assert set(re.findall(r"'history',\s*([^\s)]+)", body)) <= {"history"}, path.name
         if "'history', history" in body:
-            assert re.search(r"local history = (with_entry|added)\(", body), path.name
+            assert re.search(r"local history = (with_entry|added|with_last)\(", body), path.name
         if path in users:
             assert "-- uses: history" in body, path.name
             assert library in load_script(path.stem), path.name

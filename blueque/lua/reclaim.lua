@@ -28,21 +28,21 @@ if (status ~= 'scheduled' and status ~= 'pending')
   return {'no', status or ''}
 end
 local list = history_from(cur[5])
-local last = list[#list]
-last.reclaimed = tonumber(ARGV[6])
+local started = list[#list].started  -- when the run began, as recover kept it
+local history = with_last(list, 'reclaimed', tonumber(ARGV[6]))
 redis.call('LREM', KEYS[4], 1, ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
-local fields = {'status', 'started', 'node', ARGV[2], 'pid', ARGV[4], 'updated', ARGV[6],
-                'history', cjson.encode(list)}
-if last.started then  -- when the run began, as recover kept it
+local fields = {'status', 'started', 'node', ARGV[2], 'pid', ARGV[4], 'updated', ARGV[6]}
+if started then
   fields[#fields + 1] = 'started_at'
-  fields[#fields + 1] = tostring(last.started)
+  fields[#fields + 1] = tostring(started)
 end
 if ARGV[5] ~= '' then
   fields[#fields + 1] = 'pid_created'
   fields[#fields + 1] = ARGV[5]
 end
 redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('HSET', KEYS[1], 'history', history)
 redis.call('HDEL', KEYS[1], 'eta', 'error', 'traceback')  -- recover's guess: in the history
 if ARGV[5] == '' then
   redis.call('HDEL', KEYS[1], 'pid_created')

@@ -33,6 +33,10 @@ local function added(list, entry)  -- the field with one more entry, the last 20
   end
   return cjson.encode(list)
 end
+local function with_last(list, name, value)  -- the field, its last entry given `name` = value
+  list[#list][name] = value
+  return cjson.encode(list)
+end
 local function with_entry(key, entry)
   return added(history_of(key), entry)
 end
