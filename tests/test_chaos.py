@@ -266,11 +266,20 @@ class Chaos:
         at the heal it reclaims the runs still going and records the endings of the others,
         while no put-back retry has started (the fleet is busy: fleet_busy)."""
         link = self.links[node.name]
-        if long:
-            self.cut_off.add(f"{node.name}_{node.listener_pid()}")
+        daemon = node.daemon
+        if long and daemon is not None:
+            self.cut_off.add(f"{node.name}_{daemon.pid}")
+            back = daemon.log().count("Redis is back")
         link.cut()
         time.sleep(self.rng.uniform(*LONG_CUT) if long else self.rng.uniform(0.3, LEASE / 2))
         link.restore()
+        if long and daemon is not None:
+            # the cut ends once the node is back (it reclaimed its runs in its first renewal,
+            # before it says so): a listener killed in that instant leaves them to its
+            # successor, which stops them as fenced (adoption does not reclaim)
+            deadline = time.monotonic() + 2 * LEASE
+            while daemon.log().count("Redis is back") == back and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def fleet_busy(self) -> bool:
         """Every node's listener alive and every slot running a task, and a line long enough
