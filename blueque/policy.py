@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import get_type_hints
 
+from blueque.display import parse_duration
 from blueque.errors import ConfigurationError
 
 #: The options that are 0 or 1 (which also take True and False), and what they mean.
@@ -98,6 +99,25 @@ def field_float(raw: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def _number(name: str, value: object) -> float:
+    """An option's value as a number: a number, a numeric string, True/False for a flag
+    (exclusive=True), or for a duration option text as the CLI takes it (time_limit="4h":
+    ``"90"``, ``"15m"``, ``"4h"``, ``"7d"``)."""
+    if isinstance(value, bool) and name in FLAGS:
+        return int(value)
+    if isinstance(value, str) and OPTION_TYPES[name] is float:
+        try:
+            return parse_duration(value)
+        except ConfigurationError as error:
+            raise ConfigurationError(f"option {name}={value!r}: {error}") from None
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError(type(value).__name__)
+        return float(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigurationError(f"option {name}={value!r} is not a number") from error
+
+
 def encode_options(options: Mapping[str, object]) -> dict[str, str]:
     """Validate enqueue/queue options and turn them into hash field values."""
     encoded: dict[str, str] = {}
@@ -108,14 +128,7 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
             )
         if value is None:
             continue
-        if isinstance(value, bool) and name in FLAGS:
-            value = int(value)  # exclusive=True
-        try:
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise TypeError(type(value).__name__)
-            number = float(value)
-        except (TypeError, ValueError) as error:
-            raise ConfigurationError(f"option {name}={value!r} is not a number") from error
+        number = _number(name, value)
         if not math.isfinite(number):  # nan would mean "no limit" unsaid; inf is no int
             raise ConfigurationError(f"option {name}={value!r} is not a finite number")
         least = 1 if name in ("max_attempts", "checkpoint_max_bytes") else 0

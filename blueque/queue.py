@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from blueque import dependencies, ended, protocol
 from blueque import keys as k
+from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
@@ -155,12 +156,15 @@ def check_limit(limit: int | None) -> int | None:
     return limit
 
 
-def due_time(eta: float | None, delay: float | None, current: float) -> float:
+def due_time(eta: float | None, delay: float | str | None, current: float) -> float:
     """When a scheduled task is due (Unix s, Redis' clock): ``eta`` as given, or ``delay``
-    seconds after ``current``; exactly one of the two."""
+    seconds after ``current`` (a number, or text as the CLI's ``--delay`` takes it: ``"1h"``);
+    exactly one of the two."""
     if (eta is None) == (delay is None):
         raise ConfigurationError("schedule needs an eta (Unix time) or a delay (seconds), "
                                  "one of the two")
+    if isinstance(delay, str):
+        delay = parse_duration(delay)
     when = eta if delay is None else delay
     if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
         raise ConfigurationError(f"{'eta' if delay is None else 'delay'} must be a finite "
@@ -276,7 +280,7 @@ class Queue:
 
     def schedule(
         self, parameters: object, eta: float | None = None, task_id: str | None = None, *,
-        delay: float | None = None, after: object = None,
+        delay: float | str | None = None, after: object = None,
         after_any: object = False, **options: object
     ) -> TaskId:
         """Create a task to run at ``eta`` (Unix time: an instant, on Redis' clock like every

@@ -83,7 +83,8 @@ def test_text_that_utf8_cannot_encode_is_refused_clearly(contract_client: bluequ
 @pytest.mark.parametrize(("options", "words"), [
     ({"max_attempts": float("nan")}, "max_attempts=nan is not a finite number"),
     ({"max_attempts": "inf"}, "max_attempts='inf' is not a finite number"),
-    ({"time_limit": "nan"}, "time_limit='nan' is not a finite number"),
+    ({"time_limit": "nan"}, "time_limit='nan': bad duration 'nan': use a number of seconds"),
+    ({"time_limit": "4 hours"}, "time_limit='4 hours': bad duration"),
     ({"time_limit": float("inf")}, "time_limit=inf is not a finite number"),
     ({"max_attempts": 0}, "max_attempts=0 is out of range: it must be at least 1"),
     ({"retry_backoff": -1}, "retry_backoff=-1 is out of range: it must be at least 0"),
@@ -99,6 +100,30 @@ def test_options_that_are_no_finite_number_in_range_are_refused(
         queue.configure(**options)  # type: ignore[arg-type]
     assert contract_client.redis.llen(K.pending("q")) == 0
     assert contract_client.redis.exists(K.queue_config("q")) == 0
+
+
+def test_a_duration_option_takes_the_text_the_cli_takes(contract_client: blueque.Client
+                                                        ) -> None:
+    """`blueque enqueue --time-limit 4h` worked and `enqueue(time_limit="4h")` was refused:
+    the API takes a duration as the CLI does (90, 15m, 4h, 7d), for every option in seconds,
+    a schedule's delay too; counts stay numbers."""
+    queue = contract_client.get_queue("q")
+    task_id = queue.enqueue("p", time_limit="4h", retry_backoff="90", retry_backoff_max="1d",
+                            kill_grace="30s", result_ttl="1w", max_attempts="3")
+    data = contract_client.get_task(task_id).data
+    assert [float(data[name]) for name in ("time_limit", "retry_backoff", "retry_backoff_max",
+                                           "kill_grace", "result_ttl")] == [
+        4 * 3600, 90, 86400, 30, 7 * 86400]
+    assert data["max_attempts"] == "3"
+    queue.configure(time_limit="15m")
+    assert queue.config()["time_limit"] == "900.0"
+    before = contract_client.store.now()
+    later = contract_client.get_task(queue.schedule("p", delay="1h")).eta
+    assert later is not None and 3600 <= later - before < 3660
+    with pytest.raises(ConfigurationError, match="max_attempts='3x' is not a number"):
+        queue.enqueue("p", max_attempts="3x")
+    with pytest.raises(ConfigurationError, match="bad duration"):
+        queue.schedule("p", delay="soon")
 
 
 def test_the_options_are_policy_s_fields_and_the_checkpoint_s_bound() -> None:

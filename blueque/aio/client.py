@@ -216,7 +216,7 @@ class Queue:
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     async def schedule(self, parameters: object, eta: float | None = None,
-                       task_id: str | None = None, *, delay: float | None = None,
+                       task_id: str | None = None, *, delay: float | str | None = None,
                        after: object = None, after_any: object = False,
                        **options: object) -> TaskId:
         """Create a task to run at ``eta`` (Unix time, on Redis' clock) or ``delay`` seconds
