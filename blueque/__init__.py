@@ -21,6 +21,7 @@ from blueque.errors import (
     CorruptTask,
     DependencyError,
     EvictingServer,
+    InvalidJob,
     InvalidTaskState,
     Preempted,
     RedisUnavailable,
@@ -35,7 +36,9 @@ from blueque.errors import (
 if TYPE_CHECKING:
     from blueque.child import TaskFunction
     from blueque.client import Client, ListenerStatus
+    from blueque.jobs import Jobs, job_parameters
     from blueque.preemption import on_preempt, preempt_deadline, preempted
+    from blueque.processor import check_result
     from blueque.progress import report_progress
     from blueque.queue import BulkEnqueue, Queue, QueueStats
     from blueque.task import CheckpointInfo, Task
@@ -58,6 +61,10 @@ _TASK_AUTHOR_NAMES = {
     "on_preempt": "blueque.preemption",
     "preempt_deadline": "blueque.preemption",
     "TaskFunction": "blueque.child",
+    "check_result": "blueque.processor",
+    # a registry is made where its jobs are, in the task module: no redis-py in it
+    "Jobs": "blueque.jobs",
+    "job_parameters": "blueque.jobs",
 }
 
 if not TYPE_CHECKING:  # mypy reads the imports above; an unknown name stays an error for it
@@ -86,7 +93,9 @@ __all__ = [
     "CorruptTask",
     "DependencyError",
     "EvictingServer",
+    "InvalidJob",
     "InvalidTaskState",
+    "Jobs",
     "ListenerStatus",
     "Preempted",
     "Queue",
@@ -100,6 +109,8 @@ __all__ = [
     "WaitTimeout",
     "WritesRefused",
     "WrongType",
+    "check_result",
+    "job_parameters",
     "on_preempt",
     "preempt_deadline",
     "preempted",

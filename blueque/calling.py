@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from blueque.endings import Ran
-from blueque.errors import CallbackError, Preempted
+from blueque.errors import CallbackError, InvalidJob, Preempted, WrongType
+from blueque.jobs import Jobs
 from blueque.preemption import notice
-from blueque.processor import encode_result
+from blueque.processor import check_result
 from blueque.task import Task
 
 TaskFunction = Callable[[Task], Any]
@@ -42,6 +43,10 @@ def import_function(spec: str) -> TaskFunction:
             )
     if not callable(target):
         raise CallbackError(f"{spec!r} is not callable")
+    if isinstance(target, Jobs) and not len(target):
+        raise CallbackError(
+            f"{spec!r} is a blueque.Jobs with no job registered: register them with @jobs.job "
+            f"in that module, or import the modules that do from it")
     return target  # type: ignore[no-any-return]
 
 
@@ -64,18 +69,19 @@ def execute(function: TaskFunction, task: Task) -> CallOutcome:
         result = function(task)
     except Preempted as error:
         return CallOutcome("preempted", str(error) or "the task stopped: its node goes away")
+    except InvalidJob as error:  # a registry's refusal, before any job ran: never runnable
+        return CallOutcome("failed", f"not run: {error}; not retried", retry=False)
     except (Exception, SystemExit, KeyboardInterrupt) as error:
         return CallOutcome("failed", describe_error(error), traceback.format_exc())
     finally:
         notice.running = False
     try:
-        return CallOutcome("complete", encode_result(result))
-    except Exception as error:
+        return CallOutcome("complete", check_result(result))
+    except WrongType as error:
         # the work is done; running it again would only return the same value
         return CallOutcome("failed", retry=False, text=(
             f"the task function returned a {type(result).__name__}, which is not a string and "
-            f"cannot be encoded as JSON ({type(error).__name__}: {error}); not retried: return "
-            "a str or a JSON-serialisable value"))
+            f"cannot be stored: {error}; not retried (blueque.check_result tells early)"))
 
 
 def describe_error(error: BaseException) -> str:

@@ -70,6 +70,12 @@ class CallbackError(BluequeError):
     """A task function named as ``package.module:function`` cannot be imported or called."""
 
 
+class InvalidJob(CallbackError):
+    """A task a ``blueque.Jobs`` listener cannot run: its parameters name no job, or a job its
+    registry does not have, or arguments the job's function does not take. The task fails at
+    once and is not retried (no later attempt could run it); nothing of the job ran."""
+
+
 class AuthenticationFailed(ConfigurationError):
     """Redis refused the URL's user name or password (never retried: waiting cannot fix it)."""
 

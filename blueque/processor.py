@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from blueque.endings import Outcome, RunEnd
-from blueque.errors import ConfigurationError, InvalidTaskState
+from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
 from blueque.task import Task
 
 if TYPE_CHECKING:
@@ -20,6 +20,21 @@ def encode_result(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8")
     return json.dumps(value)
+
+
+def check_result(value: object) -> str:
+    """The text a task function's return value would be stored as (a str as is, anything
+    else as JSON), or WrongType saying why it cannot be stored. A long task calls it early on
+    a value shaped like the one it will return, to learn in its first minute, not after hours
+    of work, that the result would fail its task (a run whose value cannot be stored fails,
+    not retried: running it again would return the same value)."""
+    try:
+        return encode_result(value)
+    except (TypeError, ValueError) as error:
+        raise WrongType(
+            f"a task's result must be a str or a JSON-serialisable value; this "
+            f"{type(value).__name__} cannot be encoded as JSON ({type(error).__name__}: "
+            f"{error})") from error
 
 
 def check_fraction(fraction: float) -> None:

@@ -30,6 +30,7 @@ from blueque.keys import Keys
 from blueque.testing import free_port, wait_for
 from tests.conftest import Done, Run
 from tests.daemons import between
+from tests.job_registry import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = Keys()
@@ -265,6 +266,41 @@ def test_tasks_lists_every_state_with_a_limit(run: Run, run_json: Callable[..., 
     assert len(run_json("tasks", "jobs", "--status", "pending", "--limit", "2")) == 2
     table = run("tasks", "jobs", "--status", "failed").stdout
     assert "Traceback: boom" in table and failed in table
+
+
+def test_show_and_tasks_name_a_jobs_task_and_tasks_shows_progress(
+        run: Run, run_json: Callable[..., Any], client: blueque.Client) -> None:
+    """A blueque.Jobs task's job is read from its parameters: `show` names it in its heading
+    and --json; `tasks` gets a JOB column when it lists one. A running task's progress is a
+    column of `tasks` (it was only in --json)."""
+    queue = client.get_queue("images")
+    job = jobs.enqueue(queue, "resize", width=10, task_id="resize-1")
+    plain = queue.enqueue('{"job": 7}', task_id="plain")  # not a job: no name made up
+    running = client.get_listener("images")
+    task = running.reserve()
+    assert task is not None and task.id == job
+    processor = client.get_processor(task)
+    processor.start(os.getpid())
+    processor.progress(0.456, "resizing")
+    shown = run("show", job).stdout
+    assert shown.splitlines()[0] == "task resize-1: job resize"
+    assert run_json("show", job)["job"] == "resize"
+    assert run("show", plain).stdout.splitlines()[0] == "task plain"
+    assert "job" not in run_json("show", plain)
+    listed = run("tasks", "images").stdout.splitlines()
+    assert listed[0].split()[:9] == ["ID", "STATUS", "ATTEMPTS", "PROGRESS", "UPDATED", "ETA",
+                                     "NODE", "JOB", "RESULT/ERROR/PARAMETERS"]
+    row = next(line.split() for line in listed if line.startswith("resize-1"))
+    assert row[1:4] == ["started", "1", "46%"] and "resize" in row
+    other = next(line.split() for line in listed if line.startswith("plain"))
+    assert other[1:4] == ["pending", "-", "-"]
+    assert {t["id"]: t.get("job") for t in run_json("tasks", "images")} == {
+        "resize-1": "resize", "plain": None}
+    processor.complete("done")
+    client.get_queue("mail").enqueue("{}")
+    mail = run("tasks", "mail").stdout  # no registry's task: no such column
+    assert "PROGRESS" in mail and "JOB" not in mail
+    running.close()
 
 
 def test_tables_never_pass_terminal_escapes_through(run: Run, run_json: Callable[..., Any],

@@ -8,10 +8,12 @@ state: the task hashes' fields and the pending, scheduled, started, reserved and
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +21,11 @@ import redis
 from interop.harness import Implementation, Running
 
 import blueque
+from blueque.jobs import job_parameters
 from blueque.store import CHECKPOINT_KEEP
 from blueque.testing import wait_for
+from tests.daemons import Daemon, listen_command
+from tests.job_registry import jobs
 
 pytestmark = pytest.mark.interop
 
@@ -613,6 +618,32 @@ def test_enqueue_many_and_idempotent_ids_are_run_by_the_original(
     assert state["pending"] == [] and state["complete"] == everything[::-1]
     assert client.get_task("job-0").result == "orig result: p0"
     assert client.get_task(anonymous[1]).result == "orig result: y"
+
+
+def test_a_jobs_parameters_are_text_the_original_reads_and_writes(
+    original: Implementation, client: blueque.Client, redis_url: str, tmp_path: Path,
+    started: list[Daemon]
+) -> None:
+    """blueque.Jobs keeps parameters a JSON string: 1.0.1 reads a job's task as any other,
+    and a 1.0.1 producer can enqueue a job (its parameters written by hand) that a listener
+    of the registry runs."""
+    queue = client.get_queue(QUEUE)
+    ours = jobs.enqueue(queue, "resize", width=10, height=5)
+    seen = original.run(redis_url, "get-task", ours)["tasks"][0]
+    assert seen["types"]["parameters"] == "str" and seen["task"]["status"] == "pending"
+    assert json.loads(seen["task"]["parameters"]) == {
+        "job": "resize", "arguments": {"width": 10, "height": 5}}
+
+    theirs = original.run(redis_url, "enqueue", QUEUE,
+                          job_parameters("images.thumbnail", path="b.png"))["ids"][0]
+    started.append(Daemon(listen_command(redis_url, QUEUE, "tests.job_registry:jobs",
+                                         "--interval", "0.5", "--poll", "0.1"),
+                          tmp_path / "listener.log"))
+    assert client.get_task(ours).wait(30).result == '{"width": 10, "height": 5}'
+    assert client.get_task(theirs).wait(30).result == (
+        f"thumbnail of b.png (task {theirs}, attempt 1)")
+    done = original.run(redis_url, "get-task", ours, theirs)["tasks"]
+    assert [view["task"]["status"] for view in done] == ["complete", "complete"]
 
 
 def test_original_forking_runner_runs_bulk_enqueued_tasks(

@@ -171,6 +171,12 @@ BLOCKS = {
     ("Using it", 1): "tests/test_readme.py::test_using_it_runs_as_written",
     ("Using it", 2): "tests/test_readme.py::test_using_it_runs_as_written",
     ("Using it", 3): "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
+    ("Several jobs behind one listener", 1):
+        "tests/test_readme.py::test_the_jobs_example_runs_as_written",
+    ("Several jobs behind one listener", 2):
+        "tests/test_readme.py::test_the_jobs_example_runs_as_written",
+    ("Several jobs behind one listener", 3):
+        "tests/test_readme.py::test_the_jobs_example_runs_as_written",
     ("Warm task processes (--reuse)", 1):
         "tests/test_readme.py::test_the_reuse_line_runs_as_written",
     ("Checkpoints", 1):
@@ -333,6 +339,31 @@ def test_the_listen_and_scheduler_lines_run_as_written(shell: Shell,
                 f"gpu-7_{started.process.pid}"]
         assert started.stop() == 0, started.output()
         assert "Traceback" not in started.output()
+
+
+@pytest.mark.slow
+def test_the_jobs_example_runs_as_written(shell: Shell, redis_url: str,
+                                          client: blueque.Client) -> None:
+    """"Several jobs behind one listener": the registry module, its listener's line and the
+    producer, as written; then a task naming an unknown job fails, not retried."""
+    registry, listen, producer = (block("Several jobs behind one listener", n) for n in (1, 2, 3))
+    assert registry.text.startswith("# mypackage/images.py\n")
+    (shell.cwd / "mypackage" / "images.py").write_text(registry.text)
+    (line,) = commands(listen.text)
+    listener = shell.start(line)
+    listener.until("is a registry of 2 job(s): resize, images.thumbnail")
+    program = producer.text.replace('"redis://localhost:6379/0"', repr(redis_url))
+    assert program != producer.text
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env=environment(), cwd=shell.cwd, timeout=120)
+    assert done.returncode == 0, done.stderr + listener.output()
+    assert done.stdout == '{"width": 10, "height": 10}\n'
+    queue = client.get_queue("images")
+    unknown = queue.enqueue(blueque.job_parameters("resise", width=1), max_attempts=3)
+    task = client.get_task(unknown).wait(30)
+    assert (task.status, task.attempts) == ("failed", 1)
+    assert task.error.startswith("not run: unknown job 'resise'; did you mean 'resize'?")
+    assert listener.stop() == 0, listener.output()
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from blueque.display import (
 )
 from blueque.errors import RedisUnavailable, TaskNotFound
 from blueque.fields import LISTENER_FIELDS, TIME_FIELDS, typed
+from blueque.jobs import JobCall, read_job_call
 from blueque.policy import field_float
 from blueque.statuses import (
     FINISHED_STATUSES,
@@ -202,16 +203,34 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
     datas = client.store.task_data_many(ids)
     tasks = [{"id": i, **d} for i, d in zip(ids, datas, strict=True)]
     current = client.store.now()
-    rows = [(t["id"], state_of(t) or "(missing)", t.get("attempts", "-"),
+    calls = [read_job_call(t.get("parameters")) for t in tasks]
+    jobs = any(calls)  # a JOB column only where a registry's tasks are listed
+    rows = [(t["id"], state_of(t) or "(missing)", t.get("attempts", "-"), _progress_text(t),
              format_time(field_float(t.get("updated"))), _eta_text(t, current),
-             t.get("node") or "-",
+             t.get("node") or "-", *([call.name if call else "-"] if jobs else []),
              shorten(last_line(t.get("error")) or t.get("result") or t.get("parameters"),
                      48))
-            for t in tasks]
-    text = table(("ID", "STATUS", "ATTEMPTS", "UPDATED", "ETA", "NODE",
-                  "RESULT/ERROR/PARAMETERS"), rows) if rows else f"no tasks in {args.queue}"
-    emit(args, [{"id": i, **typed(d)} for i, d in zip(ids, datas, strict=True)], text)
+            for t, call in zip(tasks, calls, strict=True)]
+    text = table(("ID", "STATUS", "ATTEMPTS", "PROGRESS", "UPDATED", "ETA", "NODE",
+                  *(["JOB"] if jobs else []), "RESULT/ERROR/PARAMETERS"),
+                 rows) if rows else f"no tasks in {args.queue}"
+    emit(args, [{"id": i, **typed(d), **_job_of(c)}
+                for i, d, c in zip(ids, datas, calls, strict=True)], text)
     return EXIT_OK
+
+
+def _job_of(call: JobCall | None) -> dict[str, str]:
+    """What --json adds for a task a blueque.Jobs runs: its job's name (read from its
+    parameters; no field of the hash)."""
+    return {} if call is None else {"job": call.name}
+
+
+def _progress_text(task: dict[str, str]) -> str:
+    """A running task's progress as a percentage (``45%``), else ``-``."""
+    fraction = field_float(task.get("progress"))
+    if fraction is None or task.get("status") in FINISHED_STATUSES:
+        return "-"
+    return f"{max(0.0, min(1.0, fraction)) * 100:.0f}%"
 
 
 def _eta_text(task: dict[str, str], current: float) -> str:
@@ -247,10 +266,12 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
                  f"blueque show {visible(args.task_id)} --checkpoint prints it")
     history = task_history(data)
     awaiting = task.awaiting() if task.status == WAITING else []
-    emit(args, {"id": args.task_id, **typed(data), "history": history,
+    call = read_job_call(task.parameters)
+    emit(args, {"id": args.task_id, **typed(data), **_job_of(call), "history": history,
                 "checkpoint": info and vars(info),
                 **({"awaiting": awaiting} if task.status == WAITING else {})},
-         f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "") + "\n"
+         f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "")
+         + (f": job {visible(call.name)}" if call else "") + "\n"
          + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved
          + _waiting_text(client, task, awaiting))
     return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from blueque.display import (
 )
 from blueque.errors import CallbackError, ConfigurationError
 from blueque.hosts import allowed_hosts
+from blueque.jobs import Jobs
 from blueque.logs import configure as configure_logs
 from blueque.logs import printed_as_logs
 from blueque.metrics import MetricsServer, serve_listener_metrics
@@ -33,6 +35,8 @@ from blueque.process import set_title
 from blueque.queue import check_queue_name
 from blueque.spool import default_directory as spool_directory
 from blueque.tasklog import TaskLogSettings, default_directory
+
+log = logging.getLogger("blueque.listen")
 
 
 def register(commands: Commands) -> None:
@@ -198,7 +202,7 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
     set_title(f"blueque listen {args.queues} {args.function} ({daemon.id})")
     try:
         with printed_as_logs("blueque.task_module"):
-            daemon.load_function()
+            function = daemon.load_function()
     except CallbackError as error:
         raise ConfigurationError(
             f"{error}. The listener imports it before taking any task: check the spelling "
@@ -206,6 +210,9 @@ def run_listen(client: Client, args: argparse.Namespace) -> int:
             "the package, add that directory to PYTHONPATH, or install the package into this "
             f"Python ({sys.executable})"
         ) from error
+    if isinstance(function, Jobs):
+        log.info("%s is a registry of %d job(s): %s", args.function, len(function),
+                 ", ".join(function))
     server: MetricsServer | None = None
     if daemon.metrics is not None:
         try:
