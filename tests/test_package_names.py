@@ -22,6 +22,10 @@ AUTHOR_NAMES = {
     "Task": "blueque.task",
     "CheckpointInfo": "blueque.task",
     "CheckpointTooLarge": "blueque.errors",
+    "check_result": "blueque.processor",
+    "Jobs": "blueque.jobs",
+    "job_parameters": "blueque.jobs",
+    "InvalidJob": "blueque.errors",
 }
 #: The task process's and the listener's machinery: no producer needs it.
 MACHINERY = ("blueque.child", "blueque.daemon", "blueque.reporting", "blueque.progress",
@@ -78,3 +82,27 @@ def test_the_fork_server_loads_no_redis_and_none_of_the_listener() -> None:
     listener_only = ("redis", "blueque.daemon", "blueque.cli", "blueque.web", "blueque.metrics",
                      "blueque.client", "blueque.store")
     assert sorted(m for m in loaded if m.startswith(listener_only)) == []
+
+
+def test_a_task_module_with_a_registry_of_jobs_loads_no_redis_in_the_fork_server() -> None:
+    """``jobs = blueque.Jobs()`` in a task module: the fork server imports that module, and a
+    registry (which enqueues on the caller's queue) brings no redis-py with it."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import blueque.forkserver, json, sys, tests.job_registry\n"
+         "print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(done.stdout))
+    assert "blueque.jobs" in loaded
+    assert sorted(m for m in loaded if m.startswith(("redis", "blueque.store",
+                                                      "blueque.client", "blueque.queue"))) == []
+
+
+def test_check_result_tells_early_what_a_task_could_not_store() -> None:
+    assert blueque.check_result({"words": 1234}) == '{"words": 1234}'
+    assert blueque.check_result("as is") == "as is"
+    with pytest.raises(blueque.WrongType, match="this set cannot be encoded as JSON"):
+        blueque.check_result({1, 2})
+    with pytest.raises(blueque.WrongType, match="Circular reference"):
+        loop: list[object] = []
+        loop.append(loop)
+        blueque.check_result(loop)
