@@ -6,6 +6,7 @@ every script that counts an ending counts it per hour too, on Redis and on faker
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ import blueque
 from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.listener import Listener
-from blueque.store import NodeRenewal
+from blueque.store import NodeRenewal, load_script
 from blueque.web.history import listener_history
 from tests.daemons import Daemon, daemons, listen_command, task_processes, wait_until
 from tests.test_metrics import run_to_end
@@ -53,9 +54,49 @@ def test_every_counted_ending_is_counted_per_hour(any_client: blueque.Client) ->
     client.get_processor(task).start(999_999)
     client.store.recover("q", listener.id, [(task_id, str(task.attempts), "failed", None,
                                               "listener died")], time.time(), mode="host")
+    parent = queue.enqueue("{}")  # tell.lua: waiting tasks a parent's ending ends
+    waits = queue.enqueue("{}", after=parent)
+    queue.enqueue("{}", after=waits)
+    client.cancel_task(waits)  # a waiting task cancelled, its own dependent failed with it
     ever = client.store.outcome_counts("q")
-    assert ever == {"complete": 2, "failed": 3, "retry": 1, "cancelled": 6}
+    assert ever == {"complete": 2, "failed": 4, "retry": 1, "cancelled": 7}
+    # "last hour" (per minute) and "24 h" (per hour) of the dashboard agree
     assert per_hour(client, "q") == ever
+    minutes = client.store.outcomes_per_minute_many(["q"], [
+        int(client.store.now() // 60 * 60) - 60 * n for n in range(60)])[0]
+    assert {name: sum(m.get(name, 0) for m in minutes) for name in ever} == ever
+
+
+def test_every_script_that_counts_an_outcome_uses_the_one_counting_library() -> None:
+    """The outcome counters (per minute, ever, per hour) are written in one place,
+    lua/lib/counts.lua (``-- uses: counts``): tell.lua counted by hand and missed the hour,
+    so the dashboard's "last hour" and "24 h" disagreed. A script that is given a minute's
+    counter is given all three and counts through the library; no script increments a
+    counter key itself."""
+    lua = Path(blueque.__file__).parent / "lua"
+    library = (lua / "lib" / "counts.lua").read_text()
+    assert "'HINCRBY', minute_key" in library and "'HINCRBY', hour_key" in library
+    counting = []
+    for path in sorted(lua.glob("*.lua")):
+        body = path.read_text()
+        header = "\n".join(line for line in body.splitlines() if line.startswith("--"))
+        assembled = load_script(path.stem)
+        if "count_outcome(" not in assembled.replace(library, ""):
+            assert "outcomes this minute" not in header, path.name  # given it, not counting
+            continue
+        counting.append(path.name)
+        uses = re.search(r"^-- uses: (.*)$", body, re.MULTILINE)
+        assert uses and "counts" in uses[1].split(", "), path.name
+        assert library in assembled, path.name
+        for words in ("outcomes this minute", "outcomes ever", "outcomes this hour"):
+            assert words in header, (path.name, words)
+        counters = re.findall(r"^-- KEYS\[(\d+)\]\s+outcomes (?:this minute|ever|this hour)",
+                              header, re.MULTILINE)
+        for index in counters:  # written through count_outcome only
+            assert not re.search(rf"'(HINCRBY|EXPIRE|HSET|DEL)', KEYS\[{index}\]", body), (
+                path.name, index)
+    assert set(counting) == {"finish.lua", "recover.lua", "cancel.lua", "cancel_pending.lua",
+                             "cancel_scheduled.lua", "stamp.lua", "take.lua", "tell.lua"}
 
 
 def test_hour_and_listener_counters_expire_and_name_the_listener(

@@ -11,6 +11,7 @@
 -- KEYS[7] cancelled list       blueque_cancelled_tasks_[queue]
 -- KEYS[8] outcomes this minute blueque_finished_per_minute_[queue]_[minute]
 -- KEYS[9] outcomes ever        blueque_outcome_counts_[queue]
+-- KEYS[10] outcomes this hour  blueque_finished_per_hour_[queue]_[hour]
 -- ARGV[1] task id, ARGV[2] parent id ("": cancel this waiting task), ARGV[3] how the parent
 -- ended: complete, failed, cancelled or gone (its hash missing), ARGV[4] the error recorded if
 -- this ends the task, ARGV[5] now, ARGV[6] seconds KEYS[8] is kept, ARGV[7] the queue's channel
@@ -20,7 +21,7 @@
 -- {'waiting', parents still awaited}, {'told', ''} (this parent was told before: nothing
 -- changed) or {'not waiting', status or ''} (nothing changed). A repeat of a cancel whose reply
 -- was lost (`cancelled` == ARGV[5]) returns {'cancelled', ''} again.
--- uses: history
+-- uses: history, counts
 local function finish(outcome)  -- the waiting task ends without running
   remember(KEYS[1], {outcome = outcome, at = tonumber(ARGV[5]), error = cut(ARGV[4]), was = 'waiting'})
   redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'updated', ARGV[5],
@@ -34,9 +35,7 @@ local function finish(outcome)  -- the waiting task ends without running
   end
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('HINCRBY', KEYS[8], outcome, 1)
-  redis.call('EXPIRE', KEYS[8], ARGV[6])
-  redis.call('HINCRBY', KEYS[9], outcome, 1)
+  count_outcome(outcome, 1, KEYS[8], ARGV[6], KEYS[9], KEYS[10])
   redis.call('PUBLISH', ARGV[8], ARGV[1])
 end
 local cur = redis.call('HMGET', KEYS[1], 'status', 'after_any', 'eta', 'cancelled')
