@@ -101,6 +101,10 @@ class CronEntry:
         start = datetime.fromtimestamp(after, self.zone())
         return int(croniter(self.cron, start).get_next(float))
 
+    def is_tick(self, moment: float) -> bool:
+        """Whether ``moment`` (Unix s) is one of the entry's ticks."""
+        return float(moment).is_integer() and self.next_tick(moment - 1) == int(moment)
+
 
 def _parameters(value: object, name: str) -> str:
     if value is None:

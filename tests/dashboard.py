@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +23,12 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def page_text(markup: str) -> str:
+    """What a page's HTML (or a piece of it) reads as: its tags out, its entities decoded,
+    each run of blanks one space."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", markup)).split())
 
 
 class DashboardProcess:

@@ -47,9 +47,8 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
-from blueque.statuses import PENDING
 from blueque.web import bulk, redis_panel, render, views
-from blueque.web.search import Filters
+from blueque.web.search import STATES, Filters
 
 log = logging.getLogger("blueque.web")
 
@@ -113,7 +112,7 @@ class Dashboard:
         context.update(at=at, actions=self.token is not None, refresh=self.refresh,
                        evicting=policy if policy is not None and policy.evicts else None,
                        fix=FIX,
-                       states=views.STATES, page_name=name.removesuffix(".html"),
+                       states=STATES, page_name=name.removesuffix(".html"),
                        **_links(request))
         response = self.templates.TemplateResponse(request, name, context, status_code=status)
         response.headers.update(SECURITY_HEADERS)
@@ -146,9 +145,9 @@ class Dashboard:
 
     async def queue(self, request: Request) -> Response:
         name = request.query_params.get("name", "")
-        state = request.query_params.get("state", PENDING)
-        if state not in views.STATES:
-            state = PENDING
+        state = request.query_params.get("state")
+        if state not in views.VIEWS:
+            state = None  # the queue's first state with tasks (views.queue_page)
         page = _int(request.query_params.get("page"), 1)
         filters = Filters.parse(request.query_params)
         start = _int(request.query_params.get("offset"), 0)

@@ -11,8 +11,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 from blueque.policy import field_float
-from blueque.statuses import PENDING, RESERVED
+from blueque.statuses import (
+    CANCELLED,
+    COMPLETE,
+    FAILED,
+    PENDING,
+    RESERVED,
+    SCHEDULED,
+    STARTED,
+    WAITING,
+)
 from blueque.store import RedisStore
+
+#: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
+STATES = (WAITING, PENDING, SCHEDULED, RESERVED, STARTED, COMPLETE, FAILED, CANCELLED)
+#: A queue page's view of every state at once: their lists one after the other, in STATES'
+#: order.
+ALL = "all"
 
 #: Tasks a filtered page looks at, at most (ids read in one window, fields of those whose id
 #: matches in one pipeline of HMGET).
@@ -94,12 +109,31 @@ class Filters:
 def window_ids(store: RedisStore, queue: str, state: str, start: int, stop: int) -> list[str]:
     """Ids ``start`` to ``stop`` (inclusive) of a state's list, in the order the page shows
     them: pending next-in-line first (the list's right end), scheduled soonest first,
-    finished newest first."""
+    finished newest first. ALL: of the states' lists one after the other."""
+    if state == ALL:
+        return _all_window(store, queue, start, stop)
     if state == PENDING:
         return store.task_ids(queue, state, -(stop + 1), -(start + 1))[::-1]
     if state == RESERVED:  # read whole (bounded by the listeners' slots), then windowed
         return store.task_ids(queue, state)[start : stop + 1]
     return store.task_ids(queue, state, start, stop)
+
+
+def _all_window(store: RedisStore, queue: str, start: int, stop: int) -> list[str]:
+    """Ids ``start`` to ``stop`` of every state's list taken one after the other (their
+    counts first: O(1) each), reading only the lists the window reaches."""
+    counts = store.counts(queue)
+    ids: list[str] = []
+    offset = 0
+    for state in STATES:
+        total = getattr(counts, state)
+        low, high = max(start - offset, 0), min(stop - offset, total - 1)
+        if low <= high:
+            ids += window_ids(store, queue, state, low, high)
+        offset += total
+        if offset > stop:
+            break
+    return ids
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,15 @@ from blueque import dependencies
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError, CorruptTask
 from blueque.fields import TIME_FIELDS
+from blueque.jobs import read_job_call
 from blueque.metrics import pending_age
 from blueque.policy import field_float
-from blueque.statuses import (
-    CANCELLED,
-    COMPLETE,
-    FAILED,
-    PENDING,
-    RESERVED,
-    SCHEDULED,
-    STARTED,
-    WAITING,
-    state_of,
-)
+from blueque.statuses import COMPLETE, FAILED, STARTED, state_of
 from blueque.store import RedisStore
 from blueque.task import CheckpointInfo, task_history
 from blueque.tasklog import read_outputs
 from blueque.web.history import listener_history
-from blueque.web.search import SCAN_LIMIT, Filters, search_context, window_ids
+from blueque.web.search import ALL, SCAN_LIMIT, STATES, Filters, search_context, window_ids
 
 #: Tasks per page of a queue's task list.
 PAGE_SIZE = 50
@@ -44,9 +35,8 @@ CHART_MINUTES = 60
 QUEUES_LISTED = 500
 #: Queues per page of the queues page (each costs 60 reads for its chart).
 QUEUES_PER_PAGE = 100
-#: States in the order a task moves through them; cancelled (failed, stamped cancelled) apart.
-STATES = (WAITING, PENDING, SCHEDULED, RESERVED, STARTED, COMPLETE, FAILED,
-          CANCELLED)
+#: What a queue page may list: one state's tasks (STATES, from blueque.web.search), or ALL.
+VIEWS = (ALL, *STATES)
 #: Parents and dependents listed on a task page (with their states: one pipeline).
 RELATIVES_SHOWN = 50
 #: Outcomes of the queues page's chart and totals, per minute.
@@ -74,7 +64,9 @@ def run_time(data: dict[str, str], at: float) -> float | None:
 
 def task_row(task_id: str, data: dict[str, str], at: float) -> dict[str, Any]:
     error = data.get("error") or ""
+    call = read_job_call(data.get("parameters"))
     return {
+        "job": call.name if call else None,
         "id": task_id,
         "data": data,
         "status": state_of(data) or "(missing)",
@@ -170,12 +162,18 @@ class Page:
         return max(1, math.ceil(self.total / self.size))
 
 
-def queue_page(store: RedisStore, queue: str, state: str, number_: int, filters: Filters,
-               at: float, start: int = 0) -> dict[str, Any]:
-    """A window of one state's tasks, or a search (search.py): an exact id, or the tasks
-    whose id has a prefix and whose node and times match, looking at SCAN_LIMIT at most."""
+def queue_page(store: RedisStore, queue: str, state: str | None, number_: int,
+               filters: Filters, at: float, start: int = 0) -> dict[str, Any]:
+    """A window of one state's tasks (or of ALL the states' lists one after the other), or a
+    search (search.py): an exact id, or the tasks whose id has a prefix and whose node and
+    times match, looking at SCAN_LIMIT at most. Without a ``state``, the first state that
+    has tasks (a queue whose tasks all run opens on them, not on an empty pending list); a
+    search, and a queue without tasks, look at ALL."""
     counts = store.counts(queue)
     totals = {s: getattr(counts, s) for s in STATES}
+    totals[ALL] = sum(totals.values())
+    if state is None:
+        state = ALL if filters.active else next((s for s in STATES if totals[s]), ALL)
     known = [name for name, _ in store.known_queues()]
     found: dict[str, Any] = {"exact": False, "elsewhere": "", "scan": None}
     if filters.problems:  # said on the page; nothing looked at
@@ -193,7 +191,8 @@ def queue_page(store: RedisStore, queue: str, state: str, number_: int, filters:
     return {"queue": queue, "state": state, "totals": totals, "rows": rows, "page": page,
             "filters": filters, "search": filters.prefix, "exact": found["exact"],
             "elsewhere": found["elsewhere"], "scan": found["scan"],
-            "scan_limit": SCAN_LIMIT, "queues": known[:QUEUES_LISTED], "known": queue in known}
+            "scan_limit": SCAN_LIMIT, "queues": known[:QUEUES_LISTED], "known": queue in known,
+            "views": VIEWS, "jobs": any(row["job"] for row in rows)}
 
 
 # --- one task ---------------------------------------------------------------------------------
@@ -207,13 +206,14 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
     fields = []
     for name in sorted(set(data) - {"history"}):  # the history has a table of its own
         stamp = field_float(data[name]) if name in TIME_FIELDS else None
-        fields.append({"name": name, "value": data[name], "time": stamp})
+        fields.append({"name": name, "value": data[name], "time": stamp,
+                       "above": SHOWN_ABOVE.get(name)})
     row = task_row(task_id, data, at)
     row.update(
         fields=fields,
         times={name: field_float(data.get(name)) for name in TIME_FIELDS},
         attempts=data.get("attempts") or "0",
-        max_attempts=data.get("max_attempts") or "1",
+        attempts_text=attempts_text(data),
         error=data.get("error") or "",
         traceback=_shown(data.get("traceback") or ""),
         last_error=data.get("last_error") or "",
@@ -233,11 +233,54 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
     outputs, newest = read_outputs(store, task_id)  # the output tails (5.19)
     shown = attempt if attempt in outputs else newest
     output = outputs.get(shown or "")
-    row.update(output=output.text if output else None,
+    text, folded = fold_traceback(output.text if output else None, data.get("traceback"),
+                                  shown == data.get("attempts"))
+    row.update(output=text, output_folded=folded,
                output_attempt=output.attempt if output else None,
                output_ended=output.ended if output else False,
                output_attempts=list(outputs), newest_output=newest)
     return row
+
+
+#: Fields of the task hash a task page shows in a panel of their own: the "every field"
+#: table points there instead of showing them a second time (a traceback was on the page
+#: three times).
+SHOWN_ABOVE = {"traceback": "traceback", "parameters": "parameters", "result": "result",
+               "error": "error"}
+
+
+def fold_traceback(output: str | None, traceback: str | None, current: bool
+                   ) -> tuple[str | None, bool]:
+    """The output of the task's current attempt without the traceback its process wrote last
+    (the page shows it under Error), and whether it was taken off."""
+    if output is None or not traceback or not current:
+        return output, False
+    body, tail = output.rstrip("\n"), traceback.rstrip("\n")
+    if not tail or not body.endswith(tail):
+        return output, False
+    return body[: len(body) - len(tail)], True
+
+
+def attempts_text(data: dict[str, str]) -> str:
+    """The attempts card: ``1 of 3``; what an operator's retries added to the allowed ones
+    (``4 (2 allowed, then 2 operator retries)``: each retry runs it once more, its attempts
+    kept), and the preempted runs that do not count."""
+    runs = data.get("attempts") or "0"
+    allowed = data.get("max_attempts") or "1"
+    retried = _count(data.get("retried"))
+    preempted = _count(data.get("preemptions"))
+    if not retried and not preempted:
+        return f"{runs} of {allowed}"
+    said = [f"{allowed} allowed"]
+    if retried:
+        said[0] += f", then {retried} operator retr{'y' if retried == 1 else 'ies'}"
+    if preempted:
+        said.append(f"{preempted} preempted, not counted")
+    return f"{runs} ({'; '.join(said)})"
+
+
+def _count(raw: str | None) -> int:
+    return int(raw) if raw and raw.isdigit() else 0
 
 
 def relatives(store: RedisStore, task_id: str, data: dict[str, str]) -> dict[str, Any]:
@@ -360,16 +403,23 @@ def cron_rows(store: RedisStore, entries: Sequence[CronEntry], at: float
     ticks = store.cron_ticks()
     rows = []
     for entry in entries:
-        last = field_float(ticks.get(entry.name))
+        recorded = field_float(ticks.get(entry.name))
         try:
-            upcoming = entry.next_tick(last if last is not None and last > at - 86400 else at)
+            upcoming = entry.next_tick(recorded if recorded is not None
+                                       and recorded > at - 86400 else at)
+            # the scheduler records when it first saw an entry, in the same field as the
+            # ticks it fires (PROTOCOL.md 7.1): a time that is no tick of the entry is that
+            fired = recorded is not None and entry.is_tick(recorded)
         except (BluequeError, ValueError):
-            upcoming = None
+            upcoming, fired = None, True
         rows.append({"name": entry.name, "cron": entry.cron, "queue": entry.queue,
-                     "timezone": entry.timezone or "UTC", "last": last, "next": upcoming,
+                     "timezone": entry.timezone or "UTC", "next": upcoming,
+                     "last": recorded if fired else None,
+                     "registered": None if fired else recorded,
                      "next_task": entry.task_id(upcoming) if upcoming else ""})
     defined = {entry.name for entry in entries}
     for name in sorted(set(ticks) - defined):
         rows.append({"name": name, "cron": "", "queue": "", "timezone": "",
-                     "last": field_float(ticks[name]), "next": None, "next_task": ""})
+                     "last": field_float(ticks[name]), "registered": None, "next": None,
+                     "next_task": ""})
     return rows
