@@ -47,7 +47,7 @@ from blueque.eviction import FIX, MemoryPolicy
 from blueque.hosts import HostRule
 from blueque.metrics import queue_registry, scrape
 from blueque.queue import Queue
-from blueque.web import bulk, redis_panel, render, views
+from blueque.web import bulk, redis_panel, render, task_page, views
 from blueque.web.search import STATES, Filters
 
 log = logging.getLogger("blueque.web")
@@ -159,7 +159,7 @@ class Dashboard:
         task_id = request.query_params.get("id", "")
         attempt = request.query_params.get("attempt") or None
         current = await self.now()
-        data = await run_in_threadpool(views.task_page, self.store, task_id, current, attempt)
+        data = await run_in_threadpool(task_page.task_page, self.store, task_id, current, attempt)
         if data is None:
             return await self.render(request, "missing.html", {"task_id": task_id}, 404)
         return await self.render(request, "task.html", {"task": data})
