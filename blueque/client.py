@@ -21,7 +21,7 @@ from blueque.processor import Processor
 from blueque.queue import Queue
 from blueque.retry import RetryPolicy
 from blueque.store import RedisStore, translate
-from blueque.task import Task
+from blueque.task import Task, warn_missing
 
 
 def decodes_text(client: Any) -> bool:
@@ -160,8 +160,14 @@ class Client:
     def get_queue(self, name: str) -> Queue:
         return Queue(name, self.store)
 
-    def get_task(self, task_id: str) -> Task:
-        return Task(task_id, self.store)
+    def get_task(self, task_id: str, *, missing_ok: bool = False) -> Task:
+        """The task's hash, read now. A task that does not exist (never enqueued, deleted, or
+        its result expired) still comes back, every attribute None, as in blueque 1.0.1,
+        but with a MissingTaskWarning, unless ``missing_ok`` (then ``task.exists`` says)."""
+        task = Task(task_id, self.store)
+        if not task.exists and not missing_ok:
+            warn_missing(task_id)
+        return task
 
     def get_listener(self, queue_name: str) -> Listener:
         return Listener(queue_name, self.store)
@@ -173,7 +179,7 @@ class Client:
         """Cancel a task: returns "cancelled" (it will never run; recorded as failed with a
         ``cancelled`` field) or "requested" (running: its listener stops it and records it).
         Raises TaskNotFound or InvalidTaskState (already finished)."""
-        task = self.get_task(task_id)
+        task = self.get_task(task_id, missing_ok=True)
         if task.queue is None:
             raise TaskNotFound(task_id)
         verdict, _ = self.store.perform(dependencies.cancel, task.queue, task_id, task.status,
@@ -208,7 +214,7 @@ class Client:
         (retry_failed.lua); a cancelled one too, since it is asked for by its id (bulk
         retries leave cancelled tasks alone). Raises TaskNotFound or InvalidTaskState (not
         failed)."""
-        task = self.get_task(task_id)
+        task = self.get_task(task_id, missing_ok=True)
         if task.queue is None:
             raise TaskNotFound(task_id)
         self.store.retry_failed(task.queue, task_id, self.store.now())

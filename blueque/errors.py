@@ -100,3 +100,10 @@ class Preempted(BluequeError):
     SIGUSR1 to its listener): the task goes back to pending without spending an attempt,
     to resume (from its checkpoint) elsewhere. Its preemptions are counted, and a task
     preempted more than ``max_preemptions`` times fails instead of looping."""
+
+
+class MissingTaskWarning(UserWarning):
+    """``Client.get_task`` was asked for an id with no task hash (never enqueued, deleted, or
+    expired): it returns a Task whose attributes are all None, as blueque 1.0.1 did, and says
+    so with this warning. ``get_task(id, missing_ok=True)`` asks quietly (then check
+    ``task.exists``)."""

@@ -4,6 +4,7 @@ checkpoint (save_checkpoint, checkpoint)."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,6 +15,7 @@ from blueque.errors import (
     CheckpointTooLarge,
     CorruptTask,
     InvalidTaskState,
+    MissingTaskWarning,
     TaskNotFound,
     WaitTimeout,
     WrongType,
@@ -117,6 +119,15 @@ def _number(raw: str | None, kind: type[int] | type[float]) -> int | float | Non
 _UNREAD: Any = object()
 
 
+def warn_missing(task_id: str) -> None:
+    """What ``get_task`` says of an id with no task hash (MissingTaskWarning, at its
+    caller's line)."""
+    warnings.warn(
+        f"task {task_id!r} does not exist (never enqueued, or deleted, or its result "
+        "expired): every attribute of this Task is None. get_task(id, missing_ok=True) asks "
+        "without this warning; task.exists tells", MissingTaskWarning, stacklevel=3)
+
+
 class TaskView:
     """All fields of ``blueque_task_[id]`` as last read; every attribute of a missing task is
     None. What blueque.Task and blueque.aio.Task share: they differ only in how they read.
@@ -129,7 +140,7 @@ class TaskView:
         self._data = data
 
     def __repr__(self) -> str:
-        return f"<Task {self._id} {self.status}>"
+        return f"<Task {self._id} {self.status if self._data else '(no such task)'}>"
 
     @property
     def data(self) -> dict[str, str]:

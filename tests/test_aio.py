@@ -94,7 +94,7 @@ async def test_tasks_cross_between_the_sync_and_the_asyncio_client(
     failed = await aio.get_task(made_sync)
     assert failed.status == "failed"
     await aio.get_queue("q").delete_task(failed)
-    assert not client.get_task(made_sync).exists
+    assert not client.get_task(made_sync, missing_ok=True).exists
     stats = await aio.get_queue("q").stats()
     assert (stats.pending, stats.complete, stats.failed) == (0, 1, 0)
     assert client.get_queue("q").stats() == stats

@@ -361,7 +361,7 @@ def test_enqueue_wait_prints_the_result(in_background: Callable[..., Callable[[]
                                         client: blueque.Client) -> None:
     finished = in_background("enqueue", "w", "{}", "--task-id", "waited", "--wait", "--json",
                              "--timeout", "60")
-    wait_for(lambda: client.get_task("waited").exists, timeout=30)
+    wait_for(lambda: client.get_task("waited", missing_ok=True).exists, timeout=30)
     task = client.get_listener("w").reserve()
     assert task is not None
     processor = client.get_processor(task)

@@ -558,7 +558,7 @@ def test_original_reads_and_deletes_tasks_ours_finished(
     original.run(redis_url, "delete-task", QUEUE, *ids)
     for task_id in ids:
         assert fields(client, task_id) == {}
-        assert not client.get_task(task_id).exists
+        assert not client.get_task(task_id, missing_ok=True).exists
     assert layout(client) == {
         "pending": [], "scheduled": [], "started": set(), "complete": [], "failed": [],
     }

@@ -43,7 +43,13 @@ def test_running_task_attributes_are_typed(contract_client: blueque.Client) -> N
 
 
 def test_a_missing_task_has_every_attribute_none(contract_client: blueque.Client) -> None:
-    task = contract_client.get_task("never-enqueued")
+    """As in blueque 1.0.1; but not silently: a MissingTaskWarning says the task does not
+    exist (it answered status None without a word), unless missing_ok."""
+    with pytest.warns(blueque.MissingTaskWarning,
+                      match="task 'never-enqueued' does not exist .* task.exists tells"):
+        task = contract_client.get_task("never-enqueued")
+    assert "<Task never-enqueued (no such task)>" in repr(task)  # (the aio facade wraps it)
+    assert contract_client.get_task("never-enqueued", missing_ok=True).exists is False
     assert task.id == "never-enqueued"
     for name in ("status", "queue", "parameters", "result", "error", "node", "pid",
                  "created", "updated", "eta", "attempts", "started_at", "finished_at",
@@ -105,4 +111,4 @@ def test_wait_raises_timeout_error(contract_client: blueque.Client) -> None:
 
 def test_wait_on_a_missing_task_raises_task_not_found(contract_client: blueque.Client) -> None:
     with pytest.raises(TaskNotFound):
-        contract_client.get_task("never-enqueued").wait(timeout=1)
+        contract_client.get_task("never-enqueued", missing_ok=True).wait(timeout=1)

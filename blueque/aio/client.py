@@ -42,7 +42,7 @@ from blueque.queue import (
 )
 from blueque.retry import RetryPolicy
 from blueque.store import translate
-from blueque.task import TaskView
+from blueque.task import TaskView, warn_missing
 from blueque.waiting import WAIT_REREAD, WaitResult
 
 
@@ -132,15 +132,19 @@ class Client:
     def get_queue(self, name: str) -> Queue:
         return Queue(name, self.store)
 
-    async def get_task(self, task_id: str) -> Task:
-        """The task's hash, read now (a missing task has every attribute None)."""
-        return Task(task_id, self.store, await self.store.perform(protocol.task_data, task_id))
+    async def get_task(self, task_id: str, *, missing_ok: bool = False) -> Task:
+        """The task's hash, read now. A missing task has every attribute None and comes with a
+        MissingTaskWarning, unless ``missing_ok`` (blueque.Client.get_task)."""
+        task = Task(task_id, self.store, await self.store.perform(protocol.task_data, task_id))
+        if not task.exists and not missing_ok:
+            warn_missing(task_id)
+        return task
 
     async def cancel_task(self, task_id: str, reason: str = "cancelled") -> str:
         """Cancel a task: "cancelled" (it will never run; recorded as failed with a
         ``cancelled`` field) or "requested" (running: its listener stops it and records it).
         Raises TaskNotFound or InvalidTaskState (already finished)."""
-        task = await self.get_task(task_id)
+        task = await self.get_task(task_id, missing_ok=True)
         if task.queue is None:
             raise TaskNotFound(task_id)
         verdict, _ = await self.store.perform(dependencies.cancel, task.queue, task_id,
@@ -152,7 +156,7 @@ class Client:
         """Put a failed task back in its queue's pending list, its attempts kept
         (retry_failed.lua); a cancelled one too, since it is asked for by its id. Raises
         TaskNotFound or InvalidTaskState (not failed)."""
-        queue = (await self.get_task(task_id)).queue
+        queue = (await self.get_task(task_id, missing_ok=True)).queue
         if queue is None:
             raise TaskNotFound(task_id)
         await self.store.perform(ended.retry_failed, queue, task_id,

@@ -175,7 +175,7 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
         task_id = queue.enqueue(parameters, task_id=args.task_id, **options)
     if not task_id.created:
         # stdout stays the id alone (scripts capture it); the notice goes to stderr
-        status = client.get_task(task_id).status or "gone"
+        status = client.get_task(task_id, missing_ok=True).status or "gone"
         print(f"blueque: task {task_id} already existed ({status}): nothing was enqueued"
               + ("; waiting for the existing task" if args.wait else ""), file=sys.stderr)
     if not args.wait:
@@ -250,7 +250,7 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
     if args.task_id is not None:
         if args.limit is not None or args.include_cancelled:
             raise Failure("--limit and --include-cancelled go with --failed QUEUE", EXIT_USAGE)
-        was_cancelled = client.get_task(args.task_id).cancelled
+        was_cancelled = client.get_task(args.task_id, missing_ok=True).cancelled
         client.retry_task(args.task_id)
         emit(args, {"retried": [args.task_id]},
              f"task {args.task_id} is pending again"

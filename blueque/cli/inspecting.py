@@ -245,7 +245,7 @@ def _eta_text(task: dict[str, str], current: float) -> str:
 
 # --- show -------------------------------------------------------------------------------------
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
-    task = client.get_task(args.task_id)
+    task = client.get_task(args.task_id, missing_ok=True)
     data = task.data
     if not data:
         raise TaskNotFound(args.task_id)
@@ -324,7 +324,7 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     if args.json and args.follow:
         raise Failure("--json: blueque logs --follow streams the text as it comes; without "
                       "--follow, --json prints the attempt's output as one record", EXIT_USAGE)
-    task = client.get_task(args.task_id)
+    task = client.get_task(args.task_id, missing_ok=True)
 
     def finished() -> bool:
         return task.refresh().status in FINISHED_STATUSES or not task.data

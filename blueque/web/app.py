@@ -245,7 +245,7 @@ class Dashboard:
 
     def retry(self, body: dict[str, Any]) -> str:
         task_id = _text(body, "task_id")
-        queue = self.client.get_task(task_id).queue
+        queue = self.client.get_task(task_id, missing_ok=True).queue
         if queue is None:
             raise TaskNotFound(task_id)
         self.store.retry_failed(queue, task_id, self.store.now())

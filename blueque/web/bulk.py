@@ -61,7 +61,7 @@ def cancel(client: Client, body: dict[str, Any]) -> str:
 def delete(client: Client, body: dict[str, Any]) -> str:
     """Each selected finished task deleted (its hash and its list entry)."""
     def one(task_id: str) -> None:
-        task = client.get_task(task_id)
+        task = client.get_task(task_id, missing_ok=True)
         if task.queue is None:
             raise TaskNotFound(task_id)
         client.get_queue(task.queue).delete_task(task)
