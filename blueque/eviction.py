@@ -59,6 +59,9 @@ class MemoryPolicy:
     def limit(self) -> str:
         if self.maxmemory is None:
             return "maxmemory unknown"
+        if not self.evicts:  # noeviction: a full Redis refuses writes, deletes nothing
+            return ("maxmemory 0: no limit" if self.maxmemory == 0 else
+                    f"maxmemory {format_bytes(self.maxmemory)}: when full it refuses writes")
         if self.maxmemory == 0:
             return "maxmemory 0: no limit yet, but one CONFIG SET maxmemory makes it evict"
         return f"maxmemory {format_bytes(self.maxmemory)}"

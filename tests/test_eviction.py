@@ -117,8 +117,26 @@ def test_status_says_the_redis_may_evict(evicting_server: RedisServer,
     assert "acknowledged tasks" in data["warning"]
 
     safe = status(redis_url)
-    assert "maxmemory-policy noeviction" in safe and "WARNING" not in safe
+    assert "maxmemory-policy noeviction (maxmemory 0: no limit)" in safe, safe
+    assert "WARNING" not in safe and "makes it evict" not in safe
     assert json.loads(status(redis_url, "--json"))["redis"]["evicts"] is False
+
+
+@pytest.mark.parametrize(("policy", "maxmemory", "said"), [
+    # a noeviction server never evicts, whatever CONFIG SET maxmemory: it refuses writes
+    ("noeviction", 0, "maxmemory-policy noeviction (maxmemory 0: no limit)"),
+    ("noeviction", 1 << 28,
+     "maxmemory-policy noeviction (maxmemory 256.0 MiB: when full it refuses writes)"),
+    ("allkeys-lru", 0, "(maxmemory 0: no limit yet, but one CONFIG SET maxmemory makes it "
+                       "evict). WARNING"),
+])
+def test_what_status_says_of_each_policy_and_limit(policy: str, maxmemory: int,
+                                                     said: str) -> None:
+    """`blueque status` said a noeviction server "makes it evict" after one CONFIG SET:
+    only a policy that evicts does."""
+    summary = MemoryPolicy("r:6379", policy, maxmemory, "CONFIG GET").summary()
+    assert said in summary
+    assert ("makes it evict" in summary) == (policy != "noeviction" and maxmemory == 0)
 
 
 def test_the_dashboard_shows_the_warning_on_every_page(evicting_server: RedisServer,
