@@ -271,6 +271,37 @@ def test_retrying_the_failed_tasks_of_an_unknown_queue_says_so(blueque_main: Run
             "queue 'wrok' is not known")
 
 
+@pytest.mark.parametrize("arguments", [("tasks", "documnt"), ("retry", "--failed", "documnt"),
+                                       ("cancel", "--all", "documnt"),
+                                       ("forget-queue", "documnt")])
+def test_a_misspelt_queue_gets_a_suggestion(blueque_main: Run, redis_url: str,
+                                            client: blueque.Client,
+                                            arguments: tuple[str, ...]) -> None:
+    client.get_queue("documents").enqueue("{}")
+    client.get_queue("images").enqueue("{}")
+    refused(blueque_main(*arguments, "--url", redis_url), 4,
+            "queue 'documnt' is not known (not in blueque_queues); did you mean 'documents'?")
+    far = blueque_main("tasks", "zzz", "--url", redis_url)
+    refused(far, 4, "queue 'zzz' is not known")
+    assert "did you mean" not in far.stderr
+
+
+def test_parameters_that_are_not_json_are_enqueued_with_a_warning(
+        blueque_main: Run, redis_url: str, client: blueque.Client) -> None:
+    """`blueque enqueue q "{page: 1}"` (the shell's quotes lost) took text no JSON task can
+    read without a word: it is still enqueued (parameters are text), with a warning."""
+    done = blueque_main("enqueue", "q", "{page: 1}", "--task-id", "t1", "--url", redis_url)
+    assert done.returncode == 0 and done.stdout == "t1\n"
+    assert done.stderr.startswith("blueque: warning: the parameters are not JSON (Expecting "
+                                  "property name enclosed in double quotes")
+    assert "--text if plain text is meant" in done.stderr
+    assert client.get_task("t1").parameters == "{page: 1}"
+    for quiet in (("enqueue", "q", '{"page": 1}'), ("enqueue", "q", "7"),
+                  ("enqueue", "q", "plain words", "--text")):
+        done = blueque_main(*quiet, "--url", redis_url)
+        assert done.returncode == 0 and done.stderr == "", quiet
+
+
 def test_demo_refuses_an_empty_url(blueque_main: Run) -> None:
     """Before it starts anything (no redis-server, no daemon): in-process."""
     refused(blueque_main("demo", "--url", ""), 2, "empty Redis URL")

@@ -71,8 +71,20 @@ def _finite(data: object) -> object:
     return data
 
 
-def unknown_queue(queue: str) -> Failure:
-    return Failure(f"queue {queue!r} is not known (not in blueque_queues)", EXIT_NOT_FOUND)
+def unknown_queue(queue: str, known: Sequence[str] = ()) -> Failure:
+    """Exit 4 for a queue Redis does not know, with the closest known name (a typo)."""
+    close = difflib.get_close_matches(queue, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return Failure(f"queue {queue!r} is not known (not in blueque_queues){hint}",
+                   EXIT_NOT_FOUND)
+
+
+def known_queue(client: Client, queue: str) -> str:
+    """``queue``, if Redis knows it; else exit 4 (a typo must not read as an empty queue)."""
+    names = client.queue_names()
+    if queue not in names:
+        raise unknown_queue(queue, names)
+    return queue
 
 
 def connect(args: argparse.Namespace, ping: bool = True) -> Client:

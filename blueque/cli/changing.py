@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from blueque.cli.base import (
     duration,
     emit,
     eta_time,
+    known_queue,
     unknown_queue,
 )
 from blueque.cli.wait import print_result, report_waited
@@ -36,7 +38,10 @@ _UNSET = object()
 def register(commands: Commands) -> None:
     sub = commands.add("enqueue", cmd_enqueue, "submit a task (prints its id)")
     sub.add_argument("queue")
-    sub.add_argument("parameters", help="a string, JSON by convention; - reads stdin")
+    sub.add_argument("parameters", help="a string, JSON by convention (text that is not "
+                     "JSON is enqueued with a warning on stderr); - reads stdin")
+    sub.add_argument("--text", action="store_true", help=(
+        "the parameters are plain text on purpose: no warning that they are not JSON"))
     when = sub.add_mutually_exclusive_group()
     when.add_argument("--delay", type=duration, metavar="DURATION",
                       help="run after this long (90, 15m, 2h)")
@@ -173,6 +178,8 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
                                  **options)
     else:
         task_id = queue.enqueue(parameters, task_id=args.task_id, **options)
+    if task_id.created and not args.text:
+        _warn_unless_json(parameters)
     if not task_id.created:
         # stdout stays the id alone (scripts capture it); the notice goes to stderr
         status = client.get_task(task_id, missing_ok=True).status or "gone"
@@ -186,6 +193,18 @@ def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         return report_waited(args, result, {"created": task_id.created})
     return print_result(task_id, result)
+
+
+def _warn_unless_json(parameters: str) -> None:
+    """Parameters are text, JSON by convention: text that is not JSON (``{page: 1}``, the
+    shell's quotes lost) is enqueued, as any client may, but said on stderr: a task function
+    that reads them with json.loads would fail hours later, on its listener."""
+    try:
+        json.loads(parameters)
+    except ValueError as error:
+        print(f"blueque: warning: the parameters are not JSON ({error}): enqueued as text, "
+              "which a task function that reads JSON cannot read. Quote them for the shell, "
+              "as in '{\"page\": 1}', or pass --text if plain text is meant", file=sys.stderr)
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
@@ -204,9 +223,7 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cancel_all(client: Client, args: argparse.Namespace) -> int:
-    queue = args.all_of
-    if queue not in client.queue_names():  # a typo must not read as "0 cancelled"
-        raise unknown_queue(queue)
+    queue = known_queue(client, args.all_of)  # a typo must not read as "0 cancelled"
     started = time.monotonic()
     done = client.get_queue(queue).cancel_waiting(
         args.older_than, args.match, args.reason, scheduled=not args.pending_only)
@@ -256,9 +273,7 @@ def cmd_retry(client: Client, args: argparse.Namespace) -> int:
              f"task {args.task_id} is pending again"
              + (" (it had been cancelled)" if was_cancelled else ""))
         return EXIT_OK
-    if args.failed not in client.queue_names():  # a typo must not read as "0 retried"
-        raise unknown_queue(args.failed)
-    queue = client.get_queue(args.failed)
+    queue = client.get_queue(known_queue(client, args.failed))  # not "0 retried" for a typo
     retried = queue.retry_failed(args.limit, include_cancelled=args.include_cancelled)
     left = 0 if args.include_cancelled else queue.stats().cancelled
     emit(args, {"retried": retried},
@@ -293,7 +308,7 @@ def cmd_configure(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_forget_queue(client: Client, args: argparse.Namespace) -> int:
     if not client.store.forget_queue(args.queue):
-        raise unknown_queue(args.queue)
+        raise unknown_queue(args.queue, client.queue_names())
     emit(args, {"queue": args.queue, "forgotten": True},
          f"queue {args.queue} forgotten: it no longer shows in blueque status")
     return EXIT_OK

@@ -18,8 +18,8 @@ from blueque.cli.base import (
     Failure,
     emit,
     json_text,
+    known_queue,
     positive_duration,
-    unknown_queue,
 )
 from blueque.client import Client, ListenerStatus
 from blueque.display import (
@@ -194,9 +194,7 @@ def _age_text(age: float | None) -> str:
 
 # --- tasks ------------------------------------------------------------------------------------
 def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
-    if args.queue not in client.queue_names():
-        raise unknown_queue(args.queue)
-    queue = client.get_queue(args.queue)
+    queue = client.get_queue(known_queue(client, args.queue))
     ids: list[str] = []
     for status in [args.status] if args.status else list(STATES):
         ids += queue.task_ids(status, 0, args.limit - 1)[: args.limit]
