@@ -302,6 +302,17 @@ def test_parameters_that_are_not_json_are_enqueued_with_a_warning(
         assert done.returncode == 0 and done.stderr == "", quiet
 
 
+def test_a_port_that_accepts_and_never_answers_is_said_at_once(redis_url: str) -> None:
+    """`blueque status` against a port that is not Redis and never answers waited the 5 s of
+    its connect timeout, then said "unreachable": it says what it found after 2 s."""
+    with FakeServer(lambda command: b"") as silent:  # reads commands, answers none
+        done = cli(silent.url, "status")
+    refused(done, 3, f"the server at 127.0.0.1:{silent.port} accepted the connection but did "
+            "not answer within 2 s: it is not a Redis", "check the URL's host and port")
+    # a Redis that does answer is not held to it: its own connections wait as they should
+    assert cli(redis_url, "status").returncode == 0
+
+
 def test_demo_refuses_an_empty_url(blueque_main: Run) -> None:
     """Before it starts anything (no redis-server, no daemon): in-process."""
     refused(blueque_main("demo", "--url", ""), 2, "empty Redis URL")

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+import redis
+
 from blueque.client import Client
 from blueque.config import default_url
 from blueque.display import parse_duration, parse_eta
-from blueque.errors import ConfigurationError
+from blueque.errors import ConfigurationError, RedisUnavailable
 from blueque.eviction import ALLOW_VARIABLE
 from blueque.queue import check_queue_name
 
@@ -87,22 +89,48 @@ def known_queue(client: Client, queue: str) -> str:
     return queue
 
 
+#: Seconds the CLI's first contact waits for a server that accepted its connection to answer
+#: (a Redis answers a PING in milliseconds; a port that is not Redis may never answer: it
+#: took the 5 s of the connect timeout and then said "unreachable").
+FIRST_CONTACT = 2.0
+
+
 def connect(args: argparse.Namespace, ping: bool = True) -> Client:
     """A client for --url (else $BLUEQUE_URL, else redis://localhost:6379/0), checked with a
     PING so that an unreachable Redis is reported at once (exit 3). Daemons skip the PING:
     they retry with backoff until Redis is there (a listener started before its Redis)."""
     url = default_url() if args.url is None else args.url  # --url '' is a mistake, not "default"
     kwargs: dict[str, Any] = {}
-    if urlsplit(url).scheme.lower() in ("redis", "rediss", "unix"):
+    direct = urlsplit(url).scheme.lower() in ("redis", "rediss", "unix")
+    if direct:
         kwargs["socket_connect_timeout"] = 5.0
     client = Client(url, **kwargs)
     if ping:
         try:
-            client.ping()
+            first_contact(url, kwargs) if direct else client.ping()
         except BaseException:
             client.close()
             raise
     return client
+
+
+def first_contact(url: str, kwargs: dict[str, Any]) -> None:
+    """PING (and the server check) on a connection of its own that waits FIRST_CONTACT
+    seconds for an answer (the command's own connections may wait on a reply for long:
+    ``wait``, ``status --watch``): a server that accepts and never answers is no Redis."""
+    probe = Client(url, socket_timeout=FIRST_CONTACT, **kwargs)  # the URL's own wins
+    try:
+        probe.ping()
+    except RedisUnavailable as error:
+        cause = error.__cause__
+        if isinstance(cause, redis.exceptions.TimeoutError) and "reading" in str(cause):
+            raise RedisUnavailable(
+                f"the server at {probe.store.where} accepted the connection but did not "
+                f"answer within {FIRST_CONTACT:g} s: it is not a Redis, or a Redis too busy "
+                "to answer; check the URL's host and port") from error
+        raise
+    finally:
+        probe.close()
 
 
 # --- argument types ---------------------------------------------------------------------------
