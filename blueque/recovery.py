@@ -41,7 +41,8 @@ log = logging.getLogger("blueque.recovery")
 class RecoveryReport:
     requeued: int = 0
     retried: int = 0
-    failed: int = 0
+    failed: int = 0  # the cancelled ones too (their status is failed)
+    cancelled: int = 0
     adopted: int = 0
     listeners: list[str] = field(default_factory=list)
     #: live runs of dead listeners that the sweep's ``adopter`` holds: task id -> (pid,
@@ -57,6 +58,14 @@ class RecoveryReport:
         self.requeued += counts[0]
         self.retried += counts[1]
         self.failed += counts[2]
+        self.cancelled += counts[4] if len(counts) > 4 else 0
+
+
+def ended_text(counts: list[int]) -> str:
+    """How a recovery's endings read in its log line: ``2 failed, 1 cancelled`` (recover.lua
+    counts a cancelled task among the failed: its status is failed, but it was cancelled)."""
+    cancelled = counts[4] if len(counts) > 4 else 0
+    return f"{counts[2] - cancelled} failed, {cancelled} cancelled"
 
 
 
@@ -171,7 +180,7 @@ class Recovery:
                 report.listeners.append(listener)
                 log.warning(
                     "recovered listener %s on queue %s (lease expired): %d requeued, "
-                    "%d retried, %d failed", listener, queue, *counts[:3],
+                    "%d retried, %s", listener, queue, *counts[:2], ended_text(counts),
                 )
 
     def _holds_exclusive(self, queue: str, listener: str) -> bool:
@@ -218,7 +227,8 @@ class Recovery:
                 report.listeners.append(listener)
                 log.warning(
                     "recovered dead listener %s on queue %s: %d requeued, %d retried, "
-                    "%d failed, %d still running", listener, queue, *counts[:3], len(live),
+                    "%s, %d still running", listener, queue, *counts[:2], ended_text(counts),
+                    len(live),
                 )
             if live:
                 report.adopted += len(live)

@@ -18,7 +18,7 @@ from blueque.outputs import READ_LIMIT, TaskOutput
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
-from blueque.statuses import COMPLETE, FAILED, PENDING, SCHEDULED
+from blueque.statuses import CANCELLED, COMPLETE, FAILED, PENDING, SCHEDULED, state_of
 from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
@@ -173,7 +173,7 @@ def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
     """How an attempt ended, for the listener's log: its outcome and a text such as
     ``complete in 3h12m``, ``failed in 2s: ValueError: bad``, ``failed in 2s, retry in 30s:
     ...``, ``cancelled in 5m: ...``, or where the task has moved on meanwhile."""
-    status = fields.get("status")
+    status = state_of(fields)  # a cancelled task reads cancelled (its status is failed)
     # the exception with its type, from the traceback's last line; 1.0.1's error is its text
     error = shorten(last_line(fields.get("traceback")) or fields.get("error"), 200)
     if not fields:
@@ -183,7 +183,7 @@ def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
                               f"{fields.get('attempts')}")
     if status == COMPLETE:
         return "complete", f"complete in {took}"
-    if status == FAILED and fields.get("cancelled"):
+    if status == CANCELLED:
         return "cancelled", f"cancelled in {took}: {error}"
     if status == FAILED:
         return "failed", f"failed in {took}: {error}"

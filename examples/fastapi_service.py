@@ -55,13 +55,14 @@ def blueque_client(request: Request) -> blueque.aio.Client:
 
 
 def describe(task: blueque.aio.Task) -> dict[str, Any]:
-    return {"task_id": task.id, "status": task.status, "progress": task.progress,
+    # state, not status: a cancelled task reads "cancelled" (its status is "failed")
+    return {"task_id": task.id, "status": task.state, "progress": task.progress,
             "message": task.progress_message, "attempts": task.attempts,
             "result": json.loads(task.result) if task.result else None, "error": task.error}
 
 
 async def existing_task(request: Request, task_id: str) -> blueque.aio.Task:
-    task = await blueque_client(request).get_task(task_id)
+    task = await blueque_client(request).get_task(task_id, missing_ok=True)
     if not task.exists:
         raise HTTPException(404, f"no task {task_id}")
     return task

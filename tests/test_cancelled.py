@@ -18,6 +18,7 @@ import redis
 import blueque
 from blueque.endings import RunEnd
 from blueque.keys import Keys
+from blueque.recovery import ended_text
 from blueque.statuses import state_of
 from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_cli import cli
@@ -82,7 +83,7 @@ def test_a_cancelled_run_is_listed_as_cancelled_by_finish_and_by_recovery(
     r.zadd(K.leases("q"), {listener.id: 1})
     assert client.store.recover("q", listener.id, [
         (orphan.id, str(orphan.attempts), "cancelled", None, "cancelled: wrong input (gone)")],
-        time.time(), mode="lease") == [0, 0, 1, 0]
+        time.time(), mode="lease") == [0, 0, 1, 0, 1]
     assert sorted(r.lrange(K.cancelled("q"), 0, -1)) == sorted([stopped.id, orphan.id])
     assert r.llen(K.failed("q")) == 0 and counts(client) == (0, 2)
     assert r.hget(K.outcome_counts("q"), "cancelled") == "2"
@@ -221,3 +222,16 @@ def test_a_running_task_cancelled_through_its_listener_counts_as_cancelled(
     assert counts(client, "work") == (0, 1)
     assert redis_client.hget(K.outcome_counts("work"), "cancelled") == "1"
     assert state_of(redis_client.hgetall(K.task(task_id))) == "cancelled"
+
+
+def test_show_and_recovery_say_cancelled_where_they_said_failed(
+        client: blueque.Client, redis_url: str) -> None:
+    """`blueque show` read "status failed" for a cancelled task, and a recovery's log line
+    counted it among the failed: each now says cancelled."""
+    task_id = client.get_queue("q").enqueue("{}")
+    client.cancel_task(task_id, "wrong input")
+    shown = cli(redis_url, "show", task_id).stdout
+    assert "failed (cancelled: listed and counted as cancelled)" in shown
+    assert json.loads(cli(redis_url, "show", task_id, "--json").stdout)["state"] == "cancelled"
+    assert ended_text([0, 0, 3, 0, 1]) == "2 failed, 1 cancelled"
+    assert ended_text([0, 0, 3, 0]) == "3 failed, 0 cancelled"  # an older script's answer

@@ -116,7 +116,7 @@ def test_a_superseded_run_cannot_overwrite_the_newer_attempts_checkpoint(
     old.save_checkpoint("old 1")
     # its listener is declared dead: the task is requeued and attempt 2 runs elsewhere
     assert store.recover("q", "oldhost_1", [(old.id, "1", "pending", None, "")], time.time(),
-                         mode="host") == [1, 0, 0, 0]
+                         mode="host") == [1, 0, 0, 0, 0]
     with pytest.raises(StaleAttempt, match="is pending"):
         old.save_checkpoint("old, while pending")  # same attempts number, but not its run
     new = any_client.get_listener("q").reserve()

@@ -246,7 +246,8 @@ def test_enqueue_then_show_and_tasks(run: Run, run_json: Callable[..., Any],
     assert run_json("show", task_id) == {  # typed (tests/test_cli_output.py has them all)
         "id": task_id, "status": "pending", "queue": "mail", "parameters": '{"to": "ops"}',
         "created": float(data["created"]), "updated": float(data["updated"]),
-        "max_attempts": 3, "time_limit": 7200.0, "history": [], "checkpoint": None}
+        "max_attempts": 3, "time_limit": 7200.0, "state": "pending", "history": [],
+        "checkpoint": None}
 
     listed = run("tasks", "mail")
     assert listed.returncode == 0

@@ -259,7 +259,7 @@ def test_cancel_in_each_state(client, start, tmp_path, redis_client):  # type: i
                                time.time() + 1.0)
     assert client.cancel_task(pending) == "cancelled"
     assert client.cancel_task(scheduled) == "cancelled"
-    start("work", "tests.jobs:sleep")
+    daemon = start("work", "tests.jobs:sleep")
     running = queue.enqueue(json.dumps({"marker": str(marker), "seconds": 600}))
     # started is recorded before the function runs: wait for the function itself
     wait_until(lambda: lines(marker), what="running")
@@ -267,6 +267,11 @@ def test_cancel_in_each_state(client, start, tmp_path, redis_client):  # type: i
     assert client.cancel_task(running) == "requested"
     task = client.get_task(running).wait(20)
     assert task.status == "failed" and task.cancelled and task.error.startswith("cancelled")
+    # its log line says what the operator reads: cancelled (it said "-> failed")
+    wait_until(lambda: f"task {running} queue work: cancelled" in daemon.log(),
+               what="the cancel logged")
+    line = next(x for x in daemon.log().splitlines() if f"task {running} queue work: c" in x)
+    assert line.endswith("-> cancelled") and "-> failed" not in daemon.log()
     wait_until(lambda: not psutil.pid_exists(pid), what="process group terminated")
     for task_id in (pending, scheduled):
         cancelled = client.get_task(task_id)

@@ -176,7 +176,8 @@ def test_a_failing_report_and_a_cancelled_one(service: str, redis_url: str,
         assert events[-1][0] == "end"
         assert (events[-1][1]["status"], events[-1][1]["attempts"]) == ("failed", 2)
         assert "cannot build a report" in events[-1][1]["error"]
-        assert http.get(waiting["status_url"]).json()["status"] == "failed"  # cancelled
+        # a cancelled task reads cancelled (its status is failed): what the user asked for
+        assert http.get(waiting["status_url"]).json()["status"] == "cancelled"
         client = blueque.Client(redis_url)
         try:
             cancelled = client.get_task(waiting["task_id"])

@@ -143,7 +143,7 @@ def test_a_superseded_attempt_cannot_record_anything(any_client: blueque.Client)
     old.start(111)
     # the old listener is declared dead; its task is requeued and run again elsewhere
     assert store.recover("q", old_listener.id, [(task.id, "1", "pending", None, "")],
-                         time.time(), mode="host") == [1, 0, 0, 0]
+                         time.time(), mode="host") == [1, 0, 0, 0, 0]
     new_task = any_client.get_listener("q").reserve()
     assert new_task is not None and new_task.attempts == 2
     new = any_client.get_processor(new_task)

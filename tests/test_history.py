@@ -111,7 +111,7 @@ def test_recovery_records_each_verdict_and_puts_tasks_back_without_their_run(
     assert client.store.recover("q", listener.id, [
         (reserved_only.id, "1", "pending", None, ""),
         (running.id, "1", "retry", eta, "listener gone: killed"),
-        (never_stamped, "", "pending", None, "")], time.time(), mode="lease") == [2, 1, 0, 0]
+        (never_stamped, "", "pending", None, "")], time.time(), mode="lease") == [2, 1, 0, 0, 0]
     back = client.get_task(reserved_only.id)
     assert back.status == "pending" and back.node is None
     assert [(h["attempt"], h["outcome"], h["node"]) for h in back.history] == [

@@ -105,7 +105,7 @@ def test_a_crash_between_move_and_stamp_is_recovered(any_client: blueque.Client)
     attempts_seen = r.hget(K.task(task_id), "attempts") or ""
     counts = store.recover("q", dead.id, [(task_id, attempts_seen, "pending", None, "")],
                            time.time(), mode="host")
-    assert counts == [1, 0, 0, 0]
+    assert counts == [1, 0, 0, 0, 0]
     assert r.lrange(K.pending("q"), 0, -1) == [task_id]
     assert r.llen(K.reserved("q", dead.id)) == 0
     assert r.hget(K.task(task_id), "status") == "pending"
@@ -236,7 +236,7 @@ def test_an_expired_lease_is_found_and_recovered_once(any_client: blueque.Client
 
     store.lease("q", dead.id, 1, "register")
     wait_for(lambda: store.expired_listeners("q") == [dead.id], timeout=5)
-    assert store.recover("q", dead.id, verdict, time.time(), mode="lease") == [1, 0, 0, 0]
+    assert store.recover("q", dead.id, verdict, time.time(), mode="lease") == [1, 0, 0, 0, 0]
     assert store.recover("q", dead.id, verdict, time.time(), mode="lease") == [-1]  # claimed
     assert r.lrange(K.pending("q"), 0, -1) == [task_id]
     assert r.zscore(K.leases("q"), dead.id) is None
@@ -266,7 +266,7 @@ def test_recover_applies_each_verdict(any_client: blueque.Client) -> None:
         (ids[4], "0", "failed", None, "computed from a stale read"),
     ]
     counts = store.recover("q", dead.id, verdicts, time.time(), mode="host")
-    assert counts == [1, 1, 1, 1]
+    assert counts == [1, 1, 1, 1, 0]
     status = {i: r.hgetall(K.task(i)) for i in ids}
     assert status[ids[0]]["status"] == "pending" and "node" not in status[ids[0]]
     assert r.lrange(K.pending("q"), 0, -1) == [ids[0]]
@@ -296,7 +296,7 @@ def test_recover_stamps_cancelled_as_the_caller_decided(any_client: blueque.Clie
     counts = store.recover("q", dead.id, [(ids[0], "1", "cancelled", None, "cancelled: x"),
                                           (ids[1], "1", "failed", None, "died")],
                            time.time(), mode="host")
-    assert counts == [0, 0, 2, 0]
+    assert counts == [0, 0, 2, 0, 1]
     cancelled, failed = (r.hgetall(K.task(i)) for i in ids)
     assert cancelled["status"] == failed["status"] == "failed"
     assert "cancelled" in cancelled and "cancelled" not in failed

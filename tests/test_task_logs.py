@@ -318,6 +318,9 @@ def test_every_attempts_file_is_one_level_down_in_the_log_directory(
       "preempted_at": "1795000000.5"}, "requeued", "ended in 3h12m, put back: the task is "),
     ({"status": "started", "attempts": "3"}, "superseded", "ended in 3h12m, superseded: the "
                                                            "task is started at attempt 3"),
+    # cancelled meanwhile: the log line says cancelled, not failed (its status)
+    ({"status": "failed", "attempts": "3", "cancelled": "1795000000.5"}, "superseded",
+     "ended in 3h12m, superseded: the task is cancelled at attempt 3"),
     ({"status": "started", "attempts": "2"}, "unsettled", "ended in 3h12m; the task is started"),
     ({}, "deleted", "ended in 3h12m; its task is gone (deleted)"),
 ])

@@ -253,6 +253,8 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     for name in sorted(set(data) - {"history"}):  # the history is shown as a table below
         value = data[name]
         stamp = field_float(value) if name in TIME_FIELDS else None
+        if name == "status" and task.cancelled:  # what the reader asks: was it cancelled?
+            value = f"{value} (cancelled: listed and counted as cancelled)"
         rows.append((name, f"{format_time(stamp)} ({value})" if stamp else value))
     info = task.checkpoint_info  # its size, time and attempt; the state stays in Redis
     if info is None:
@@ -265,7 +267,8 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     history = task_history(data)
     awaiting = task.awaiting() if task.status == WAITING else []
     call = read_job_call(task.parameters)
-    emit(args, {"id": args.task_id, **typed(data), **_job_of(call), "history": history,
+    emit(args, {"id": args.task_id, **typed(data), "state": task.state, **_job_of(call),
+                "history": history,
                 "checkpoint": info and vars(info),
                 **({"awaiting": awaiting} if task.status == WAITING else {})},
          f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "")

@@ -18,7 +18,14 @@ from blueque.policy import Policy
 from blueque.reporting import EXIT_NOT_STARTED, EXIT_REPORTED
 from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running, describe_ending
 from blueque.spool import Held, Spool, server_of
-from blueque.statuses import FINISHED_STATUSES, PENDING, RESERVED, SCHEDULED, STARTED
+from blueque.statuses import (
+    FINISHED_STATUSES,
+    PENDING,
+    RESERVED,
+    SCHEDULED,
+    STARTED,
+    state_of,
+)
 from blueque.store import RedisStore, Take, Taken
 from blueque.tasklog import TaskLogSettings, drop_if_empty, ship_rest
 
@@ -246,7 +253,9 @@ class Recorder:
                                   attempt=attempt)
         running.ending = self.store.task_fields(running.task_id, ENDING_FIELDS)
         outcome, _ = describe_ending(running.ending, running.attempt, "", self.store.now())
-        log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, status,
+        # the task's state: a run stopped by a cancel reads cancelled, not failed
+        shown = state_of(running.ending) or status
+        log.warning("task %s queue %s: %s -> %s", running.task_id, running.queue, error, shown,
                     extra={"task_id": running.task_id, "queue": running.queue,
                            "event": "recorded", "outcome": outcome})
 

@@ -25,7 +25,8 @@
 -- endings.decide says of a cancelled run), retry eta, error text (for preempted: why).
 -- A verdict applies only if the task is still in the dead listener's reserved list with the
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
--- Returns {requeued, retried, failed, skipped}, or {-1} if the claim failed (lease live or
+-- Returns {requeued, retried, failed, skipped, cancelled} (failed counts the cancelled ones
+-- too; cancelled says how many of them were), or {-1} if the claim failed (lease live or
 -- gone, or the listener already claimed).
 -- Each verdict but drop (and pending for a task no stamp counted an attempt of) is added to
 -- the task's `history` (PROTOCOL.md 3.2); a task put back (pending, preempted, retry) loses
@@ -48,7 +49,7 @@ if ARGV[7] == '1' then
 end
 -- uses: history, counts
 local RUN_FIELDS = {'node', 'pid', 'pid_created', 'started_at', 'progress', 'progress_message'}
-local counts = {0, 0, 0, 0}
+local counts = {0, 0, 0, 0, 0}
 for i = 13, #KEYS do
   local a = 9 + (i - 13) * 5
   local id, seen, verdict = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -104,6 +105,9 @@ for i = 13, #KEYS do
       count_outcome(verdict, 1, KEYS[9], ARGV[8], KEYS[10], KEYS[11])
       redis.call('LPUSH', verdict == 'cancelled' and KEYS[12] or KEYS[7], id)
       counts[3] = counts[3] + 1
+      if verdict == 'cancelled' then
+        counts[5] = counts[5] + 1
+      end
     end
   end
 end

@@ -243,8 +243,8 @@ class RunOperations(StoreCore):
         """Apply verdicts (id, attempts seen, pending|preempted|retry|failed|cancelled|drop,
         eta, error) to a dead listener's reserved tasks (recover.lua). ``mode`` is "lease"
         (its lease expired) or "host" (death proven on its host). Returns [requeued, retried,
-        failed, skipped], or [-1] when the claim failed (the lease is live, or someone else
-        recovered it)."""
+        failed, skipped, cancelled] (failed counts the cancelled ones too), or [-1] when the
+        claim failed (the lease is live, or someone else recovered it)."""
         verdicts = list(verdicts)
         queues_key, use_queues = self._queues_key(queue)
         keys = [self.keys.leases(queue), self.keys.listeners(queue),
