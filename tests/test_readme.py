@@ -29,7 +29,7 @@ import redis
 import blueque
 from blueque.testing import RedisServer, free_port, stop_process
 from tests.daemons import Daemon, daemons, listen_command, wait_until
-from tests.readme import Shell, block, commands, program, readme_blocks
+from tests.readme import Shell, block, commands, doc_blocks, program, readme_blocks
 from tests.test_cli import ROOT, environment
 
 README = ROOT / "README.md"
@@ -140,7 +140,24 @@ def test_quick_start_names_every_debian_package_dev_installs() -> None:
     quick_start = " ".join(text.split("\n## Quick start", 1)[1].split("\n## ", 1)[0].split())
     assert [name for name in sorted(names) if f"`{name}`" not in quick_start] == []
     assert "a Java runtime" in quick_start
-    assert ". .venv-ci/bin/activate" in quick_start  # where `blueque` is, then
+    assert ". .venv/bin/activate" in quick_start  # where `blueque` is, then
+
+
+def test_dev_installs_only_what_each_command_needs() -> None:
+    """`./dev demo` pip-installed pyspark, playwright, fastapi and pytest into whatever Python
+    was first on PATH and apt-installed chromium and faketime, to run a demo: every command
+    now works in .venv, and the demo takes this package alone and redis-server."""
+    script = (ROOT / "dev").read_text("utf-8")
+    extras = dict(re.findall(r"^    (\w+)\) extras=([\w,]*)", script, re.MULTILINE))
+    assert extras["demo"] == "" and "spark" not in extras["lint"] + extras["docs"]
+    assert {"test", "spark", "web", "docs"} <= set(extras["test"].split(","))
+    # the browser, the clock faker, jq and Java come only with the whole suite ($full)
+    full_only = script.split('if [ -n "$full" ]; then', 1)[1].split("\nfi\n", 1)[0]
+    for package in ("chromium", "faketime", "redis-sentinel", "jq"):
+        assert f"packages+=({package})" in full_only, package
+    assert 'if [ -n "$full" ] && ! have java; then' in script
+    assert 'run "$PYTHON" -m venv .venv' in script and 'export VIRTUAL_ENV="$PWD/.venv"' in script
+    assert "pip install --user" not in script and "--break-system-packages" not in script
 
 
 def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_path: Path,
@@ -168,6 +185,8 @@ def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_pa
 BLOCKS = {
     ("Quick start (two commands on a fresh machine)", 1):
         "tests/test_readme.py::test_the_quick_start_is_what_ci_runs",
+    ("Quick start (two commands on a fresh machine)", 2):
+        "tests/test_readme.py::test_the_plain_quick_start_runs_the_demo_in_a_fresh_virtualenv",
     ("Using it", 1): "tests/test_readme.py::test_using_it_runs_as_written",
     ("Using it", 2): "tests/test_readme.py::test_using_it_runs_as_written",
     ("Using it", 3): "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
@@ -231,11 +250,17 @@ BLOCKS = {
 }
 
 
+#: Each block of each page of the documentation site (its path under docs/, its section and
+#: its place there) and the test that runs it.
+DOC_BLOCKS: dict[tuple[str, str, int], str] = {}
+
+
 def test_every_readme_block_has_its_test() -> None:
-    """A block added to the README without a test that runs it fails here; so does a test
-    named here that does not exist."""
+    """A block added to the README or to a page of the site without a test that runs it fails
+    here; so does a test named here that does not exist."""
     assert {b.key for b in readme_blocks()} == set(BLOCKS)
-    for node in set(BLOCKS.values()):
+    assert set(doc_blocks()) == set(DOC_BLOCKS)
+    for node in {*BLOCKS.values(), *DOC_BLOCKS.values()}:
         path, name = node.split("::")
         tree = ast.parse((ROOT / path).read_text("utf-8"))
         assert name in {f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}, node
@@ -253,6 +278,34 @@ def test_the_quick_start_is_what_ci_runs() -> None:
     assert ci == ["./dev lint", *quick_start]
 
 
+@pytest.mark.slow
+def test_the_plain_quick_start_runs_the_demo_in_a_fresh_virtualenv(tmp_path: Path,
+                                                                   redis_url: str) -> None:
+    """The line without ./dev, as written, from the checkout: a virtualenv of its own (here
+    in the test's directory, not the checkout's .venv), this package alone from the package
+    index's dependencies, and the demo on its private redis-server."""
+    (line,) = commands(block("Quick start (two commands on a fresh machine)", 2).text)
+    assert line == ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
+                    "blueque demo")
+    venv = tmp_path / "venv"
+    shell = Shell(tmp_path, ROOT, redis_url, replace={".venv": str(venv)},
+                  env={"BLUEQUE_URL": "", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    shell.env.pop("BLUEQUE_URL")  # the demo's own redis-server, as on a fresh machine
+    shell.env.pop("VIRTUAL_ENV", None)
+    try:
+        done = shell.run(line, timeout=600)
+    finally:
+        shell.close()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "demo OK" in done.stdout
+    assert (venv / "bin" / "blueque").exists()
+    # the demo needs no browser, Java nor Spark: none of them came with it
+    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list"],
+                            capture_output=True, text=True, check=True).stdout.lower()
+    assert "blueque" in listed and not {"pyspark", "playwright", "pytest"} & set(
+        word for line in listed.splitlines() for word in line.split()[:1])
+
+
 # --- the package's name and its extras -------------------------------------------------------
 def test_every_pip_install_names_this_checkouts_extras() -> None:
     """`pip install 'blueque[test]'` outside the checkout installs the original blueque 1.0.1
@@ -263,10 +316,13 @@ def test_every_pip_install_names_this_checkouts_extras() -> None:
     text = README.read_text("utf-8")
     warning = "`pip install 'blueque[web]'` anywhere else fetches the original `blueque==1.0.1`"
     assert warning in " ".join(text.split())  # the one that says what not to do, and why
-    installs = re.findall(r"pip install ([^`\n#]*)", text.replace("pip install 'blueque[", ""))
+    installs = re.findall(r"pip install ([^`\n#&]*)", text.replace("pip install 'blueque[", ""))
     assert len(installs) >= 4
     for install in installs:
         spec = install.split()[-1].strip("'\"")
+        if spec == ".":  # the checkout without extras: the plain quick start
+            assert install.strip() == "-e .", install
+            continue
         assert re.fullmatch(r"(\.|/\S+)\[[a-z,]+\]", spec), install
         assert set(spec.split("[")[1].rstrip("]").split(",")) <= extras, install
     for path in ("blueque/cli/daemons.py", "blueque/web/__init__.py", "blueque/spark/__init__.py",
