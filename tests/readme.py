@@ -1,5 +1,6 @@
-"""README.md's fenced blocks, and a shell that runs their command lines as written, for the
-tests that hold every block to what it says (tests/test_readme.py lists them all)."""
+"""The fenced blocks of README.md and of every page of the documentation site (docs/), and a
+shell that runs their command lines as written, for the tests that hold every block to what
+it says (tests/test_readme.py lists them all)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.daemons import KEEP_ENVIRON, OWNER, kill_session_children, owned_proc
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,24 @@ class Block:
 
 def readme_blocks() -> list[Block]:
     """Every fenced block of README.md, in order."""
-    lines = README.read_text("utf-8").split("\n")
+    return markdown_blocks(README)
+
+
+def doc_pages() -> list[Path]:
+    """Every page of the documentation site (docs/**/*.md)."""
+    return sorted(DOCS.rglob("*.md"))
+
+
+def doc_blocks() -> dict[tuple[str, str, int], Block]:
+    """Every fenced block of every page of the site, by (page, section, number): the page's
+    path under docs/."""
+    return {(str(page.relative_to(DOCS)), *b.key): b
+            for page in doc_pages() for b in markdown_blocks(page)}
+
+
+def markdown_blocks(path: Path) -> list[Block]:
+    """Every fenced block of a Markdown file, in order, under the heading it follows."""
+    lines = path.read_text("utf-8").split("\n")
     blocks: list[Block] = []
     section, counts, index = "", {}, 0
     while index < len(lines):

@@ -3,7 +3,7 @@ redis-server, real `blueque listen` daemons and a real `blueque dashboard` proce
 
 Screenshots of every scenario are the run's artifacts: ``build/screenshots/[test]/`` in the
 checkout (``$BLUEQUE_ARTIFACTS/screenshots/[test]/`` when set, for a CI to collect; the path is
-printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/dashboard.png for the README."""
+printed). ``BLUEQUE_README_SCREENSHOT=1`` also writes docs/images/dashboard.png for the README."""
 
 from __future__ import annotations
 
@@ -348,7 +348,7 @@ def test_queues_overview_screenshot(
     target = shots / "queues.png"
     page.screenshot(path=str(target), full_page=True)
     if os.environ.get("BLUEQUE_README_SCREENSHOT") == "1":
-        shutil.copy(target, ROOT / "docs" / "dashboard.png")
+        shutil.copy(target, ROOT / "docs" / "images" / "dashboard.png")
     (tmp_path / "r").touch()
 
 

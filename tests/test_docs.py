@@ -1,0 +1,87 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with --strict (a broken link, a page
+left out of the navigation, an API name mkdocstrings cannot find all fail), and its reference
+pages are written from the code: every command, option and exit code is there. Every code
+block of every page is run by a test (tests/test_readme.py, DOC_BLOCKS)."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blueque.cli import build_parser
+from blueque.cli.base import EXIT_CODES
+from blueque.policy import OPTION_TYPES
+from tests.readme import DOCS, ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The site, built once with `mkdocs build --strict` (the docs extra: ./dev test has it)."""
+    target = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(target)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield target
+
+
+def text_of(page: Path) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text("utf-8")))
+
+
+def test_the_site_builds_strict_with_every_page_in_its_navigation(site: Path) -> None:
+    built = {str(p.relative_to(site).parent) for p in site.rglob("index.html")}
+    wanted = {str(p.relative_to(DOCS).with_suffix("")).removesuffix("/index")
+              .replace("index", ".") for p in DOCS.rglob("*.md")}
+    assert wanted <= built | {"."}
+
+
+def test_the_cli_reference_has_every_command_and_option(site: Path) -> None:
+    """Written from the parsers at every build: a new option is in the next one."""
+    page = text_of(site / "reference" / "cli" / "index.html")
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        assert f"blueque {name}" in page, name
+        for action in command._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # hidden from --help: hidden here
+            for option in action.option_strings:
+                assert option in page, (name, option)
+
+
+def test_the_exit_codes_and_task_options_are_the_codes(site: Path) -> None:
+    codes = text_of(site / "reference" / "exit-codes" / "index.html")
+    for line in EXIT_CODES.splitlines()[1:]:
+        code = line.split()[0]
+        if code.isdigit():
+            assert f"\n{code}\n" in codes, code
+    options = text_of(site / "reference" / "configuration" / "index.html")
+    for name in OPTION_TYPES:
+        assert name in options, name
+
+
+def test_the_protocol_page_is_protocol_md_and_the_api_is_documented(site: Path) -> None:
+    protocol = text_of(site / "reference" / "protocol" / "index.html")
+    assert "blueque_pending_tasks_[queue]" in protocol and "A job's parameters" in protocol
+    api = text_of(site / "reference" / "api" / "index.html")
+    for name in ("blueque.client.Client", "enqueue_async", "check_result", "InvalidJob",
+                 "MissingTaskWarning", "blueque.aio.client.Client"):
+        assert name in api, name
+
+
+def test_the_dashboard_page_shows_the_tours_pictures(site: Path) -> None:
+    page = (site / "how-to" / "dashboard" / "index.html").read_text("utf-8")
+    pictures = re.findall(r'src="\.\./\.\./images/dashboard/([^"]+)"', page)
+    assert len(pictures) >= 8
+    for name in pictures:
+        assert (site / "images" / "dashboard" / name).is_file(), name
