@@ -153,6 +153,14 @@ def screen(request: pytest.FixtureRequest, browser: Any) -> Iterator[tuple[str, 
     context.close()
 
 
+@pytest.fixture
+def desktop(browser: Any) -> Iterator[Any]:
+    """A page of a 1280 px screen."""
+    page = browser.new_page(viewport=WIDTHS["desktop"])
+    yield page
+    page.close()
+
+
 def test_every_page_fits_its_screen_and_is_kept_as_a_picture(
         fleet: Fleet, fleet_dashboard: DashboardProcess, screen: tuple[str, Any],
         shots: Path) -> None:
@@ -183,95 +191,84 @@ def test_the_documentation_has_each_pages_two_pictures(fleet: Fleet) -> None:
 
 
 def test_a_queue_opens_on_its_first_state_with_tasks_and_has_an_all_view(
-        fleet: Fleet, fleet_dashboard: DashboardProcess, browser: Any) -> None:
-    page = browser.new_page(viewport=WIDTHS["desktop"])
-    page.goto(fleet_dashboard.url + "/queue?name=documents")  # nothing pending: 2 running
-    assert page.locator("#tabs .tab.current").inner_text().split() == ["started", "2"]
-    assert sorted(page.locator("tr.task-row").evaluate_all(
+        fleet: Fleet, fleet_dashboard: DashboardProcess, desktop: Any) -> None:
+    desktop.goto(fleet_dashboard.url + "/queue?name=documents")  # nothing pending: 2 running
+    assert desktop.locator("#tabs .tab.current").inner_text().split() == ["started", "2"]
+    assert sorted(desktop.locator("tr.task-row").evaluate_all(
         "rows => rows.map(row => row.dataset.task)")) == sorted(fleet.running)
-    page.goto(fleet_dashboard.url + "/queue?name=reports&state=all")
-    assert page.locator("#tabs .tab.current").inner_text().split() == ["all", "6"]
-    shown = page.locator("tr.task-row").evaluate_all(
+    desktop.goto(fleet_dashboard.url + "/queue?name=reports&state=all")
+    assert desktop.locator("#tabs .tab.current").inner_text().split() == ["all", "6"]
+    shown = desktop.locator("tr.task-row").evaluate_all(
         "rows => rows.map(row => [row.dataset.task, row.querySelector('.badge').innerText])")
     assert shown == [  # in the order a task moves through the states
         [fleet.waiting, "waiting"], ["report-0", "pending"], ["report-1", "pending"],
         ["report-2", "pending"], ["report-tonight", "scheduled"],
         [fleet.cancelled, "cancelled"]]
-    page.close()
 
 
 def test_zeros_are_no_links_and_the_overview_fits_1280_px(
-        fleet: Fleet, fleet_dashboard: DashboardProcess, browser: Any) -> None:
-    page = browser.new_page(viewport=WIDTHS["desktop"])
-    page.goto(fleet_dashboard.url + "/")
-    row = page.locator('tr[data-queue="documents"]')
+        fleet: Fleet, fleet_dashboard: DashboardProcess, desktop: Any) -> None:
+    desktop.goto(fleet_dashboard.url + "/")
+    row = desktop.locator('tr[data-queue="documents"]')
     assert row.locator("td.state-started a").inner_text() == "2"
     assert row.locator("td.state-failed").inner_text() == "0"
     assert row.locator("td.state-failed a").count() == 0  # nothing to open
-    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
-    table = page.locator("table.grid").bounding_box()
+    assert desktop.evaluate("document.documentElement.scrollWidth") <= 1280
+    table = desktop.locator("table.grid").bounding_box()
     assert table is not None and table["x"] + table["width"] <= 1280
-    page.close()
 
 
 def test_a_failed_tasks_traceback_is_shown_once(fleet: Fleet,
                                                  fleet_dashboard: DashboardProcess,
-                                                 browser: Any) -> None:
-    page = browser.new_page(viewport=WIDTHS["desktop"])
-    page.goto(fleet_dashboard.url + f"/task?id={fleet.failed}")
-    text = page.locator("main").inner_text()
+                                                 desktop: Any) -> None:
+    desktop.goto(fleet_dashboard.url + f"/task?id={fleet.failed}")
+    text = desktop.locator("main").inner_text()
     assert text.count("Traceback (most recent call last)") == 1
-    assert "ValueError: invalid literal for int()" in page.locator("#traceback").inner_text()
-    output = page.locator("#output").inner_text()
+    assert "ValueError: invalid literal for int()" in desktop.locator("#traceback").inner_text()
+    output = desktop.locator("#output").inner_text()
     assert output.startswith('parsing {"input": 1}')  # what it printed, its traceback folded
-    assert "Traceback" not in output and "shown above" in page.locator("#output-note").inner_text()
-    page.close()
+    assert "Traceback" not in output
+    assert "shown above" in desktop.locator("#output-note").inner_text()
 
 
 def test_attempts_say_what_an_operator_retry_added(fleet: Fleet,
                                                    fleet_dashboard: DashboardProcess,
-                                                   browser: Any) -> None:
-    page = browser.new_page(viewport=WIDTHS["desktop"])
-    page.goto(fleet_dashboard.url + f"/task?id={fleet.retried}")
-    card = " ".join(page.locator("#attempts-card").inner_text().split())
+                                                   desktop: Any) -> None:
+    desktop.goto(fleet_dashboard.url + f"/task?id={fleet.retried}")
+    card = " ".join(desktop.locator("#attempts-card").inner_text().split())
     assert "4 of 2" not in card
     assert card == "attempts 4 (2 allowed, then 2 operator retries)"
-    page.goto(fleet_dashboard.url + f"/task?id={fleet.failed}")
-    assert " ".join(page.locator("#attempts-card").inner_text().split()) == "attempts 1 of 1"
-    page.close()
+    desktop.goto(fleet_dashboard.url + f"/task?id={fleet.failed}")
+    assert " ".join(desktop.locator("#attempts-card").inner_text().split()) == "attempts 1 of 1"
 
 
 def test_a_cron_entry_that_never_fired_says_so(fleet: Fleet,
                                                fleet_dashboard: DashboardProcess,
-                                               browser: Any) -> None:
-    page = browser.new_page(viewport=WIDTHS["desktop"])
-    page.goto(fleet_dashboard.url + "/schedule")
-    nightly = page.locator('tr[data-cron="nightly"] td.last').inner_text()
+                                               desktop: Any) -> None:
+    desktop.goto(fleet_dashboard.url + "/schedule")
+    nightly = desktop.locator('tr[data-cron="nightly"] td.last').inner_text()
     assert nightly.startswith("not yet (registered ")
-    hourly = page.locator('tr[data-cron="hourly"] td.last').inner_text()
+    hourly = desktop.locator('tr[data-cron="hourly"] td.last').inner_text()
     assert not hourly.startswith("not yet") and hourly.endswith(":00:00 UTC")
-    page.close()
 
 
 def test_a_cancelled_task_reads_cancelled_and_a_job_is_named(
-        fleet: Fleet, fleet_dashboard: DashboardProcess, browser: Any) -> None:
-    page = browser.new_page(viewport=WIDTHS["desktop"])
-    page.goto(fleet_dashboard.url + f"/task?id={fleet.cancelled}")
-    assert page.locator("#status").inner_text() == "cancelled"
-    page.goto(fleet_dashboard.url + f"/task?id={fleet.job}")
-    assert page.locator("#job").inner_text() == "resize"
-    page.goto(fleet_dashboard.url + "/queue?name=images&state=complete")
-    assert page.locator(f'tr[data-task="{fleet.job}"] td.job').inner_text() == "resize"
-    page.goto(fleet_dashboard.url + "/queue?name=images&state=failed")
-    refused = page.locator(f'tr[data-task="{fleet.refused_job}"]')
+        fleet: Fleet, fleet_dashboard: DashboardProcess, desktop: Any) -> None:
+    desktop.goto(fleet_dashboard.url + f"/task?id={fleet.cancelled}")
+    assert desktop.locator("#status").inner_text() == "cancelled"
+    desktop.goto(fleet_dashboard.url + f"/task?id={fleet.job}")
+    assert desktop.locator("#job").inner_text() == "resize"
+    desktop.goto(fleet_dashboard.url + "/queue?name=images&state=complete")
+    assert desktop.locator(f'tr[data-task="{fleet.job}"] td.job').inner_text() == "resize"
+    desktop.goto(fleet_dashboard.url + "/queue?name=images&state=failed")
+    refused = desktop.locator(f'tr[data-task="{fleet.refused_job}"]')
     assert refused.locator("td.job").inner_text() == "rotate"
     assert "not run: unknown job 'rotate'" in refused.locator("td.error-line").inner_text()
-    page.close()
 
 
 def test_last_hour_and_24_hours_count_the_same_endings(
         fleet: Fleet, fleet_dashboard: DashboardProcess, fleet_url: tuple[str, Path],
-        browser: Any) -> None:
+        desktop: Any) -> None:
     """The summary of the last hour and of 24 hours agree for tasks ended minutes ago (a
     waiting task a cancelled parent ended was counted in one and not the other)."""
     client = blueque.Client(fleet_url[0])
@@ -280,11 +277,9 @@ def test_last_hour_and_24_hours_count_the_same_endings(
     summaries.enqueue("{}", task_id="summary-child", after=parent)
     client.cancel_task(parent)  # the child fails with it: tell.lua
     assert client.get_task("summary-child").wait(10).status == "failed"
-    page = browser.new_page(viewport=WIDTHS["desktop"])
     totals = {}
     for span in ("1h", "24h"):
-        page.goto(fleet_dashboard.url + f"/?range={span}")
-        totals[span] = page.locator('tr[data-queue="summaries"] td.last-hour').inner_text()
+        desktop.goto(fleet_dashboard.url + f"/?range={span}")
+        totals[span] = desktop.locator('tr[data-queue="summaries"] td.last-hour').inner_text()
     assert totals["1h"] == totals["24h"]
     assert "1 failed" in totals["1h"] and "1 cancelled" in totals["1h"]
-    page.close()

@@ -33,12 +33,16 @@ MACHINERY = ("blueque.child", "blueque.daemon", "blueque.reporting", "blueque.pr
              "blueque.leftovers")
 
 
-def test_import_blueque_leaves_the_task_machinery_unloaded() -> None:
+def loaded_by(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
     done = subprocess.run(
-        [sys.executable, "-c", "import blueque, json, sys; blueque.Client, blueque.Queue\n"
-         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('blueque'))))"],
+        [sys.executable, "-c", f"{code}\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
         capture_output=True, text=True, timeout=60, check=True)
-    loaded = set(json.loads(done.stdout))
+    return set(json.loads(done.stdout))
+
+
+def test_import_blueque_leaves_the_task_machinery_unloaded() -> None:
+    loaded = loaded_by("import blueque; blueque.Client, blueque.Queue")
     assert "blueque.client" in loaded
     machinery = sorted(m for m in loaded if m.startswith(MACHINERY))  # a package's parts too
     assert not machinery, machinery
@@ -73,11 +77,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 def test_the_fork_server_loads_no_redis_and_none_of_the_listener() -> None:
     """What ``python -m blueque.forkserver`` imports before its task module (PROTOCOL.md 6.8):
     the task process's code, not redis-py nor the daemon, CLI, dashboard or metrics."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import blueque.forkserver, json, sys\n"
-         "print(json.dumps(sorted(sys.modules)))"],
-        capture_output=True, text=True, timeout=60, check=True)
-    loaded = set(json.loads(done.stdout))
+    loaded = loaded_by("import blueque.forkserver")
     assert {"blueque.child", "blueque.warm", "blueque.forkserver"} <= loaded
     listener_only = ("redis", "blueque.daemon", "blueque.cli", "blueque.web", "blueque.metrics",
                      "blueque.client", "blueque.store")
@@ -87,11 +87,7 @@ def test_the_fork_server_loads_no_redis_and_none_of_the_listener() -> None:
 def test_a_task_module_with_a_registry_of_jobs_loads_no_redis_in_the_fork_server() -> None:
     """``jobs = blueque.Jobs()`` in a task module: the fork server imports that module, and a
     registry (which enqueues on the caller's queue) brings no redis-py with it."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import blueque.forkserver, json, sys, tests.job_registry\n"
-         "print(json.dumps(sorted(sys.modules)))"],
-        capture_output=True, text=True, timeout=60, check=True)
-    loaded = set(json.loads(done.stdout))
+    loaded = loaded_by("import blueque.forkserver, tests.job_registry")
     assert "blueque.jobs" in loaded
     assert sorted(m for m in loaded if m.startswith(("redis", "blueque.store",
                                                       "blueque.client", "blueque.queue"))) == []
