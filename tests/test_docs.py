@@ -29,7 +29,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     target = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
                            str(target)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+                          env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin",
+                               "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     yield target
 
