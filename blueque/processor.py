@@ -30,7 +30,7 @@ def check_result(value: object) -> str:
     not retried: running it again would return the same value)."""
     try:
         return encode_result(value)
-    except (TypeError, ValueError) as error:
+    except Exception as error:  # TypeError, ValueError (a cycle), RecursionError (too deep)
         raise WrongType(
             f"a task's result must be a str or a JSON-serialisable value; this "
             f"{type(value).__name__} cannot be encoded as JSON ({type(error).__name__}: "

@@ -102,3 +102,8 @@ def test_check_result_tells_early_what_a_task_could_not_store() -> None:
         loop: list[object] = []
         loop.append(loop)
         blueque.check_result(loop)
+    deep: list[object] = []
+    for _ in range(100_000):  # deeper than the encoder's recursion: WrongType, not a crash
+        deep = [deep]
+    with pytest.raises(blueque.WrongType, match="RecursionError"):
+        blueque.check_result(deep)
