@@ -51,11 +51,21 @@ def signal_processes(processes: dict[int, float | None], signum: int) -> int:
     return sent
 
 
+def _leader_ended(leader: int) -> bool:
+    """The task process ``leader`` has exited: gone, or a zombie not yet reaped (its fork
+    server keeps it one until the listener settled its exit, PROTOCOL.md 6.8). A live process
+    of that pid is a new one (the old group was empty when the pid was given again)."""
+    try:
+        return psutil.Process(leader).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _group_alive(leader: int) -> bool:
-    """Some process is still in the group ``leader`` (gone) led: a zombie too, until reaped.
-    A process that took the pid since is none (while a group has a member, its id is not
+    """Some process is still in the group ``leader`` (ended) led: a zombie too, until reaped.
+    A live process that took the pid since is none (while a group has a member, its id is not
     given to a new process: so the group is empty then)."""
-    if psutil.pid_exists(leader):
+    if not _leader_ended(leader):
         return False
     try:
         os.killpg(leader, 0)
@@ -68,7 +78,7 @@ def _group_alive(leader: int) -> bool:
 
 def _signal_group(leader: int, signum: int) -> None:
     """``signum`` to the group of an ended run (not to a new process's, see _group_alive)."""
-    if not psutil.pid_exists(leader):
+    if _leader_ended(leader):
         signal_group(leader, signum)
 
 
