@@ -68,7 +68,7 @@ def execute(function: TaskFunction, task: Task) -> CallOutcome:
     try:
         result = function(task)
     except Preempted as error:
-        return CallOutcome("preempted", str(error) or "the task stopped: its node goes away")
+        return CallOutcome("preempted", str(error) or f"the task stopped: {notice.why()}")
     except InvalidJob as error:  # a registry's refusal, before any job ran: never runnable
         return CallOutcome("failed", f"not run: {error}; not retried", retry=False)
     except (Exception, SystemExit, KeyboardInterrupt) as error:

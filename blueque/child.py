@@ -321,8 +321,13 @@ def run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
         return EXIT_REPORTED  # "recorded": the listener wrote it
     # the listener is gone or frozen (before or after recording: a repeated finish changes
     # nothing, and one of a run that was taken back meanwhile is refused)
-    log.warning("task %s: its listener %s is gone or not answering; recording the outcome "
-                "itself", task.id, assignment.listener)
+    if link.hung_up:
+        log.warning("task %s: its listener %s is gone (its end of the link closed); recording "
+                    "the outcome itself", task.id, assignment.listener)
+    else:  # silent past our patience: frozen (SIGSTOP), or stuck on a Redis that does not answer
+        log.warning("task %s: its listener %s did not answer its outcome within %g s (its "
+                    "lease); it may be alive but stopped or stuck; recording the outcome "
+                    "itself", task.id, assignment.listener, assignment.patience)
     if task_logs is not None:
         captured_output.take_over()  # what is left in its pipe, and its end, are its own
         _end_output(None, ship=True)

@@ -24,8 +24,11 @@ from blueque.policy import Policy
 Ran = Literal["complete", "failed", "preempted"]
 #: What finish records (finish.lua's outcomes).
 Outcome = Literal["complete", "failed", "retry", "preempted"]
-#: Why its listener stopped it, if it did ("" for a run that ended by itself).
-Stopped = Literal["", "time limit", "cancelled", "shutdown", "superseded", "preempted"]
+#: Why its listener stopped it, if it did ("" for a run that ended by itself). "lease": an
+#: exclusive run stopped because its listener could not renew its lease (PROTOCOL.md 6.6),
+#: put back as a preempted one is, though its node is not going away.
+Stopped = Literal["", "time limit", "cancelled", "shutdown", "superseded", "preempted",
+                  "lease"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ def decide(policy: Policy, task: Mapping[str, str], ran: Ran, text: str, now: fl
     if stopped == "cancelled" or task.get("cancel_requested"):
         reason = task.get("cancel_reason") or "cancelled"  # with the operator's --reason
         return Ending("failed", f"{reason} ({text})", cancelled=True)
-    if ran == "preempted" or stopped == "preempted":
+    if ran == "preempted" or stopped in ("preempted", "lease"):
         done = _count(task, "preemptions")
         if done >= policy.max_preemptions:
             return Ending("failed", f"preempted {done + 1} times, more than its max_preemptions "
@@ -118,6 +121,10 @@ def describe_exit(status: int, reason: str, time_limit: float) -> str:
     if reason == "preempted":
         return ("preempted: its node goes away, and it still ran at the deadline; its process "
                 "group was terminated")
+    if reason == "lease":
+        return ("stopped by its listener, which could not renew its lease with Redis (Redis "
+                "unreachable or too slow): an exclusive task is stopped before its lease can "
+                "lapse, so that it never runs twice; put back, its attempt not spent")
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)

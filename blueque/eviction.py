@@ -120,3 +120,35 @@ def check(policy: MemoryPolicy, role: str, allow: bool | None, log: logging.Logg
             raise EvictingServer(policy.refusal(role, flag))
         log.warning("%s started on Redis %s although its maxmemory-policy is %s (%s): %s",
                     role, policy.where, policy.policy, policy.limit(), policy.danger())
+
+
+class PolicyWatch:
+    """A daemon's looks at the policy: the first one at its start (``check``: refused, or
+    accepted with a warning), then each later one (the listener's, after each renewal): an
+    operator's ``CONFIG SET maxmemory-policy allkeys-lru`` while it runs is said (at error
+    unless ``allow``), once, and so is the way back to noeviction. A later look never stops
+    the daemon: its runs would be orphaned, and no key is evicted until Redis is full."""
+
+    def __init__(self, role: str, allow: bool | None, log: logging.Logger) -> None:
+        self.role, self.allow, self.log = role, allow, log
+        self.started = False  # the first look (``check``) was made
+        self.evicting: bool | None = None  # as last seen (None: not known yet)
+
+    def look(self, policy: MemoryPolicy) -> None:
+        """Raises EvictingServer at the first look only."""
+        if not self.started:
+            check(policy, self.role, self.allow, self.log)
+            self.started = True
+        if not policy.known:
+            return  # said once at start; a look that could not tell changes nothing
+        before, self.evicting = self.evicting, policy.evicts
+        if before is None or before == policy.evicts:
+            return
+        if policy.evicts:
+            level = logging.WARNING if allowed(self.allow) else logging.ERROR
+            self.log.log(level, "%s: Redis %s's maxmemory-policy was changed to %s while it "
+                         "runs (%s): %s", self.role, policy.where, policy.policy,
+                         policy.limit(), policy.danger())
+        else:
+            self.log.warning("%s: Redis %s's maxmemory-policy is %s again", self.role,
+                             policy.where, policy.policy)

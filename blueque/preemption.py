@@ -59,11 +59,21 @@ class Preemption:
         if self.noticed:
             return
         self.noticed = True
-        log.warning("this task's node goes away%s: it should save what it has and stop "
-                    "(raise blueque.Preempted)", "" if self.deadline is None else
-                    f" in {max(0.0, self.deadline - time.time()):.0f} s")
+        log.warning("%s: it should save what it has and stop (raise blueque.Preempted)",
+                    self.why() if self.deadline is None else
+                    f"{self.why()} in {max(0.0, self.deadline - time.time()):.0f} s")
         for callback in list(self.callbacks):
             self.call(callback)
+
+    def why(self) -> str:
+        """What the notice means: a node going away comes with its deadline (a frame before
+        the signal); a notice without one is an exclusive task's listener that cannot renew
+        its lease (PROTOCOL.md 6.6), whose node stays. A task that raised Preempted with no
+        notice at all is taken at its word (its node goes away)."""
+        if self.deadline is not None or not self.noticed:
+            return "this task's node goes away"
+        return ("this task's listener cannot renew its lease with Redis (unreachable or too "
+                "slow), and an exclusive task is stopped before its lease can lapse")
 
     def call(self, callback: Callable[[], object]) -> None:
         try:

@@ -158,14 +158,15 @@ ENDING_FIELDS = ("status", "attempts", "error", "traceback", "eta", "cancelled",
 #: How a run ended, in the "outcome" field of the listener's log: complete; failed (for good);
 #: cancelled; retrying (failed, its next attempt scheduled); preempted (back to pending without
 #: spending an attempt, its node going away); requeued (back to pending, never started);
-#: superseded (the task had moved on to a later attempt); deleted (the task is gone);
+#: superseded (the task had moved on to a later attempt); missing (its hash is not in Redis:
+#: deleted, expired, or lost with Redis' data: a server restarted empty, a failover);
 #: refused (the stamp refused it: nothing ran); unrecorded (Redis is away: recorded when it
 #: is back); unsettled (its task is still reserved or started, though its run has ended).
 LogOutcome = Literal["complete", "failed", "cancelled", "retrying", "preempted", "requeued",
-                  "superseded", "deleted", "refused", "unrecorded", "unsettled"]
+                  "superseded", "missing", "refused", "unrecorded", "unsettled"]
 #: The outcomes logged at warning: the run failed, or its ending is not what was meant.
 WARNING_OUTCOMES: frozenset[LogOutcome] = frozenset({"failed", "retrying", "superseded",
-                                                   "unrecorded", "unsettled"})
+                                                   "missing", "unrecorded", "unsettled"})
 
 
 def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
@@ -177,7 +178,9 @@ def describe_ending(fields: dict[str, str], attempt: int | None, took: str,
     # the exception with its type, from the traceback's last line; 1.0.1's error is its text
     error = shorten(last_line(fields.get("traceback")) or fields.get("error"), 200)
     if not fields:
-        return "deleted", f"ended in {took}; its task is gone (deleted)"
+        return "missing", (f"ended in {took}; its task's hash is not in Redis (deleted, "
+                           "expired, or lost with Redis' data: a server restarted empty, a "
+                           "failover to a replica without it)")
     if attempt is not None and fields.get("attempts") not in (None, str(attempt)):
         return "superseded", (f"ended in {took}, superseded: the task is {status} at attempt "
                               f"{fields.get('attempts')}")

@@ -322,7 +322,9 @@ def test_every_attempts_file_is_one_level_down_in_the_log_directory(
     ({"status": "failed", "attempts": "3", "cancelled": "1795000000.5"}, "superseded",
      "ended in 3h12m, superseded: the task is cancelled at attempt 3"),
     ({"status": "started", "attempts": "2"}, "unsettled", "ended in 3h12m; the task is started"),
-    ({}, "deleted", "ended in 3h12m; its task is gone (deleted)"),
+    ({}, "missing", "ended in 3h12m; its task's hash is not in Redis (deleted, expired, or "
+                    "lost with Redis' data: a server restarted empty, a failover to a replica "
+                    "without it)"),
 ])
 def test_describe_ending(fields: dict[str, str], outcome: str, expected: str) -> None:
     said = describe_ending(fields, 2, "3h12m", time.time())

@@ -32,7 +32,8 @@ class ExclusiveGuard:
     """Watches how long ago the listener's leases were last renewed, and stops its exclusive
     runs (``everything``: all its runs, ``blueque listen --exclusive``) in time: SIGUSR1 (the
     preemption notice) at NOTICE of the lease, SIGTERM to the group at TERM (the run's ending
-    is then "preempted"), SIGKILL to the group at KILL."""
+    is then put back as a preempted one's, its reason "lease"), SIGKILL to the group at
+    KILL."""
 
     def __init__(self, supervisor: Supervisor, lease_s: float, everything: bool = False,
                  clock: Callable[[], float] = time.monotonic,
@@ -98,7 +99,7 @@ class ExclusiveGuard:
                 os.kill(running.pid, signum)
             return
         if not running.reason:
-            running.reason = "preempted"  # its ending: back to pending, no attempt spent
+            running.reason = "lease"  # its ending: back to pending, no attempt spent
         log.warning("task %s: exclusive, no lease renewal for %.1f s: sending %s to its group",
                     running.task_id, silent, signal.Signals(signum).name)
         self._kill(running.pid, signum)

@@ -122,7 +122,8 @@ class ListenerStep:
         self.slots = Slots(options.concurrency)
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
-        self._memory_checked = False
+        #: refuses an evicting Redis at start, then says a change at each renewal
+        self.memory_watch = eviction.PolicyWatch(f"listener {self.id}", options.allow_eviction, log)
         self.program_signals: ProgramSignals | None = None
 
     def load_function(self) -> TaskFunction:
@@ -157,10 +158,8 @@ class ListenerStep:
         try:
             if not self.membership.registered:
                 self.store.check_server()  # once: before the identity check's first command
-                if not self._memory_checked:  # refuses a Redis that may evict our keys
-                    eviction.check(self.store.memory_policy(), f"listener {self.id}",
-                                   self.options.allow_eviction, log)
-                    self._memory_checked = True
+                if not self.memory_watch.started:  # refuses a Redis that may evict our keys
+                    self.memory_watch.look(self.store.memory_policy())
                 # endings our node's listeners could not record: before any recovery could
                 # take their stopped runs for deaths (PROTOCOL.md 6.5)
                 self.spool.replay(self.store)
@@ -219,6 +218,7 @@ class ListenerStep:
         if self.cadence.due("renew", current):
             self.preemption.heard = True  # a request whose message we missed: read it now
             self._renew()
+            self.memory_watch.look(self.store.memory_policy())  # a CONFIG SET since (5.18b)
             self.spool.replay(self.store)  # what a listener of ours held when it died
             # a move whose reply was lost (a failover: the retried LMOVE took another
             # task) strands an id in our reserved list that nothing else would put back

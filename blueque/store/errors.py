@@ -22,7 +22,12 @@ from blueque.errors import (
     UnsupportedServer,
     WritesRefused,
 )
-from blueque.retry import certificate_refused, is_transient, write_refusal
+from blueque.retry import (
+    WRITE_REFUSALS,
+    certificate_refused,
+    is_transient,
+    write_refusal,
+)
 
 T = TypeVar("T")
 
@@ -128,7 +133,7 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
         )
     if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
                   ) and not isinstance(error, redis.exceptions.BusyLoadingError):
-        return RedisUnavailable(
+        return _answered_but_refused(error, where) or RedisUnavailable(
             f"Redis at {where} is unreachable ({error}); check the URL and that "
             "redis-server is running"
         )
@@ -153,16 +158,41 @@ def translate(error: redis.exceptions.RedisError | redis.exceptions.RedisCluster
     return BluequeError(f"Redis client error at {where}: {type(error).__name__}: {error}")
 
 
+#: What a server that answered says when it will not take one more connection (its reply to a
+#: new connection: redis-py raises it as a ConnectionError).
+MAX_CLIENTS = "max number of clients reached"
+
+
+def _answered_but_refused(error: BaseException, where: str) -> RedisUnavailable | None:
+    """A server that is running and answered, though redis-py raised a connection error: at
+    its maxclients, or refusing writes (MISCONF, OOM) in a reply redis-py took for a broken
+    connection. Never "check the URL and that redis-server is running": both are fine."""
+    text = str(error)
+    if MAX_CLIENTS in text:
+        return RedisUnavailable(
+            f"Redis at {where} refuses new connections: it has reached its maxclients "
+            f"({text}). Raise maxclients (CONFIG SET maxclients N, and in redis.conf; the "
+            "process's open-file limit bounds it too) or find the clients that hold too many "
+            "connections (CLIENT LIST); each Blueque listener holds a few")
+    cause = next((meaning for reply, meaning in WRITE_REFUSALS.items()
+                  if text.startswith(reply + " ") or f"error: {reply} " in text), None)
+    return None if cause is None else _writes_refused(cause, where, text)
+
+
+def _writes_refused(cause: str, where: str, reply: object) -> WritesRefused:
+    return WritesRefused(
+        f"{cause}: Redis at {where} refuses every write ({reply}); nothing was written. "
+        "Free memory or disk space (or bring its replicas back): writes are accepted again "
+        "at once, and daemons wait for that", cause)
+
+
 def _cannot_serve(error: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
                   where: str) -> RedisUnavailable | None:
     """A server that answers but cannot serve us now: refusing writes (out of memory, cannot
     persist: WritesRefused, naming the cause), or loading, demoted, failing over."""
     cause = write_refusal(error)
     if cause is not None:
-        return WritesRefused(
-            f"{cause}: Redis at {where} refuses every write ({error}); nothing was written. "
-            "Free memory or disk space (or bring its replicas back): writes are accepted again "
-            "at once, and daemons wait for that", cause)
+        return _writes_refused(cause, where, error)
     if is_transient(error):
         # READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, BUSY...: this server cannot
         # serve us right now (a demoted master, a restart loading its data, a failover); the
