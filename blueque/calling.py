@@ -60,10 +60,11 @@ class CallOutcome:
     retry: bool = True  # False: the work finished (its value could not be encoded)
 
 
-def execute(function: TaskFunction, task: Task) -> CallOutcome:
+def execute(function: TaskFunction, task: Task, max_result_bytes: int = 0) -> CallOutcome:
     """Call the task function; never raises. sys.exit() and KeyboardInterrupt end the task,
     not the child: they are recorded as what they are. Preempted stops it to run again
-    elsewhere (PROTOCOL.md 6.3)."""
+    elsewhere (PROTOCOL.md 6.3). A result over ``max_result_bytes`` (its queue's limit; 0:
+    none) fails the run, not retried: the same work would return the same value."""
     notice.running = True  # from now on an on_preempt callback's Preempted stops it
     try:
         result = function(task)
@@ -76,12 +77,24 @@ def execute(function: TaskFunction, task: Task) -> CallOutcome:
     finally:
         notice.running = False
     try:
-        return CallOutcome("complete", check_result(result))
+        return _bounded(check_result(result), max_result_bytes)
     except WrongType as error:
         # the work is done; running it again would only return the same value
         return CallOutcome("failed", retry=False, text=(
             f"the task function returned a {type(result).__name__}, which is not a string and "
             f"cannot be stored: {error}; not retried (blueque.check_result tells early)"))
+
+
+def _bounded(result: str, limit: int) -> CallOutcome:
+    size = len(result.encode("utf-8", "surrogatepass"))
+    if limit <= 0 or size <= limit:
+        return CallOutcome("complete", result)
+    return CallOutcome("failed", retry=False, text=(
+        f"the task function returned a result of {size} bytes, more than the "
+        f"max_result_bytes of {limit} of its queue: not stored, and not retried (the same work "
+        "returns the same value). Store a large result elsewhere (a file, an object store) and "
+        "return a reference, or raise the queue's limit (blueque configure QUEUE "
+        "--max-result-bytes N; 0: none)"))
 
 
 def describe_error(error: BaseException) -> str:

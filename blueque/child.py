@@ -33,7 +33,7 @@ from blueque.errors import (
 )
 from blueque.fencing import is_current_run
 from blueque.leftovers import stop_own
-from blueque.policy import Policy
+from blueque.policy import Policy, queue_limit
 from blueque.preemption import notice, on_preempt, preempt_deadline, preempted
 from blueque.process import create_time, set_title
 from blueque.processor import Processor, encode_result
@@ -91,12 +91,22 @@ def _run_orphan(store: RedisStore, task: Task, queue: str, function: TaskFunctio
     progress.install(reporter)
     if _own_output(store, task, policy, task_logs):
         captured_output.take_over()  # no listener reads its pipe: it does
-    outcome = execute(function, task)
+    outcome = execute(function, task, _result_limit(store, queue))
     reporter.close()
     _end_output(outcome.traceback, task_logs is not None)
     code = _record_itself(store, Processor(task, store), policy, outcome, spool)
     _leave_nothing(task, queue, policy)
     return code
+
+
+def _result_limit(store: RedisStore, queue: str) -> int:
+    """Its queue's max_result_bytes, for a run no listener told it (the default when Redis
+    cannot say)."""
+    try:
+        return queue_limit(store.bounded(REPORT_PATIENCE / 60).queue_config(queue),
+                           "max_result_bytes")
+    except BluequeError:
+        return queue_limit({}, "max_result_bytes")
 
 
 def _mark(task: Task, queue: str) -> None:
@@ -309,7 +319,7 @@ def run_reporting(store: RedisStore, link: ParentLink, assignment: Assignment,
         captured_output.take_over()  # its listener died before its pipe was ours to read
     reporter = ParentProgress(link, lambda: ProgressReporter(Processor(task, store.bounded(0.0))))
     progress.install(reporter)
-    outcome = execute(function, task)
+    outcome = execute(function, task, queue_limit(word.get("defaults") or {}, "max_result_bytes"))
     reporter.close()
     # its output into the pipe before its outcome: the listener, hearing it, drains the pipe
     # into this attempt's file, then ships the rest and the end mark (5.19)

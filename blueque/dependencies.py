@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from blueque import keys as k
 from blueque.errors import DependencyError
+from blueque.policy import QUEUE_LIMITS
 from blueque.protocol import Operation, Pipeline, Script, command, outcome_keys, touch_queue
 from blueque.protocol import cancel as protocol_cancel
 from blueque.statuses import CANCELLED, COMPLETE, FAILED, WAITING, state_of
@@ -106,14 +107,15 @@ def submit_after(keys: k.Keys, queue: str, task_id: str, parameters: str, now: f
                                                if len(unknown) > 5 else "")
             raise DependencyError(f"after names unknown task(s) {shown}: nothing enqueued")
         yield Pipeline(tuple(command("sadd", keys.dependents(p), task_id) for p in parents))
-    script_keys = [keys.task(task_id), keys.awaits(task_id), keys.waiting(queue)]
+    script_keys = [keys.task(task_id), keys.awaits(task_id), keys.waiting(queue),
+                   keys.queue_config(queue)]
     if not keys.hash_tags:
         script_keys.append(keys.queues())
     extra = [item for pair in (fields or {}).items() for item in pair]
     created = bool((yield Script("submit_after", script_keys, [
         task_id, queue, parameters, repr(now), "" if eta is None else repr(eta),
-        json.dumps(parents), "1" if after.any_ending else "", repr(now + RECHECK), *extra],
-        durable=True)))
+        json.dumps(parents), "1" if after.any_ending else "", repr(now + RECHECK),
+        str(QUEUE_LIMITS["max_parameters_bytes"]), *extra], durable=True)))
     yield from touch_queue(keys, queue)
     if created:
         yield from settle(keys, queue, task_id, now)

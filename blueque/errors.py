@@ -95,6 +95,11 @@ class CheckpointTooLarge(BluequeError, ValueError):
     to it."""
 
 
+class TooLarge(BluequeError):
+    """A task's parameters over its queue's ``max_parameters_bytes`` (16 MiB unless
+    ``Queue.configure`` says): nothing was enqueued."""
+
+
 class Preempted(BluequeError):
     """Raised by a task function to stop because its node goes away (``blueque preempt``,
     SIGUSR1 to its listener): the task goes back to pending without spending an attempt,

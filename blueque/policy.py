@@ -87,6 +87,25 @@ class Policy:
 OPTION_TYPES: dict[str, type] = {**get_type_hints(Policy), "checkpoint_max_bytes": int}
 
 
+#: A queue's limits on the size of a task's parameters and result, in bytes, and their
+#: defaults (16 MiB each: far above what a queue should carry, far below Redis' 512 MB string;
+#: store large data elsewhere and pass a reference). Set per queue with ``Queue.configure``
+#: (0: no limit); not task options: a caller does not raise its own queue's limit.
+#: ``max_parameters_bytes`` is checked by the submit scripts (5.1), ``max_result_bytes`` by the
+#: task process when its function returns (a larger result fails the run, not retried).
+QUEUE_LIMITS: dict[str, int] = {"max_parameters_bytes": 16 * 1024 * 1024,
+                                "max_result_bytes": 16 * 1024 * 1024}
+
+
+def queue_limit(config: Mapping[str, str], name: str) -> int:
+    """A queue's limit ``name`` (QUEUE_LIMITS) from its config; a missing or corrupt value is
+    the default."""
+    try:
+        return max(0, int(float(config.get(name) or QUEUE_LIMITS[name])))
+    except (ValueError, OverflowError):
+        return QUEUE_LIMITS[name]
+
+
 def field_float(raw: str | None) -> float | None:
     """A number field of a hash (a create time, an interval, a time): None when missing or
     corrupt (no number, or none that is finite: ``"abc"``, ``"inf"``, ``"nan"``, as
@@ -105,7 +124,7 @@ def _number(name: str, value: object) -> float:
     ``"90"``, ``"15m"``, ``"4h"``, ``"7d"``)."""
     if isinstance(value, bool) and name in FLAGS:
         return int(value)
-    if isinstance(value, str) and OPTION_TYPES[name] is float:
+    if isinstance(value, str) and OPTION_TYPES.get(name) is float:
         try:
             return parse_duration(value)
         except ConfigurationError as error:
@@ -118,14 +137,12 @@ def _number(name: str, value: object) -> float:
         raise ConfigurationError(f"option {name}={value!r} is not a number") from error
 
 
-def encode_options(options: Mapping[str, object]) -> dict[str, str]:
-    """Validate enqueue/queue options and turn them into hash field values."""
+def encode_options(options: Mapping[str, object], queue: bool = False) -> dict[str, str]:
+    """Validate enqueue options (or, ``queue``, a queue's defaults and limits: QUEUE_LIMITS)
+    and turn them into hash field values."""
     encoded: dict[str, str] = {}
     for name, value in options.items():
-        if name not in OPTION_TYPES:
-            raise ConfigurationError(
-                f"unknown task option {name!r}; known options: {', '.join(OPTION_TYPES)}"
-            )
+        kind = _option_type(name, queue)
         if value is None:
             continue
         number = _number(name, value)
@@ -137,5 +154,22 @@ def encode_options(options: Mapping[str, object]) -> dict[str, str]:
                                      f"least {least}")
         if name in FLAGS and number not in (0, 1):
             raise ConfigurationError(f"option {name}={value!r} must be 0 or 1: {FLAGS[name]}")
-        encoded[name] = str(OPTION_TYPES[name](number))
+        encoded[name] = str(kind(number))
     return encoded
+
+
+def _option_type(name: str, queue: bool) -> type:
+    """The type of option ``name`` (ConfigurationError for one that is not an option, or a
+    queue's limit given as a task's)."""
+    if name in QUEUE_LIMITS:
+        if queue:
+            return int
+        raise ConfigurationError(
+            f"{name} is a queue's limit, not a task's option: set it with "
+            f"Queue.configure({name}=...) or blueque configure QUEUE "
+            f"--{name.replace('_', '-')} N")
+    if name not in OPTION_TYPES:
+        known = [*OPTION_TYPES, *QUEUE_LIMITS] if queue else list(OPTION_TYPES)
+        raise ConfigurationError(
+            f"unknown task option {name!r}; known options: {', '.join(known)}")
+    return OPTION_TYPES[name]

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 
 from blueque import keys as k
 from blueque.errors import InvalidTaskState
+from blueque.policy import QUEUE_LIMITS
 from blueque.statuses import ENDED_LISTS, PENDING, RESERVED, SCHEDULED, STARTED, STATES, WAITING
 
 T = TypeVar("T")
@@ -125,15 +126,16 @@ def submit(keys: k.Keys, queue: str, task_id: str, parameters: str, now: float,
            eta: float | None = None, fields: Mapping[str, str] | None = None
            ) -> Operation[bool]:
     """Create a pending (or, with an eta, scheduled) task; False if the id already exists.
-    Keys: task hash, pending list or scheduled zset, blueque_queues. Script: submit.lua."""
+    Keys: task hash, pending list or scheduled zset, the queue's config (its
+    max_parameters_bytes), blueque_queues. Script: submit.lua."""
     target = keys.pending(queue) if eta is None else keys.scheduled(queue)
-    script_keys = [keys.task(task_id), target]
+    script_keys = [keys.task(task_id), target, keys.queue_config(queue)]
     queues, use_queues = queues_key(keys, queue)
     if use_queues == "1":
         script_keys.append(queues)
     extra = [item for pair in (fields or {}).items() for item in pair]
     args = [task_id, queue, parameters, repr(now), "" if eta is None else repr(eta),
-            keys.channel(queue), *extra]
+            keys.channel(queue), str(QUEUE_LIMITS["max_parameters_bytes"]), *extra]
     created = bool((yield Script("submit", script_keys, args, durable=True)))
     yield from touch_queue(keys, queue)
     return created
@@ -142,14 +144,17 @@ def submit(keys: k.Keys, queue: str, task_id: str, parameters: str, now: float,
 def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now: float
                 ) -> Operation[list[bool]]:
     """Create many pending tasks, BULK_CHUNK per script call; a created flag per task.
-    Keys: pending list, blueque_queues, every task hash. Script: submit_many.lua."""
+    Keys: pending list, blueque_queues, the queue's config (its max_parameters_bytes), every
+    task hash. Script: submit_many.lua."""
     queues, use_queues = queues_key(keys, queue)
     pending, channel, stamp = keys.pending(queue), keys.channel(queue), repr(now)
     flags: list[bool] = []
     for start in range(0, len(tasks), BULK_CHUNK):
         chunk = tasks[start : start + BULK_CHUNK]
-        script_keys = [pending, queues, *(keys.task(task_id) for task_id, _ in chunk)]
-        args: list[str] = [queue, stamp, use_queues, channel]
+        script_keys = [pending, queues, keys.queue_config(queue),
+                       *(keys.task(task_id) for task_id, _ in chunk)]
+        args: list[str] = [queue, stamp, use_queues, channel,
+                           str(QUEUE_LIMITS["max_parameters_bytes"])]
         for task_id, parameters in chunk:
             args += (task_id, parameters)
         result = yield Script("submit_many", script_keys, args, durable=True)

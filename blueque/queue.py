@@ -354,7 +354,7 @@ class Queue:
         of None removes that default."""
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
-        self._store.set_queue_config(self._name, encode_options(options), removed)
+        self._store.set_queue_config(self._name, encode_options(options, queue=True), removed)
 
     def config(self) -> dict[str, str]:
         return self._store.queue_config(self._name)

@@ -288,7 +288,7 @@ class Queue:
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
         await self._store.perform(protocol.set_queue_config, self._name,
-                                  encode_options(options), removed)
+                                  encode_options(options, queue=True), removed)
 
     async def config(self) -> dict[str, str]:
         return await self._store.perform(protocol.queue_config, self._name)

@@ -33,7 +33,13 @@ from blueque.cli.base import (
     check_json,
     connect,
 )
-from blueque.errors import BluequeError, ConfigurationError, RedisUnavailable, TaskNotFound
+from blueque.errors import (
+    BluequeError,
+    ConfigurationError,
+    RedisUnavailable,
+    TaskNotFound,
+    TooLarge,
+)
 
 __all__ = ["EXIT_CLOSED_PIPE", "EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "EXIT_OK",
            "EXIT_UNREACHABLE", "EXIT_USAGE", "Failure", "build_parser", "main"]
@@ -103,6 +109,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return _fail(str(error), EXIT_UNREACHABLE)
     except TaskNotFound as error:
         return _fail(str(error), EXIT_NOT_FOUND)
+    except TooLarge as error:  # bad input: nothing was written
+        return _fail(str(error), EXIT_USAGE)
     except (BluequeError, TimeoutError) as error:
         return _fail(str(error), EXIT_FAILURE)
     except KeyboardInterrupt:

@@ -38,7 +38,8 @@ EXIT_CODES = f"""exit codes:
   {EXIT_OK}  success
   {EXIT_FAILURE}  failure: an operation was refused, a task failed, a wait timed out
   {EXIT_USAGE}  usage: bad arguments, bad Redis URL or credentials, Redis older than 6.2,
-     a task function that cannot be imported, bad cron entry, a port in use
+     a task function that cannot be imported, bad cron entry, a port in use,
+     parameters over the queue's max_parameters_bytes
   {EXIT_UNREACHABLE}  Redis unreachable
   {EXIT_NOT_FOUND}  task or queue not found
   {EXIT_CLOSED_PIPE}  the output's reader went away (| head): ended quietly, as other tools"""

@@ -27,7 +27,7 @@ from blueque.client import Client
 from blueque.display import format_seconds, format_time, parse_duration, positive_int, table
 from blueque.fields import typed
 from blueque.node import hostname
-from blueque.policy import OPTION_TYPES
+from blueque.policy import OPTION_TYPES, QUEUE_LIMITS
 from blueque.statuses import ENDED_LISTS
 from blueque.waiting import wait_all
 
@@ -94,6 +94,13 @@ def register(commands: Commands) -> None:
                        "set or show a queue's defaults (a value of 'none' removes one)")
     sub.add_argument("queue")
     _add_task_options(sub, _UNSET)
+    for name, what in (("max_parameters_bytes", "largest parameters an enqueue may give"),
+                       ("max_result_bytes", "largest result a task may return (a larger "
+                                            "one fails the run)")):
+        sub.add_argument("--" + name.replace("_", "-"), dest=name, default=_UNSET,
+                         type=_attempts_value, metavar="BYTES",
+                         help=f"{what}, in bytes (default {QUEUE_LIMITS[name]}: 16 MiB; 0: "
+                              "no limit)")
     sub = commands.add("forget-queue", cmd_forget_queue, "remove an empty queue without "
                        "listeners from `blueque status` (and its defaults)")
     sub.add_argument("queue")
@@ -295,7 +302,7 @@ def cmd_purge(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_configure(client: Client, args: argparse.Namespace) -> int:
     queue = client.get_queue(args.queue)
-    changes = {name: getattr(args, name) for name in OPTION_TYPES
+    changes = {name: getattr(args, name) for name in [*OPTION_TYPES, *QUEUE_LIMITS]
                if getattr(args, name) is not _UNSET}
     if changes:
         queue.configure(**changes)

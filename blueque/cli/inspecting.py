@@ -72,6 +72,9 @@ def register(commands: Commands) -> None:
     sub.add_argument("task_id")
     sub.add_argument("--checkpoint", action="store_true",
                      help="print the task's checkpoint (its saved state) instead")
+    sub.add_argument("--full", action="store_true",
+                     help=f"print every field whole (longer than {SHOWN_CHARACTERS:,} "
+                          "characters, a value is cut, and says its length; --json never cuts)")
     sub = commands.add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis")
     sub.add_argument("task_id")
     sub.add_argument("--attempt", type=positive_int,
@@ -242,6 +245,19 @@ def _eta_text(task: dict[str, str], current: float) -> str:
 
 
 # --- show -------------------------------------------------------------------------------------
+#: How much of one field `blueque show` prints without --full (parameters and results may be
+#: megabytes: the queue's max_parameters_bytes and max_result_bytes, 16 MiB by default).
+SHOWN_CHARACTERS = 2000
+
+
+def cut(value: str) -> str:
+    """A field's value as `blueque show` prints it: whole, or its start and its length."""
+    if len(value) <= SHOWN_CHARACTERS:
+        return value
+    return (f"{value[:SHOWN_CHARACTERS]}… [cut: {len(value):,} characters in all; --full "
+            "prints them]")
+
+
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id, missing_ok=True)
     data = task.data
@@ -255,7 +271,8 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         stamp = field_float(value) if name in TIME_FIELDS else None
         if name == "status" and task.cancelled:  # what the reader asks: was it cancelled?
             value = f"{value} (cancelled: listed and counted as cancelled)"
-        rows.append((name, f"{format_time(stamp)} ({value})" if stamp else value))
+        rows.append((name, f"{format_time(stamp)} ({value})" if stamp else
+                     value if args.full else cut(value)))
     info = task.checkpoint_info  # its size, time and attempt; the state stays in Redis
     if info is None:
         saved = "checkpoint: none"

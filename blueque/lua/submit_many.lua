@@ -1,24 +1,37 @@
 -- submit_many: create many pending tasks in one call; idempotent on each task id.
+-- uses: limits
 -- KEYS[1] pending list         blueque_pending_tasks_[queue]
 -- KEYS[2] queues               blueque_queues, or "" placeholder is not allowed: see ARGV[3]
--- KEYS[3..] task hashes        blueque_task_[id], one per task, in ARGV order
+-- KEYS[3] queue config         blueque_queue_config_[queue] (read: max_parameters_bytes)
+-- KEYS[4..] task hashes        blueque_task_[id], one per task, in ARGV order
 -- ARGV[1] queue, ARGV[2] now, ARGV[3] "1" if KEYS[2] is the queues key, "0" if KEYS[2] is unused
--- ARGV[4] channel, then pairs: ARGV[5] id1, ARGV[6] parameters1, ARGV[7] id2, ...
+-- ARGV[4] channel, ARGV[5] the default max_parameters_bytes (0: none), then pairs: ARGV[6] id1,
+-- ARGV[7] parameters1, ARGV[8] id2, ...
 -- Returns a string of '1' (created) and '0' (already existed), one character per task, or an
--- error "BLUEQUE_STATE ..." (nothing written) if an id exists in another queue. A task this very
--- call created on an earlier try whose reply was lost (same created time and parameters) is '1'.
-for i = 3, #KEYS do
+-- error "BLUEQUE_STATE ..." (nothing written) if an id exists in another queue, or
+-- "BLUEQUE_TOO_LARGE ..." (nothing written) if one's parameters are over the queue's limit. A
+-- task this very call created on an earlier try whose reply was lost (same created time and
+-- parameters) is '1'.
+local limit = parameters_limit(KEYS[3], ARGV[5])
+for i = 4, #KEYS do
+  local too_large = parameters_too_large(limit, ARGV[1], ARGV[7 + (i - 4) * 2])
+  if too_large then
+    return too_large
+  end
   local owner = redis.call('TYPE', KEYS[i]).ok == 'hash' and redis.call('HGET', KEYS[i], 'queue')
   if owner and owner ~= ARGV[1] then
-    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[5 + (i - 3) * 2] .. ' already exists in'
+    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[6 + (i - 4) * 2] .. ' already exists in'
       .. ' queue ' .. owner .. ', not ' .. ARGV[1] .. ': choose another task id')
   end
 end
+-- first, before any write: a user whose ACL refuses the channel gets its NOPERM with nothing
+-- written; a call that creates nothing wakes the listeners for nothing, harmlessly
+redis.call('PUBLISH', ARGV[4], ARGV[1])
 local created = {}
 local flags = {}
 local n = 0
-for i = 3, #KEYS do
-  local a = 5 + (i - 3) * 2
+for i = 4, #KEYS do
+  local a = 6 + (i - 4) * 2
   if redis.call('EXISTS', KEYS[i]) == 0 then
     redis.call('HSET', KEYS[i], 'status', 'pending', 'queue', ARGV[1], 'parameters', ARGV[a + 1],
                'created', ARGV[2], 'updated', ARGV[2])
@@ -37,6 +50,5 @@ if ARGV[3] == '1' then
 end
 if n > 0 then
   redis.call('LPUSH', KEYS[1], unpack(created))
-  redis.call('PUBLISH', ARGV[4], ARGV[1])
 end
 return table.concat(flags)

@@ -19,6 +19,7 @@ from blueque.errors import (
     RedisUnavailable,
     StaleAttempt,
     TaskNotFound,
+    TooLarge,
     UnsupportedServer,
     WritesRefused,
 )
@@ -210,6 +211,11 @@ def _protocol_error(error: redis.exceptions.ResponseError, where: str = "?") -> 
     for marker, kind in (("BLUEQUE_STALE ", StaleAttempt), ("BLUEQUE_STATE ", InvalidTaskState)):
         if marker in text:
             return kind(text.split(marker, 1)[1].split("\n")[0].rstrip(". "))
+    if "BLUEQUE_TOO_LARGE " in text:
+        said = text.split("BLUEQUE_TOO_LARGE ", 1)[1].split("\n")[0].split(" script:")[0]
+        return TooLarge(f"{said}: nothing was enqueued. Store large data elsewhere (a file, an "
+                        "object store) and pass a reference, or raise the queue's limit "
+                        "(blueque configure QUEUE --max-parameters-bytes N; 0: none)")
     if "BLUEQUE_MISSING " in text:
         return TaskNotFound(text.split("BLUEQUE_MISSING task ", 1)[1].split(" ")[0])
     if "DB index is out of range" in text:
