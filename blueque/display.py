@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import time
@@ -111,6 +112,32 @@ def format_bytes(size: int) -> str:
     if size < 1024 * 1024:
         return f"{size / 1024:.1f} KiB"
     return f"{size / (1024 * 1024):.1f} MiB"
+
+
+#: How much of one field `blueque show` prints without --full (parameters and results may be
+#: megabytes: a queue's max_parameters_bytes and max_result_bytes are 16 MiB by default).
+SHOWN_CHARACTERS = 2000
+
+
+def cut_value(value: str) -> str:
+    """A field's value as `blueque show` prints it: whole, or its start and its length."""
+    if len(value) <= SHOWN_CHARACTERS:
+        return value
+    return (f"{value[:SHOWN_CHARACTERS]}… [cut: {len(value):,} characters in all; --full "
+            "prints them]")
+
+
+def largest_memory(raw: str | None) -> str:
+    """A listener's ``task_memory`` (its task processes' resident bytes by pid, JSON) as
+    `blueque status` shows it: the largest, and how many there are (``618.0 MiB (max of
+    3)``); ``-`` when it says nothing."""
+    try:
+        sizes = [int(size) for size in json.loads(raw or "{}").values()]
+    except (ValueError, TypeError, AttributeError):
+        return "-"
+    if not sizes:
+        return "-"
+    return format_bytes(max(sizes)) + (f" (max of {len(sizes)})" if len(sizes) > 1 else "")
 
 
 def format_seconds(seconds: float) -> str:

@@ -16,7 +16,7 @@ from typing import Literal
 from blueque.policy import OPTION_TYPES, field_float
 
 #: text: a string as it is; int: a whole number; number: any number; time: Unix seconds;
-#: json: a JSON document (the ``history`` list).
+#: json: a JSON document (the ``history`` list, a listener's ``task_memory``).
 Kind = Literal["text", "int", "number", "time", "json"]
 
 #: The task hash ``blueque_task_[task id]`` (PROTOCOL.md §3). Fields other tools add are text.
@@ -70,6 +70,7 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "exclusive": "int",
     "preempting_until": "time",
     "adopted_by": "text",
+    "task_memory": "json",
 }
 
 #: A task's times, which people read as dates (`blueque show`, the dashboard's task page).

@@ -156,13 +156,36 @@ class QueueCollector(Collector):
         return [tasks, age, finished, listeners, slots, busy]
 
 
+class _TaskMemory(Collector):
+    """``blueque_listener_task_process_resident_bytes{listener, pid}``: each task process's
+    resident memory (running or idle: warm processes, --max-memory-per-process), read from
+    /proc when scraped."""
+
+    def __init__(self, listener_id: str, memory: Callable[[], dict[int, int]]) -> None:
+        self.listener_id, self.memory = listener_id, memory
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "blueque_listener_task_process_resident_bytes",
+            "Resident memory (RSS) of each task process of this listener, running a task or "
+            "idle", labels=["listener", "pid"])
+        for pid, size in self.memory().items():
+            family.add_metric([self.listener_id, str(pid)], float(size))
+        yield family
+
+
 class ListenerMetrics:
     """One listener daemon's counters; the daemon calls these hooks, never the other way."""
 
     def __init__(self, store: RedisStore, listener_id: str, concurrency: int,
-                 busy: Callable[[], int], registry: CollectorRegistry | None = None) -> None:
+                 busy: Callable[[], int], registry: CollectorRegistry | None = None,
+                 memory: Callable[[], dict[int, int]] | None = None) -> None:
+        """``busy``: its slots in use, and ``memory``: the resident memory of each of its
+        task processes by pid, both read at scrape time."""
         self.store = store
         self.registry = registry or CollectorRegistry()
+        if memory is not None:
+            self.registry.register(_TaskMemory(listener_id, memory))
         labels = {"listener": listener_id}
         self.slots = Gauge("blueque_listener_slots", "Task slots (--concurrency)",
                            list(labels), registry=self.registry).labels(**labels)

@@ -68,6 +68,23 @@ def process_alive(pid: int, created: float | None = None) -> bool:
         return True  # it exists; we may not inspect it
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The resident memory (RSS) of process ``pid`` in bytes; None once it is gone. One read
+    of /proc/[pid]/statm on Linux, psutil elsewhere."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _PAGE
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError, ValueError):
+        with contextlib.suppress(psutil.Error):
+            return int(psutil.Process(pid).memory_info().rss)
+        return None
+
+
 def signal_group(pid: int, signum: int) -> None:
     """Signal the process group ``pid`` leads (every task child leads its own); gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -30,10 +30,11 @@ from blueque.child import (
     run_reporting,
     run_reporting_child,
 )
+from blueque.display import format_bytes
 from blueque.errors import BluequeError, ConfigurationError
 from blueque.outputs import TaskOutput
 from blueque.preemption import notice
-from blueque.process import process_alive, set_title
+from blueque.process import process_alive, resident_bytes, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
 from blueque.run_processes import TASK_VARIABLE, RunMark, signs
 from blueque.running import Running
@@ -170,17 +171,25 @@ class Idle:
             self.output = None
 
 
+#: How a retirement for memory reads (logged at warning, the others at debug).
+MEMORY_REASON = "its resident memory"
+
+
 class WarmProcesses:
     """A listener's warm processes (6.7): those idle, and how many tasks each task process
     has run; whether one that has just had its outcome recorded may take another."""
 
-    def __init__(self, reuse: int, patience: float = float("inf")) -> None:
+    def __init__(self, reuse: int, patience: float = float("inf"),
+                 max_memory: int | None = None) -> None:
         """``patience``: how long a task process waits for its outcome to be recorded before
-        it records it itself, and then exits (Assignment.patience: the listener's lease)."""
+        it records it itself, and then exits (Assignment.patience: the listener's lease).
+        ``max_memory``: a process whose resident memory is over it once its task has ended
+        retires (``--max-memory-per-process``, bytes; None: no bound)."""
         if reuse < 1:
             raise ConfigurationError(f"reuse must be at least 1, not {reuse}")
         self.reuse = reuse
         self.patience = patience
+        self.max_memory = max_memory
         self.idle: dict[int, Idle] = {}
         self._runs: dict[int, int] = {}
 
@@ -217,6 +226,10 @@ class WarmProcesses:
             return "its outcome was recorded late"
         if runs >= self.reuse:
             return f"it ran {runs} tasks"
+        resident = resident_bytes(running.pid) if self.max_memory else None
+        if self.max_memory and resident is not None and resident > self.max_memory:
+            return (f"{MEMORY_REASON} {format_bytes(resident)} is over "
+                    f"--max-memory-per-process {format_bytes(self.max_memory)}")
         if running.reason:
             return f"its run was being stopped ({running.reason})"
         if running.policy.keep_processes:
@@ -232,7 +245,8 @@ class WarmProcesses:
         or told to retire (it exits; reaped, its run ends as a forked child's does)."""
         why = self.retire_reason(running, task_processes, now)
         if why or running.channel is None:
-            log.debug("task %s: its process %d retires: %s", running.task_id, running.pid, why)
+            log.log(logging.WARNING if why.startswith(MEMORY_REASON) else logging.DEBUG,
+                    "task %s: its process %d retires: %s", running.task_id, running.pid, why)
             if running.channel is not None:
                 running.channel.send({"retire": why})
             return False

@@ -247,3 +247,16 @@ def holds_a_lock(task: Task) -> str:
         time.sleep(0.01)
     _mark(params, "end")
     return "done"
+
+
+#: What ``leaks`` keeps between the tasks of a warm process: it is never freed.
+_LEAKED: list[bytearray] = []
+
+
+def leaks(task: Task) -> dict[str, int]:
+    """Leaks ``mb`` MiB (written, so resident) into a module global, as a task with a cache
+    that never forgets does; returns its pid and its resident memory at its end."""
+    _LEAKED.append(bytearray(b"\x01") * (int(_params(task)["mb"]) * 1024 * 1024))
+    with open(f"/proc/{os.getpid()}/statm", "rb") as handle:
+        resident = int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {"pid": os.getpid(), "rss": resident}

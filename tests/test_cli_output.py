@@ -110,6 +110,8 @@ def assert_typed(record: dict[str, Any], kinds: dict[str, str] = TASK_FIELDS) ->
             assert isinstance(value, str), (name, value)
         elif kinds[name] == "int":
             assert value is None or type(value) is int, (name, value)
+        elif kinds[name] == "json" and name == "task_memory":  # bytes by pid
+            assert all(type(size) is int for size in value.values()), (name, value)
         elif kinds[name] == "json":  # the history: a list of objects with typed values
             assert value is None or isinstance(value, list), (name, value)
             for entry in value or []:
@@ -327,7 +329,7 @@ def test_status_shows_each_listeners_busy_slots(fleet: Fleet, run: Run) -> None:
     shown = run("status").stdout
     header = next(line for line in shown.splitlines() if line.startswith("LISTENER"))
     assert header.split() == ["LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
-                              "RENEWAL", "STATE"]
+                              "RENEWAL", "MEMORY", "STATE"]
     row = next(line for line in shown.splitlines() if f" {fleet.listener.pid} " in line)
     assert row.split()[4] == "1/2"
     # how long its latest renewal took (one round trip, PROTOCOL.md 6 step 2), once measured

@@ -343,7 +343,8 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
 
     client.get_queue("q").enqueue("{}")
     served = exported_names(scrape(queue_registry(client.store)))
-    listener = ListenerMetrics(client.store, "node_1", 2, busy=lambda: 0)
+    listener = ListenerMetrics(client.store, "node_1", 2, busy=lambda: 0,
+                               memory=lambda: {4242: 50 * 1024 * 1024})
     served.update(exported_names(scrape(listener.registry)))
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

@@ -239,7 +239,7 @@ def test_every_field_the_scripts_write_is_in_the_field_table() -> None:
 DOCUMENTED_KINDS = {"string": "text", "status string": "text", "listener id": "text",
                     "int": "int", "int ≥ 0": "int", "int ≥ 1": "int", "float, Unix s": "time",
                     "float, s": "number", "float 0..1": "number", "0 or 1": "int",
-                    "JSON list": "json"}
+                    "JSON list": "json", "JSON object": "json"}
 
 
 @pytest.mark.parametrize(("heading", "kinds"), [("The task hash", TASK_FIELDS),

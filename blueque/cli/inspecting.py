@@ -23,9 +23,12 @@ from blueque.cli.base import (
 )
 from blueque.client import Client, ListenerStatus
 from blueque.display import (
+    SHOWN_CHARACTERS,
+    cut_value,
     format_bytes,
     format_seconds,
     format_time,
+    largest_memory,
     last_line,
     positive_int,
     shorten,
@@ -107,9 +110,10 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
              _slots_text(item), _lease_text(item.lease_remaining),
              _age_text(item.renewed_age), _renewal_text(item.info),
-             _state_text(item, current)) for item in listeners]
+             largest_memory(item.info.get("task_memory")), _state_text(item, current))
+            for item in listeners]
     text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
-                             "RENEWAL", "STATE"), rows) if rows else "no listeners")
+                             "RENEWAL", "MEMORY", "STATE"), rows) if rows else "no listeners")
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
     text += "\n\n" + policy.summary()
     data = {"time": current, "queues": stats,
@@ -245,19 +249,6 @@ def _eta_text(task: dict[str, str], current: float) -> str:
 
 
 # --- show -------------------------------------------------------------------------------------
-#: How much of one field `blueque show` prints without --full (parameters and results may be
-#: megabytes: the queue's max_parameters_bytes and max_result_bytes, 16 MiB by default).
-SHOWN_CHARACTERS = 2000
-
-
-def cut(value: str) -> str:
-    """A field's value as `blueque show` prints it: whole, or its start and its length."""
-    if len(value) <= SHOWN_CHARACTERS:
-        return value
-    return (f"{value[:SHOWN_CHARACTERS]}… [cut: {len(value):,} characters in all; --full "
-            "prints them]")
-
-
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id, missing_ok=True)
     data = task.data
@@ -272,7 +263,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
         if name == "status" and task.cancelled:  # what the reader asks: was it cancelled?
             value = f"{value} (cancelled: listed and counted as cancelled)"
         rows.append((name, f"{format_time(stamp)} ({value})" if stamp else
-                     value if args.full else cut(value)))
+                     value if args.full else cut_value(value)))
     info = task.checkpoint_info  # its size, time and attempt; the state stays in Redis
     if info is None:
         saved = "checkpoint: none"

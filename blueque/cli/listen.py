@@ -78,6 +78,11 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                              "replaced (PROTOCOL.md 6.7): no fork per task, but what a task "
                              "leaves in the process (globals, threads, open files) stays for "
                              "the next; default 1, a fresh process per task")
+    parser.add_argument("--max-memory-per-process", type=_byte_count, default=None,
+                        metavar="SIZE",
+                        help="with --reuse: a task process whose resident memory is over this "
+                             "once its task has ended retires, and a fresh one takes the next "
+                             "task (500M, 2G; K, M, G); logged at warning. Default: no bound")
     parser.add_argument("--exclusive", action="store_true",
                         help="never two runs of a task at once, even when this node is cut "
                              "off from Redis: a run is stopped before the lease can lapse "
@@ -189,6 +194,7 @@ def listener_options(args: argparse.Namespace) -> ListenerOptions:
         on_stop=args.on_stop, interval=args.interval, poll=args.poll, identity=args.identity,
         node_name=args.node_name, allow_eviction=args.allow_eviction,
         spool_dir=args.spool_dir, exclusive=args.exclusive, reuse=args.reuse,
+        max_memory_per_process=args.max_memory_per_process,
         task_logs=task_log_settings(args), preempt_grace=args.preempt_grace,
         metrics=args.metrics_port is not None)
 

@@ -43,6 +43,9 @@ class ListenerOptions:
     exclusive: bool = False  # every run is exclusive (PROTOCOL.md 6.6)
     #: tasks one task process may run in turn (PROTOCOL.md 6.7: warm processes; 1: one each)
     reuse: int = 1
+    #: a warm process whose resident memory is over this many bytes once its task has ended
+    #: retires (6.7; Celery's max_memory_per_child); None: no bound
+    max_memory_per_process: int | None = None
     #: where task output goes on the node and how much is kept (None: the listener's stderr)
     task_logs: TaskLogSettings | None = None
     #: on SIGUSR1 (this node goes away), how long its tasks have to save and stop (s)
@@ -66,6 +69,9 @@ class ListenerOptions:
             raise ConfigurationError(f"concurrency must be at least 1, not {self.concurrency}")
         if self.reuse < 1:
             raise ConfigurationError(f"reuse must be at least 1, not {self.reuse}")
+        if self.max_memory_per_process is not None and self.max_memory_per_process < 1:
+            raise ConfigurationError(f"max_memory_per_process must be at least 1 byte, not "
+                                     f"{self.max_memory_per_process}")
         if self.on_stop not in ON_STOP:
             raise ConfigurationError(f"--on-stop must be one of {ON_STOP}, not "
                                      f"{self.on_stop!r}")

@@ -9,6 +9,7 @@ Inbox's (wakeup.py). The life around the steps (signals, stopping, leaving) is l
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -78,9 +79,8 @@ class ListenerStep:
         """Each part is given what it needs of ``options`` when it is made."""
         self.options = options
         interval = options.interval
-        # the loop's operations retry for half an interval at most, then the loop's own
-        # backoff takes over (it keeps enforcing time limits and hearing signals meanwhile);
-        # children get the client's whole retry_deadline for their start and outcome
+        # the loop's operations retry for half an interval at most, then its own backoff takes
+        # over (limits, signals go on); children get the client's whole retry_deadline
         self.store = client.store.bounded(interval / 2, quiet=True)
         self.weights = options.queues
         self.on_stop = options.on_stop
@@ -96,8 +96,9 @@ class ListenerStep:
         self.function: TaskFunction | None = None if isinstance(function, str) else function
         self.rng = random.Random()
         #: the loop's Prometheus counters (options.metrics), for a server to serve
-        self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency,
-                                        busy=self.busy) if options.metrics else None)
+        self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency, busy=self.busy,
+                                        memory=lambda: self.supervisor.memory())
+                        if options.metrics else None)
         self.spool = Spool(options.spool_dir or spool_directory())
         setup = None
         if options.uses_fork_server(client.settings) and client.settings is not None:
@@ -108,10 +109,10 @@ class ListenerStep:
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None,
-            reuse=options.reuse, fork_server=ForkServerLink(setup) if setup else None)
+            reuse=options.reuse, max_memory=options.max_memory_per_process,
+            fork_server=ForkServerLink(setup) if setup else None)
         self.supervisor.ahead.queues = self._next_queues
-        self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive,
-                                    clock)
+        self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive, clock)
         #: renews the leases when the loop is late (a slow link); hears of every renewal
         self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
                                   interval, self.guard.renewed_at, clock, self.metrics)
@@ -232,6 +233,7 @@ class ListenerStep:
         supervisor = self.supervisor
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
         watched = supervisor.stopper.watched()
+        self.membership.info["task_memory"] = json.dumps(supervisor.memory())  # 3.3
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics,
                                       supervisor.recorder.seen)

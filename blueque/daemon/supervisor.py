@@ -20,6 +20,7 @@ from blueque.daemon.starting import Starter
 from blueque.daemon.stopper import Stopper
 from blueque.daemon.wakeup import Pollable
 from blueque.leftovers import Leftovers
+from blueque.process import resident_bytes
 from blueque.reporting import ToChild
 from blueque.running import Running, hand_over_outputs, output_deadlines
 from blueque.spool import Spool
@@ -35,9 +36,11 @@ class Supervisor:
                  clock: Callable[[], float], rng: random.Random, *,
                  task_logs: TaskLogSettings | None = None, spool: Spool | None = None,
                  count_ending: CountEnding | None = None, reuse: int = 1,
+                 max_memory: int | None = None,
                  fork_server: ForkServerLink | None = None) -> None:
         """``task_logs``, ``spool``, ``count_ending``: the Recorder's (blueque.daemon.recorder);
-        ``reuse``: how many tasks one task process may run (PROTOCOL.md 6.7; 1: one);
+        ``reuse``: how many tasks one task process may run (PROTOCOL.md 6.7; 1: one), and
+        ``max_memory`` the resident memory past which it retires after its task (bytes);
         ``fork_server``: what forks the task processes when it is ready (6.8)."""
         self.store = store  # the loop's, bounded
         self.task_store = task_store  # the children's: the client's whole retry_deadline
@@ -49,7 +52,7 @@ class Supervisor:
         self.defaults = Defaults(store)
         self.children: dict[int, Running] = {}
         #: task processes that run several tasks (6.7)
-        self.warm = WarmProcesses(reuse, owner.lease_s)
+        self.warm = WarmProcesses(reuse, owner.lease_s, max_memory)
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
         #: how its runs are stopped (SIGTERM, then SIGKILL after their grace)
@@ -222,6 +225,12 @@ class Supervisor:
     def task_processes(self) -> set[int]:
         """Our task processes: running a task, or idle (6.7)."""
         return set(self.children) | set(self.warm.idle)
+
+    def memory(self) -> dict[int, int]:
+        """The resident memory (bytes) of each of our task processes, running or idle: what
+        the info hash's ``task_memory`` and the metrics say (--max-memory-per-process)."""
+        found = {pid: resident_bytes(pid) for pid in sorted(self.task_processes())}
+        return {pid: size for pid, size in found.items() if size is not None}
 
     def occupied(self) -> int:
         """Slots our runs take: children, and ended runs whose processes are being stopped
