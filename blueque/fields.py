@@ -71,6 +71,7 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "preempting_until": "time",
     "adopted_by": "text",
     "task_memory": "json",
+    "spool_error": "text",
 }
 
 #: A task's times, which people read as dates (`blueque show`, the dashboard's task page).

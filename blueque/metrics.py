@@ -43,6 +43,7 @@ from blueque.errors import BluequeError, ConfigurationError
 from blueque.hosts import HostRule
 from blueque.policy import field_float
 from blueque.recovery import RecoveryReport
+from blueque.spool import Spool
 from blueque.statuses import COMPLETE, FAILED, OUTCOMES, SCHEDULED, STATES
 from blueque.store import RedisStore
 
@@ -179,14 +180,22 @@ class ListenerMetrics:
 
     def __init__(self, store: RedisStore, listener_id: str, concurrency: int,
                  busy: Callable[[], int], registry: CollectorRegistry | None = None,
-                 memory: Callable[[], dict[int, int]] | None = None) -> None:
-        """``busy``: its slots in use, and ``memory``: the resident memory of each of its
-        task processes by pid, both read at scrape time."""
+                 memory: Callable[[], dict[int, int]] | None = None,
+                 spool: Spool | None = None) -> None:
+        """``busy``: its slots in use, ``memory``: the resident memory of each of its task
+        processes by pid, and ``spool``: whether its spool takes endings, read at scrape
+        time."""
         self.store = store
         self.registry = registry or CollectorRegistry()
         if memory is not None:
             self.registry.register(_TaskMemory(listener_id, memory))
         labels = {"listener": listener_id}
+        if spool is not None:
+            failing = Gauge("blueque_listener_spool_failing",
+                            "1 while this listener's spool (--spool-dir) cannot be written: an "
+                            "ending Redis refuses is then held in memory only",
+                            list(labels), registry=self.registry)
+            failing.labels(**labels).set_function(lambda: float(spool.failing is not None))
         self.slots = Gauge("blueque_listener_slots", "Task slots (--concurrency)",
                            list(labels), registry=self.registry).labels(**labels)
         self.slots.set(concurrency)

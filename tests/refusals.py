@@ -8,14 +8,19 @@ with SERVER_ARGS (Redis 7 protects ``dbfilename`` from CONFIG SET)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+import pytest
 import redis
 
 from blueque.testing import RedisServer
+from tests.daemons import wait_until
 
 Kind = Literal["out of memory", "cannot persist"]
 SNAPSHOT = "blocked.rdb"
@@ -66,3 +71,35 @@ class Refusal:
                 return
             assert time.monotonic() < deadline, f"BGSAVE did not end {wanted}: {info}"
             time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``4m``) of the test's own at ``where``, read-only if asked, to put
+    an append-only file or a spool on and fill; unmounted at the end. It takes root (or
+    CAP_SYS_ADMIN): elsewhere the test is skipped."""
+    where.mkdir(exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): it takes "
+                    "root (or CAP_SYS_ADMIN)")
+    try:
+        yield where
+    finally:
+        wait_until(lambda: subprocess.run(["umount", str(where)]).returncode == 0,
+                   what=f"{where} unmounted")
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte; the file to remove to free it."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):  # ENOSPC: full
+            while os.write(fd, b"\0" * 65536):
+                pass
+    finally:
+        os.close(fd)
+    return filler

@@ -25,6 +25,7 @@ from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.hosts import allowed_hosts
 from blueque.metrics import MetricsServer, queue_registry, scrape
+from blueque.spool import Spool
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 KEYS = k.Keys()
@@ -335,7 +336,7 @@ def exported_names(text: bytes) -> dict[str, str]:
 
 
 def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
-        client: blueque.Client) -> None:
+        client: blueque.Client, tmp_path: Path) -> None:
     """README.md 'Metrics' lists exactly what the two exporters serve, with their types; the
     names are Prometheus-style (blueque_ prefix, snake case, counters end in _total, times in
     _seconds) and the README's alert rule uses existing names."""
@@ -344,7 +345,8 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
     client.get_queue("q").enqueue("{}")
     served = exported_names(scrape(queue_registry(client.store)))
     listener = ListenerMetrics(client.store, "node_1", 2, busy=lambda: 0,
-                               memory=lambda: {4242: 50 * 1024 * 1024})
+                               memory=lambda: {4242: 50 * 1024 * 1024},
+                               spool=Spool(tmp_path / "spool"))
     served.update(exported_names(scrape(listener.registry)))
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

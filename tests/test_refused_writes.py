@@ -6,7 +6,6 @@ names the cause."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from blueque.spool import Held, Spool, server_of
 from blueque.testing import RedisServer
 from tests.aio_facade import AioClient, LoopThread
 from tests.daemons import ROOT, Daemon, daemons, lines, listen_command, wait_until
-from tests.refusals import SERVER_ARGS, Kind, Refusal
+from tests.refusals import SERVER_ARGS, Kind, Refusal, fill, tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -47,31 +46,8 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4-MiB tmpfs of the test's own, to put an append-only file on and fill (root only)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): it takes "
-                    "root (or CAP_SYS_ADMIN); the other tests refuse writes without it")
-    try:
+    with tmpfs(tmp_path / "disk", "4m") as where:
         yield where
-    finally:
-        wait_until(lambda: subprocess.run(["umount", str(where)]).returncode == 0,
-                   what="the small disk unmounted")
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to the last byte; the file to remove to free it."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        with contextlib.suppress(OSError):  # ENOSPC: full
-            while os.write(fd, b"\0" * 65536):
-                pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 def listener(started: list[Daemon], tmp_path: Path, url: str, *options: str) -> Daemon:

@@ -164,8 +164,12 @@ def _slots_text(listener: ListenerStatus) -> str:
 
 
 def _state_text(listener: ListenerStatus, current: float) -> str:
-    """``preempting: node goes away in 1m20s (12:34:56)`` for a preempted listener."""
+    """``preempting: node goes away in 1m20s (12:34:56)`` for a preempted listener; ``SPOOL
+    FAILING: [why]`` for one whose spool cannot be written (--spool-dir)."""
     deadline = listener.preempting_until
+    spool = listener.info.get("spool_error")
+    if spool:  # an ending Redis refuses would be held in memory only
+        return f"SPOOL FAILING: {spool}"
     if deadline is None:
         return "listening"
     when = time.strftime("%H:%M:%S", time.localtime(deadline))

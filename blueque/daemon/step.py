@@ -9,7 +9,6 @@ Inbox's (wakeup.py). The life around the steps (signals, stopping, leaving) is l
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -96,10 +95,10 @@ class ListenerStep:
         self.function: TaskFunction | None = None if isinstance(function, str) else function
         self.rng = random.Random()
         #: the loop's Prometheus counters (options.metrics), for a server to serve
+        self.spool = Spool.checked(options.spool_dir or spool_directory())  # usable, or refused
         self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency, busy=self.busy,
-                                        memory=lambda: self.supervisor.memory())
+                                        memory=lambda: self.supervisor.memory(), spool=self.spool)
                         if options.metrics else None)
-        self.spool = Spool(options.spool_dir or spool_directory())
         setup = None
         if options.uses_fork_server(client.settings) and client.settings is not None:
             setup = server_setup(str(options.function), client.settings,
@@ -233,7 +232,7 @@ class ListenerStep:
         supervisor = self.supervisor
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
         watched = supervisor.stopper.watched()
-        self.membership.info["task_memory"] = json.dumps(supervisor.memory())  # 3.3
+        self.membership.info.update(supervisor.health())  # task_memory, spool_error (3.3)
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics,
                                       supervisor.recorder.seen)

@@ -5,6 +5,7 @@ listener decides what to run and when, the Supervisor runs it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -66,6 +67,7 @@ class Supervisor:
         self.starter = Starter(self)
         self._next_clean = 0.0  # the clock's time of the next look for old output files
         self.fork_server = fork_server
+        self.spool = spool
 
     # --- forking and starting (blueque.daemon.starting) -----------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
@@ -225,6 +227,15 @@ class Supervisor:
     def task_processes(self) -> set[int]:
         """Our task processes: running a task, or idle (6.7)."""
         return set(self.children) | set(self.warm.idle)
+
+    def health(self) -> dict[str, str]:
+        """What the info hash says of our processes and our spool at each renewal (3.3): each
+        task process's resident memory, and why the spool cannot be written ("" while it
+        can: it is looked at now, Spool.look)."""
+        if self.spool is not None:
+            self.spool.look()
+        return {"task_memory": json.dumps(self.memory()),
+                "spool_error": (self.spool and self.spool.failing) or ""}
 
     def memory(self) -> dict[int, int]:
         """The resident memory (bytes) of each of our task processes, running or idle: what
