@@ -11,6 +11,11 @@ class ConfigurationError(BluequeError, ValueError):
     """A URL, option or argument that cannot work (bad scheme, bad port, unknown option)."""
 
 
+class PermissionRefused(ConfigurationError):
+    """The Redis user may not run a command, or touch a key or channel, that Blueque needs
+    (an ACL without it: NOPERM, or found up front by ACL DRYRUN, blueque.acl)."""
+
+
 class WrongType(ConfigurationError, TypeError):
     """An argument of the wrong type (a TypeError too), e.g. parameters that are not text."""
 

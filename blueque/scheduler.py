@@ -139,7 +139,7 @@ class Scheduler:
         Redis raises RedisUnavailable (run() retries with backoff). The first step refuses a
         Redis that may evict keys (EvictingServer) unless ``allow_eviction``."""
         report = StepReport()
-        self.client.store.check_server()
+        self.client.store.check_server("scheduler")  # once: its Redis user's too (acl)
         if not self._memory_checked:  # refuses a Redis that may evict our keys
             eviction.check(self.client.store.memory_policy(), "scheduler", self.allow_eviction,
                            log)

@@ -240,6 +240,7 @@ BLOCKS = {
     ("High availability (Sentinel)", 2):
         "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
     ("Redis Cluster", 1): "tests/ha/test_cluster.py::test_the_readmes_cluster_line_runs",
+    ("Redis ACL users", 1): "tests/test_acl.py::test_the_docs_list_each_role_s_acl_line",
     ("Persistence", 1): "tests/test_readme.py::test_the_eviction_refusal_reads_as_the_readme_shows",
     ("Persistence", 2): "tests/test_readme.py::test_the_persistence_settings_are_redis_config",
     ("Performance", 1): "tests/test_readme.py::test_the_benchmark_commands_parse_as_written",

@@ -124,6 +124,8 @@ def _run(run: Run, args: argparse.Namespace) -> int:
     assert run.handler is not None
     client = connect(args, ping=not run.daemon)
     try:
+        if not run.daemon and run.role is not None:  # before it writes anything (blueque.acl)
+            client.store.check_server(run.role, [q for q in [getattr(args, "queue", None)] if q])
         return int(run.handler(client, args))
     finally:
         client.close()

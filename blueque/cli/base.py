@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from blueque.acl import Role
 from blueque.client import Client
 from blueque.config import default_url
 from blueque.display import parse_duration, parse_eta
@@ -211,6 +212,9 @@ class Run:
     daemon: bool = False
     #: It prints something --json can shape (a table, a record); else --json is refused.
     prints: bool = True
+    #: What its Redis user must be allowed (blueque.acl), checked before it writes anything
+    #: (a daemon checks it itself once Redis answers)
+    role: Role | None = None
 
 
 URL_HELP = "Redis URL (default: $BLUEQUE_URL, else redis://localhost:6379/0)"
@@ -261,11 +265,13 @@ class Commands:
         self._subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
                                                  required=True)
 
-    def add(self, name: str, handler: Handler, help_text: str, *, daemon: bool = False,
-            prints: bool = True) -> argparse.ArgumentParser:
+    def add(self, name: str, handler: Handler, help_text: str, role: Role, *,
+            daemon: bool = False, prints: bool = True) -> argparse.ArgumentParser:
         """A command run with a client: PINGed first (exit 3 at once if Redis is not
-        there), except a daemon's. ``prints`` False: no --json (it prints nothing to shape)."""
-        return self._add(name, Run(handler=handler, daemon=daemon, prints=prints), help_text)
+        there), except a daemon's, and its user's permissions for ``role`` checked.
+        ``prints`` False: no --json (it prints nothing to shape)."""
+        return self._add(name, Run(handler=handler, daemon=daemon, prints=prints, role=role),
+                         help_text)
 
     def add_standalone(self, name: str, handler: Standalone, help_text: str, *,
                        url_help: str = URL_HELP) -> argparse.ArgumentParser:

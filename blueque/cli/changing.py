@@ -36,7 +36,7 @@ _UNSET = object()
 
 
 def register(commands: Commands) -> None:
-    sub = commands.add("enqueue", cmd_enqueue, "submit a task (prints its id)")
+    sub = commands.add("enqueue", cmd_enqueue, "submit a task (prints its id)", role="client")
     sub.add_argument("queue")
     sub.add_argument("parameters", help="a string, JSON by convention (text that is not "
                      "JSON is enqueued with a warning on stderr); - reads stdin")
@@ -62,7 +62,7 @@ def register(commands: Commands) -> None:
 
     sub = commands.add("cancel", cmd_cancel,
                        "cancel a task (a running one has its processes stopped), or with "
-                       "--all every pending and scheduled task of a queue")
+                       "--all every pending and scheduled task of a queue", role="operator")
     sub.add_argument("task_id", nargs="?")
     sub.add_argument("--reason", default="by operator", help="recorded in the task's error")
     sub.add_argument("--all", metavar="QUEUE", dest="all_of",
@@ -76,7 +76,8 @@ def register(commands: Commands) -> None:
     sub.add_argument("--pending-only", action="store_true",
                      help="with --all: leave the scheduled tasks alone")
     _add_preempt(commands)
-    sub = commands.add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)")
+    sub = commands.add("retry", cmd_retry, "make failed tasks pending again (attempts are kept)",
+                       role="operator")
     sub.add_argument("task_id", nargs="?", help="a failed task (a cancelled one too: it is "
                                                 "asked for by its id)")
     sub.add_argument("--failed", metavar="QUEUE",
@@ -85,13 +86,15 @@ def register(commands: Commands) -> None:
                      help="with --failed: oldest N only")
     sub.add_argument("--include-cancelled", action="store_true",
                      help="with --failed: the cancelled tasks too (after the failed ones)")
-    sub = commands.add("purge", cmd_purge, "delete finished tasks older than a duration")
+    sub = commands.add("purge", cmd_purge, "delete finished tasks older than a duration",
+                       role="operator")
     sub.add_argument("queue")
     sub.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
                      help="finished longer ago than this (90, 15m, 2h, 7d)")
     sub.add_argument("--status", choices=ENDED_LISTS, help="default: all three")
     sub = commands.add("configure", cmd_configure,
-                       "set or show a queue's defaults (a value of 'none' removes one)")
+                       "set or show a queue's defaults (a value of 'none' removes one)",
+                       role="operator")
     sub.add_argument("queue")
     _add_task_options(sub, _UNSET)
     for name, what in (("max_parameters_bytes", "largest parameters an enqueue may give"),
@@ -102,7 +105,7 @@ def register(commands: Commands) -> None:
                          help=f"{what}, in bytes (default {QUEUE_LIMITS[name]}: 16 MiB; 0: "
                               "no limit)")
     sub = commands.add("forget-queue", cmd_forget_queue, "remove an empty queue without "
-                       "listeners from `blueque status` (and its defaults)")
+                       "listeners from `blueque status` (and its defaults)", role="operator")
     sub.add_argument("queue")
 
 
@@ -110,7 +113,7 @@ def _add_preempt(commands: Commands) -> None:
     sub = commands.add("preempt", cmd_preempt,
                        "announce that a node goes away: its listeners stop taking tasks, and "
                        "its tasks save and stop to resume elsewhere (without spending an "
-                       "attempt)")
+                       "attempt)", role="operator")
     sub.add_argument("--node", metavar="NAME",
                      help="the node's name, as its listeners' --node-name (default: this "
                           "machine's fully qualified host name)")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 
 from blueque import demo, eviction
+from blueque.acl import Role
 from blueque.cli.base import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -38,7 +40,8 @@ log = logging.getLogger("blueque.web")
 def register(commands: Commands) -> None:
     _add_scheduler(commands)
     sub = commands.add("metrics", cmd_metrics, "serve every queue's Prometheus metrics (the "
-                       "dashboard's /metrics, without it)", daemon=True, prints=False)
+                       "dashboard's /metrics, without it)", daemon=True, prints=False,
+                       role="inspector")
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default 127.0.0.1; 0.0.0.0 lets a Prometheus "
                           "on another host scrape it)")
@@ -74,7 +77,7 @@ def cron_entries(args: argparse.Namespace) -> list[CronEntry]:
 # --- scheduler --------------------------------------------------------------------------------
 def _add_scheduler(commands: Commands) -> None:
     sub = commands.add("scheduler", cmd_scheduler, "move due tasks, fire cron entries, recover "
-                       "dead listeners, purge old results", daemon=True)
+                       "dead listeners, purge old results", daemon=True, role="scheduler")
     _add_cron_arguments(
         sub, "a periodic task, e.g. 'report=0 3 * * *:reports:{\"kind\": 1}' (5 fields, or 6 "
              "with seconds last); repeatable",
@@ -120,6 +123,7 @@ def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
     """The dashboard's /metrics alone (no web extra needed): every queue's figures, read from
     Redis at each scrape."""
     configure_logs("text", "INFO")
+    _check_server(client, "inspector")
     try:
         server = MetricsServer(queue_registry(client.store), args.port, args.host,
                                allowed_hosts(args.host, args.allowed_host))
@@ -141,7 +145,8 @@ def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
 
 def _add_dashboard(commands: Commands) -> None:
     sub = commands.add("dashboard", cmd_dashboard, "serve the web dashboard and /metrics "
-                       "(read-only unless a token is given)", daemon=True, prints=False)
+                       "(read-only unless a token is given)", daemon=True, prints=False,
+                       role="inspector")
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default 127.0.0.1: this machine only)")
     sub.add_argument("--port", type=port_number, default=8080,
@@ -165,23 +170,30 @@ def cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
         raise Failure(f"the dashboard needs the web extra: pip install -e '.[web]' in "
                       f"Blueque's checkout ({error})", EXIT_USAGE) from error
     configure_logs("text", "INFO")
-    _check_memory_policy(client, args.allow_eviction)
+    actions = bool(args.token_file or os.environ.get("BLUEQUE_DASHBOARD_TOKEN"))
+    _check_server(client, "operator" if actions else "inspector", True, args.allow_eviction)
     try:
         return server.serve(client, args, cron_entries(args))
     except (OSError, ValueError) as error:
         raise Failure(f"cannot serve the dashboard: {error}", EXIT_USAGE) from error
 
 
-def _check_memory_policy(client: Client, allow: bool | None) -> None:
-    """Refuse a Redis that may evict Blueque's keys (blueque.eviction); one that does not
-    answer yet is checked by every page instead (the dashboard waits for its Redis)."""
+def _check_server(client: Client, role: Role, dashboard: bool = False,
+                  allow: bool | None = None) -> None:
+    """Refuse a user that may not run what ``role`` runs (blueque.acl) and, for the
+    ``dashboard``, a Redis that may evict Blueque's keys unless ``allow`` (blueque.eviction);
+    one that does not answer yet is checked by every page or scrape instead (these servers
+    wait for their Redis)."""
     try:
-        policy = client.store.bounded(1.0).memory_policy()
+        store = client.store.bounded(1.0)
+        store.check_server(role)
+        policy = store.memory_policy() if dashboard else None
     except RedisUnavailable as error:
-        log.warning("dashboard: cannot check Redis' maxmemory-policy now (%s); every page will "
-                    "say so if it lets Redis evict keys", error)
+        log.warning("cannot check Redis now (%s); every page or scrape will say what is wrong",
+                    error)
         return
-    eviction.check(policy, "dashboard", allow, log)
+    if policy is not None:
+        eviction.check(policy, "dashboard", allow, log)
 
 
 # --- demo -------------------------------------------------------------------------------------

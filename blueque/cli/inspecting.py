@@ -58,12 +58,12 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 def register(commands: Commands) -> None:
     sub = commands.add("status", cmd_status, "queues with counts per state, listeners with "
                        "their leases and busy slots, and whether Redis may evict Blueque's keys "
-                       "(its maxmemory-policy)")
+                       "(its maxmemory-policy)", role="inspector")
     sub.add_argument("--watch", nargs="?", type=positive_duration, const=2.0,
                      metavar="SECONDS", help="show it again every SECONDS (default 2) until "
                      "Ctrl-C: redrawn on a terminal, else one snapshot after the other (with "
                      "--json, one JSON document a line)")
-    sub = commands.add("tasks", cmd_tasks, "list the tasks of a queue")
+    sub = commands.add("tasks", cmd_tasks, "list the tasks of a queue", role="inspector")
     sub.add_argument("queue")
     sub.add_argument("--status", choices=STATES,
                      help="only tasks in this state (cancelled: failed tasks that were "
@@ -71,14 +71,16 @@ def register(commands: Commands) -> None:
     sub.add_argument("--limit", type=positive_int, default=20,
                      help="at most N per state (default 20)")
     sub = commands.add("show", cmd_show,
-                       "every field of one task, and its checkpoint's size and age")
+                       "every field of one task, and its checkpoint's size and age",
+                       role="inspector")
     sub.add_argument("task_id")
     sub.add_argument("--checkpoint", action="store_true",
                      help="print the task's checkpoint (its saved state) instead")
     sub.add_argument("--full", action="store_true",
                      help=f"print every field whole (longer than {SHOWN_CHARACTERS:,} "
                           "characters, a value is cut, and says its length; --json never cuts)")
-    sub = commands.add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis")
+    sub = commands.add("logs", cmd_logs, "a task's output (stdout and stderr), read from Redis",
+                       role="inspector")
     sub.add_argument("task_id")
     sub.add_argument("--attempt", type=positive_int,
                      help="which attempt (default: the newest)")

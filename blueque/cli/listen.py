@@ -42,7 +42,7 @@ log = logging.getLogger("blueque.listen")
 def register(commands: Commands) -> None:
     sub = commands.add("listen", run_listen,
                        "run the listener daemon: fork one child per task", daemon=True,
-                       prints=False)
+                       prints=False, role="listener")
     add_listen_arguments(sub)
 
 

@@ -14,7 +14,8 @@ from blueque.waiting import WaitResult, wait_all
 
 
 def register(commands: Commands) -> None:
-    sub = commands.add("wait", cmd_wait, "wait until tasks finish (progress bar on stderr)")
+    sub = commands.add("wait", cmd_wait, "wait until tasks finish (progress bar on stderr)",
+                       role="inspector")
     sub.add_argument("task_ids", nargs="+", metavar="TASK_ID")
     sub.add_argument("--timeout", type=duration, metavar="DURATION",
                      help="give up after this long (90, 15m, 2h)")

@@ -157,7 +157,7 @@ class ListenerStep:
         self.supervisor.reap()
         try:
             if not self.membership.registered:
-                self.store.check_server()  # once: before the identity check's first command
+                self.store.check_server("listener", self.weights)  # before any write (acl)
                 if not self.memory_watch.started:  # refuses a Redis that may evict our keys
                     self.memory_watch.look(self.store.memory_policy())
                 # endings our node's listeners could not record: before any recovery could

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
@@ -16,6 +16,7 @@ from redis.commands.core import Script
 
 from blueque import keys as k
 from blueque import protocol
+from blueque.acl import Role
 from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
@@ -29,6 +30,7 @@ from blueque.store.errors import (
     translate_errors,
 )
 from blueque.store.health import Health
+from blueque.store.permissions import check_permissions
 from blueque.store.subscription import Subscription
 
 log = logging.getLogger("blueque.store")
@@ -113,6 +115,7 @@ class StoreCore:
         #: script calls on a connection of the store's own (blueque.store.direct)
         self._direct = DirectCalls(client)
         self._server_checked = False
+        self._roles_checked: set[Role] = set()  # ACL permissions (check_server)
         self.health = Health()
         #: the client-wide checkpoint size limit (Client(..., checkpoint_max_bytes=...))
         self.checkpoint_max_bytes = CHECKPOINT_MAX_BYTES
@@ -335,17 +338,21 @@ class StoreCore:
             raise translate(error, self.where) from error
         self.check_server()
 
-    def check_server(self) -> None:
+    def check_server(self, role: Role | None = None, queues: Iterable[str] = ()) -> None:
         """Once per store: refuse a server older than MIN_REDIS_VERSION with a clear error
-        (INFO server), rather than failing at the first reserve."""
-        if self._server_checked:
-            return
-        try:
-            info = self.redis.info("server")
-        except redis.exceptions.RedisError as error:
-            raise translate(error, self.where) from error
-        check_version(info, self.where)
-        self._server_checked = True
+        (INFO server), rather than failing at the first reserve; and, once per ``role``
+        (blueque.acl), a user that may not run what it runs (PermissionRefused), before it
+        writes anything, where Redis can say (store.permissions)."""
+        if not self._server_checked:
+            try:
+                info = self.redis.info("server")
+            except redis.exceptions.RedisError as error:
+                raise translate(error, self.where) from error
+            check_version(info, self.where)
+            self._server_checked = True
+        if role is not None and role not in self._roles_checked:
+            check_permissions(self, role, queues)
+            self._roles_checked.add(role)
 
 
 def apart(store: S, timeout: float) -> S:

@@ -16,6 +16,7 @@ from blueque.errors import (
     BluequeError,
     ConfigurationError,
     InvalidTaskState,
+    PermissionRefused,
     RedisUnavailable,
     StaleAttempt,
     TaskNotFound,
@@ -208,6 +209,11 @@ def _cannot_serve(error: redis.exceptions.RedisError | redis.exceptions.RedisClu
 
 def _protocol_error(error: redis.exceptions.ResponseError, where: str = "?") -> BluequeError:
     text = str(error)
+    if isinstance(error, redis.exceptions.NoPermissionError) or any(
+            words in text for words in ("NOPERM", "The user executing the script can't")):
+        return PermissionRefused(
+            f"Redis at {where} refused a command to this user ({text}): its ACL lacks a "
+            "permission Blueque needs; README 'Redis ACL users' gives each role's ACL line")
     for marker, kind in (("BLUEQUE_STALE ", StaleAttempt), ("BLUEQUE_STATE ", InvalidTaskState)):
         if marker in text:
             return kind(text.split(marker, 1)[1].split("\n")[0].rstrip(". "))
