@@ -19,6 +19,7 @@ import redis
 
 import blueque
 from blueque.keys import Keys
+from blueque.store.errors import translate
 from blueque.testing import DelayingProxy, RedisServer
 from tests.daemons import ROOT, Daemon, daemons, lines, listen_command, wait_until
 
@@ -162,3 +163,18 @@ def test_an_evicting_policy_set_while_a_listener_runs_is_said_at_its_next_renewa
         assert log.count("was changed to allkeys-lru") == 1, log  # once, not at each renewal
         assert "ERROR" in next(line for line in log.splitlines() if "changed to" in line)
         assert listener.alive()
+
+
+@pytest.mark.parametrize(("reply", "says"), [
+    ("max number of clients reached", "reached its maxclients"),
+    ("MISCONF Errors writing to the AOF file: No space left on device", "cannot persist"),
+    ("OOM command not allowed when used memory > 'maxmemory'.", "out of memory"),
+])
+def test_a_server_s_refusal_raised_as_a_connection_error_is_not_called_unreachable(
+        reply: str, says: str) -> None:
+    """However redis-py raises a reply of a server that answered (a connection error), it is
+    said as the server's refusal; only a server that did not answer is 'unreachable'."""
+    error = translate(redis.exceptions.ConnectionError(reply), "127.0.0.1:6390")
+    assert says in str(error) and "redis-server is running" not in str(error), error
+    assert "is unreachable" in str(translate(redis.exceptions.ConnectionError(
+        "Error 111 connecting to 127.0.0.1:6390. Connection refused."), "127.0.0.1:6390"))

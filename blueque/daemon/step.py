@@ -232,10 +232,10 @@ class ListenerStep:
         supervisor = self.supervisor
         supervisor.defaults.clear()  # an operator's Queue.configure applies from now
         watched = supervisor.stopper.watched()
-        self.membership.info.update(supervisor.health())  # task_memory, spool_error (3.3)
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics,
                                       supervisor.recorder.seen)
+        self.membership.info.update(supervisor.health())  # off the lease's path: the next one's
         self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
         self.keeper.renewed(self.membership.renewed_at)  # the guard and metrics hear of it
 
