@@ -158,8 +158,7 @@ class ListenerStep:
         try:
             if not self.membership.registered:
                 self.store.check_server("listener", self.weights)  # before any write (acl)
-                if not self.memory_watch.started:  # refuses a Redis that may evict our keys
-                    self.memory_watch.look(self.store.memory_policy())
+                self.memory_watch.look(self.store.memory_policy())  # the first refuses evicting
                 # endings our node's listeners could not record: before any recovery could
                 # take their stopped runs for deaths (PROTOCOL.md 6.5)
                 self.spool.replay(self.store)
