@@ -99,7 +99,7 @@ def test_a_spool_that_fills_up_later_is_said_once_and_tried_until_it_takes_the_e
         task_id = client.get_queue("work").enqueue(
             json.dumps({"marker": str(marker), "release": str(release)}), max_attempts=1)
         wait_until(lambda: len(starts(marker)) == 1, what="the task started")
-        assert spool_state(client) == ""
+        wait_until(lambda: spool_state(client) == "", what="status to say the spool is fine")
         filler = fill(spool)
         # said before any ending needs it: the renewal's look, in status and the metrics
         wait_until(lambda: "0 B free, less than 1.0 MiB" in (spool_state(client) or ""),

@@ -339,16 +339,13 @@ class StoreCore:
         self.check_server()
 
     def check_server(self, role: Role | None = None, queues: Iterable[str] = ()) -> None:
-        """Once per store: refuse a server older than MIN_REDIS_VERSION with a clear error
-        (INFO server), rather than failing at the first reserve; and, once per ``role``
-        (blueque.acl), a user that may not run what it runs (PermissionRefused), before it
-        writes anything, where Redis can say (store.permissions)."""
+        """Once per store: refuse a server older than MIN_REDIS_VERSION (INFO server); once
+        per ``role``, a user that may not run what it runs (store.permissions: ACL DRYRUN)."""
         if not self._server_checked:
             try:
-                info = self.redis.info("server")
+                check_version(self.redis.info("server"), self.where)
             except redis.exceptions.RedisError as error:
                 raise translate(error, self.where) from error
-            check_version(info, self.where)
             self._server_checked = True
         if role is not None and role not in self._roles_checked:
             check_permissions(self, role, queues)
