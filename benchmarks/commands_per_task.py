@@ -116,8 +116,11 @@ WHY: dict[tuple[str, str], str] = {
                          "blueque_listeners_seen_[queue]; with EXPIRE of it and of the "
                          "listener's counts (6, step 2)",
     ("blueque", "TIME"): "Redis' clock, measured once a minute (clock.py)",
-    ("blueque", "INFO"): "the eviction policy, checked every few minutes (eviction.py)",
-    ("blueque", "CONFIG"): "the eviction policy, checked every few minutes (eviction.py)",
+    ("blueque", "INFO"): "the eviction policy, where CONFIG is refused; and the server check",
+    ("blueque", "CONFIG"): "the eviction policy, read after each lease renewal (a CONFIG SET "
+                           "to an evicting one is said: eviction.PolicyWatch)",
+    ("blueque", "HLEN"): "renewal of a listener with no run: the node's runs hash is read, "
+                         "not written (6, step 2)",
     ("blueque", "SMEMBERS"): "the ended task's dependents (5.21), pipelined with the ending; "
                              "and the recovery sweep's listeners of a queue (6)",
     ("blueque", "ZRANGE"): "recovery sweep: the queue's leases (6)",
