@@ -124,7 +124,7 @@ def test_a_spool_that_fills_up_later_is_said_once_and_tried_until_it_takes_the_e
         assert log.count("is held in memory only") == 1, log
         filler.unlink()
         wait_until(lambda: (spool / f"1-{task_id}.json").exists(), what="the ending spooled")
-        assert "can be written again" in listener.log()
+        wait_until(lambda: "can be written again" in listener.log(), what="the recovery said")
         refusal.free()
         wait_until(lambda: client.get_task(task_id).status == "complete", timeout=30,
                    what="the held ending recorded")
