@@ -36,6 +36,8 @@ from typing import Any
 import redis
 
 from benchmarks import spark_pipeline, venvs
+from blueque.policy import QUEUE_LIMITS
+from blueque.store.errors import load_script
 from blueque.testing import RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -346,17 +348,13 @@ def _drain_jobs(p: Profile, script: Callable[..., Callable[[str], list[str]]]) -
 
 
 # --- redis-benchmark -----------------------------------------------------------------------
-def _lua(name: str) -> str:
-    return importlib.resources.files("blueque").joinpath(f"lua/{name}.lua").read_text("utf-8")
-
-
 def redis_benchmark(server: RedisServer, n: int) -> dict[str, float]:
     """Requests/s of the commands one task's life uses, 50 clients, pipelines of 16."""
     r = redis.Redis.from_url(server.url, decode_responses=True)
     r.flushall()
     r.lpush("bench:ring", *range(1000))
     small = r.script_load("return redis.call('LPUSH', KEYS[1], ARGV[1])")
-    submit = r.script_load(_lua("submit"))
+    submit = r.script_load(load_script("submit"))  # with the libraries it uses
     base = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-n", str(n),
             "-c", "50", "-P", "16", "-r", "100000000", "--csv"]
     commands = {
@@ -365,11 +363,13 @@ def redis_benchmark(server: RedisServer, n: int) -> dict[str, float]:
         "LMOVE": ["LMOVE", "bench:ring", "bench:ring", "RIGHT", "LEFT"],
         "RPOPLPUSH": ["RPOPLPUSH", "bench:ring", "bench:ring"],
         "EVALSHA small": ["EVALSHA", small, "1", "bench:eval", "__rand_int__"],
-        # the real enqueue: a task hash + LPUSH + PUBLISH, as Queue.enqueue sends it
-        "EVALSHA submit.lua": ["EVALSHA", submit, "3", "blueque_task_rb-__rand_int__",
-                               "blueque_pending_tasks_rb", "blueque_queues",
-                               "rb-__rand_int__", "rb", '{"n": 1}', "1795000000.0", "",
-                               "blueque_channel_rb"],
+        # the real enqueue: its queue's size limit read, PUBLISH, a task hash, LPUSH, as
+        # Queue.enqueue sends it (protocol.submit)
+        "EVALSHA submit.lua": ["EVALSHA", submit, "4", "blueque_task_rb-__rand_int__",
+                               "blueque_pending_tasks_rb", "blueque_queue_config_rb",
+                               "blueque_queues", "rb-__rand_int__", "rb", '{"n": 1}',
+                               "1795000000.0", "", "blueque_channel_rb",
+                               str(QUEUE_LIMITS["max_parameters_bytes"])],
     }
     out: dict[str, float] = {}
     for name, args in commands.items():

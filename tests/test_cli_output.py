@@ -30,7 +30,7 @@ import redis
 
 import blueque
 from blueque.cli import EXIT_CLOSED_PIPE
-from blueque.cli.inspecting import CLEAR_SCREEN, _renewal_text
+from blueque.cli.status import CLEAR_SCREEN, _renewal_text
 from blueque.fields import CORRUPT, LISTENER_FIELDS, TASK_FIELDS
 from blueque.keys import Keys
 from blueque.testing import RedisServer

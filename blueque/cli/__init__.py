@@ -1,10 +1,10 @@
 """The ``blueque`` command: the listener daemon, the scheduler, and operator tools.
 
 Each subcommand is a short function over library calls, with its arguments beside it in the
-module of its group: ``inspecting`` (status, tasks, show, logs), ``changing`` (enqueue,
-cancel, preempt, retry, purge, configure, forget-queue), ``wait``, ``listen`` and ``daemons``
-(scheduler, metrics, dashboard, demo). Readable tables for people; ``--json`` for scripts.
-Exit codes: see EXIT_CODES (also in ``blueque --help`` and README.md).
+module of its group: ``inspecting`` (status, whose code is ``status``'s; tasks, show, logs),
+``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue), ``wait``,
+``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
+people; ``--json`` for scripts. Exit codes: see EXIT_CODES (also in ``blueque --help`` and README.md).
 """
 
 from __future__ import annotations
