@@ -4,7 +4,8 @@ Each subcommand is a short function over library calls, with its arguments besid
 module of its group: ``inspecting`` (status, whose code is ``status``'s; tasks, show, logs),
 ``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue), ``wait``,
 ``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
-people; ``--json`` for scripts. Exit codes: see EXIT_CODES (also in ``blueque --help`` and README.md).
+people; ``--json`` for scripts. Exit codes: see EXIT_CODES (also in ``blueque --help`` and
+README.md).
 """
 
 from __future__ import annotations
