@@ -310,9 +310,13 @@ class Recovery:
         for listener, entry in sorted(entries.items()):
             if listener not in live and listener not in excluded:
                 self.recover_dead(entry, sweep)
-        found = self.unlisted.dead(swept, view, set(entries) | excluded)
-        for queue, listener, process in found:
-            self.recover_local(queue, listener, process, sweep)
+        for queue, listener, process, lives in self.unlisted.found(swept, view,
+                                                                  set(entries) | excluded):
+            if lives:  # its node's sweeps know it from now on (1.0.1, an earlier Blueque)
+                known = NodeListener(listener, *process, (queue,))
+                self.store.join_node(self.node, listener, known.entry(), NODE_RUNS_TTL)
+            else:
+                self.recover_local(queue, listener, process, sweep)
         for queue in swept:
             self.recover_expired(queue, report, self.watch.expired(queue, excluded))
             # waiting tasks whose parents' endings nobody told (PROTOCOL.md 5.21)

@@ -3,7 +3,9 @@ blueque 1.0.1's, which write no entry, no lease and no info (only a member of th
 set, on this node when its id names this host), and an earlier Blueque's. A sweeper finds the
 dead ones without reading the fleet at every sweep: it reads a queue's whole set once, at its
 first sweep, and afterwards one SSCAN page a sweep, only while the set has members without a
-lease."""
+lease. A live one it finds gets an entry among its node's listeners: from then on its node's
+sweeps judge it by its pid, as they judge their own.
+"""
 
 from __future__ import annotations
 
@@ -35,12 +37,13 @@ class Unlisted:
     #: queue -> SSCAN cursor through its set
     cursors: dict[str, int] = field(default_factory=dict)
 
-    def dead(self, queues: list[str], view: NodeView, known: Iterable[str]
-             ) -> list[tuple[str, str, tuple[int, float | None]]]:
-        """The dead listeners of this node among the members read now, but ``known`` ones
-        (its entries, the sweeper): (queue, listener, its pid and create time). The whole set
-        at the first sweep of a queue (also of the queues the node's runs name, ``view``),
-        then a page while the set has more members than leases (``view.members``)."""
+    def found(self, queues: list[str], view: NodeView, known: Iterable[str]
+              ) -> list[tuple[str, str, tuple[int, float | None], bool]]:
+        """The listeners of this node among the members read now, but ``known`` ones (its
+        entries, the sweeper): (queue, listener, its pid and create time, whether it lives).
+        The whole set at the first sweep of a queue (also of the queues the node's runs name,
+        ``view``), then a page while the set has more members than leases
+        (``view.members``)."""
         skip = set(known)
         first = [q for q in [*queues, *sorted(_run_queues(view.runs) - set(queues))]
                  if q not in self.looked]
@@ -60,8 +63,8 @@ class Unlisted:
                     continue
                 local = local_process(listener, self.store.listener_info(listener), self.node,
                                       self.host)
-                if local is not None and not self.alive(*local):
-                    found.append((queue, listener, local))
+                if local is not None:
+                    found.append((queue, listener, local, self.alive(*local)))
         return found
 
 
