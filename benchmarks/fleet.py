@@ -8,8 +8,8 @@ On a private redis-server (never 6379), every listener idle on one queue and on 
 own (``--node-name``), as the issue measured:
 
 - **real listeners**: ``blueque listen`` processes, as many as this machine holds (tens);
-- **a simulated fleet**: 10, 100 and 1,000 listeners in a few worker processes
-  (``--workers``), each listener the daemon's own parts — a ``ListenerStep``
+- **a simulated fleet**: 10, 100 and 1,000 listeners in 4 worker processes, each listener
+  the daemon's own parts — a ``ListenerStep``
   (blueque/daemon/step.py: Membership's registration and one-round-trip renewal, Recovery's
   sweep, the due-task move, the reserve, the node's preemption check) stepped on the daemon's
   cadence (a step every ``--poll`` or when a timer is due, as its loop wakes), with its real
@@ -25,10 +25,12 @@ round trips of each renewal (``Membership.renew``) and each sweep (``Recovery.sw
 how many of the renewals and sweeps the cadence asked for they did (``cadence``: a
 worker that cannot keep up would make the fleet look cheaper than it is; it is printed).
 
-Then, while a simulated fleet of ``--views-listeners`` listeners over ``--views-queues``
-queues renews and sweeps, the views' section: ``benchmarks.fleet_views.measure`` (issue 29,
-point 3: status, dashboard and Prometheus with such a fleet; another module, skipped with a
-note while it is absent). It asserts nothing about speed; tests/test_benchmarks.py runs the
+Beside the biggest simulated fleet, 10 blueque 1.0.1 listeners (members of the queue's set
+with no lease, which every sweep must then page through), and what reading that set whole
+would cost instead. Then, while a simulated fleet of 1,000 listeners over 50 queues renews and
+sweeps, the views' section: ``benchmarks.fleet_views.measure`` (issue 29, point 3: status,
+dashboard and Prometheus with such a fleet; another module, skipped with a note while it is
+absent). It asserts nothing about speed; tests/test_benchmarks.py runs the
 smoke mode and tests/test_node_sweep.py asserts the counts (round trips per sweep, commands
 per renewal).
 """
@@ -57,9 +59,9 @@ from types import FrameType
 from typing import Any
 
 import redis
-import redis.connection
 
 import blueque
+from benchmarks.wait_round_trips import counting
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.step import ListenerStep
 from blueque.task import Task
@@ -220,41 +222,26 @@ class Counts:
     def __init__(self) -> None:
         self.steps = self.renewals = self.sweeps = 0
         self.renewal_trips = self.sweep_trips = 0
-        self.asked_steps = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dict(vars(self))
 
 
-class Tripwire:
-    """Counts the requests this thread sends (one per packed send: a pipeline is one) while
-    an operation named by ``during`` runs."""
-
-    def __init__(self, thread: threading.Thread) -> None:
-        self.thread = thread
-        self.sent = 0
-        original = redis.connection.AbstractConnection.send_packed_command
-
-        def send(connection: Any, command: Any, check_health: bool = True) -> None:
-            if threading.current_thread() is thread:
-                self.sent += 1
-            original(connection, command, check_health)
-
-        redis.connection.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
-
-    def counted(self, action: Callable[..., Any], add: Callable[[int], None]
-                ) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            before = self.sent
-            try:
-                return action(*args, **kwargs)
-            finally:
-                add(self.sent - before)
-        return call
+def counted(action: Callable[..., Any], sent: list[int], add: Callable[[int], None]
+            ) -> Callable[..., Any]:
+    """``action``, calling ``add`` with the requests it sent (``sent``: the running count of
+    benchmarks.wait_round_trips.counting, in the loop's thread)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        before = sent[0]
+        try:
+            return action(*args, **kwargs)
+        finally:
+            add(sent[0] - before)
+    return call
 
 
 def simulated_listener(url: str, name: str, queues: dict[str, int], p: Profile,
-                       spool: Path, counts: Counts, wire: Tripwire) -> ListenerStep:
+                       spool: Path, counts: Counts, sent: list[int]) -> ListenerStep:
     """One listener daemon's parts on a node of its own (its id ``[name]_[worker pid]``),
     its renewal and sweep counted."""
     step = ListenerStep(blueque.Client(url), ListenerOptions(
@@ -268,8 +255,8 @@ def simulated_listener(url: str, name: str, queues: dict[str, int], p: Profile,
         counts.sweeps += 1
         counts.sweep_trips += trips
 
-    step.membership.renew = wire.counted(step.membership.renew, renewed)  # type: ignore[method-assign]
-    step.recovery.sweep = wire.counted(step.recovery.sweep, swept)  # type: ignore[method-assign]
+    step.membership.renew = counted(step.membership.renew, sent, renewed)  # type: ignore[method-assign]
+    step.recovery.sweep = counted(step.recovery.sweep, sent, swept)  # type: ignore[method-assign]
     return step
 
 
@@ -296,9 +283,7 @@ def run_worker(args: argparse.Namespace) -> int:
     p = replace(PROFILES[args.profile], interval=args.interval, poll=args.poll)
     queues = args.queues.split(",")
     counts = Counts()
-    wire = Tripwire(threading.current_thread())
-    stop = threading.Event()
-    report = threading.Event()
+    stop, report = threading.Event(), threading.Event()
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -309,41 +294,55 @@ def run_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGUSR1, on_usr1)
     spool = Path(tempfile.mkdtemp(prefix="fleet-spool-"))
-    steps = [simulated_listener(args.url, f"sim-{i}.fleet", {queues[i % len(queues)]: 1}, p,
-                                spool, counts, wire)
-             for i in range(args.first, args.first + args.count)]
-    rng = random.Random(args.first)
-    start = time.monotonic()
-    wakes: list[tuple[float, int]] = []
-    for index, step in enumerate(steps):  # joined over one interval, as a fleet starts
-        at = start + p.interval * index / max(1, len(steps))
-        while time.monotonic() < at and not stop.is_set():
-            time.sleep(min(0.05, at - time.monotonic()))
-        join(step)
-        heapq.heappush(wakes, (time.monotonic() + rng.random() * p.poll, index))
-    with open(args.report, "a", encoding="utf-8") as out:
-        out.write(json.dumps({"joined": len(steps)}) + "\n")
-    while not stop.is_set():
-        if report.is_set():
-            report.clear()
-            with open(args.report, "a", encoding="utf-8") as out:
-                out.write(json.dumps({"at": time.monotonic(), **counts.as_dict()}) + "\n")
-        at, index = heapq.heappop(wakes)
-        wait = at - time.monotonic()
-        if wait > 0:
-            stop.wait(min(wait, 0.2))
-            heapq.heappush(wakes, (at, index))
-            continue
-        step = steps[index]
-        counts.steps += 1
-        current = step.clock()
-        step._step(current)  # one step of the daemon's loop, as run_once makes it
-        heapq.heappush(wakes, (next_wake(step, current), index))
+    with counting(threading.current_thread()) as sent:
+        steps = [simulated_listener(args.url, f"sim-{i}.fleet", {queues[i % len(queues)]: 1},
+                                    p, spool, counts, sent)
+                 for i in range(args.first, args.first + args.count)]
+        wakes = join_all(steps, p, random.Random(args.first), stop)
+        with open(args.report, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"joined": len(steps)}) + "\n")
+        while not stop.is_set():
+            if report.is_set():
+                report.clear()
+                with open(args.report, "a", encoding="utf-8") as out:
+                    out.write(json.dumps({"at": time.monotonic(), **counts.as_dict()}) + "\n")
+            step_next(steps, wakes, stop, counts)
     for step in steps:
         with contextlib.suppress(Exception):
             step.membership.release()
             step.wakeup.close()
     return 0
+
+
+def join_all(steps: list[ListenerStep], p: Profile, rng: random.Random,
+             stop: threading.Event) -> list[tuple[float, int]]:
+    """Join the listeners spread over one interval, as a fleet's listeners start; each first
+    wakes within a poll after it joined. Returns the wake-ups (a heap: when, which)."""
+    start = time.monotonic()
+    wakes: list[tuple[float, int]] = []
+    for index, step in enumerate(steps):
+        at = start + p.interval * index / max(1, len(steps))
+        while time.monotonic() < at and not stop.is_set():
+            time.sleep(min(0.05, at - time.monotonic()))
+        join(step)
+        heapq.heappush(wakes, (time.monotonic() + rng.random() * p.poll, index))
+    return wakes
+
+
+def step_next(steps: list[ListenerStep], wakes: list[tuple[float, int]],
+              stop: threading.Event, counts: Counts) -> None:
+    """Step the listener whose loop wakes next (or wait for it, at most 0.2 s)."""
+    at, index = heapq.heappop(wakes)
+    wait = at - time.monotonic()
+    if wait > 0:
+        stop.wait(min(wait, 0.2))
+        heapq.heappush(wakes, (at, index))
+        return
+    step = steps[index]
+    counts.steps += 1
+    current = step.clock()
+    step._step(current)  # one step of the daemon's loop, as run_once makes it
+    heapq.heappush(wakes, (next_wake(step, current), index))
 
 
 # --- the simulated fleet: its parent ---------------------------------------------------------
