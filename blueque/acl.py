@@ -49,7 +49,7 @@ LISTENING = ("subscribe", "unsubscribe")
 #: (Not CONFIG GET: the memory policy is read from INFO where CONFIG is refused, as managed
 #: services do; a user that has it saves that second look.)
 READS = ("exists", "type", "get", "hget", "hmget", "hgetall", "hlen", "hexists",
-         "llen", "lrange", "lindex", "lpos", "scard", "smembers", "sismember", "zcard",
+         "llen", "lrange", "lindex", "lpos", "scard", "smembers", "sscan", "sismember", "zcard",
          "zrange", "zrevrange", "zrangebyscore", "zscore", "zcount", "zrank", "xrange",
          "xrevrange")
 #: Commands sent outside scripts by the roles that change tasks.
@@ -121,7 +121,8 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "lrange": ("K", "0", "-1"), "lindex": ("K", "0"), "lpos": ("K", "x"),
     "lpush": ("K", "x"), "rpush": ("K", "x"), "lrem": ("K", "0", "x"), "lset": ("K", "0", "x"),
     "lmove": ("K", "K", "RIGHT", "LEFT"), "blmove": ("K", "K", "RIGHT", "LEFT", "1"),
-    "scard": ("K",), "smembers": ("K",), "sismember": ("K", "x"), "sadd": ("K", "x"),
+    "scard": ("K",), "smembers": ("K",), "sscan": ("K", "0"), "sismember": ("K", "x"),
+    "sadd": ("K", "x"),
     "srem": ("K", "x"), "zcard": ("K",), "zrange": ("K", "0", "-1"),
     "zrevrange": ("K", "0", "-1"), "zrangebyscore": ("K", "0", "1"), "zscore": ("K", "x"),
     "zcount": ("K", "0", "1"), "zrank": ("K", "x"), "zadd": ("K", "0", "x"),

@@ -225,7 +225,8 @@ class Client:
 
     def listeners(self, queues: Sequence[str] | None = None) -> list[ListenerStatus]:
         """Every listener of every queue in blueque_queues (or of ``queues``): one record per
-        listener and queue, by queue then listener id. Reads each queue's
+        listener and queue, by queue then listener id; not those that left (``left`` in their
+        info: they exited and left their runs to the node, PROTOCOL.md 3.3). Reads each queue's
         blueque_listeners_[queue] and blueque_leases_[queue] and, in one pipeline, every
         listener's blueque_listener_[id]."""
         store = self.store
@@ -240,6 +241,8 @@ class Client:
         records = []
         for queue, listener, deadline in found:
             info = infos[listener]
+            if info.get("left"):  # gone: its runs are the node's (adopted, or waiting to be)
+                continue
             renewed = field_float(info.get("renewed") or info.get("started"))
             records.append(ListenerStatus(
                 listener=listener, queue=queue, lease_deadline_ms=deadline,

@@ -69,9 +69,9 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "renewal_seconds": "number",
     "exclusive": "int",
     "preempting_until": "time",
-    "adopted_by": "text",
     "task_memory": "json",
     "spool_error": "text",
+    "left": "time",
 }
 
 #: A task's times, which people read as dates (`blueque show`, the dashboard's task page).

@@ -25,6 +25,10 @@ FINISHED_MINUTE_TTL = 7200
 FINISHED_HOUR_TTL = 691200
 #: Seconds a listener's run counters (and its place in listeners_seen) outlive its last run.
 LISTENER_COUNTS_TTL = 604800
+#: Seconds a node's records (blueque_node_[node], blueque_listeners_on_[node]) outlive their
+#: last write: a run orphaned on a node where no listener or scheduler runs for longer is no
+#: longer found (PROTOCOL.md, "Node identity").
+NODE_RUNS_TTL = 7 * 24 * 3600
 
 
 #: What a queue name that `blueque listen` can serve may not contain (PROTOCOL.md §2): `:`
@@ -144,6 +148,12 @@ class Keys:
         """Hash: pid -> the task run a listener of node identity ``node`` forked (JSON)."""
         return _key("node", node)
 
+    def node_listeners(self, node: str) -> str:
+        """Hash: listener id -> its pid, create time and queues (JSON), for every listener
+        daemon of node identity ``node``: how a sweep finds its node's listeners without
+        reading every listener's info (PROTOCOL.md 6, "Recovery sweep")."""
+        return _key("listeners_on", node)
+
     def queue_config(self, queue: str) -> str:
         """Hash of a queue's defaults (max_attempts, backoff, time_limit, result_ttl)."""
         return _key("queue_config", self._q(queue))
@@ -251,6 +261,7 @@ KEY_BUILDERS = (
     "listener_info",
     "write_probe",
     "node_runs",
+    "node_listeners",
     "queue_config",
     "cron",
     "finished_per_minute",

@@ -63,9 +63,15 @@ class LeaseWatch:
         self._last_sweep: float | None = None
         #: when this sweeper last saw Redis come back (local clock); None: never interrupted
         self._back_since: float | None = None
-        #: (queue, listener) -> when this sweeper last saw its lease live (local clock)
-        self._seen: dict[tuple[str, str], float] = {}
+        #: queue -> when its leases were last read (local clock), and each lapsed lease then
+        #: with when this sweeper last saw it live (None: never). A lease is seen live at a
+        #: read that does not find it lapsed: only lapsed leases are read, whatever the fleet
+        self._lapsed_at: dict[str, tuple[float, dict[str, float | None]]] = {}
+        #: when leases were last read, of any queue (local clock)
+        self._read_at: float | None = None
         self._server_start = 0.0
+        #: the server's clock at the start of the sweep (Unix s): leases lapsed by then
+        self._server_now = 0.0
         #: listener -> its lease in s, for the listeners the latest ``expired`` judged dead
         self._judged: dict[str, float] = {}
         self._judged_at = 0.0
@@ -74,7 +80,7 @@ class LeaseWatch:
 
     def begin(self) -> None:
         """At the start of a sweep: notice a restart, an outage or a stall."""
-        run_id, self._server_start = self.store.server_run()
+        run_id, self._server_start, self._server_now = self.store.server_run()
         current = self.clock()
         if self.health.disruptions != self._disruptions:
             interrupted = "Redis was unavailable"
@@ -87,8 +93,8 @@ class LeaseWatch:
             interrupted = ""
         self._run_id, self._disruptions = run_id, self.health.disruptions
         if interrupted:
-            if self._back_since is None or any(seen >= self._back_since
-                                               for seen in self._seen.values()):
+            if self._back_since is None or (self._read_at is not None
+                                            and self._read_at >= self._back_since):
                 log.warning("%s: no listener is taken for dead by its lease until it had time "
                             "to renew", interrupted)
             self._back_since = current
@@ -98,23 +104,27 @@ class LeaseWatch:
 
     def expired(self, queue: str, exclude: Iterable[str] = ()) -> list[str]:
         """Listeners of ``queue`` whose lease ran out while Redis was reachable (never one
-        of ``exclude``: the sweeper itself)."""
-        leases = self.store.leases(queue)
-        server_now = self.store.server_time()
+        of ``exclude``: the sweeper itself). Reads the leases lapsed by the server's clock
+        at the sweep's start (ZRANGEBYSCORE), never the live ones: a lease not found lapsed
+        at a read was live then (or not there yet: it was live after), which is all the
+        rules ask of "seen live"."""
+        lapsed = self.store.lapsed_leases(queue, self._server_now * 1000)
+        server_now = self._server_now
         current, skip = self.clock(), set(exclude)  # after the read: it may be the stalled one
         found, self._judged, self._judged_at, self._lapsed = [], {}, current, {}
-        for listener, deadline_ms in leases.items():
-            deadline = deadline_ms / 1000
-            if deadline > server_now:
-                self._seen[(queue, listener)] = current
-                continue
+        before = self._lapsed_at.get(queue)
+        seen_now: dict[str, float | None] = {}
+        for listener, deadline_ms in lapsed.items():
+            # live at the previous read unless lapsed already then (no previous read: unknown)
+            seen = None if before is None else before[1].get(listener, before[0])
+            seen_now[listener] = seen
             if listener in skip:
                 continue
+            deadline = deadline_ms / 1000
             lease = self._lease(listener)
             grace = max(self.lease_s, lease, RECONNECT_GRACE)
             if deadline <= self._server_start and server_now < self._server_start + grace:
                 continue  # it lapsed before this server even started: time to renew first
-            seen = self._seen.get((queue, listener))
             if not self._after(seen, self._back_since, grace, current):
                 continue  # Redis was away: not seen live since, nor the grace passed
             if not self._after(seen, self._gap_end(lease), lease, current):
@@ -122,7 +132,8 @@ class LeaseWatch:
             found.append(listener)
             self._judged[listener] = lease
             self._lapsed[listener] = server_now - deadline
-        self._forget(queue, leases)
+        self._lapsed_at[queue] = (current, seen_now)
+        self._read_at = current
         return found
 
     def still_dead(self, listener: str) -> bool:
@@ -154,10 +165,6 @@ class LeaseWatch:
         """When the latest gap longer than GAP of ``lease`` ended."""
         gap = self.health.last_gap(GAP * lease)
         return None if gap is None else gap.end
-
-    def _forget(self, queue: str, leases: dict[str, float]) -> None:
-        for key in [key for key in self._seen if key[0] == queue and key[1] not in leases]:
-            del self._seen[key]
 
     def _lease(self, listener: str) -> float:
         """The listener's lease (2 of its intervals), else the sweeper's own."""

@@ -11,8 +11,10 @@ when their node identities are equal (PROTOCOL.md, "Node identity").
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
+from dataclasses import dataclass
 from functools import lru_cache
 
 import psutil
@@ -91,4 +93,52 @@ def local_process(listener: str, info: dict[str, str], node: str, host: str
         return None
     return pid, created
 
+
+
+
+@dataclass(frozen=True)
+class NodeListener:
+    """A listener daemon as its node knows it: its entry in blueque_listeners_on_[node
+    identity] (PROTOCOL.md §2), its process (pid and create time, so a reused pid is not
+    taken for it) and the queues it serves. A sweep reads its node's entries in one command
+    and judges each by its process: no read of any other node's listener."""
+
+    id: str
+    pid: int
+    created: float | None
+    queues: tuple[str, ...]
+
+    def entry(self) -> str:
+        """Its value in the node's hash (JSON)."""
+        return json.dumps({"pid": self.pid, "created": self.created,
+                           "queues": list(self.queues)})
+
+    def serves(self, queue: str) -> bool:
+        return queue in self.queues
+
+    def with_queue(self, queue: str) -> NodeListener:
+        """The entry with ``queue`` among its queues too."""
+        return self if queue in self.queues else NodeListener(
+            self.id, self.pid, self.created, (*self.queues, queue))
+
+    @classmethod
+    def of(cls, listener: str, raw: str) -> NodeListener | None:
+        """The entry as written (None if it cannot be read: an entry that tells nothing)."""
+        try:
+            entry = json.loads(raw)
+            pid, queues = entry["pid"], entry["queues"]
+            created = entry.get("created")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if (not isinstance(pid, int) or not isinstance(queues, list)
+                or not all(isinstance(q, str) for q in queues)):
+            return None
+        return cls(listener, pid, float(created) if isinstance(created, int | float) else None,
+                   tuple(queues))
+
+    @classmethod
+    def all_of(cls, entries: dict[str, str]) -> dict[str, NodeListener]:
+        """Every readable entry of a node's hash, by listener id."""
+        found = (cls.of(listener, raw) for listener, raw in entries.items())
+        return {entry.id: entry for entry in found if entry is not None}
 

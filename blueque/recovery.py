@@ -16,7 +16,6 @@ their cancel or time limit, fenced runs stopped) are signalled by ``blueque.orph
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -24,18 +23,20 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from blueque import dependencies
+from blueque.adoption import LocalListeners, adoption_line, claimed, place, run_record
 from blueque.endings import decide, describe_exit
 from blueque.fencing import unstarted_verdict
+from blueque.keys import NODE_RUNS_TTL
 from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
-from blueque.node import hostname, local_process, node_identity
+from blueque.node import NodeListener, hostname, node_identity
 from blueque.orphaned_runs import OrphanedRuns
 from blueque.policy import Policy, field_float
 from blueque.process import process_alive, signal_group
 from blueque.statuses import STARTED, Verdict, VerdictKind
 from blueque.store import RedisStore
+from blueque.unlisted import Unlisted
 
 log = logging.getLogger("blueque.recovery")
-
 
 @dataclass
 class RecoveryReport:
@@ -48,6 +49,12 @@ class RecoveryReport:
     #: live runs of dead listeners that the sweep's ``adopter`` holds: task id -> (pid,
     #: create time); they occupy the adopter's slots until they end
     adopted_runs: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    #: live runs of dead listeners the sweep adopted that no live listener of the node
+    #: serving their queue counts yet: they count against that queue's capacity on the node
+    #: (the next listener of the queue counts them from its first sweep), not against the
+    #: sweeper's slots; in its care meanwhile (its sweeps carry their lease, its drain waits
+    #: for them, its terminate and its node's preemption stop them)
+    carried_runs: dict[str, tuple[int, float | None]] = field(default_factory=dict)
     #: fenced runs of dead listeners whose process group was signalled
     stopped_runs: int = 0
     #: those of them still alive: pid -> create time; until they are gone they occupy a slot
@@ -94,6 +101,11 @@ class Recovery:
         self.runs = OrphanedRuns(store, self.host, self.node, alive, kill)
         #: judges leases; its own stalls by ``watch_ms`` (two of its sweeps), else its lease
         self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
+        #: the dead listeners of this node that wrote no entry (blueque 1.0.1's)
+        self.unlisted = Unlisted(store, self.host, self.node, alive)
+        #: task id -> who counts it, as its adoption was last logged ("": its queue's
+        #: capacity on the node, no listener of it being up)
+        self._told: dict[str, str] = {}
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool, exclusive: bool = False
@@ -195,62 +207,81 @@ class Recovery:
         return any(Policy.resolve(data, config).exclusive == 1
                    for data in self.store.task_data_many(ids))
 
-    def recover_local(self, queue: str, report: RecoveryReport, exclude: Iterable[str] = (),
-                      adopter: str | None = None) -> None:
-        """Dead listeners on this node (mode "host"). Their processes that still run are
-        adopted: the dead listener's lease is renewed for them (so no other node recovers
-        them) and they record their own outcome; if one dies unreported, a later sweep sees
-        its pid gone and applies the retry policy. A listener sweeping (``adopter``: its
-        id) claims them in the dead listener's info (``adopted_by``) unless another live
-        listener did: the claimed runs occupy its slots (``report.adopted_runs``)."""
-        skip = set(exclude)
-        for listener in sorted(self.store.listener_ids(queue)):
-            if listener in skip:
-                continue
-            info = self.store.listener_info(listener)
-            local = local_process(listener, info, self.node, self.host)
-            if local is None:  # another node (or one we cannot tell): its lease decides
-                continue
-            created = local[1]
-            if self._alive(*local):
-                continue
-            verdicts, live = self._verdicts(
-                queue, listener, f"listener {listener} died", adopt=True
-            )
-            if verdicts or not live:
-                counts = self.store.recover(
-                    queue, listener, verdicts, self.store.now(), mode="host", release=not live
-                )
-                if counts == [-1]:
-                    continue
-                report.add(counts)
-                report.listeners.append(listener)
-                log.warning(
-                    "recovered dead listener %s on queue %s: %d requeued, %d retried, "
-                    "%s, %d still running", listener, queue, *counts[:2], ended_text(counts),
-                    len(live),
-                )
-            if live:
-                report.adopted += len(live)
-                self.store.lease(queue, listener, self.lease_ms, "register")
-                # outlive the info's TTL: a reused pid stays told apart, and the node identity
-                # (written for a 1.0.1 listener too) keeps later sweeps judging it on this node
-                kept = {"node": self.node, "pid": str(local[0])}
-                if created is not None:
-                    kept["pid_created"] = repr(created)
-                if adopter is not None and self._may_claim(info.get("adopted_by"), adopter):
-                    kept["adopted_by"] = adopter
-                    report.adopted_runs.update(live)
-                self.store.write_listener_info(listener, kept, self.lease_ms // 1000 + 1)
+    def recover_dead(self, listener: NodeListener, sweep: NodeSweep) -> None:
+        """A dead listener of this node, known by its entry (pid and create time, queues):
+        recovered on each of its queues (``recover_local``); its entry goes once nothing of
+        it runs any more."""
+        info = self.store.listener_info(listener.id)
+        held = [self.recover_local(queue, listener.id, (listener.pid, listener.created), sweep,
+                                   info) for queue in listener.queues]
+        if not any(held):
+            self.store.leave_node(self.node, listener.id)
 
-    def _may_claim(self, holder: str | None, adopter: str) -> bool:
-        """Adopted runs count against one listener's slots: the first to claim them, for as
-        long as it lives (two claiming at once both count them until the next sweep)."""
-        if not holder or holder == adopter:
-            return True
-        info = self.store.listener_info(holder)  # a live listener daemon always has its info
-        local = local_process(holder, info, self.node, self.host) if info else None
-        return local is None or not self._alive(*local)
+    def recover_local(self, queue: str, listener: str, process: tuple[int, float | None],
+                      sweep: NodeSweep, info: dict[str, str] | None = None) -> bool:
+        """A dead listener on this node (mode "host"; ``process``: its pid and create time,
+        gone). Its processes that still run are adopted: its lease is renewed for them (so no
+        other node recovers them) and they record their own outcome; if one dies unreported,
+        a later sweep sees its pid gone and applies the retry policy. Each adopted run
+        occupies the slots of one live listener of the node that serves its queue
+        (``place``). Returns whether runs of it still run on ``queue``."""
+        report = sweep.report
+        verdicts, live = self._verdicts(queue, listener, f"listener {listener} died", adopt=True)
+        if verdicts or not live:
+            counts = self.store.recover(
+                queue, listener, verdicts, self.store.now(), mode="host", release=not live
+            )
+            if counts == [-1]:
+                return False
+            report.add(counts)
+            report.listeners.append(listener)
+            log.warning(
+                "recovered dead listener %s on queue %s: %d requeued, %d retried, "
+                "%s, %d still running", listener, queue, *counts[:2], ended_text(counts),
+                len(live),
+            )
+        if not live:
+            return False
+        report.adopted += len(live)
+        self.store.lease(queue, listener, self.lease_ms, "register")
+        info = self.store.listener_info(listener) if info is None else info
+        # outlive the info's TTL: a reused pid stays told apart, and the node identity
+        # (written for a 1.0.1 listener too) keeps later sweeps judging it on this node;
+        # ``left`` keeps it out of the listeners that status and the dashboard show
+        kept = {"node": self.node, "pid": str(process[0]),
+                "left": info.get("left") or repr(self.store.now())}
+        if process[1] is not None:
+            kept["pid_created"] = repr(process[1])
+        self.store.write_listener_info(listener, kept, self.lease_ms // 1000 + 1)
+        if listener not in sweep.node.entries:  # it wrote none (1.0.1): its node knows it now
+            known = NodeListener(listener, process[0], process[1], (queue,))
+            self.store.join_node(self.node, listener, known.entry(), NODE_RUNS_TTL)
+        for task_id, (pid, created) in live.items():
+            self.place(queue, (listener, *process), task_id, pid, created, sweep)
+        return True
+
+    def place(self, queue: str, dead: tuple[str, int, float | None], task_id: str, pid: int,
+              created: float | None, sweep: NodeSweep) -> None:
+        """Whose slots an adopted run occupies (``blueque.adoption.place``): its claim
+        written when the sweeper takes it, the run put in the report as ours (on our slots)
+        or carried (its queue's capacity on the node), and its adoption logged when that
+        changes."""
+        record = run_record(sweep.runs.get(str(pid)))
+        adopter = sweep.adopter
+        placed = place(queue, record.get("adopted_by") if record else None, adopter,
+                       queue in sweep.serves, sweep.node)
+        if placed.claim and adopter is not None:
+            self.store.claim_run(self.node, pid,
+                                 claimed(record, adopter, task_id, queue, created, dead))
+        if placed.counted and placed.counted == adopter:
+            sweep.report.adopted_runs[task_id] = (pid, created)
+        elif not placed.counted:
+            sweep.report.carried_runs[task_id] = (pid, created)
+        sweep.placed.add(task_id)
+        if self._told.get(task_id) != placed.counted:
+            self._told[task_id] = placed.counted
+            sweeper = f"listener {adopter}" if adopter else f"the sweeper of node {self.node}"
+            log.info("%s", adoption_line(task_id, queue, pid, dead[0], placed.counted, sweeper))
 
     def stop_fenced_runs(self, report: RecoveryReport,
                          runs: dict[str, str] | None = None) -> None:
@@ -264,25 +295,50 @@ class Recovery:
               adopter: str | None = None) -> RecoveryReport:
         """Recover dead listeners of this node first (so their live processes are adopted
         before their lease can expire), then expired leases on ``queues``; then stop the
-        fenced runs of dead listeners of this node."""
+        fenced runs of dead listeners of this node. ``adopter``: the sweeping listener, which
+        serves ``queues``. Its round trips do not grow with the fleet: the node's listeners
+        and runs in one, the lapsed leases of each queue in one more."""
         report = RecoveryReport()
-        excluded, swept = list(exclude), list(queues)
+        excluded, swept = set(exclude), list(queues)
         self.watch.begin()
+        view = self.store.node_view(self.node, swept)
+        entries = NodeListener.all_of(view.listeners)
+        live = frozenset(listener for listener, entry in entries.items()
+                         if self._alive(entry.pid, entry.created))
+        sweep = NodeSweep(report, view.runs, LocalListeners(entries, live), adopter,
+                          frozenset(swept) if adopter is not None else frozenset())
+        for listener, entry in sorted(entries.items()):
+            if listener not in live and listener not in excluded:
+                self.recover_dead(entry, sweep)
+        for queue, listener, process, lives in self.unlisted.found(swept, view,
+                                                                  set(entries) | excluded):
+            if lives:  # its node's sweeps know it from now on (1.0.1, an earlier Blueque)
+                known = NodeListener(listener, *process, (queue,))
+                self.store.join_node(self.node, listener, known.entry(), NODE_RUNS_TTL)
+            else:
+                self.recover_local(queue, listener, process, sweep)
         for queue in swept:
-            self.recover_local(queue, report, excluded, adopter)
             self.recover_expired(queue, report, self.watch.expired(queue, excluded))
             # waiting tasks whose parents' endings nobody told (PROTOCOL.md 5.21)
             self.store.perform(dependencies.settle_waiting, queue, self.store.now())
-        runs = self.store.node_runs(self.node)
-        # runs forked on this node for queues the sweeper does not serve (a listener
-        # restarted with fewer queues): adopt them too, or their lease lapses and a node
-        # serving that queue runs them again beside the live process
-        for queue in sorted(_run_queues(runs) - set(swept)):
-            self.recover_local(queue, report, excluded, adopter)
-        self.stop_fenced_runs(report, runs)
+        self.stop_fenced_runs(report, view.runs)
         self.runs.step()
         self.watch.end()
+        self._told = {task: told for task, told in self._told.items() if task in sweep.placed}
         return report
+
+
+@dataclass
+class NodeSweep:
+    """What one sweep knows of its node and fills in as it goes."""
+
+    report: RecoveryReport
+    runs: dict[str, str]  # the node's run records (blueque_node_[node]), as read at its start
+    node: LocalListeners
+    adopter: str | None  # the sweeping listener (None: a scheduler)
+    serves: frozenset[str]  # the queues the adopter serves
+    #: the adopted runs it placed (task ids)
+    placed: set[str] = field(default_factory=set)
 
 
 def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], why: str,
@@ -300,16 +356,3 @@ def started_verdict(task_id: str, data: dict[str, str], config: dict[str, str], 
                               "preempted" if ending.outcome == "preempted" else
                               "cancelled" if ending.cancelled else "failed")
     return Verdict(task_id, attempts, verdict, ending.eta, ending.text)
-
-
-def _run_queues(runs: dict[str, str]) -> set[str]:
-    """The queues named in a node's run records (unreadable entries are skipped)."""
-    queues = set()
-    for raw in runs.values():
-        try:
-            queue = json.loads(raw).get("queue")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(queue, str) and queue:
-            queues.add(queue)
-    return queues

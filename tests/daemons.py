@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -162,6 +163,16 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def adopted_by(client: Any, task_id: str) -> str:
+    """The listener whose slots the live run of ``task_id`` occupies once its own listener
+    died, as the run's record on its node says (PROTOCOL.md 6, "Recovery sweep"); "" when
+    none counts it (yet)."""
+    task = client.get_task(task_id)
+    node = client.store.listener_info(task.node or "").get("node")
+    raw = client.store.node_run(node, task.pid) if node and task.pid else None
+    return str(json.loads(raw).get("adopted_by", "")) if raw else ""
 
 
 def subscribed(redis_client: Any, queue: str) -> bool:

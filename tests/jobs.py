@@ -53,6 +53,17 @@ def sleep(task: Task) -> str:
     return "slept"
 
 
+def span(task: Task) -> str:
+    """Marks "start [queue] [task id] [attempt] [time]" and, ``seconds`` later (default 1),
+    "end" likewise: the time is the system's monotonic clock, one for every process of the
+    machine, so that the marks of all runs say how many of a queue ran at each moment."""
+    params = _params(task)
+    _mark(params, f"start {task.queue} {task.id} {task.attempts} {time.monotonic():.6f}")
+    time.sleep(float(params.get("seconds", 1)))
+    _mark(params, f"end {task.queue} {task.id} {task.attempts} {time.monotonic():.6f}")
+    return "spanned"
+
+
 def boom(task: Task) -> str:
     raise RuntimeError(f"boom on {task.parameters}")
 

@@ -99,3 +99,32 @@ def test_the_spark_pipeline_figures_give_each_stage_its_share_of_the_total() -> 
     assert out["enqueue_share"] == 20.0 and out["drain_share"] == 60.0
     assert sum(out[f"{stage}_share"] for stage in STAGES) == 100.0
     assert out["rate"] == 2000 / 40.0  # from the start of the enqueue to the last task done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_fleet_smoke_prints_each_fleet_and_counts_round_trips_alike(tmp_path: Path) -> None:
+    """benchmarks.fleet in its smallest mode: real and simulated fleets each measured, the
+    simulated workers renewed and swept (a sweep's round trips the same at every size:
+    counts, not times), and the views' section run or said skipped."""
+    from benchmarks.fleet import PROFILES, VIEWS_MODULE
+
+    out = tmp_path / "fleet.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "--smoke", "--json",
+                             str(out)], cwd=REPO, capture_output=True, text=True, timeout=580)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    smoke = PROFILES["smoke"]
+    rows = report["rows"]
+    assert [(row["kind"], row["listeners"]) for row in rows] == [
+        *(("real", n) for n in smoke.real), *(("simulated", n) for n in smoke.simulated),
+        ("mixed", max(smoke.simulated))]  # beside 1.0.1 listeners: a page of the set more
+    assert all(row["cost"]["commands"] > 0 and row["cost"]["usec"] > 0 for row in rows)
+    simulated = [row for row in rows if row["kind"] == "simulated"]
+    assert len({row["trips_per_sweep"] for row in simulated}) == 1
+    assert rows[-1]["trips_per_sweep"] == simulated[0]["trips_per_sweep"] + 1  # the page
+    assert {row["trips_per_renewal"] for row in simulated} == {1.0}
+    assert all(row["cadence"] is not None for row in simulated)
+    assert report["views"] or VIEWS_MODULE in report["views_note"]
+    for line in report["targets"]:
+        assert line in result.stdout

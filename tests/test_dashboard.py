@@ -706,6 +706,22 @@ def test_a_listener_whose_record_expired_says_so_on_the_nodes_page(
     assert "slots <b class=\"slots\">0/2</b> busy" in live[: live.index("</article>")]
 
 
+def test_a_listener_that_left_is_on_neither_the_nodes_page_nor_status(
+        client: blueque.Client, dashboard: DashboardProcess) -> None:
+    """A listener that exited leaving its runs to its node (``left`` in its record; its lease
+    and set membership stay for the listener that adopts them) is gone at once (issue 29:
+    it showed as listening while its lease was carried)."""
+    for identity in ("gone-node_4242", "live-node_4343"):
+        Listener("gone", client.store, identity=identity)
+        client.store.lease("gone", identity, 60_000, "register")
+        client.store.write_listener_info(identity, {"concurrency": "1", "busy": "1"}, 60)
+    client.store.write_listener_info("gone-node_4242", {"left": str(time.time())}, 60)
+    _, page = get(dashboard.url + "/nodes")
+    assert 'data-listener="live-node_4343"' in page
+    assert "gone-node_4242" not in page
+    assert [item.listener for item in client.listeners()] == ["live-node_4343"]
+
+
 def test_overview_pages_many_queues(client: blueque.Client, dashboard: DashboardProcess
                                     ) -> None:
     """More queues than a page holds (100): each page reads and draws its own queues only."""

@@ -750,7 +750,7 @@ def test_the_benchmark_commands_parse_as_written() -> None:
     """The full run takes 23 minutes: tests/test_benchmarks.py runs --smoke; here every line
     of the block is accepted by its tool's own parser, as written."""
     lines = [program(line).split() for line in commands(block("Performance").text)]
-    assert len(lines) == 8 and all(words[:2] == ["python", "-m"] for words in lines)
+    assert len(lines) == 9 and all(words[:2] == ["python", "-m"] for words in lines)
     for words in lines:
         done = parses(words)
         assert done.returncode == 0, (words, done.stderr)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import blueque
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, adopted_by, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -213,8 +213,8 @@ def test_forking_runner_waits_for_the_run_it_adopted(  # type: ignore[no-untyped
     dead = client.get_task(running_id).node
     assert dead is not None and listener.stop() == 0  # --on-stop=keep: its task runs on
     runner = spawn([sys.executable, "-c", RUNNER, redis_url])
-    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
-        f"_{runner.pid}") or starts(marker)[waiting_id] > 0, what="the runner adopting")
+    wait_until(lambda: adopted_by(client, running_id).endswith(f"_{runner.pid}")
+               or starts(marker)[waiting_id] > 0, what="the runner adopting")
     assert client.get_task(waiting_id).status == "pending"
     assert starts(marker)[waiting_id] == 0
     release.touch()
@@ -265,8 +265,8 @@ def adopt_one(client: blueque.Client, redis_url: str, spawn, tmp_path: Path,  # 
     assert first.stop() == 0  # keep: the task runs on
     successor = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
                                      "--on-stop", on_stop))
-    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
-        f"_{successor.pid}"), what="the successor adopting the run")
+    wait_until(lambda: adopted_by(client, task_id).endswith(f"_{successor.pid}"),
+               what="the successor adopting the run")
     return task_id, pid, successor, release
 
 
@@ -310,8 +310,10 @@ def test_terminate_stops_the_runs_it_adopted_too(  # type: ignore[no-untyped-def
 def test_a_listener_restarted_with_fewer_queues_still_adopts_the_runs_of_the_others(  # type: ignore[no-untyped-def]
         client: blueque.Client, redis_url: str, spawn, tmp_path: Path) -> None:
     """A redeploy that drops a queue from the listener's list: the run its predecessor left
-    on that queue is still on the node, so the new listener adopts it (and counts it) rather
-    than let its lease lapse and another node serving that queue run it again."""
+    on that queue is still on the node, so the new listener adopts it rather than let its
+    lease lapse and another node serving that queue run it again. It does not count it in
+    its own slots (it serves another queue): the run counts against its queue's capacity on
+    the node, for the next listener of that queue (tests/test_node_capacity.py)."""
     marker, release = tmp_path / "marker", tmp_path / "release"
     task_id = client.get_queue("other").enqueue(json.dumps(
         {"marker": str(marker), "release": str(release)}), max_attempts=2, retry_backoff=0.01)
@@ -322,8 +324,10 @@ def test_a_listener_restarted_with_fewer_queues_still_adopts_the_runs_of_the_oth
     assert pid is not None and dead is not None
     assert first.stop() == 0  # keep
     successor = spawn(listen_command(redis_url, "work", "tests.jobs:hold", *FAST, *node_a))
-    wait_until(lambda: client.store.listener_info(dead).get("adopted_by", "").endswith(
-        f"_{successor.pid}"), what="node A's new listener adopting the run on 'other'")
+    wait_until(lambda: f"task {task_id} of queue other (pid {pid})" in successor.log(),
+               what="node A's new listener adopting the run on 'other'")
+    assert "the next listener of other starts with it counted" in successor.log()
+    assert adopted_by(client, task_id) == ""  # on nobody's slots: no listener of 'other
     spawn(listen_command(redis_url, "other", "tests.jobs:hold", *FAST,
                          "--node-name", "node-b.example"))
     # node B sweeps 'other' every 0.5 s: two lease lengths of sweeps find nothing to recover

@@ -74,10 +74,11 @@ class ListenerDaemon(ListenerStep):
             return True
         if self.on_stop == "terminate":
             self._stop_all("shutdown")
-        # adopted runs occupy our slots too: leaving them would end the renewal of their
-        # lease, and another node would run their tasks again beside them; a sweep empties
-        # slots.adopted once their processes are gone and records them
-        return self.supervisor.done() and not self.slots.adopted
+        # adopted runs occupy our slots too (and the carried ones are in our care): leaving
+        # them would end the renewal of their lease, and another node would run their tasks
+        # again beside them; a sweep empties them once their processes are gone and records
+        # them
+        return self.supervisor.done() and not self.slots.in_care()
 
     def _finish(self) -> None:
         self.keeper.close()  # the lease is the loop's to leave with (release, or keep)
@@ -88,6 +89,7 @@ class ListenerDaemon(ListenerStep):
             if self.supervisor.children:
                 log.info("listener %s exiting; %d task(s) keep running and will be adopted by "
                          "the next listener on this host", self.id, len(self.supervisor.children))
+                self.membership.leave_runs()
                 self._renew()
             elif self.membership.registered:
                 if self.supervisor.recorder.seen:  # our last runs' record, before we go
@@ -107,7 +109,7 @@ class ListenerDaemon(ListenerStep):
         # their own listener is dead, and leaving them unrecorded would let another node's
         # sweep count their stop against an attempt
         return (self.preemption.deadline is not None and self.supervisor.done()
-                and self.busy() == 0)
+                and self.busy() == 0 and not self.slots.carried)
 
 
 def on_stop_here(on_stop: str, listener: str) -> str:

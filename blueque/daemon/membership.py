@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from blueque import failpoints
 from blueque.errors import ConfigurationError
 from blueque.fencing import unstarted_verdict
+from blueque.keys import NODE_RUNS_TTL
 from blueque.metrics import ListenerMetrics
+from blueque.node import NodeListener
 from blueque.policy import field_float
 from blueque.process import create_time, process_alive
 from blueque.recovery import Recovery, RecoveryReport, started_verdict
@@ -128,7 +130,7 @@ class Membership:
         return False
 
     def _held_leases(self) -> dict[str, float]:
-        found = {q: self.store.leases(q).get(self.id) for q in self.weights}
+        found = {q: self.store.lease_deadline(q, self.id) for q in self.weights}
         return {q: deadline for q, deadline in found.items() if deadline is not None}
 
     def register(self, concurrency: int) -> None:
@@ -146,6 +148,8 @@ class Membership:
         sent = self.clock()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
         self._took(self.clock() - sent, None)  # one round trip: a slow link is said at start
+        # known to our node's sweeps before we hold anything: dead from here on, we are found
+        self.store.join_node(self.node, self.id, self.entry(), NODE_RUNS_TTL)
         for queue in self.weights:
             self._join(queue)
         self.registered = True
@@ -158,7 +162,18 @@ class Membership:
             self.store.lease(queue, self.id, self.lease_ms, "release")
             self.store.remove_listener(queue, self.id)
         self.store.delete_listener_info(self.id)
+        self.store.leave_node(self.node, self.id)
         self.registered = False
+
+    def leave_runs(self) -> None:
+        """We exit, leaving our runs to the node (--on-stop=keep): our next renewal (the last)
+        says when (``left``), which takes us out of what status and the dashboard show at
+        once; our lease, set membership and entry stay for the listener that adopts them."""
+        self.info["left"] = repr(self.store.now())
+
+    def entry(self) -> str:
+        """Our entry among our node's listeners (blueque_listeners_on_[node])."""
+        return NodeListener(self.id, os.getpid(), self.created, tuple(self.weights)).entry()
 
     def renew(self, busy: int, runs: dict[str, str], runs_ttl: int, tasks: list[str],
               metrics: ListenerMetrics | None = None,
@@ -183,14 +198,14 @@ class Membership:
     def renewal(self, busy: int, runs: dict[str, str], runs_ttl: int,
                 tasks: list[str], took: float | None, seen: dict[str, float]) -> NodeRenewal:
         """What one renewal writes (PROTOCOL.md 6, step 2): the leases, the info hash whole
-        (after a pause longer than its TTL it is gone, and recover_local needs pid_created
-        to tell us from a reused pid), the node's runs; and which tasks it reads.
+        (after a pause longer than its TTL it is gone), the node's runs, our entry among the
+        node's listeners (pid_created tells us from a reused pid); and which tasks it reads.
         ``took``: how long the previous renewal took (renewal_seconds)."""
         info = {**self.info, "renewed": repr(self.store.now()), "busy": str(busy)}
         if took is not None:
             info["renewal_seconds"] = f"{took:.3f}"
         return NodeRenewal(self.id, self.node, list(self.weights), self.lease_ms, info,
-                           self._info_ttl(), runs, runs_ttl, tasks, seen)
+                           self._info_ttl(), runs, runs_ttl, tasks, seen, self.entry())
 
     def renewed(self, leases: dict[str, int], metrics: ListenerMetrics | None = None) -> None:
         """After a renewal: a lease that was lost (we were declared dead and recovered) is

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from blueque.keys import NODE_RUNS_TTL
 from blueque.store import RedisStore
 
-#: How long blueque_node_[node] outlives its last write: a run orphaned on a node where no
-#: listener or scheduler runs for longer is no longer found (PROTOCOL.md, "Node identity").
-NODE_RUNS_TTL = 7 * 24 * 3600
+__all__ = ["NODE_RUNS_TTL", "Defaults", "Owner"]
 
 
 class Defaults(dict[str, dict[str, str]]):

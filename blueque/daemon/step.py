@@ -298,7 +298,7 @@ class ListenerStep:
         """SIGTERM the groups still running, our children's and the adopted runs' (then
         SIGKILL after their grace, as for any stop)."""
         self.supervisor.stopper.stop_all(reason)
-        self.recovery.stop_adopted(self.slots.adopted, reason)
+        self.recovery.stop_adopted(self.slots.in_care(), reason)
 
     def _check_preemption(self) -> None:
         """This node goes away: take no more tasks, tell every task process so that it saves

@@ -6,8 +6,9 @@ Multi-key read-modify-write steps are Lua scripts in ``blueque/lua``, registered
 every key passed in through KEYS. Redis errors are translated into Blueque errors here. The
 methods are grouped by role, one module each (redis-py's client is built the same way, from
 its command groups): tasks (create, read, cancel, delete, configure), runs (reserve, stamp,
-start, finish, progress, recover), listeners (leases, listener info, node runs, cron,
-preemption requests) and watch (the dashboard's and metrics' reads, task output), over the
+start, finish, progress, recover), listeners (leases, listener info, cron, preemption
+requests), nodes (a node's runs and listeners) and watch (the dashboard's and metrics' reads,
+task output), over the
 core (connection, retry policy, scripts, the runner of blueque.protocol's operations).
 """
 
@@ -34,6 +35,7 @@ from blueque.store.errors import (
 )
 from blueque.store.health import Health
 from blueque.store.listeners import ListenerOperations, NodeRenewal, RenewalReply
+from blueque.store.nodes import NodeOperations, NodeView
 from blueque.store.runs import RunOperations, Take, Taken
 from blueque.store.subscription import (
     CLOSED_UNDER_US,
@@ -67,6 +69,7 @@ __all__ = [
     "Message",
     "NoRetry",
     "NodeRenewal",
+    "NodeView",
     "QueueCounts",
     "RedisLike",
     "RedisStore",
@@ -88,5 +91,6 @@ __all__ = [
 ]
 
 
-class RedisStore(TaskOperations, RunOperations, ListenerOperations, WatchOperations):
+class RedisStore(TaskOperations, RunOperations, ListenerOperations, NodeOperations,
+                 WatchOperations):
     """Named protocol operations over one Redis connection and one key layout."""

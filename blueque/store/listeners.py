@@ -36,6 +36,9 @@ class NodeRenewal:
     tasks: Sequence[str]
     #: queue -> when our last run recorded since the last renewal ended (PROTOCOL.md 6, 2)
     seen: Mapping[str, float] = dataclass_field(default_factory=dict)
+    #: our entry among the node's listeners (blueque.node.NodeListener), written with its
+    #: expiry (runs_ttl) when given
+    entry: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class RenewalReply:
     def of(cls, renewal: NodeRenewal, replies: Sequence[Any]) -> RenewalReply:
         queues = list(renewal.queues)
         leases = {q: int(r) for q, r in zip(queues, replies, strict=False)}
-        tasks_from = len(queues) + 4
+        tasks_from = len(queues) + 4 + (2 if renewal.entry is not None else 0)
         tasks = [{name: value for name, value in zip(RENEWAL_FIELDS, values, strict=True)
                   if value is not None}
                  for values in replies[tasks_from:tasks_from + len(renewal.tasks)]]
@@ -96,17 +99,39 @@ class ListenerOperations(StoreCore):
         return dict(self.redis.zrange(self.keys.leases(queue), 0, -1, withscores=True))
 
     @translate_errors
-    def server_run(self) -> tuple[str, float]:
-        """(run id, start time by the server clock in Unix s) from INFO server: a Redis
-        restart changes both, even one this client never saw as a lost connection. For a
-        cluster, every master's run ids and the latest start."""
+    def lapsed_leases(self, queue: str, server_ms: float) -> dict[str, float]:
+        """The leases of a queue whose deadline is at or before ``server_ms`` (ZRANGEBYSCORE):
+        listener id -> deadline (server ms). A sweep reads only these, however many
+        listeners renew."""
+        return dict(self.redis.zrangebyscore(self.keys.leases(queue), "-inf", server_ms,
+                                             withscores=True))
+
+    @translate_errors
+    def lease_deadline(self, queue: str, listener_id: str) -> float | None:
+        """ZSCORE blueque_leases_[queue] [listener id]: its lease's deadline, if it has one."""
+        deadline = self.redis.zscore(self.keys.leases(queue), listener_id)
+        return None if deadline is None else float(deadline)
+
+    @translate_errors
+    def scan_listeners(self, queue: str, cursor: int, count: int) -> tuple[int, list[str]]:
+        """SSCAN blueque_listeners_[queue] [cursor] COUNT [count]: the next page of a queue's
+        listener ids, and the cursor of the one after (0: the set was gone through)."""
+        after, ids = self.redis.sscan(self.keys.listeners(queue), cursor, count=count)
+        return int(after), list(ids)
+
+    @translate_errors
+    def server_run(self) -> tuple[str, float, float]:
+        """(run id, start time by the server clock in Unix s, the server clock now) from INFO
+        server and TIME: a Redis restart changes the first two, even one this client never
+        saw as a lost connection. For a cluster, every master's run ids and the latest
+        start."""
         info: dict[str, Any] = self.redis.info("server")
         nodes = [info] if "run_id" in info else [v for v in info.values() if isinstance(v, dict)]
         seconds, micros = self.redis.time()
         clock = float(seconds) + float(micros) / 1e6
         run_ids = sorted(str(node.get("run_id", "")) for node in nodes)
         uptime = min((float(node.get("uptime_in_seconds", 0)) for node in nodes), default=0.0)
-        return ",".join(run_ids), clock - uptime - 1.0  # whole seconds: the earliest start
+        return ",".join(run_ids), clock - uptime - 1.0, clock  # whole s: the earliest start
 
     @translate_errors
     def memory_policy(self) -> MemoryPolicy:
@@ -179,16 +204,6 @@ class ListenerOperations(StoreCore):
         self.redis.delete(self.keys.listener_info(listener_id))
 
     @translate_errors
-    def record_runs(self, node: str, runs: dict[str, str], ttl_s: int) -> None:
-        """HSET blueque_node_[node] pid -> run (JSON); EXPIRE: the node's runs, so that the
-        next listener or scheduler on the node finds those whose listener died."""
-        pipe = self.redis.pipeline(transaction=False)
-        if runs:
-            pipe.hset(self.keys.node_runs(node), mapping=runs)
-        pipe.expire(self.keys.node_runs(node), ttl_s)
-        pipe.execute()
-
-    @translate_errors
     def renew_node(self, renewal: NodeRenewal) -> RenewalReply:
         """A listener's whole lease renewal in one round trip (PROTOCOL.md 6, step 2): its
         leases (lease.lua renew), its info hash and its node's runs, the few fields of its
@@ -225,6 +240,10 @@ class ListenerOperations(StoreCore):
         # with no run to write, HLEN keeps the replies in place
         out.append(pipe.hset(runs, mapping=renewal.runs) if renewal.runs else pipe.hlen(runs))
         out.append(pipe.expire(runs, renewal.runs_ttl))
+        if renewal.entry is not None:  # we stay known to our node's sweeps
+            here = self.keys.node_listeners(renewal.node)
+            out.append(pipe.hset(here, renewal.listener, renewal.entry))
+            out.append(pipe.expire(here, renewal.runs_ttl))
         for task_id in renewal.tasks:
             out.append(pipe.hmget(self.keys.task(task_id), list(RENEWAL_FIELDS)))
         for queue in renewal.queues:
@@ -243,21 +262,6 @@ class ListenerOperations(StoreCore):
         """SET blueque_write_probe_[listener id] 1 PX 1000: raises WritesRefused (or
         RedisUnavailable) while Redis cannot take a write (PROTOCOL.md 6.5)."""
         self.redis.set(self.keys.write_probe(listener_id), "1", px=1000)
-
-    @translate_errors
-    def forget_runs(self, node: str, pids: Sequence[str]) -> None:
-        """HDEL ended runs from blueque_node_[node] (the hash goes with its last field)."""
-        if pids:
-            self.redis.hdel(self.keys.node_runs(node), *pids)
-
-    @translate_errors
-    def node_run(self, node: str, pid: int) -> str | None:
-        """HGET blueque_node_[node] [pid]: the run recorded for that process, if any."""
-        return cast("str | None", self.redis.hget(self.keys.node_runs(node), str(pid)))
-
-    @translate_errors
-    def node_runs(self, node: str) -> dict[str, str]:
-        return cast(dict[str, str], self.redis.hgetall(self.keys.node_runs(node)))
 
     @translate_errors
     def reserved_ids(self, queue: str, listener_id: str) -> list[str]:

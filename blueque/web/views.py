@@ -215,6 +215,9 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
     page = Page(max(1, number_), LISTENERS_PER_PAGE, len(listeners))
     shown = sorted(listeners)[page.start : page.stop + 1]
     for listener, info in zip(shown, store.listener_infos(shown), strict=True):
+        if info.get("left"):  # it exited, leaving its runs to the node: no listener any more
+            del listeners[listener]
+            continue
         entry = listeners[listener]
         entry["info"] = info
         entry["host"] = info.get("host") or listener.rpartition("_")[0]
@@ -234,7 +237,8 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
         expired = [lease["left"] for lease in entry["leases"]
                    if lease["left"] is not None and lease["left"] < 0]
         entry["state"] = "expired" if expired else ("gone" if not info else "alive")
-    return {"listeners": [listeners[listener] for listener in shown], "page": page,
+    return {"listeners": [listeners[listener] for listener in shown if listener in listeners],
+            "page": page,
             "history": listener_history(store, queues, {
                 listener for listener, entry in listeners.items()
                 if entry.get("info", True) and not any(
