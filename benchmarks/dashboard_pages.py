@@ -68,14 +68,16 @@ def fill(client: blueque.Client, queue_name: str, per_state: int, running_count:
 
 
 def give_output(client: blueque.Client, task_id: str, attempts: int = 5) -> None:
-    """The log stream of a task that ran ``attempts`` times, each printing 64 KiB (what the
-    stream keeps of an attempt) in 4 KiB shipments: the heaviest task page there is."""
+    """The output of a task that ran ``attempts`` times, each printing 64 KiB (what Redis
+    keeps of an attempt) in 4 KiB shipments, then ended (its tail moved to the task's output
+    tails): the heaviest task page there is."""
     line = "page 0007: OCR confidence 0.93, 412 words, 3 tables\n"
     chunk = line * (4096 // len(line))
     for attempt in range(1, attempts + 1):
         for n in range(TAIL_BYTES // len(chunk)):
             client.store.append_output(task_id, str(attempt), chunk, (n + 1) * len(chunk))
-        client.store.append_output(task_id, str(attempt), "", TAIL_BYTES, end=True)
+        client.store.end_output(task_id, str(attempt), "", TAIL_BYTES, 7 * 86400 * 1000,
+                                TAIL_BYTES)
 
 
 def start_dashboard(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:

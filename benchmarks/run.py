@@ -194,6 +194,9 @@ def _cost_rows(p: Profile) -> list[Row]:
     small, big = f"{p.scale_small:,}", f"{p.scale_big:,}"
     rows = [Row(f"memory_{kind}.{system}", "6 Redis memory per task", kind, system, "bytes")
             for kind in ("pending", "finished") for system in ("blueque", "original", "rq")]
+    rows += [Row(f"memory_finished_line.{system}", "6 Redis memory per task",
+                 "finished, printed a 100-byte line", system, "bytes")
+             for system in ("blueque", "original")]
     return rows + [Row(f"scale_{op}_{size}.{system}", "7 cost per operation",
                        f"{op} with {text} present", system, "us")
                    for op in ("enqueue", "pickup", "delete") for system in ("blueque", "original")
@@ -304,9 +307,11 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                     script("blueque", bq, "recovery", "--lease", "fastest"),
                     {"recovery_fastest.blueque": "seconds"}, slow=True))
     for system, name in (("blueque", bq), ("original", orig), ("rq", rq)):
+        lines = {} if system == "rq" else {f"memory_finished_line.{system}": "finished_line_bytes"}
         jobs.append(Job("memory", system, "6", script(system, name, "memory", "--n", p.memory_n),
                         {f"memory_pending.{system}": "pending_bytes",
-                         f"memory_finished.{system}": "finished_bytes"}))
+                         f"memory_finished.{system}": "finished_bytes", **lines},
+                        slow=system != "rq"))
     for op in ("enqueue", "pickup", "delete"):
         for system, name in (("blueque", bq), ("original", orig)):
             for size, present in (("small", p.scale_small), ("big", p.scale_big)):
@@ -569,6 +574,8 @@ TARGETS = [
            ratio("drain_redis_cpu_c1_warm.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
     Target("memory per finished task: blueque / original",
            ratio("memory_finished.blueque", "memory_finished.original"), 1.0, True),
+    Target("memory per finished task that printed a line: blueque / original's finished task",
+           ratio("memory_finished_line.blueque", "memory_finished.original"), 2.0, True),
     Target("memory per pending task (bytes): blueque", value_of("memory_pending.blueque"),
            313.0, True, " B"),
     Target("memory per pending task: blueque / original",

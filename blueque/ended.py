@@ -21,7 +21,7 @@ from blueque.protocol import (
     task_data_many,
     task_ids,
 )
-from blueque.statuses import CANCELLED, FAILED, status_of_list
+from blueque.statuses import CANCELLED, FAILED, finish_time, status_of_list
 
 #: How far delete.lua looks from each end of a finished list before a full LREM.
 DELETE_WINDOW = 512
@@ -67,11 +67,11 @@ def retry_failed_tasks(keys: k.Keys, queue: str, clock: Callable[[], float],
 
 # --- finished tasks ---------------------------------------------------------------------------
 def delete(keys: k.Keys, queue: str, task_id: str, state: str) -> Operation[bool]:
-    """DEL the task hash, its output stream and checkpoint, and its entry in the complete,
-    failed or cancelled list (``state``) (delete.lua)."""
+    """DEL the task hash, its output (stream and tails) and checkpoint, and its entry in the
+    complete, failed or cancelled list (``state``) (delete.lua)."""
     return bool((yield Script(
         "delete", [keys.task(task_id), keys.finished(queue, state), keys.task_log(task_id),
-                   keys.checkpoint(task_id)],
+                   keys.checkpoint(task_id), keys.task_output(task_id)],
         [task_id, status_of_list(state), DELETE_WINDOW])))
 
 
@@ -90,8 +90,9 @@ def oldest_finished(keys: k.Keys, queue: str, state: str, count: int
 
 
 def finished_time(data: Mapping[str, str]) -> float:
-    """When a task finished; a corrupt timestamp counts as long ago, so purge gets past it."""
-    return field_float(data.get("finished_at") or data.get("updated")) or 0.0
+    """When a task finished (statuses.finish_time); a corrupt timestamp counts as long ago, so
+    purge gets past it."""
+    return field_float(finish_time(data)) or 0.0
 
 
 def purge(keys: k.Keys, queue: str, state: str, cutoff: float, batch: int = 500

@@ -182,10 +182,17 @@ class Keys:
         return _key("listeners_seen", self._q(queue))
 
     def task_log(self, task_id: str) -> str:
-        """Stream of a task's output: entries {attempt, data, offset[, end]}, the last
-        TAIL_BYTES of each attempt; expires ``keep`` after its last write (or with the task's
-        result TTL once the attempt ended)."""
+        """Stream of a running attempt's output: entries {attempt, data, offset}, its last
+        TAIL_BYTES; they move to task_output when the attempt ends (streams written before
+        issue 29 also hold ended attempts, closed by an entry with ``end``); expires ``keep``
+        after its last write."""
         return _key("task_log", task_id)
+
+    def task_output(self, task_id: str) -> str:
+        """String: the output tails of a task's ended attempts, a JSON object attempt ->
+        [offset, text] (the last TAIL_BYTES of each); expires ``keep`` after the last attempt
+        ended, or with the task's result TTL."""
+        return _key("output", task_id)
 
     def outcome_counts(self, queue: str) -> str:
         """Hash: outcome -> tasks of the queue that ended so, ever (a Prometheus counter)."""
@@ -269,6 +276,7 @@ KEY_BUILDERS = (
     "listener_counts",
     "listeners_seen",
     "task_log",
+    "task_output",
     "outcome_counts",
     "checkpoint",
     "preemption",

@@ -44,6 +44,8 @@ CANCEL_BATCH = 200
 #: to these).
 HISTORY_KEEP = 20
 HISTORY_ERROR_BYTES = 500
+
+
 #: How long a checkpoint is kept after its last save when nothing else ends it first (delete,
 #: purge, result TTL): it bounds the life of one whose task blueque 1.0.1 deleted (its delete
 #: knows no checkpoint key), and is far longer than a task waits between two attempts.

@@ -40,6 +40,15 @@ def state_of(data: Mapping[str, str]) -> str | None:
     return status
 
 
+def finish_time(data: Mapping[str, str]) -> str | None:
+    """When a finished task ended, as its hash says it (PROTOCOL.md 3): ``finished_at``, which
+    Blueque wrote before issue 29, else ``updated``, which the script that ended it wrote then;
+    None for a task that has not finished (or a missing hash)."""
+    if data.get("status") not in FINISHED_STATUSES:
+        return None
+    return data.get("finished_at") or data.get("updated")
+
+
 def status_of_list(state: str) -> str:
     """The status a task in an ended list has: complete, or failed (the cancelled list's
     tasks are failed too)."""

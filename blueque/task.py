@@ -3,9 +3,8 @@ checkpoint (save_checkpoint, checkpoint)."""
 
 from __future__ import annotations
 
-import json
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,7 +19,8 @@ from blueque.errors import (
     WaitTimeout,
     WrongType,
 )
-from blueque.statuses import FINISHED_STATUSES, RESERVED, STARTED, state_of
+from blueque.history import task_history
+from blueque.statuses import FINISHED_STATUSES, RESERVED, STARTED, finish_time, state_of
 from blueque.waiting import WaitResult, drive
 
 if TYPE_CHECKING:
@@ -80,40 +80,6 @@ class CheckpointInfo:
                 f"the checkpoint of task {task_id!r} is corrupt ({fields!r} without its "
                 f"state); delete {k.Keys().checkpoint(task_id)!r}"
             ) from error
-
-
-def readable_history(raw: str | None) -> list[dict[str, Any]]:
-    """The ``history`` field of a task hash (PROTOCOL.md 3.2): a JSON list of how each run
-    ended, oldest first ({attempt, outcome, at, node, pid, started, error, eta, was}). Entries
-    that are not JSON objects are left out, and a field that is not a JSON list reads as no
-    history: a display never fails on it."""
-    try:
-        entries = json.loads(raw) if raw else []
-    except ValueError:
-        return []
-    if not isinstance(entries, list):
-        return []
-    return [entry for entry in entries if isinstance(entry, dict)]
-
-
-def task_history(data: Mapping[str, str]) -> list[dict[str, Any]]:
-    """A task's history (PROTOCOL.md 3.2): its field's entries; a task complete at its first
-    ending has no field (it keeps its hash compact), and its one entry is its fields."""
-    raw = data.get("history")
-    if raw is not None or data.get("status") != "complete" or not data.get("finished_at"):
-        return readable_history(raw)
-    entry = {"attempt": _number(data.get("attempts"), int), "outcome": "complete",
-             "at": _number(data.get("finished_at"), float), "node": data.get("node"),
-             "pid": _number(data.get("pid"), int),
-             "started": _number(data.get("started_at"), float)}
-    return [{key: value for key, value in entry.items() if value is not None}]
-
-
-def _number(raw: str | None, kind: type[int] | type[float]) -> int | float | None:
-    try:
-        return kind(raw) if raw else None
-    except ValueError:
-        return None
 
 
 _UNREAD: Any = object()
@@ -201,7 +167,10 @@ class TaskView:
 
     @property
     def finished_at(self) -> float | None:
-        return _parse(self._id, "finished_at", float, self._get("finished_at"))
+        """When a finished task ended (its ``finished_at``, written before issue 29, else its
+        ``updated``); None while it has not."""
+        field = "finished_at" if self._get("finished_at") else "updated"
+        return _parse(self._id, field, float, finish_time(self._data))
 
     @property
     def progress(self) -> float | None:

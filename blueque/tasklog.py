@@ -4,8 +4,10 @@ The child's stdout and stderr go to the attempt's file (``[dir]/[queue]/[task id
 through a pipe its listener reads (blueque.outputs; the task process itself once its listener
 is gone: blueque.capture), so output is never mixed into the listener's own log. What the file
 gains is shipped to the task's log stream in Redis (``blueque_task_log_[id]``) every
-``interval`` seconds, keeping the last ``tail_bytes`` of each attempt there; that is what
-``blueque logs`` (and ``--follow``, from any machine) and the dashboard read. The file is
+``interval`` seconds while the attempt runs, keeping its last TAIL_BYTES there; when it ends,
+that tail moves to the task's output tails (``blueque_output_[id]``, one string for every
+ended attempt). Those are what ``blueque logs`` (and ``--follow``, from any machine) and the
+dashboard read (blueque.tails). The file is
 capped at ``max_bytes`` (what it holds moves to ``.1``, replacing the one before, and it starts
 again empty); files older than ``keep`` seconds are removed by the listener.
 PROTOCOL.md §5.19 specifies the stream.
@@ -20,12 +22,13 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blueque.errors import BluequeError
+from blueque.tails import parse_tails
 
 if TYPE_CHECKING:
     from blueque.store import RedisStore
@@ -101,9 +104,9 @@ class TaskLogSettings:
 
 class Shipper:
     """Ships an attempt's file to the task's log stream: ``ship()`` sends what is new (its
-    reader calls it every ``interval``), ``ship(end=True)`` the rest and the attempt's end
-    mark. Redis errors are logged and retried at the next shipment, never raised: output is
-    best effort, like progress."""
+    reader calls it every ``interval``), ``ship(end=True)`` ends the attempt's output: its
+    entries and the rest of the file go to the task's output tails. Redis errors are logged
+    and retried at the next shipment, never raised: output is best effort, like progress."""
 
     def __init__(self, store: RedisStore, settings: TaskLogSettings, task_id: str,
                  attempt: int | None, path: Path, ttl_ms: int | None,
@@ -120,8 +123,8 @@ class Shipper:
         self.failed = False  # the last shipment found Redis away or refusing
 
     def ship(self, end: bool = False) -> None:
-        """Send what the file gained; with ``end``, also the attempt's end mark — unless the
-        attempt wrote nothing and nothing was shipped: then the stream is left alone."""
+        """Send what the file gained; with ``end``, end the attempt's output — unless the
+        attempt wrote nothing and nothing was shipped: then Redis is left alone."""
         with self._lock:
             try:
                 self._ship_new(end)
@@ -133,14 +136,15 @@ class Shipper:
     def _ship_new(self, end: bool) -> None:
         try:
             begin, data = self._read_new(whole=not end)
+            if end:
+                self._end(begin, data)
+                return
             start = 0
             while start < len(data):
                 stop = _cut(data, start + CHUNK_BYTES, after=start)
                 self._send(data[start:stop], begin + stop)
                 self.offset = begin + stop  # shipped: only now it counts
                 start = stop
-            if end and (self.offset or self._kept):
-                self._send(b"", self.offset, end=True)
             self.failed = False
         except BluequeError as error:  # the same bytes are read again next time
             self.failed = True
@@ -175,10 +179,23 @@ class Shipper:
             start, data = start + skip, data[skip:]
         return start, data[:_whole(data)] if whole else data
 
-    def _send(self, data: bytes, offset: int, end: bool = False) -> None:
+    def _end(self, begin: int, data: bytes) -> None:
+        """The attempt's entries in the stream and ``data`` (the rest, from ``begin`` in the
+        file) into the task's output tails, in one step (5.19); nothing for an attempt that
+        wrote nothing and shipped nothing."""
+        if data or self.offset or self._kept:
+            self.store.end_output(self.task_id, self.attempt, data.decode("utf-8", "replace"),
+                                  begin + len(data),
+                                  self.ttl_ms or int(self.settings.keep * 1000), TAIL_BYTES)
+        self.offset = begin + len(data)
+        self._kept.clear()
+        self._kept_bytes = 0
+        self.failed = False
+
+    def _send(self, data: bytes, offset: int) -> None:
         entry = self.store.append_output(
             self.task_id, self.attempt, data.decode("utf-8", "replace"), offset,
-            end=end, ttl_ms=self.ttl_ms if end and self.ttl_ms else int(self.settings.keep * 1000),
+            ttl_ms=int(self.settings.keep * 1000),
         )
         # shipped: only now does this chunk count (a failed send is read again next time)
         if data:
@@ -268,15 +285,17 @@ def resumed_shipper(store: RedisStore, settings: TaskLogSettings, queue: str, ta
     """A Shipper that goes on from where another one (the listener's, or the task process's)
     left the attempt in the task's stream: from its last entry's offset, its entries kept
     (the older ones go as it ships: the attempt keeps its last TAIL_BYTES); None when the
-    stream's last entry is the attempt's end mark (nothing more to ship) or it cannot be
-    read."""
+    attempt's output was ended (it is in the task's output tails, or an older stream's last
+    entry is its end mark: nothing more to ship) or cannot be read."""
     try:
-        entries = store.output_after(task_id)
+        tails, entries = store.outputs(task_id)
     except BluequeError as error:
         log.warning("task %s: output tail not shipped: %s", task_id, error)
         return None
-    ours = [(entry, fields) for entry, fields in entries
-            if fields.get("attempt") == str(attempt or 0)]
+    number = str(attempt or 0)
+    if number in parse_tails(tails):
+        return None
+    ours = [(entry, fields) for entry, fields in entries if fields.get("attempt") == number]
     if ours and entries[-1] == ours[-1] and ours[-1][1].get("end") == "1":
         return None
     try:
@@ -293,93 +312,7 @@ def ship_rest(store: RedisStore, settings: TaskLogSettings, queue: str, task_id:
               attempt: int | None, ttl_ms: int | None) -> None:
     """After a task process died without reporting, what its listener had not shipped (its
     own shipments, or the process's once it read its own pipe): what the file holds beyond
-    the stream's last entry, and the attempt's end mark."""
+    the stream's last entry, and the attempt's output ended."""
     shipper = resumed_shipper(store, settings, queue, task_id, attempt, ttl_ms)
     if shipper is not None:
         shipper.ship(end=True)
-
-
-@dataclass
-class Output:
-    """One attempt's output as the task's log stream holds it (its last TAIL_BYTES)."""
-
-    attempt: str
-    text: str
-    last_id: str  # the newest entry read, for following on
-    ended: bool  # the attempt's end mark was read
-    #: set by follow_output when a later attempt began before this one's end mark came
-    superseded_by: str | None = None
-
-
-def read_outputs(store: RedisStore, task_id: str) -> tuple[dict[str, Output], str | None]:
-    """Every attempt's output the task's stream holds (one XRANGE), by attempt number, and
-    the newest attempt: the one of the stream's last entry (None when the stream is empty)."""
-    entries = store.output_after(task_id)
-    if not entries:
-        return {}, None
-    parts: dict[str, list[str]] = {}
-    ended: set[str] = set()
-    for _, fields in entries:
-        attempt = fields.get("attempt", "0")
-        parts.setdefault(attempt, []).append(fields.get("data", ""))
-        if fields.get("end") == "1":
-            ended.add(attempt)
-    last_id = entries[-1][0]
-    outputs = {attempt: Output(attempt, "".join(texts), last_id, attempt in ended)
-               for attempt, texts in sorted(parts.items(), key=lambda item: _number(item[0]))}
-    return outputs, entries[-1][1].get("attempt", "0")
-
-
-def read_output(store: RedisStore, task_id: str, attempt: int | None = None) -> Output | None:
-    """The output of ``attempt`` (default: the newest attempt in the stream), or None when
-    the stream holds nothing of it."""
-    outputs, newest = read_outputs(store, task_id)
-    return outputs.get(str(attempt) if attempt is not None else newest or "")
-
-
-def wait_for_output(store: RedisStore, task_id: str, attempt: int | None,
-                    finished: Callable[[], bool], poll: float = 0.2) -> Output | None:
-    """For ``--follow`` on a task whose attempt has not written yet (pending, scheduled, just
-    started): wait until it does, or until the task is finished (or gone) with nothing."""
-    while True:
-        output = read_output(store, task_id, attempt)
-        if output is not None:
-            return output
-        if finished():
-            return read_output(store, task_id, attempt)  # what came just before the end
-        time.sleep(poll)
-
-
-def follow_output(store: RedisStore, task_id: str, output: Output,
-                  finished: Callable[[], bool], poll: float = 0.2, quiet: float = 2.0
-                  ) -> Iterator[str]:
-    """What the attempt writes after ``output``, as it comes, until its end mark; or, for a
-    run that died without one, until a later attempt begins (``output.superseded_by``) or
-    the task is finished and nothing came for ``quiet`` seconds. Reads Redis only, so it
-    works from any machine."""
-    heard = time.monotonic()
-    while not output.ended:
-        entries = store.output_after(task_id, output.last_id)
-        for entry, fields in entries:
-            output.last_id = entry
-            attempt = fields.get("attempt", "0")
-            if attempt != output.attempt:
-                if _number(attempt) > _number(output.attempt):
-                    output.superseded_by = attempt  # this run is over: it will say no more
-                continue
-            heard = time.monotonic()
-            if fields.get("data"):
-                yield fields["data"]
-            output.ended = output.ended or fields.get("end") == "1"
-        if output.ended or output.superseded_by is not None:
-            return
-        if time.monotonic() - heard > quiet and finished():
-            return
-        time.sleep(poll)
-
-
-def _number(attempt: str) -> int:
-    try:
-        return int(attempt)
-    except ValueError:
-        return -1

@@ -17,7 +17,9 @@ def _assert_cancelled(client: blueque.Client, task_id: str) -> None:
     data = client.redis.hgetall(K.task(task_id))
     assert data["status"] == "failed"
     assert data["error"].startswith("cancelled")
-    assert float(data["cancelled"]) == float(data["finished_at"])
+    # its finish time is its updated (no finished_at since issue 29, PROTOCOL.md 3)
+    assert float(data["cancelled"]) == float(data["updated"]) and "finished_at" not in data
+    assert client.get_task(task_id).finished_at == float(data["updated"])
     assert "eta" not in data  # it is no longer scheduled
     # listed and counted apart from the failed tasks; 1.0.1 reads status failed
     assert client.redis.lrange(K.cancelled("q"), 0, -1) == [task_id]

@@ -36,6 +36,7 @@ from blueque.errors import ConfigurationError
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.statuses import FAILED
+from blueque.tasklog import TAIL_BYTES
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess, free_port, page_text
@@ -105,8 +106,9 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
     queue.enqueue(XSS, task_id="running")
     run(client, "jobs", progress=0.25)
     queue.schedule(XSS, time.time() + 600, task_id="later")
-    for attempt in ("1", XSS):  # the output stream's fields are Redis values too
-        client.store.append_output("x<1>", attempt, f"output {XSS}\n", 10, end=True)
+    # the output's fields are Redis values too: an ended attempt's tail, a running one's stream
+    client.store.end_output("x<1>", "1", f"output {XSS}\n", 10, 60_000, TAIL_BYTES)
+    client.store.append_output("x<1>", XSS, f"output {XSS}\n", 10)
     pages = ["/task?id=x%3C1%3E&attempt=1", "/", "/queue?name=jobs&state=failed",
              "/queue?name=jobs&state=started",
              "/queue?name=jobs&state=scheduled", "/task?id=x%3C1%3E", "/task?id=running",
@@ -118,6 +120,8 @@ def test_every_page_escapes_what_redis_holds(client: blueque.Client,
         assert "<b>hard</b>" not in text, page
     status, text = get(dashboard.url + "/task?id=x%3C1%3E")
     assert str(escape(XSS)) in text  # shown as text, not dropped
+    assert "Output of attempt 1" in text and f"output {escape(XSS)}" in text
+    status, text = get(dashboard.url + "/task?" + urlencode({"id": "x<1>", "attempt": XSS}))
     assert f"Output of attempt {escape(XSS)}" in text and f"output {escape(XSS)}" in text
     assert "Traceback (most recent call last):\nValueError: " + str(escape(XSS)) in text
     status, text = get(dashboard.url + "/task?id=running")
@@ -617,8 +621,9 @@ def test_nodes_and_task_pages_with_real_listeners(client: blueque.Client, redis_
         assert "ValueError: first attempt fails" in text and "hello from attempt 2" not in text
         assert f"blueque logs {talker} --attempt 1" in text
         assert 'id="attempts-card"><span class="label">attempts</span> 2 of 2</div>' in text
-        for name in ("created", "started_at", "finished_at"):
-            stamp = float(client.get_task(talker).data[name])
+        shown = client.get_task(talker)
+        for name in ("created", "started_at", "finished_at"):  # finished_at: its updated
+            stamp = getattr(shown, name)
             assert time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp)) in text, name
         release.touch()
         client.get_task(running).wait(20)

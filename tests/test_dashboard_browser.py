@@ -20,6 +20,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.tasklog import TAIL_BYTES
 from blueque.testing import RedisServer
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess
@@ -302,8 +303,10 @@ def test_xss_payload_in_parameters_renders_as_text(
     payload = ('<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
                '"><svg onload="window.pwned = 3">')
     task_id = client.get_queue("evil<q>").enqueue(payload, task_id='id"><b>x</b>')
-    for attempt in ("1", payload):  # its output and the attempt's name: Redis values too
-        client.store.append_output(task_id, attempt, payload + "\n", 1, end=True)
+    # its output and the attempt's name: Redis values too (an ended attempt's tail, a
+    # running one's stream)
+    client.store.end_output(task_id, "1", payload + "\n", 1, 60_000, TAIL_BYTES)
+    client.store.append_output(task_id, payload, payload + "\n", 1)
     task_page = f"/task?{urlencode({'id': task_id})}"
     for path in (task_page, task_page + "&attempt=1", f"/queue?{urlencode({'name': 'evil<q>'})}",
                  "/"):

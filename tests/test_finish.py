@@ -48,7 +48,10 @@ def test_complete_records_the_result_and_cleans_up(any_client: blueque.Client) -
     processor.complete('{"answer": 42}')
     data = r.hgetall(K.task(task.id))
     assert (data["status"], data["result"]) == ("complete", '{"answer": 42}')
-    assert data["finished_at"] == data["updated"]
+    # the hash holds no field twice (PROTOCOL.md 3, 3.2): no finished_at (its updated), no
+    # history (its fields), no pid_created (its process is gone)
+    assert not {"finished_at", "history", "pid_created"} & set(data)
+    assert any_client.get_task(task.id).finished_at == float(data["updated"])
     assert r.lrange(K.complete("q"), 0, -1) == [task.id]
     assert r.llen(K.reserved("q", listener.id)) == 0
     assert r.scard(K.started("q")) == 0

@@ -12,6 +12,7 @@ import re
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,104 @@ def test_a_task_completed_on_its_second_attempt_shows_no_error_of_the_first(
     assert history[0]["pid"] == 4242 and history[0]["eta"] < history[0]["at"]
     assert history[1]["pid"] == 4343 and "error" not in history[1]
     assert history[1]["at"] >= history[1]["started"] >= history[0]["at"]
+
+
+def same_entry(shown: dict[str, object], stored: dict[str, object]) -> bool:
+    """Two history entries of one ending: the same keys and values, times within 0.1 ms (a
+    stored entry's are rounded there: cjson's 14 digits)."""
+    if set(shown) != set(stored):
+        return False
+    return all(abs(float(value) - float(stored[key])) < 2e-4  # type: ignore[arg-type]
+               if key in ("at", "started") else value == stored[key]
+               for key, value in shown.items())
+
+
+def test_a_finished_tasks_last_ending_is_its_fields_and_is_written_once(
+        any_client: blueque.Client) -> None:
+    """Issue 29: finish.lua appends no entry when it completes or fails a run (the fields say
+    it: PROTOCOL.md 3.2), nor keeps finished_at (its updated) or pid_created; the readers show
+    that ending all the same, and retry_failed writes it before it clears those fields."""
+    r = any_client.redis
+    queue = any_client.get_queue("q")
+    done = queue.enqueue("{}", max_attempts=2)
+    first, listener = start_run(any_client)
+    first.retry("ValueError: bad page", time.time() - 1)
+    queue.enqueue_due_tasks()
+    second, _ = start_run(any_client, pid=4343)
+    second.complete("done")
+    stored = json.loads(r.hget(K.task(done), "history") or "[]")
+    assert [(h["attempt"], h["outcome"]) for h in stored] == [(1, "retry")]  # only the first
+    assert [(h["attempt"], h["outcome"]) for h in any_client.get_task(done).history] == [
+        (1, "retry"), (2, "complete")]
+
+    failed = queue.enqueue("{}")
+    run, _ = start_run(any_client, pid=4444)
+    run.fail("é" * 400, traceback="Traceback ...\nValueError")
+    data = r.hgetall(K.task(failed))
+    assert not {"history", "finished_at", "pid_created"} & set(data)
+    task = any_client.get_task(failed)
+    assert task.finished_at == float(data["updated"])
+    [shown] = task.history
+    assert shown == {"attempt": 1, "outcome": "failed", "at": float(data["updated"]),
+                     "node": listener, "pid": 4444, "started": float(data["started_at"]),
+                     "error": "é" * 250 + "..."}  # cut as the scripts cut it
+    cancelled = queue.enqueue("{}")
+    run, _ = start_run(any_client)
+    run.record(replace(run.run_end("failed", "cancelled: wrong input (its process group was "
+                                   "terminated)"), cancelled=True))
+    [entry] = any_client.get_task(cancelled).history
+    assert (entry["outcome"], entry["error"]) == (
+        "cancelled", "cancelled: wrong input (its process group was terminated)")
+    any_client.retry_task(failed)  # the fields go: their entry is written first (the twin)
+    stored = json.loads(r.hget(K.task(failed), "history") or "[]")
+    assert [h["outcome"] for h in stored] == ["failed", "retried"]
+    assert same_entry(shown, stored[0]), (shown, stored[0])
+    assert any_client.get_task(failed).history == stored
+
+
+def test_a_task_finished_before_issue_29_reads_as_it_did(any_client: blueque.Client) -> None:
+    """Its history holds its last ending already, and it has finished_at: the readers add
+    no second entry from its fields, nor does retry_failed write one."""
+    r = any_client.redis
+    queue = any_client.get_queue("q")
+    for status in ("complete", "failed"):
+        task_id = queue.enqueue("{}")
+        entry = {"attempt": 1, "outcome": status, "at": 1700000100.1234, "node": "old_1",
+                 "pid": 7, "started": 1700000000.5}
+        if status == "failed":
+            entry["error"] = "boom"
+        r.hset(K.task(task_id), mapping={
+            "status": status, "attempts": "1", "node": "old_1", "pid": "7",
+            "started_at": "1700000000.5", "finished_at": "1700000100.123412",
+            "updated": "1700000100.123412", "error": "boom", "history": json.dumps([entry])})
+        task = any_client.get_task(task_id)
+        assert task.history == [entry] and task.finished_at == 1700000100.123412
+    r.lpush(K.failed("q"), task_id)
+    any_client.retry_task(task_id)
+    assert [h["outcome"] for h in any_client.get_task(task_id).history] == ["failed",
+                                                                            "retried"]
+
+
+def test_a_recovered_or_cancelled_ending_is_written_once(client: blueque.Client) -> None:
+    """The scripts that end a task otherwise (recover's failed verdict, a cancel) still
+    write their entry, with what the fields do not say (recovered, was): the readers see
+    that it is the one the fields say, and add no other."""
+    queue = client.get_queue("q")
+    task_id = queue.enqueue("{}")
+    listener = client.get_listener("q")
+    running = listener.reserve()
+    assert running is not None
+    client.get_processor(running).start(4242)
+    client.redis.zadd(K.leases("q"), {listener.id: 1})
+    assert client.store.recover("q", listener.id, [(task_id, "1", "failed", None, "it died")],
+                                time.time(), mode="lease") == [0, 0, 1, 0]
+    [entry] = client.get_task(task_id).history
+    assert (entry["outcome"], entry["recovered"]) == ("failed", True)
+    assert "pid_created" not in client.redis.hgetall(K.task(task_id))
+    waiting = queue.enqueue("{}")
+    assert client.cancel_task(waiting, "not needed") == "cancelled"
+    [entry] = client.get_task(waiting).history
+    assert (entry["outcome"], entry["was"]) == ("cancelled", "pending")
 
 
 def test_a_failed_task_keeps_no_eta_and_a_preempted_one_no_node(

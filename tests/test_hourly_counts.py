@@ -185,13 +185,13 @@ def test_a_listener_daemon_keeps_the_time_of_its_last_ending(
         tasks = [client.get_task(task_id).wait(20) for task_id in ids]
         assert [task.status for task in tasks] == ["complete"] * 5
         listener = tasks[0].node or ""
-        last = max(float(task.data["finished_at"]) for task in tasks)
+        last = max(task.finished_at or 0.0 for task in tasks)
         seen = KEYS.listeners_seen("q")
         wait_until(lambda: redis_client.zscore(seen, listener) == last,
                    what="the last ending's time written by a renewal")
         assert redis_client.hgetall(KEYS.listener_counts("q", listener)) == {"complete": "5"}
         more = queue.enqueue(json.dumps({"n": 6}))
-        ended = float(client.get_task(more).wait(20).data["finished_at"])
+        ended = client.get_task(more).wait(20).finished_at
         # its process gone too (else its leaving renews, for the runs it leaves to adoption)
         wait_until(lambda: not task_processes("q"), what="the task process gone")
         assert daemon.stop() == 0  # at once, between two renewals: its leaving writes it

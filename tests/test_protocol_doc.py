@@ -225,7 +225,7 @@ def test_every_field_the_scripts_write_is_in_the_field_table() -> None:
             for name in names:
                 (checkpoint if key in ours else written).setdefault(name, set()).add(
                     script.name)
-    assert {"status", "attempts", "finished_at"} <= set(written)  # the parser works here
+    assert {"status", "attempts", "updated"} <= set(written)  # the parser works here
     assert {"state", "attempt"} <= set(checkpoint)
     missing = {name: scripts for name, scripts in written.items()
                if name not in documented_fields()}

@@ -273,7 +273,7 @@ def test_recover_applies_each_verdict(any_client: blueque.Client) -> None:
     assert (status[ids[1]]["status"], float(status[ids[1]]["eta"])) == ("scheduled", eta)
     assert status[ids[1]]["error"] == "listener died"
     assert r.zscore(K.scheduled("q"), ids[1]) == eta
-    assert status[ids[2]]["status"] == "failed" and "finished_at" in status[ids[2]]
+    assert status[ids[2]]["status"] == "failed" and "pid_created" not in status[ids[2]]
     assert r.lrange(K.failed("q"), 0, -1) == [ids[2]]
     assert status[ids[3]]["status"] == "complete"
     assert status[ids[4]]["status"] == "started"  # skipped: attempts did not match

@@ -24,7 +24,9 @@ from blueque.display import format_seconds
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
 from blueque.running import describe_ending
-from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings, read_output
+from blueque.tails import follow_output, read_output, read_outputs
+from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings
+from blueque.web.views import task_page
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
@@ -109,9 +111,11 @@ def test_logs_json_is_the_attempts_output_as_one_record(  # type: ignore[no-unty
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"id": task_id, "attempt": 1, "text": "a line\n",
                                        "ended": False}
-    client.store.append_output(task_id, "1", "the end\n", 15, end=True)
+    # the attempt ends: its entry and the rest move to the task's output tails (5.19)
+    assert client.store.end_output(task_id, "1", "the end\n", 15, 60_000, TAIL_BYTES) == 15
     ended = json.loads(blueque_main("--json", "logs", task_id, "--url", redis_url).stdout)
     assert ended["text"] == "a line\nthe end\n" and ended["ended"] is True
+    assert not client.redis.exists(Keys().task_log(task_id))  # the stream went with it
     refused = blueque_main("--json", "logs", task_id, "--follow", "--url", redis_url)
     assert refused.returncode == 2 and "--follow" in refused.stderr and refused.stdout == ""
 
@@ -231,8 +235,9 @@ def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # typ
         f"blueque listen work tests.output_jobs:waits ({listener})"]
     release.touch()
     task = client.get_task(task_id).wait(20)
-    wait_until(lambda: redis_client.exists(Keys().task_log(task_id)), what="end mark")
+    wait_until(lambda: redis_client.exists(Keys().task_output(task_id)), what="its tail")
     queue.delete_task(task)
+    assert not redis_client.exists(Keys().task_output(task_id))
     assert not redis_client.exists(Keys().task_log(task_id))
 
 
@@ -243,6 +248,7 @@ def test_an_attempt_that_writes_nothing_costs_no_stream_writes(  # type: ignore[
     task_id = client.get_queue("work").enqueue("quiet")
     assert client.get_task(task_id).wait(20).result == "processed quiet"
     assert not redis_client.exists(Keys().task_log(task_id))
+    assert not redis_client.exists(Keys().task_output(task_id))
     assert read_output(client.store, task_id) is None
 
 
@@ -684,6 +690,77 @@ def test_a_file_that_cannot_be_cut_still_ships_and_never_raises(client: blueque.
     assert path.stat().st_size == 5001
 
 
+def test_an_ended_attempts_output_moves_to_the_tails_and_its_stream_goes(
+        client: blueque.Client, tmp_path: Path) -> None:
+    """Issue 29: a stream of one entry cost Redis 4.7 KB (its listpack node and radix tree)
+    for the whole log retention. An ended attempt's tail is one string of the task's (5.19):
+    an attempt that ended before its first shipment never has a stream, one that shipped
+    while it ran has its entries moved there, and the stream goes with its last entry."""
+    r, keys = client.redis, Keys()
+    settings = TaskLogSettings(tmp_path / "logs", keep=3600)
+    first = settings.path("work", "t1", 1)
+    first.parent.mkdir(parents=True)
+    first.write_text("x" * 99 + "\n")
+    Shipper(client.store, settings, "t1", 1, first, None).ship(end=True)
+    assert not r.exists(keys.task_log("t1"))
+    assert json.loads(r.get(keys.task_output("t1"))) == {"1": [100, "x" * 99 + "\n"]}
+    assert 3590_000 < r.pttl(keys.task_output("t1")) <= 3600_000  # the log retention
+    assert r.memory_usage(keys.task_output("t1")) < 512
+    second = settings.path("work", "t1", 2)
+    second.write_text("running\n")
+    shipper = Shipper(client.store, settings, "t1", 2, second, None)
+    shipper.ship()
+    client.store.append_output("t1", "3", "a zombie's line\n", 16)  # not attempt 2's: stays
+    with open(second, "a") as handle:
+        handle.write("done\n")
+    shipper.ship(end=True)
+    assert [fields["attempt"] for _, fields in r.xrange(keys.task_log("t1"))] == ["3"]
+    outputs, newest = read_outputs(client.store, "t1")
+    assert {attempt: (o.text, o.ended) for attempt, o in outputs.items()} == {
+        "1": ("x" * 99 + "\n", True), "2": ("running\ndone\n", True),
+        "3": ("a zombie's line\n", False)}
+    assert newest == "3"
+    assert client.store.end_output("t1", "2", "", 13, 1000, TAIL_BYTES) == 0  # a repeat
+    assert json.loads(r.get(keys.task_output("t1")))["2"] == [13, "running\ndone\n"]
+    client.store.end_output("t1", "3", "", 16, 1000, TAIL_BYTES)
+    assert not r.exists(keys.task_log("t1"))  # its last entry moved: the stream is gone
+
+
+def test_follow_prints_what_an_ended_tail_holds_past_what_it_printed(
+        client: blueque.Client) -> None:
+    """The attempt ended between two looks: its last entries and the rest of its file are
+    in its tail, not in the stream any more; the follower prints them once, and stops."""
+    store = client.store
+    store.append_output("t1", "1", "a\n", 2)
+    output = read_output(store, "t1")
+    assert output is not None and not output.ended
+    store.append_output("t1", "1", "b\n", 4)
+    store.end_output("t1", "1", "c\n", 6, 60_000, TAIL_BYTES)
+    followed = "".join(follow_output(store, "t1", output, lambda: False, poll=0.01))
+    assert (output.text + followed, output.ended) == ("a\nb\nc\n", True)
+
+
+def test_a_stream_written_before_issue_29_reads_as_it_did(  # type: ignore[no-untyped-def]
+        client: blueque.Client, redis_url: str, blueque_main) -> None:
+    """Tasks whose attempts ended under an earlier Blueque keep their stream, each attempt
+    closed by an end mark, until it expires: logs, --json, --follow and the dashboard's task
+    page read it as they did."""
+    task_id = client.get_queue("work").enqueue("{}")
+    stream = Keys().task_log(task_id)
+    for attempt, line in (("1", "old line\n"), ("2", "second\n")):
+        client.redis.xadd(stream, {"attempt": attempt, "data": line, "offset": "9"})
+        client.redis.xadd(stream, {"attempt": attempt, "data": "", "offset": "9", "end": "1"})
+    done = blueque_main("--json", "logs", task_id, "--url", redis_url)
+    assert json.loads(done.stdout) == {"id": task_id, "attempt": 2, "text": "second\n",
+                                       "ended": True}
+    followed = blueque_main("logs", task_id, "--attempt", "1", "--follow", "--url", redis_url)
+    assert (followed.returncode, followed.stdout) == (0, "old line\n")  # ended: it returns
+    page = task_page(client.store, task_id, time.time(), "1")
+    assert page is not None
+    assert (page["output"], page["output_ended"], page["output_attempts"]) == (
+        "old line\n", True, ["1", "2"])
+
+
 def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[no-untyped-def]
         client: blueque.Client, start) -> None:
     daemon = start("tests.noisy_jobs:work", "--log-format", "json")
@@ -720,10 +797,11 @@ def test_a_quiet_running_attempt_keeps_its_file(  # type: ignore[no-untyped-def]
     assert shipped()
 
 
-def test_the_output_stream_expires_with_the_task(  # type: ignore[no-untyped-def]
+def test_the_output_tail_expires_with_the_task(  # type: ignore[no-untyped-def]
         client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
-    """While the attempt runs, the stream lives --log-keep; once it ends, as long as the task
-    (its result TTL): the tail never outlives its task, nor vanishes before it."""
+    """While the attempt runs, the stream lives --log-keep; once it ends, its tail lives as
+    long as the task (its result TTL), and the stream is gone: the tail never outlives its
+    task, nor vanishes before it."""
     start("tests.output_jobs:chatty_waits", "--log-keep", "1h")
     release = tmp_path / "release"
     task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}),
@@ -735,8 +813,10 @@ def test_the_output_stream_expires_with_the_task(  # type: ignore[no-untyped-def
     assert client.get_task(task_id).wait(20).status == "complete"
     output = read_output(client.store, task_id)
     assert output is not None and output.ended and "waiting" in output.text
-    assert 500 * 1000 < redis_client.pttl(stream) <= 600 * 1000
-    assert abs(redis_client.pttl(stream) - redis_client.pttl(Keys().task(task_id))) < 5000
+    tails = Keys().task_output(task_id)
+    assert not redis_client.exists(stream)
+    assert 500 * 1000 < redis_client.pttl(tails) <= 600 * 1000
+    assert abs(redis_client.pttl(tails) - redis_client.pttl(Keys().task(task_id))) < 5000
 
 
 def test_a_task_id_too_long_for_a_file_name_neither_stops_the_listener_nor_loses_output(  # type: ignore[no-untyped-def]

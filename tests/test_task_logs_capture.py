@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import blueque
-from blueque.tasklog import read_output
+from blueque.tails import read_output
 from tests.daemons import Daemon, daemons, gone, listen_command, wait_until
 
 pytestmark = pytest.mark.slow

@@ -16,6 +16,11 @@ def noop(task: object) -> None:
     return None
 
 
+def line(task: object) -> None:
+    """The memory scenario's task that prints one line (benchcommon.LINE_BYTES)."""
+    print("x" * 99, flush=True)
+
+
 def record(task: object) -> None:
     """Pickup: say when this run started. The clock is read before benchcommon (redis-py) is
     imported: the task function's first line, as the peers' record it."""

@@ -68,6 +68,48 @@ def used_memory(r: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
 
 
+#: The task functions of the memory scenario: one that does nothing, one that prints a line of
+#: LINE_BYTES (its output is what Blueque keeps of a run's output; the original keeps none).
+MEMORY_KINDS = ("noop", "line")
+LINE_BYTES = 100
+
+
+def print_line() -> None:
+    """What the ``line`` task functions do: one line of LINE_BYTES, newline included."""
+    print("x" * (LINE_BYTES - 1), flush=True)
+
+
+def memory_per_task(r: redis.Redis, enqueue: Callable[[], None], finished: Callable[[], int],
+                    listen: Callable[[str], Callable[[], None]], n: int) -> dict[str, float]:
+    """Redis memory (the used_memory delta) per task: ``n`` tasks enqueued (pending), then the
+    same tasks drained by a real listener of the system (``listen(kind)`` starts one running
+    that kind of task function and returns what stops it), for each of MEMORY_KINDS.
+
+    Each kind's listener first runs one task of its own (the lists, counters and listener
+    keys a queue has once, not per task); no listener runs while tasks are enqueued."""
+    def drain(kind: str, count: int, timeout: float) -> None:
+        done = finished()
+        stop = listen(kind)
+        try:
+            wait_until(lambda: finished() >= done + count, timeout=timeout)
+        finally:
+            stop()
+
+    result: dict[str, float] = {}
+    for kind in MEMORY_KINDS:
+        enqueue()
+        drain(kind, 1, 60)
+        base = used_memory(r)
+        for _ in range(n):
+            enqueue()
+        if kind == MEMORY_KINDS[0]:
+            result["pending_bytes"] = (used_memory(r) - base) / n
+        drain(kind, n, n * 0.1 + 60)
+        result[f"finished_{kind}_bytes"] = (used_memory(r) - base) / n
+    result["finished_bytes"] = result["finished_noop_bytes"]
+    return result
+
+
 def timed(r: redis.Redis, n: int, body: Callable[[], None]) -> dict[str, float]:
     """Run ``body`` once (it does ``n`` tasks' worth of work); rate and CPU per task."""
     cpu0, srv0, t0 = time.process_time(), server_cpu(r), time.perf_counter()

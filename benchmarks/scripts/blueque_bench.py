@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import benchcommon as bc
 
@@ -90,31 +91,19 @@ def bulk(url: str, n: int, batch: int) -> dict[str, float]:
     return bc.timed(client.redis, n // batch * batch, body)
 
 
-def process_all(client: blueque.Client) -> None:
-    """Run every pending task to completion in this process (no fork): the state the
-    listener daemon leaves, reached quickly."""
-    listener = client.get_listener(QUEUE)
-    while True:
-        task = listener.reserve()
-        if task is None:
-            return
-        processor = client.get_processor(task)
-        processor.start(os.getpid())
-        processor.complete("null")
-
-
 def memory(url: str, n: int) -> dict[str, float]:
+    """Redis memory per task, pending and finished, as ``blueque listen`` (warm task
+    processes: the fastest drain; the memory is a process per task's) leaves a no-op task and
+    one that printed a line (its output tail, PROTOCOL.md 5.19)."""
     client = blueque.Client(url)
     queue = client.get_queue(QUEUE)
-    queue.enqueue(bc.PARAMETERS)
-    process_all(client)  # creates the lists and the listener's keys once
-    base = bc.used_memory(client.redis)
-    for _ in range(n):
-        queue.enqueue(bc.PARAMETERS)
-    pending = bc.used_memory(client.redis)
-    process_all(client)
-    finished = bc.used_memory(client.redis)
-    return {"pending_bytes": (pending - base) / n, "finished_bytes": (finished - base) / n}
+
+    def listen(kind: str) -> Callable[[], None]:
+        listener = start_listener(url, kind, 1, ["--reuse", str(WARM_REUSE)])
+        return lambda: bc.stop_process(listener)  # type: ignore[arg-type]
+
+    return bc.memory_per_task(client.redis, lambda: queue.enqueue(bc.PARAMETERS),
+                              lambda: queue.stats().complete, listen, n)
 
 
 def scale(url: str, n: int, present: int, op: str) -> dict[str, float]:

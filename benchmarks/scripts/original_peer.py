@@ -7,9 +7,9 @@ Prints one JSON object on stdout.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+from collections.abc import Callable
 
 import benchcommon as bc
 
@@ -23,6 +23,11 @@ LISTENERS = "blueque_listeners_" + QUEUE
 
 
 def noop(task: object) -> str:
+    return "null"
+
+
+def line(task: object) -> str:
+    bc.print_line()
     return "null"
 
 
@@ -44,41 +49,29 @@ def enqueue(url: str, n: int) -> dict[str, float]:
     return bc.timed(r, n, body)
 
 
-def process_all(client: blueque.Client, r: object) -> None:
-    """Run every pending task to completion in this process (no fork): the state a
-    ForkingRunner leaves, reached quickly."""
-    listener = client.get_listener(QUEUE)
-    while r.llen(PENDING):  # type: ignore[attr-defined]
-        task = listener.listen()
-        processor = client.get_processor(task)
-        processor.start(os.getpid())
-        processor.complete("null")
-
-
 def memory(url: str, n: int) -> dict[str, float]:
+    """Redis memory per task, pending and finished, as ForkingRunner leaves a no-op task and
+    one that printed a line (the original keeps no output)."""
     r = bc.connect(url)
-    client = blueque.Client(url)
-    queue = client.get_queue(QUEUE)
-    queue.enqueue(bc.PARAMETERS)
-    process_all(client, r)  # creates the lists and the listener's keys once
-    base = bc.used_memory(r)
-    for _ in range(n):
-        queue.enqueue(bc.PARAMETERS)
-    pending = bc.used_memory(r)
-    process_all(client, r)
-    finished = bc.used_memory(r)
-    return {"pending_bytes": (pending - base) / n, "finished_bytes": (finished - base) / n}
+    queue = blueque.Client(url).get_queue(QUEUE)
+
+    def listen(kind: str) -> Callable[[], None]:
+        worker = start_workers(url, 1, kind)[0]
+        return lambda: bc.stop_process(worker)  # type: ignore[arg-type]
+
+    return bc.memory_per_task(r, lambda: queue.enqueue(bc.PARAMETERS),
+                              lambda: r.llen(COMPLETE), listen, n)
 
 
 def start_workers(url: str, count: int, op: str) -> list[object]:
     r = bc.connect(url)
-    before = r.scard(LISTENERS)
+    before = r.smembers(LISTENERS)  # new ids: one stopped just before may leave it meanwhile
     workers = [
         bc.start_process([sys.executable, __file__, "worker", "--url", url, "--op", op],
                          env={"BENCH_REDIS_URL": url})
         for _ in range(count)
     ]
-    bc.wait_until(lambda: r.scard(LISTENERS) >= before + count, timeout=30)
+    bc.wait_until(lambda: len(r.smembers(LISTENERS) - before) >= count, timeout=30)
     return workers
 
 
@@ -135,7 +128,7 @@ def scale(url: str, n: int, present: int, op: str) -> dict[str, float]:
 
 
 def worker(url: str, op: str) -> None:
-    callback = record if op == "record" else noop
+    callback = {"record": record, "line": line}.get(op, noop)
     ForkingRunner(blueque.Client(url), QUEUE, callback).run()
 
 

@@ -23,7 +23,9 @@ from blueque.config import default_url
 from blueque.display import parse_duration, parse_eta
 from blueque.errors import ConfigurationError, RedisUnavailable
 from blueque.eviction import ALLOW_VARIABLE
+from blueque.fields import typed
 from blueque.queue import check_queue_name
+from blueque.statuses import finish_time
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the operation failed or was refused (e.g. a task failed, cannot cancel)
@@ -52,6 +54,23 @@ class Failure(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.code = code
+
+
+def task_json(task_id: str, data: dict[str, str]) -> dict[str, Any]:
+    """One task as `tasks`, `show` and `wait` print it with --json: its fields typed
+    (blueque.fields.typed), and a finished task's ``finished_at`` too, its ``updated`` since
+    issue 29 (PROTOCOL.md 3: no longer a field of its own), where a reader of the JSON always
+    found it."""
+    return {"id": task_id, **typed(with_finish_time(data))}
+
+
+def with_finish_time(data: dict[str, str]) -> dict[str, str]:
+    """``data`` with a finished task's ``finished_at`` (statuses.finish_time) when it has
+    none."""
+    ended = finish_time(data)
+    if ended is None or "finished_at" in data:
+        return data
+    return {**data, "finished_at": ended}
 
 
 def emit(args: argparse.Namespace, data: object, text: str) -> None:

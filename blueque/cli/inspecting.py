@@ -17,6 +17,8 @@ from blueque.cli.base import (
     json_text,
     known_queue,
     positive_duration,
+    task_json,
+    with_finish_time,
 )
 from blueque.cli.status import cmd_status
 from blueque.client import Client
@@ -33,7 +35,8 @@ from blueque.display import (
     visible,
 )
 from blueque.errors import TaskNotFound
-from blueque.fields import TIME_FIELDS, typed
+from blueque.fields import TIME_FIELDS
+from blueque.history import task_history
 from blueque.jobs import JobCall, read_job_call
 from blueque.policy import field_float
 from blueque.statuses import (
@@ -45,8 +48,8 @@ from blueque.statuses import (
     WAITING,
     state_of,
 )
-from blueque.task import Task, task_history
-from blueque.tasklog import follow_output, read_output, wait_for_output
+from blueque.tails import follow_output, read_output, wait_for_output
+from blueque.task import Task
 
 
 def register(commands: Commands) -> None:
@@ -103,7 +106,7 @@ def cmd_tasks(client: Client, args: argparse.Namespace) -> int:
     text = table(("ID", "STATUS", "ATTEMPTS", "PROGRESS", "UPDATED", "ETA", "NODE",
                   *(["JOB"] if jobs else []), "RESULT/ERROR/PARAMETERS"),
                  rows) if rows else f"no tasks in {args.queue}"
-    emit(args, [{"id": i, **typed(d), **_job_of(c)}
+    emit(args, [{**task_json(i, d), **_job_of(c)}
                 for i, d, c in zip(ids, datas, calls, strict=True)], text)
     return EXIT_OK
 
@@ -135,11 +138,11 @@ def _eta_text(task: dict[str, str], current: float) -> str:
 # --- show -------------------------------------------------------------------------------------
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
     task = client.get_task(args.task_id, missing_ok=True)
-    data = task.data
-    if not data:
+    if not task.data:
         raise TaskNotFound(args.task_id)
     if args.checkpoint:
         return _show_checkpoint(task, args)
+    data = with_finish_time(task.data)
     rows = []
     for name in sorted(set(data) - {"history"}):  # the history is shown as a table below
         value = data[name]
@@ -159,7 +162,7 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     history = task_history(data)
     awaiting = task.awaiting() if task.status == WAITING else []
     call = read_job_call(task.parameters)
-    emit(args, {"id": args.task_id, **typed(data), "state": task.state, **_job_of(call),
+    emit(args, {**task_json(args.task_id, data), "state": task.state, **_job_of(call),
                 "history": history,
                 "checkpoint": info and vars(info),
                 **({"awaiting": awaiting} if task.status == WAITING else {})},

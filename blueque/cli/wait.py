@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blueque.cli.base import EXIT_NOT_FOUND, EXIT_OK, Commands, Failure, duration, emit
+from blueque.cli.base import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    Commands,
+    Failure,
+    duration,
+    emit,
+    task_json,
+)
 from blueque.client import Client
 from blueque.display import last_line, shorten, table, visible
-from blueque.fields import typed
 from blueque.statuses import FAILED, state_of
 from blueque.waiting import WaitResult, wait_all
 
@@ -58,7 +65,7 @@ def report_waited(args: argparse.Namespace, result: WaitResult,
              shorten(last_line(t.get("error")) if t.get("status") == FAILED
                      else t.get("result"), 60))
             for t in tasks]
-    emit(args, {"tasks": [{"id": i, **typed(d)} for i, d in result.tasks.items()],
+    emit(args, {"tasks": [task_json(i, d) for i, d in result.tasks.items()],
                 "timed_out": result.timed_out, **(extra or {})},
          table(("ID", "STATUS", "RESULT/ERROR"), rows))
     if result.missing():

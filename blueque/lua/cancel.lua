@@ -43,7 +43,7 @@ end
 remember(KEYS[1], {attempt = tonumber(cur[3]), outcome = 'cancelled', at = tonumber(ARGV[2]),
           node = cur[2] or nil, error = cut(ARGV[3]), was = status})
 redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[3], 'cancelled', ARGV[2],
-           'updated', ARGV[2], 'finished_at', ARGV[2])
+           'updated', ARGV[2])
 redis.call('HDEL', KEYS[1], 'eta', 'traceback')
 redis.call('LPUSH', KEYS[4], ARGV[1])
 count_outcome('cancelled', 1, KEYS[5], ARGV[4], KEYS[6], KEYS[7])

@@ -57,7 +57,7 @@ if size > 0 then
       remember(task.key, {attempt = tonumber(cur[3]), outcome = 'cancelled',
                           at = tonumber(now), error = cut(ARGV[2]), was = 'pending'})
       redis.call('HSET', task.key, 'status', 'failed', 'error', ARGV[2], 'cancelled', now,
-                 'updated', now, 'finished_at', now)
+                 'updated', now)
       redis.call('HDEL', task.key, 'eta', 'traceback')
       redis.call('LPUSH', KEYS[2], id)
       redis.call('PUBLISH', ARGV[4], id)

@@ -33,7 +33,7 @@ for i = 9, #ARGV, 2 do
       remember(key, {attempt = tonumber(cur[3]), outcome = 'cancelled', at = tonumber(now),
                      node = cur[4] or nil, error = cut(ARGV[2]), was = 'scheduled'})
       redis.call('HSET', key, 'status', 'failed', 'error', ARGV[2], 'cancelled', now,
-                 'updated', now, 'finished_at', now)
+                 'updated', now)
       redis.call('HDEL', key, 'eta', 'traceback')
       redis.call('LPUSH', KEYS[2], id)
       redis.call('PUBLISH', ARGV[4], id)

@@ -3,6 +3,7 @@
 -- KEYS[2] finished list        blueque_complete_tasks_[queue] or blueque_failed_tasks_[queue]
 -- KEYS[3] task output stream   blueque_task_log_[id] (deleted with the hash)
 -- KEYS[4] checkpoint hash      blueque_checkpoint_[id] (deleted with the hash)
+-- KEYS[5] output tails         blueque_output_[id] (deleted with the hash)
 -- ARGV[1] task id, ARGV[2] the status the caller believes the task has (complete | failed)
 -- ARGV[3] window: how far LPOS looks from each end before falling back to a full LREM
 -- Returns 1 if the hash existed, 0 if only a dangling list entry was cleaned (no key, or a
@@ -32,5 +33,5 @@ end
 if kind ~= 'hash' then
   return 0
 end
-redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 return redis.call('DEL', KEYS[1])

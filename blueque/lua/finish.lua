@@ -25,12 +25,14 @@
 -- ARGV[15] the queue's channel, ARGV[16] the queue (preempted: published, the task is pending)
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
 -- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
--- The ending is appended to the task's `history` (PROTOCOL.md 3.2); the current fields then
--- describe the current attempt only: complete drops `error` and `traceback`, retry and
--- preempted (the task waits for its next attempt) drop the run's node, pid and progress.
+-- A task put back (retry, preempted) has the ending appended to its `history` (PROTOCOL.md
+-- 3.2) and drops the run's node, pid and progress: the current fields describe the current
+-- attempt only. A finished one (complete, failed) has its fields as its last entry: nothing is
+-- appended; complete drops an earlier attempt's `error` and `traceback`, both the run's
+-- `pid_created` (its process is gone).
 -- uses: history, counts, late
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at',
-                      'error', 'traceback', 'history')
+                      'error', 'traceback', 'pid_created', 'history')
 local status = cur[1]
 if ARGV[7] ~= '' and cur[2] ~= ARGV[7] then
   return redis.error_reply('BLUEQUE_STALE task ' .. ARGV[1] .. ' is on attempt '
@@ -45,7 +47,7 @@ end
 -- our own earlier try: by its listener (kept on a finished task) or, for a task put back
 -- (its node removed), by the history's last entry: this attempt, ended so by this listener
 if ARGV[7] ~= '' and status == recorded[ARGV[4]] then
-  local last = history_from(cur[8])
+  local last = history_from(cur[9])
   last = last[#last]
   if cur[4] == ARGV[2] or (type(last) == 'table' and last.node == ARGV[2]
       and last.outcome == counted and tostring(last.attempt) == ARGV[7]) then
@@ -58,7 +60,7 @@ local function late()
   if ARGV[7] == '' or not KEYS[13] then
     return false
   end
-  return recovered_alive(KEYS[1], status, cur[8], ARGV[2], ARGV[7])
+  return recovered_alive(KEYS[1], status, cur[9], ARGV[2], ARGV[7])
 end
 if status ~= 'reserved' and status ~= 'started' then
   if not late() then
@@ -76,27 +78,31 @@ end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
 local outcome = ARGV[4]
--- the history's new entry is written with the status, in one HSET; a task complete at its
--- first ending keeps none: its one entry is its fields (3.2), and its hash stays compact
-local history = added(history_from(cur[8]), {attempt = tonumber(cur[2]), outcome = counted,
+-- a task put back gets the history's new entry in the HSET of its status; a finished task's
+-- entry is its fields (3.2): its hash holds nothing twice, and one that completed stays compact
+local history = added(history_from(cur[9]), {attempt = tonumber(cur[2]), outcome = counted,
           at = tonumber(ARGV[6]), node = ARGV[2], pid = tonumber(pid),
-          started = tonumber(cur[5]), error = outcome ~= 'complete' and cut(ARGV[5]) or nil,
+          started = tonumber(cur[5]), error = cut(ARGV[5]),
           eta = outcome == 'retry' and tonumber(ARGV[8]) or nil})
+local gone = {}  -- fields of the run's or an earlier attempt's that a finished task drops
+if cur[8] then
+  gone[#gone + 1] = 'pid_created'
+end
 if outcome == 'complete' then
-  local fields = {'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6],
-                  'finished_at', ARGV[6]}
-  if cur[8] then  -- a history already: this run's entry joins it
-    fields[#fields + 1] = 'history'
-    fields[#fields + 1] = history
-  end
-  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('HSET', KEYS[1], 'status', 'complete', 'result', ARGV[5], 'updated', ARGV[6])
   if cur[6] or cur[7] then  -- an earlier attempt's: in the history
-    redis.call('HDEL', KEYS[1], 'error', 'traceback')
+    gone[#gone + 1] = 'error'
+    gone[#gone + 1] = 'traceback'
+  end
+  if #gone > 0 then
+    redis.call('HDEL', KEYS[1], unpack(gone))
   end
   redis.call('LPUSH', KEYS[4], ARGV[1])
 elseif outcome == 'failed' then
-  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[5], 'updated', ARGV[6],
-             'finished_at', ARGV[6], 'history', history)
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[5], 'updated', ARGV[6])
+  if #gone > 0 then
+    redis.call('HDEL', KEYS[1], unpack(gone))
+  end
   redis.call('LPUSH', KEYS[4], ARGV[1])
 elseif outcome == 'preempted' then
   redis.call('HSET', KEYS[1], 'status', 'pending', 'updated', ARGV[6], 'preempted_at', ARGV[6],

@@ -96,9 +96,8 @@ for i = 13, #KEYS do
       count_outcome('retry', 1, KEYS[9], ARGV[8], KEYS[10], KEYS[11])
       counts[2] = counts[2] + 1
     elseif verdict == 'failed' or verdict == 'cancelled' then
-      redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2],
-                 'finished_at', ARGV[2])
-      redis.call('HDEL', KEYS[i], 'traceback')
+      redis.call('HSET', KEYS[i], 'status', 'failed', 'error', ARGV[a + 4], 'updated', ARGV[2])
+      redis.call('HDEL', KEYS[i], 'traceback', 'pid_created')
       if verdict == 'cancelled' then
         redis.call('HSET', KEYS[i], 'cancelled', ARGV[2])  -- as a cancelled run's finish does
       end

@@ -14,7 +14,8 @@
 -- after a lost reply (`retried_at` is ARGV[2]): 1 again.
 -- The run's error moves to `last_error`; the fields of the finished run (result, node, pid,
 -- finish and cancel stamps, progress, eta) are removed, and so is any expiry the result TTL set;
--- the retry is added to the task's `history` (PROTOCOL.md 3.2).
+-- the retry is added to the task's `history` (PROTOCOL.md 3.2), after the failed run's entry
+-- when only its fields said it.
 -- uses: history
 local cur = redis.call('HMGET', KEYS[1], 'status', 'cancelled', 'attempts')
 local status = cur[1]
@@ -56,8 +57,15 @@ local error_text = redis.call('HGET', KEYS[1], 'error')
 if error_text then
   redis.call('HSET', KEYS[1], 'last_error', error_text)
 end
-remember(KEYS[1], {attempt = tonumber(cur[3]), outcome = 'retried', at = tonumber(ARGV[2]),
-                   was = cur[2] and 'cancelled' or 'failed'})
+-- the failed run's own entry first, when its fields are all that say it (3.2): they go now
+local entries = history_of(KEYS[1])
+local ran = current_entry(KEYS[1], entries)
+if ran then
+  entries[#entries + 1] = ran
+end
+local history = added(entries, {attempt = tonumber(cur[3]), outcome = 'retried',
+                                at = tonumber(ARGV[2]), was = cur[2] and 'cancelled' or 'failed'})
+redis.call('HSET', KEYS[1], 'history', history)
 redis.call('HDEL', KEYS[1], 'error', 'result', 'node', 'pid', 'pid_created', 'eta',
            'started_at', 'finished_at', 'cancelled', 'cancel_requested', 'progress',
            'progress_message', 'traceback', 'cancel_reason')

@@ -24,8 +24,7 @@
 -- uses: history, counts
 local function finish(outcome)  -- the waiting task ends without running
   remember(KEYS[1], {outcome = outcome, at = tonumber(ARGV[5]), error = cut(ARGV[4]), was = 'waiting'})
-  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'updated', ARGV[5],
-             'finished_at', ARGV[5])
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[4], 'updated', ARGV[5])
   redis.call('HDEL', KEYS[1], 'eta')
   if outcome == 'cancelled' then
     redis.call('HSET', KEYS[1], 'cancelled', ARGV[5])

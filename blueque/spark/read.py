@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 from blueque.client import Client
 from blueque.config import Settings, hash_tags_option, settings_for
 from blueque.errors import ConfigurationError
-from blueque.statuses import RESERVED, SCHEDULED, STARTED, STATES, state_of
+from blueque.statuses import RESERVED, SCHEDULED, STARTED, STATES, finish_time, state_of
 from blueque.store import RedisStore
 
 #: Ids per LRANGE / ZRANGE call when listing a status on the driver.
@@ -76,7 +76,7 @@ def task_row(task_id: str, data: dict[str, str]) -> tuple[Any, ...]:
         _time(data.get("created")),
         _time(data.get("updated")),
         _time(data.get("started_at")),
-        _time(data.get("finished_at")),
+        _time(finish_time(data)),
     )
 
 

@@ -202,20 +202,56 @@ class WatchOperations(StoreCore):
             pipe.zrange(self.keys.scheduled(queue), 0, count - 1, withscores=True)
         return cast(list[list[tuple[str, float]]], pipe.execute())
 
-    # --- task output (blueque_task_log_[id], a stream) ---------------------------------------
+    # --- task output (blueque_task_log_[id], a stream; blueque_output_[id], the tails) -------
     @translate_errors
     def append_output(self, task_id: str, attempt: str, text: str, offset: int,
-                      end: bool = False, ttl_ms: int | None = None) -> str:
-        """XADD one chunk of an attempt's output (``end``: the attempt's last entry) and
-        PEXPIRE the stream, in one transaction; returns the entry id."""
-        fields = {"attempt": attempt, "data": text, "offset": str(offset)}
-        if end:
-            fields["end"] = "1"
+                      ttl_ms: int | None = None) -> str:
+        """XADD one chunk of a running attempt's output and PEXPIRE the stream, in one
+        transaction; returns the entry id."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(self.keys.task_log(task_id), dict(fields))
+        pipe.xadd(self.keys.task_log(task_id),
+                  {"attempt": attempt, "data": text, "offset": str(offset)})
         if ttl_ms:
             pipe.pexpire(self.keys.task_log(task_id), ttl_ms)
         return str(pipe.execute()[0])
+
+    @translate_errors
+    def end_output(self, task_id: str, attempt: str, rest: str, offset: int, ttl_ms: int,
+                   keep: int) -> int:
+        """The attempt is over: its entries in the stream, then ``rest`` (what it wrote
+        beyond them, ending at ``offset`` in its file), move to the task's output tails, its
+        last ``keep`` bytes kept for ``ttl_ms`` (end_output.lua); returns the bytes kept, 0
+        when it had nothing."""
+        return int(self._run("end_output",
+                             [self.keys.task_log(task_id), self.keys.task_output(task_id)],
+                             [attempt, rest, offset, ttl_ms, keep]))
+
+    @translate_errors
+    def outputs(self, task_id: str) -> tuple[str | None, list[tuple[str, dict[str, str]]]]:
+        """The task's output tails (blueque_output_[id] as stored, None without) and its
+        stream's entries, oldest first, in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.keys.task_output(task_id))
+        pipe.xrange(self.keys.task_log(task_id), "-", "+")
+        tails, entries = pipe.execute()
+        return tails, [(str(entry), dict(fields)) for entry, fields in entries]
+
+    @translate_errors
+    def outputs_since(self, task_id: str, after: str) -> tuple[list[tuple[str, dict[str, str]]],
+                                                                int]:
+        """The stream's entries after ``after`` (an entry id, exclusive; "-" for all) and the
+        length of the task's output tails (0 without), in one pipeline: what a follower of a
+        running attempt reads at each look."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xrange(self.keys.task_log(task_id), "-" if after == "-" else "(" + after, "+")
+        pipe.strlen(self.keys.task_output(task_id))
+        entries, size = pipe.execute()
+        return [(str(entry), dict(fields)) for entry, fields in entries], int(size)
+
+    @translate_errors
+    def output_tails(self, task_id: str) -> str | None:
+        """GET blueque_output_[id]: the task's ended attempts' tails as stored (None without)."""
+        return cast("str | None", self.redis.get(self.keys.task_output(task_id)))
 
     @translate_errors
     def drop_output(self, task_id: str, entry_ids: Sequence[str]) -> None:
@@ -227,12 +263,3 @@ class WatchOperations(StoreCore):
         """The stream's newest entry's fields ({} if none)."""
         entries = self.redis.xrevrange(self.keys.task_log(task_id), count=1)
         return dict(entries[0][1]) if entries else {}
-
-    @translate_errors
-    def output_after(self, task_id: str, after: str = "-", count: int | None = None
-                     ) -> list[tuple[str, dict[str, str]]]:
-        """Entries after ``after`` (an entry id, exclusive; "-" for all), oldest first."""
-        start = "-" if after == "-" else "(" + after
-        entries = self.redis.xrange(self.keys.task_log(task_id), start, "+", count=count)
-        return [(str(entry), dict(fields)) for entry, fields in entries]
-

@@ -10,11 +10,12 @@ from typing import Any
 from blueque import dependencies
 from blueque.errors import CorruptTask
 from blueque.fields import TIME_FIELDS
+from blueque.history import task_history
 from blueque.policy import field_float
-from blueque.statuses import state_of
+from blueque.statuses import finish_time, state_of
 from blueque.store import RedisStore
-from blueque.task import CheckpointInfo, task_history
-from blueque.tasklog import read_outputs
+from blueque.tails import read_outputs
+from blueque.task import CheckpointInfo
 from blueque.web.views import task_row
 
 #: Parents and dependents listed on a task page (with their states: one pipeline).
@@ -27,7 +28,7 @@ SHOWN_CHARS = 65536
 def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = None
               ) -> dict[str, Any] | None:
     """The task's hash, and the output of ``attempt`` (default: the newest attempt's) with
-    the attempts whose output the task's log stream holds."""
+    the attempts whose output Redis holds (5.19)."""
     data = store.task_data_many([task_id])[0]  # a key that is no hash reads as no task
     if not data:
         return None
@@ -39,7 +40,8 @@ def task_page(store: RedisStore, task_id: str, at: float, attempt: str | None = 
     row = task_row(task_id, data, at)
     row.update(
         fields=fields,
-        times={name: field_float(data.get(name)) for name in TIME_FIELDS},
+        times={**{name: field_float(data.get(name)) for name in TIME_FIELDS},
+               "finished_at": field_float(finish_time(data))},
         attempts=data.get("attempts") or "0",
         attempts_text=attempts_text(data),
         error=data.get("error") or "",

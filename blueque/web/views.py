@@ -14,7 +14,7 @@ from blueque.errors import BluequeError
 from blueque.jobs import read_job_call
 from blueque.metrics import pending_age
 from blueque.policy import field_float
-from blueque.statuses import COMPLETE, FAILED, STARTED, state_of
+from blueque.statuses import COMPLETE, FAILED, STARTED, finish_time, state_of
 from blueque.store import RedisStore
 from blueque.web.history import listener_history
 from blueque.web.search import ALL, SCAN_LIMIT, STATES, Filters, search_context, window_ids
@@ -49,7 +49,7 @@ def run_time(data: dict[str, str], at: float) -> float | None:
     started = field_float(data.get("started_at"))
     if started is None or data.get("status") not in (STARTED, COMPLETE, FAILED):
         return None
-    end = field_float(data.get("finished_at")) if data.get("status") != STARTED else None
+    end = field_float(finish_time(data))
     return max(0.0, (end or at) - started)
 
 

@@ -43,3 +43,25 @@ end
 local function remember(key, entry)  -- one JSON entry per ending
   redis.call('HSET', key, 'history', with_entry(key, entry))
 end
+local function current_entry(key, list)  -- a finished task's last ending as its fields say
+  -- it (3.2: finish writes no entry for it), or nil when `list` (its history) ends with that
+  -- ending already (written by another script, or before issue 29) or no stamp counted a run
+  local f = redis.call('HMGET', key, 'status', 'attempts', 'cancelled', 'finished_at',
+                       'updated', 'node', 'pid', 'started_at', 'error')
+  if (f[1] ~= 'complete' and f[1] ~= 'failed') or not f[2] then
+    return nil
+  end
+  local outcome = f[1]
+  if outcome == 'failed' and f[3] then
+    outcome = 'cancelled'
+  end
+  local at = tonumber(f[4] or f[5])
+  local last = list[#list]
+  if type(last) == 'table' and tostring(last.attempt) == f[2] and last.outcome == outcome
+      and at and type(last.at) == 'number' and math.abs(last.at - at) < 0.001 then
+    return nil
+  end
+  return {attempt = tonumber(f[2]), outcome = outcome, at = at, node = f[6],
+          pid = tonumber(f[7]), started = tonumber(f[8]),
+          error = outcome ~= 'complete' and cut(f[9]) or nil}
+end
