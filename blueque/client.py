@@ -226,16 +226,18 @@ class Client:
     def listeners(self, queues: Sequence[str] | None = None) -> list[ListenerStatus]:
         """Every listener of every queue in blueque_queues (or of ``queues``): one record per
         listener and queue, by queue then listener id; not those that left (``left`` in their
-        info: they exited and left their runs to the node, PROTOCOL.md 3.3). Reads each queue's
-        blueque_listeners_[queue] and blueque_leases_[queue] and, in one pipeline, every
-        listener's blueque_listener_[id]."""
+        info: they exited and left their runs to the node, PROTOCOL.md 3.3). Reads, in one
+        pipeline, each queue's blueque_listeners_[queue] and blueque_leases_[queue] and, in
+        another, every listener's blueque_listener_[id]: round trips that do not grow with the
+        fleet."""
         store = self.store
         server_now = store.server_time()
+        names = self.queue_names() if queues is None else list(queues)
         found: list[tuple[str, str, float | None]] = []
-        for queue in self.queue_names() if queues is None else queues:
-            leases = store.leases(queue)
-            found += [(queue, listener, leases.get(listener))
-                      for listener in sorted(store.listener_ids(queue) | set(leases))]
+        for queue, work in zip(names, store.listeners_at_work(names, started=False),
+                               strict=True):
+            found += [(queue, listener, work.leases.get(listener))
+                      for listener in sorted(work.registered | set(work.leases))]
         ids = sorted({listener for _, listener, _ in found})
         infos = dict(zip(ids, store.listener_infos(ids), strict=True))
         records = []

@@ -128,3 +128,23 @@ def test_fleet_smoke_prints_each_fleet_and_counts_round_trips_alike(tmp_path: Pa
     assert report["views"] or VIEWS_MODULE in report["views_note"]
     for line in report["targets"]:
         assert line in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_fleet_views_prints_each_view_of_a_fleet_it_filled() -> None:
+    """python -m benchmarks.fleet_views (issue 29 item 3) in its smallest mode: every view
+    timed, the status round trips and the metrics page's size said."""
+    from benchmarks.fleet_views import TARGET_MS
+
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fleet_views", "--smoke"],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert f"40 listeners over 5 queues (target: each view under {TARGET_MS:.0f} ms)" in out
+    for view in ("blueque status ", "blueque status --json", "dashboard overview (/)",
+                 "dashboard nodes (/nodes)", "dashboard nodes, last page (1)", "/metrics "):
+        row = next(line for line in out.splitlines() if line.startswith(view))
+        assert len(row.split()) >= 4 and float(row.split()[-1]) > 0, row
+    assert "Redis round trips" in out and "series" in out

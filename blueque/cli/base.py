@@ -80,8 +80,13 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 def json_text(data: object, indent: int | None = 2) -> str:
-    """Strict JSON: a float that is not finite (no JSON number can say it) is null."""
-    return json.dumps(_finite(data), indent=indent, allow_nan=False)
+    """Strict JSON: a float that is not finite (no JSON number can say it) is null. The
+    data is walked for such floats only when there is one (a fleet's status is 1,000
+    listeners' fields)."""
+    try:
+        return json.dumps(data, indent=indent, allow_nan=False)
+    except ValueError:  # a nan or an infinity somewhere
+        return json.dumps(_finite(data), indent=indent, allow_nan=False)
 
 
 def _finite(data: object) -> object:

@@ -8,7 +8,6 @@ import logging
 import math
 import sys
 import time
-from dataclasses import asdict
 
 from blueque.cli.base import EXIT_OK, emit, json_text
 from blueque.client import Client, ListenerStatus
@@ -34,7 +33,9 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
     """The status as JSON data and as text: every queue's counts, every listener's leases
     and slots."""
     queues = client.queue_names()
-    stats = [vars(client.get_queue(name).stats()) for name in queues]
+    # a fixed number of round trips, whatever the number of queues and listeners
+    stats = [{**vars(counts), "name": name}
+             for name, counts in zip(queues, client.store.counts_many(queues), strict=True)]
     listeners = client.listeners(queues)
     current = client.store.now()
     counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "cancelled",
@@ -51,7 +52,7 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
     text += "\n\n" + policy.summary()
     data = {"time": current, "queues": stats,
-            "listeners": [{**asdict(item), "info": typed(item.info, LISTENER_FIELDS)}
+            "listeners": [{**vars(item), "info": typed(item.info, LISTENER_FIELDS)}
                           for item in listeners],
             "redis": policy.as_dict()}
     return data, text

@@ -132,18 +132,22 @@ class WatchOperations(StoreCore):
         return _started_entries(self.redis.smembers(self.keys.started(queue)))
 
     @translate_errors
-    def listeners_at_work(self, queues: Sequence[str]) -> list[ListenersAtWork]:
+    def listeners_at_work(self, queues: Sequence[str], started: bool = True
+                          ) -> list[ListenersAtWork]:
         """Per queue, its registered listeners, its leases (listener id -> deadline, server
-        ms) and its started entries (as started_entries), in one pipeline."""
+        ms) and (unless not ``started``: none) its started entries (as started_entries), in
+        one pipeline."""
         pipe = self.redis.pipeline(transaction=False)
         for queue in queues:
             pipe.smembers(self.keys.listeners(queue))
             pipe.zrange(self.keys.leases(queue), 0, -1, withscores=True)
-            pipe.smembers(self.keys.started(queue))
+            if started:
+                pipe.smembers(self.keys.started(queue))
         replies = pipe.execute()
+        step = 3 if started else 2
         return [ListenersAtWork(set(replies[n]), dict(replies[n + 1]),
-                                _started_entries(replies[n + 2]))
-                for n in range(0, len(replies), 3)]
+                                _started_entries(replies[n + 2]) if started else [])
+                for n in range(0, len(replies), step)]
 
     @translate_errors
     def task_fields_many(self, task_ids: Sequence[str], fields: Sequence[str]

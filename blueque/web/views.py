@@ -214,6 +214,10 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
             listeners.setdefault(listener, {"id": listener, "leases": []})
     page = Page(max(1, number_), LISTENERS_PER_PAGE, len(listeners))
     shown = sorted(listeners)[page.start : page.stop + 1]
+    # the first tasks of every listener shown, in one pipeline (not one a listener)
+    listed = [task for listener in shown
+              for task in running.get(listener, [])[:TASKS_PER_LISTENER]]
+    datas = iter(store.task_data_many([task_id for _, _, task_id in listed]))
     for listener, info in zip(shown, store.listener_infos(shown), strict=True):
         if info.get("left"):  # it exited, leaving its runs to the node: no listener any more
             del listeners[listener]
@@ -230,10 +234,8 @@ def nodes_page(store: RedisStore, at: float, number_: int = 1) -> dict[str, Any]
         entry["more"] = {}  # queue -> tasks not shown
         for queue, _, _ in tasks[TASKS_PER_LISTENER:]:
             entry["more"][queue] = entry["more"].get(queue, 0) + 1
-        tasks = tasks[:TASKS_PER_LISTENER]
-        datas = store.task_data_many([task_id for _, _, task_id in tasks])
-        entry["tasks"] = [dict(task_row(task_id, data, at), queue=queue, pid=pid)
-                          for (queue, pid, task_id), data in zip(tasks, datas, strict=True)]
+        entry["tasks"] = [dict(task_row(task_id, next(datas), at), queue=queue, pid=pid)
+                          for queue, pid, task_id in tasks[:TASKS_PER_LISTENER]]
         expired = [lease["left"] for lease in entry["leases"]
                    if lease["left"] is not None and lease["left"] < 0]
         entry["state"] = "expired" if expired else ("gone" if not info else "alive")

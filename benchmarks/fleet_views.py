@@ -1,0 +1,222 @@
+"""How long the views of a fleet take (issue 29 item 3): `blueque status` and `blueque status
+--json`, the dashboard's overview and nodes pages, and how big the Prometheus endpoint is,
+with 1,000 listeners over 50 queues.
+
+    python -m benchmarks.fleet_views                 # 1,000 listeners over 50 queues
+    python -m benchmarks.fleet_views --smoke         # 40 over 5: seconds, proves it runs
+
+``measure_views(url)`` is the measurement (``benchmarks.fleet`` calls it too): it fills the
+Redis at ``url`` (an empty database) the way a fleet writes it, through Blueque's own
+operations: each listener registers and renews as the listener daemon does (its Membership:
+info hash, lease, listener set, one renewal), on a node of its own name (5 listeners a node),
+and runs three tasks of its queue through the library's Listener and Processor (two ended, so
+that the nodes page has a history of each; one left running); each queue also holds pending
+and scheduled tasks. Then it times, in this process, `blueque status` and `status --json`
+(blueque.cli.main: the command's work, without the interpreter's start; and its round trips,
+a new client's handshake included), and, from a real
+`blueque dashboard` process, full HTTP requests of the overview (first page), the nodes page
+(first and last page) and /metrics, whose size and number of series it reports. Prints
+median, p95 and max per view in milliseconds, and the Redis round trips of each status call.
+Asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.connection
+
+import blueque
+from benchmarks.dashboard_pages import start_dashboard, timed
+from blueque.cli import main as blueque_main
+from blueque.daemon.membership import Membership
+from blueque.listener import Listener
+from blueque.node import node_identity
+from blueque.testing import RedisServer, free_port, stop_process
+
+#: The issue's fleet.
+LISTENERS = 1000
+QUEUES = 50
+#: Listeners a node runs (each node a --node-name of its own).
+PER_NODE = 5
+#: The listeners' renewal interval: long, so that no lease lapses while the views are timed.
+INTERVAL = 600.0
+#: The target of every view (issue 29 item 3), for the printout.
+TARGET_MS = 300.0
+
+
+@dataclass(frozen=True)
+class ViewFigures:
+    """Per view: (median, p95, max) in ms; status round trips; the metrics page's size."""
+
+    times: dict[str, tuple[float, float, float]]
+    status_round_trips: int
+    metrics_bytes: int
+    metrics_series: int
+    listeners: int
+    queues: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"times_ms": {view: {"median": m, "p95": p, "max": x}
+                             for view, (m, p, x) in self.times.items()},
+                "status_round_trips": self.status_round_trips,
+                "metrics_bytes": self.metrics_bytes, "metrics_series": self.metrics_series,
+                "listeners": self.listeners, "queues": self.queues}
+
+
+def queue_name(n: int) -> str:
+    return f"fleet-{n:02d}"
+
+
+def populate(url: str, listeners: int = LISTENERS, queues: int = QUEUES) -> None:
+    """The fleet's state in Redis, written by Blueque's own operations (module docstring)."""
+    client = blueque.Client(url)
+    store = client.store
+    params = json.dumps({"document": "x" * 100})
+    for n in range(queues):
+        queue = client.get_queue(queue_name(n))
+        queue.enqueue_many([params] * (3 * -(-listeners // queues) + 40))
+        for k in range(5):
+            queue.schedule(params, store.now() + 3600 + k)
+    for n in range(listeners):
+        node_name = f"node-{n // PER_NODE:04d}.fleet.example"
+        listener_id = f"{node_name}_{10_000 + n}"
+        queue = queue_name(n % queues)
+        membership = Membership(store, listener_id, node_identity(node_name), node_name,
+                                {queue: 1}, INTERVAL)
+        membership.register(concurrency=4)
+        reserver = Listener(queue, store, identity=listener_id)
+        running: list[str] = []
+        for run in range(3):
+            task = reserver.reserve()
+            assert task is not None, "the queue ran out of tasks"
+            processor = client.get_processor(task)
+            processor.start(20_000 + 3 * n + run)
+            if run < 2:
+                processor.complete('{"ok": true}')
+            else:
+                running.append(task.id)
+        membership.renew(len(running), {}, int(INTERVAL * 3), running)
+
+
+def _status_call(url: str, *extra: str) -> Callable[[], None]:
+    def call() -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = blueque_main(["--url", url, *extra, "status"])
+        assert code == 0, f"blueque {' '.join(extra)} status exited {code}"
+    return call
+
+
+def _times(call: Callable[[], object], samples: int) -> tuple[float, float, float]:
+    call()  # warm: scripts, connections, templates
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    times.sort()
+    return (statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.95))],
+            times[-1])
+
+
+@contextlib.contextmanager
+def counting_round_trips() -> Iterator[list[int]]:
+    """Requests this process sends Redis while inside (a pipeline is one, as is each
+    command alone), counted where redis-py writes each to its socket: INFO's reads would
+    count a long pipeline's bytes, which the server reads in several."""
+    sent = [0]
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        sent[0] += 1
+        send(self, command, check_health)
+
+    redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        redis.connection.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
+
+
+def round_trips(call: Callable[[], object]) -> int:
+    """The round trips of ``call``'s second time: its client's clock has measured Redis'
+    (a TIME once a minute) and its connections are made."""
+    call()
+    with counting_round_trips() as sent:
+        call()
+    return sent[0]
+
+
+def measure_views(url: str, listeners: int = LISTENERS, queues: int = QUEUES,
+                  samples: int = 15) -> ViewFigures:
+    """Fill the (empty) Redis at ``url`` with the fleet and time its views (module
+    docstring)."""
+    populate(url, listeners, queues)
+    status, status_json = _status_call(url), _status_call(url, "--json")
+    times = {"blueque status": _times(status, samples),
+             "blueque status --json": _times(status_json, samples)}
+    trips = round_trips(status)
+    port = free_port()
+    log = Path(tempfile.gettempdir()) / f"fleet-views-dashboard-{os.getpid()}.log"
+    dashboard = start_dashboard(url, port, log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        last = -(-listeners // 50)
+        for name, path in (("dashboard overview (/)", "/"), ("dashboard nodes (/nodes)", "/nodes"),
+                           (f"dashboard nodes, last page ({last})", f"/nodes?page={last}"),
+                           ("/metrics", "/metrics")):
+            times[name] = _times(lambda path=path: timed(base + path), samples)
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+    finally:
+        stop_process(dashboard)
+    series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    return ViewFigures(times, trips, len(text.encode()), series, listeners, queues)
+
+
+def report(figures: ViewFigures) -> str:
+    lines = [f"{figures.listeners:,} listeners over {figures.queues} queues "
+             f"(target: each view under {TARGET_MS:.0f} ms)",
+             f"{'view':<38} {'median':>8} {'p95':>8} {'max':>8}"]
+    for view, (median, p95, worst) in figures.times.items():
+        lines.append(f"{view:<38} {median:8.1f} {p95:8.1f} {worst:8.1f}")
+    lines.append(f"blueque status: {figures.status_round_trips} Redis round trips")
+    lines.append(f"/metrics: {figures.metrics_bytes:,} bytes, {figures.metrics_series:,} series")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--listeners", type=int, default=LISTENERS)
+    parser.add_argument("--queues", type=int, default=QUEUES)
+    parser.add_argument("--samples", type=int, default=15, help="timed calls per view")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--smoke", action="store_true", help="a small fleet: proves it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.listeners, args.queues, args.samples = 40, 5, 2
+    with RedisServer() as server:
+        started = time.monotonic()
+        figures = measure_views(server.url, args.listeners, args.queues, args.samples)
+        print(report(figures))
+        print(f"(filled and measured in {time.monotonic() - started:.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps(figures.as_dict(), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
