@@ -543,6 +543,8 @@ def test_the_operator_session_runs_as_written(shell: Shell, client: blueque.Clie
             assert done.returncode == 0 and "ERR" not in done.stdout, (line, done)
         hashed = shell.run("redis-cli HGETALL blueque_task_doc-42-page-7").stdout.split()
         assert hashed[hashed.index("status") + 1] == "complete"
+        tails = shell.run("redis-cli GET blueque_output_doc-42-page-7").stdout
+        assert "reading page 7" in tails  # its attempt ended: its tail is there (5.19)
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def test_an_ending_stamps_the_next_task_for_a_warm_process_and_records_its_run(
     data = store.task_data(following)
     assert (data["status"], data["pid"], data["node"], data["attempts"]) == (
         "started", str(PID), LISTENER, "1")
-    assert data["started_at"] == store.task_data(task_id)["finished_at"]  # one script run
+    assert data["started_at"] == store.task_data(task_id)["updated"]  # one script run (its end)
     assert taken.reservation.fields == data
     run = Running(following, "work", 1, 0.0, 0.0, 1.0, Policy(), PID, created=123.25)
     assert json.loads(store.node_run(NODE, PID) or "") == json.loads(
@@ -128,7 +128,7 @@ def test_heal_puts_back_a_task_stamped_for_a_process_of_ours_that_runs_another(
 def test_a_warm_process_gets_its_next_task_in_the_round_trip_of_its_last_ending(  # type: ignore[no-untyped-def]
         client, redis_client, started, tmp_path, redis_url) -> None:
     """Five tasks waiting, one warm process: each next task was stamped by the script run
-    that recorded the one before (its started_at is that ending's finished_at), every task
+    that recorded the one before (its started_at is that ending's time, its updated), every task
     ran once, in the same process, at attempt 1."""
     marker = tmp_path / "marker"
     ids = [enqueue(client, marker=str(marker), value=n) for n in range(5)]
@@ -138,7 +138,7 @@ def test_a_warm_process_gets_its_next_task_in_the_round_trip_of_its_last_ending(
     assert len(set(ran_by(marker))) == 1 and len(ran_by(marker)) == 5
     assert all(t.attempts == 1 for t in tasks)
     for before, after in itertools.pairwise(tasks):
-        assert after.data["started_at"] == before.data["finished_at"]
+        assert after.data["started_at"] == before.data["updated"]  # when it ended
     assert node_runs(redis_client) == {}
     assert outcomes(redis_client, "complete") == 5
 
