@@ -31,19 +31,18 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
-import redis
-import redis.connection
 
 import blueque
 from benchmarks.dashboard_pages import start_dashboard, timed
+from benchmarks.wait_round_trips import counting
 from blueque.cli import main as blueque_main
 from blueque.daemon.membership import Membership
 from blueque.listener import Listener
@@ -150,30 +149,13 @@ def _cpu_of(pid: int) -> Callable[[], float]:
     return seconds
 
 
-@contextlib.contextmanager
-def counting_round_trips() -> Iterator[list[int]]:
-    """Requests this process sends Redis while inside (a pipeline is one, as is each
-    command alone), counted where redis-py writes each to its socket: INFO's reads would
-    count a long pipeline's bytes, which the server reads in several."""
-    sent = [0]
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(self: Any, command: Any, check_health: bool = True) -> None:
-        sent[0] += 1
-        send(self, command, check_health)
-
-    redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
-    try:
-        yield sent
-    finally:
-        redis.connection.AbstractConnection.send_packed_command = send  # type: ignore[method-assign]
-
-
 def round_trips(call: Callable[[], object]) -> int:
-    """The round trips of ``call``'s second time: its client's clock has measured Redis'
-    (a TIME once a minute) and its connections are made."""
+    """The round trips of ``call``'s second time (its client's clock has measured Redis',
+    a TIME once a minute, and its connections are made), counted where redis-py writes each
+    request to its socket (a pipeline is one): INFO's reads would count a long pipeline's
+    bytes, which the server reads in several."""
     call()
-    with counting_round_trips() as sent:
+    with counting(threading.current_thread()) as sent:
         call()
     return sent[0]
 
