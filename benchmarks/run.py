@@ -311,7 +311,7 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
         jobs.append(Job("memory", system, "6", script(system, name, "memory", "--n", p.memory_n),
                         {f"memory_pending.{system}": "pending_bytes",
                          f"memory_finished.{system}": "finished_bytes", **lines},
-                        slow=system != "rq"))
+                        slow=system != "rq", timeout=1800.0))  # 2 x memory_n drained tasks
     for op in ("enqueue", "pickup", "delete"):
         for system, name in (("blueque", bq), ("original", orig)):
             for size, present in (("small", p.scale_small), ("big", p.scale_big)):
