@@ -86,7 +86,11 @@ def queue_name(n: int) -> str:
 
 def populate(url: str, listeners: int = LISTENERS, queues: int = QUEUES) -> None:
     """The fleet's state in Redis, written by Blueque's own operations (module docstring)."""
-    client = blueque.Client(url)
+    with contextlib.closing(blueque.Client(url)) as client:
+        _populate(client, listeners, queues)
+
+
+def _populate(client: blueque.Client, listeners: int, queues: int) -> None:
     store = client.store
     params = json.dumps({"document": "x" * 100})
     for n in range(queues):
