@@ -346,7 +346,8 @@ def test_read_tasks_types_every_field_and_filters_statuses(
     assert complete["pid"] == os.getpid() and complete["attempts"] == 1
     assert complete["node"] == client.get_listener("q").id
     assert complete["created"] <= complete["started"] <= complete["finished"]
-    assert abs(complete["finished"].timestamp() - float(done.data["finished_at"])) < 1e-3
+    # its finished column is when it ended: its updated (no finished_at field since issue 29)
+    assert abs(complete["finished"].timestamp() - float(done.data["updated"])) < 1e-3
     assert rows[broken.id]["error"] == "page unreadable"
     assert rows[running.id]["finished"] is None and rows[running.id]["started"] is not None
     assert rows["t3"]["attempts"] is None and rows["t3"]["started"] is None
