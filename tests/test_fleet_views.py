@@ -48,9 +48,6 @@ def test_the_views_ask_redis_as_often_for_a_fleet_of_150_as_for_one_of_60(
     big = {name: round_trips(call)
            for name, call in views(client, redis_url, blueque_main).items()}
     assert big == small, (small, big)
-    # a new client's handshake (HELLO, CLIENT ...: 5), INFO server, then the queues, their
-    # counts (2), TIME, the leases and members, the info hashes, the clock, CONFIG GET
-    assert small["status"] <= 15, small
     shown = nodes_page(client.store, time.time(), 3)
     assert len(shown["listeners"]) == 50 and shown["page"].pages == 3  # 50 a page
     done = blueque_main("--json", "status", "--url", redis_url)

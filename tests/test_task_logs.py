@@ -26,7 +26,7 @@ from blueque.keys import Keys
 from blueque.running import describe_ending
 from blueque.tails import follow_output, read_output, read_outputs
 from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings
-from blueque.web.views import task_page
+from blueque.web.task_page import task_page
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
