@@ -5,7 +5,8 @@ with 1,000 listeners over 50 queues.
     python -m benchmarks.fleet_views                 # 1,000 listeners over 50 queues
     python -m benchmarks.fleet_views --smoke         # 40 over 5: seconds, proves it runs
 
-``measure_views(url)`` is the measurement (``benchmarks.fleet`` calls it too): it fills the
+``measure_views(url)`` is the measurement (``measure``, its timing part over a fleet that is
+already there, is what ``benchmarks.fleet`` calls while its simulated fleet runs): it fills the
 Redis at ``url`` (an empty database) the way a fleet writes it, through Blueque's own
 operations: each listener registers and renews as the listener daemon does (its Membership:
 info hash, lease, listener set, one renewal), on a node of its own name (5 listeners a node),
@@ -34,9 +35,10 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -71,6 +73,18 @@ class ViewFigures:
     metrics_series: int
     listeners: int
     queues: int
+
+    def rows(self) -> list[dict[str, Any]]:
+        """As benchmarks.fleet prints and keeps them: {label, value, unit} and more."""
+        rows: list[dict[str, Any]] = [
+            {"label": f"{view}, median", "value": round(median, 1), "unit": "ms",
+             "p95_ms": round(p95, 1), "max_ms": round(worst, 1), "cpu_ms": round(cpu, 1)}
+            for view, (median, p95, worst, cpu) in self.times.items()]
+        rows.append({"label": "blueque status, Redis round trips",
+                     "value": self.status_round_trips, "unit": ""})
+        rows.append({"label": "/metrics, size", "value": self.metrics_bytes, "unit": "bytes",
+                     "series": self.metrics_series})
+        return rows
 
     def as_dict(self) -> dict[str, object]:
         return {"times_ms": {view: {"median": m, "p95": p, "max": x, "cpu": c}
@@ -169,6 +183,20 @@ def measure_views(url: str, listeners: int = LISTENERS, queues: int = QUEUES,
     """Fill the (empty) Redis at ``url`` with the fleet and time its views (module
     docstring)."""
     populate(url, listeners, queues)
+    return time_views(url, listeners, queues, samples)
+
+
+def measure(url: str, queues: Sequence[str], listeners: int, smoke: bool
+            ) -> list[dict[str, Any]]:
+    """benchmarks.fleet's views section: the views of the fleet it runs against ``url`` (its
+    simulated ``listeners`` over ``queues``, renewing and sweeping meanwhile: nothing is
+    added to it), as rows {label, value, unit, ...}."""
+    return time_views(url, listeners, len(queues), 3 if smoke else 15).rows()
+
+
+def time_views(url: str, listeners: int, queues: int, samples: int) -> ViewFigures:
+    """Time the views of the fleet Redis at ``url`` holds (``listeners`` over ``queues``,
+    for the printout and the nodes page's last page)."""
     status, status_json = _status_call(url), _status_call(url, "--json")
     times = {"blueque status": _times(status, samples, time.process_time),
              "blueque status --json": _times(status_json, samples, time.process_time)}

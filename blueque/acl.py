@@ -51,7 +51,7 @@ LISTENING = ("subscribe", "unsubscribe")
 READS = ("exists", "type", "get", "hget", "hmget", "hgetall", "hlen", "hexists",
          "llen", "lrange", "lindex", "lpos", "scard", "smembers", "sscan", "sismember", "zcard",
          "zrange", "zrevrange", "zrangebyscore", "zscore", "zcount", "zrank", "xrange",
-         "xrevrange")
+         "xrevrange", "strlen")
 #: Commands sent outside scripts by the roles that change tasks.
 WRITES = ("set", "del", "expire", "pexpire", "hset", "hdel", "hincrby", "lpush", "lrem",
           "lmove", "blmove", "sadd", "srem", "zadd", "zincrby", "zrem", "zremrangebyscore",
@@ -128,7 +128,8 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "zcount": ("K", "0", "1"), "zrank": ("K", "x"), "zadd": ("K", "0", "x"),
     "zincrby": ("K", "0", "x"), "zrem": ("K", "x"), "zremrangebyscore": ("K", "0", "1"),
     "xrange": ("K", "-", "+"), "xrevrange": ("K", "+", "-"), "xadd": ("K", "*", "f", "v"),
-    "xdel": ("K", "0-1"), "expire": ("K", "1"), "pexpire": ("K", "1"), "persist": ("K",),
+    "xdel": ("K", "0-1"), "xlen": ("K",), "strlen": ("K",), "expire": ("K", "1"),
+    "pexpire": ("K", "1"), "persist": ("K",),
     "multi": (), "exec": (), "wait": ("0", "0"),
 }
 
