@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NoReturn
 
@@ -206,6 +207,11 @@ class WarmProcesses:
             return idle
         return None
 
+    def last_tasks(self, running: Iterable[int]) -> bool:
+        """Whether one of the ``running`` task processes runs its last task (``reuse``
+        reached: it exits after it, and its slot needs another process)."""
+        return any(self._runs.get(pid, 1) >= self.reuse for pid in running)
+
     def add_spare(self, pid: int, created: float | None, channel: ChildChannel,
                   output: TaskOutput | None) -> None:
         """A process made before its task (6.8): idle, no task run yet."""
@@ -256,6 +262,15 @@ class WarmProcesses:
         idle = self.idle.pop(pid, None)
         if idle is not None:
             idle.close()
+
+    def retire_spares(self, why: str) -> None:
+        """The idle processes that have run no task yet (spares, 6.8) are told to retire and
+        forgotten (their exit is reaped as an idle process's)."""
+        for pid, idle in list(self.idle.items()):
+            if idle.runs == 0:
+                idle.channel.send({"retire": why})
+                idle.close()
+                del self.idle[pid]
 
     def retire_idle(self, why: str) -> None:
         for idle in self.idle.values():

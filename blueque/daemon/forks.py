@@ -68,6 +68,8 @@ class ForkServerLink:
         self.ready = False
         self.control: socket.socket | None = None
         self.exits: list[tuple[int, int]] = []  # (pid, raw status), reported, not settled
+        #: it loaded the client since this was last read (spares_stale)
+        self._stale = False
         self._started = 0.0
         self._delay = 0.0
         self._start_at = 0.0
@@ -182,11 +184,21 @@ class ForkServerLink:
     def _heard(self, message: dict[str, Any]) -> None:
         if "exited" in message:
             self.exits.append((int(message["exited"]), int(message["status"])))
+        elif "loaded" in message:
+            self._stale = True
         elif "ready" in message:
             self.ready = True
             log.info("fork server %s ready (%s)", self.pid, self.setup.function)
         elif "failed" in message:
             self._broken(f"could not start: {message['failed']}")
+
+    def spares_stale(self) -> bool:
+        """Whether the spares it made (6.8) are to be retired, since last asked: it loaded the
+        client (they would import it themselves, a quarter of a second, where a process made
+        now inherits it)."""
+        self.read()
+        stale, self._stale = self._stale, False
+        return stale
 
     def take_exits(self) -> list[tuple[int, int]]:
         self.read()

@@ -63,6 +63,9 @@ class Starter:
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
         """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
         the task for it (or give it to an idle warm process). False if none could be forked."""
+        server = self.supervisor.fork_server
+        if server is not None and server.spares_stale():
+            self.warm.retire_spares("its fork server has loaded the client since it was made")
         if self._assign(queue, task_id):
             return True
         forked = fork_task_process(
@@ -78,11 +81,14 @@ class Starter:
         return True
 
     def make_spare(self, queue: str, free: int) -> bool:
-        """Have the fork server make a task process before its task (6.8), when a slot is
-        free (``free``: how many) and no process is idle: the next task moved goes to it.
-        False: none was made (none is wanted, no ready fork server, or it made none)."""
+        """Have the fork server make a task process before its task (6.8), when no process
+        is idle and a slot is free (``free``: how many), or one will free with its process's
+        exit (a run in its process's last task: every run with --reuse 1): the next task
+        moved goes to it (an idle process runs nothing: it takes no slot). False: none was
+        made (none is wanted, no ready fork server, or it made none)."""
         server = self.supervisor.fork_server
-        if server is None or free <= 0 or self.warm.idle:
+        if server is None or self.warm.idle or (
+                free <= 0 and not self.warm.last_tasks(self.children)):
             return False
         task_logs = self.supervisor.recorder.task_logs
         made = fork_spare(server, Assignment("", queue, self.owner.id, self.owner.lease_s,
