@@ -109,7 +109,9 @@ class Client:
 
     async def aclose(self) -> None:
         """Close the connections this client opened (its pool; a Sentinel URL's sentinel
-        connections too). A ready client passed to the constructor is left open."""
+        connections too). A ready client passed to the constructor is left open; the
+        connection the store keeps for script calls is closed either way."""
+        await self.store.aclose()
         if self.settings is None:
             return
         pool = getattr(self.redis, "connection_pool", None)
