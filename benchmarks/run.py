@@ -276,7 +276,11 @@ def _ceiling_rows() -> list[Row]:
                 "tasks/s"),
             Row("aio_enqueue_sync.blueque", aio, "sync, one at a time", "blueque", "tasks/s"),
             Row("aio_enqueue_cpu.blueque", aio, "client CPU, at once", "blueque.aio", "us"),
-            Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us")]
+            Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us"),
+            Row("aio_enqueue_alone_cpu.blueque", aio, "client CPU, one by one",
+                "blueque.aio", "us"),
+            Row("aio_burst.blueque", aio, "200 at once / 200 sync in a row (wall)",
+                "blueque.aio", "x", 2)]
 
 
 def _spark_rows(p: Profile) -> list[Row]:
@@ -347,7 +351,9 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                            "--concurrency", AIO_CONCURRENCY),
                     {"aio_enqueue.blueque": "rate", "aio_enqueue_sync.blueque": "sync_rate",
                      "aio_enqueue_cpu.blueque": "client_cpu_us",
-                     "aio_enqueue_sync_cpu.blueque": "sync_client_cpu_us"}))
+                     "aio_enqueue_sync_cpu.blueque": "sync_client_cpu_us",
+                     "aio_enqueue_alone_cpu.blueque": "alone_client_cpu_us",
+                     "aio_burst.blueque": "burst_speedup"}))
     for system, name, n, spacing in (("blueque", bq, p.pickup_n, 0.2),
                                      ("original", orig, p.pickup_n_original, 1.02),
                                      ("rq", rq, p.pickup_n, 0.2)):
@@ -638,6 +644,10 @@ TARGETS = [
            ratio("drain_redis_cpu_c1.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
     Target(f"asyncio: {AIO_CONCURRENCY} concurrent enqueues / sync one at a time",
            ratio("aio_enqueue.blueque", "aio_enqueue_sync.blueque"), 3.0),
+    Target("asyncio client CPU per enqueue, one by one: blueque.aio / sync",
+           ratio("aio_enqueue_alone_cpu.blueque", "aio_enqueue_sync_cpu.blueque"), 1.3, True),
+    Target("asyncio: 200 enqueues at once / 200 sync in a row (wall)",
+           value_of("aio_burst.blueque"), 2.0, unit="x"),
     Target("enqueue one at a time: blueque / redis-py HSET+LPUSH loop",
            ratio("enqueue.blueque", "enqueue.raw"), 0.8),
     Target("enqueue one at a time: blueque / bare single-LPUSH loop",

@@ -71,11 +71,36 @@ def aio_enqueue(url: str, n: int, concurrency: int) -> dict[str, float]:
     try:
         loop.run_until_complete(run(concurrency))  # the pool's connections, the scripts
         result = bc.timed(sync_client.redis, n, lambda: loop.run_until_complete(run(n)))
+        # one coroutine, one enqueue awaited after another: the asyncio client's own cost
+        alone = bc.timed(sync_client.redis, n, lambda: loop.run_until_complete(worker(n)))
+        burst = _bursts(loop, queue, sync_queue, n)
     finally:
         loop.run_until_complete(client.aclose())
         loop.close()
         sync_client.close()
-    return {**result, "sync_rate": sync["rate"], "sync_client_cpu_us": sync["client_cpu_us"]}
+    return {**result, "sync_rate": sync["rate"], "sync_client_cpu_us": sync["client_cpu_us"],
+            "alone_client_cpu_us": alone["client_cpu_us"], "burst_speedup": burst}
+
+
+#: Enqueues of one burst (issue 33): that many asyncio ones at once against as many sync
+#: ones in a row.
+BURST = 200
+
+
+def _bursts(loop: asyncio.AbstractEventLoop, queue: blueque.aio.Queue,
+            sync_queue: blueque.Queue, n: int) -> float:
+    """Wall time of BURST sync enqueues one after another over that of BURST asyncio ones
+    at once (gather), the two alternating; the median of the rounds' ratios."""
+    ratios = []
+    for _ in range(max(3, n // BURST)):
+        started = time.perf_counter()
+        loop.run_until_complete(asyncio.gather(*(queue.enqueue(bc.PARAMETERS)
+                                                 for _ in range(BURST))))
+        middle = time.perf_counter()
+        for _ in range(BURST):
+            sync_queue.enqueue(bc.PARAMETERS)
+        ratios.append((time.perf_counter() - middle) / (middle - started))
+    return sorted(ratios)[len(ratios) // 2]
 
 
 def bulk(url: str, n: int, batch: int) -> dict[str, float]:

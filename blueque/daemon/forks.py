@@ -70,6 +70,11 @@ class ForkServerLink:
         self.exits: list[tuple[int, int]] = []  # (pid, raw status), reported, not settled
         #: it loaded the client since this was last read (spares_stale)
         self._stale = False
+        #: the spares asked for and not answered yet (ask_spare), oldest first: its answers
+        #: come in the order of the requests
+        self._spares_asked: list[object] = []
+        #: each asked spare's answer: (pid, create time), why it refused, or None (gone)
+        self._spares_answered: list[tuple[object, tuple[int, float | None] | str | None]] = []
         self._started = 0.0
         self._delay = 0.0
         self._start_at = 0.0
@@ -182,7 +187,9 @@ class ForkServerLink:
         return message if isinstance(message, dict) else None
 
     def _heard(self, message: dict[str, Any]) -> None:
-        if "exited" in message:
+        if ("forked" in message or "refused" in message) and self._spares_asked:
+            self._spares_answered.append((self._spares_asked.pop(0), _answer(message)))
+        elif "exited" in message:
             self.exits.append((int(message["exited"]), int(message["status"])))
         elif "loaded" in message:
             self._stale = True
@@ -235,13 +242,44 @@ class ForkServerLink:
             message = self._receive(block=True)
             if message is None:
                 return None
-            if "forked" in message:
-                created = message.get("created")
-                return int(message["forked"]), None if created is None else float(created)
-            if "refused" in message:
-                return str(message["refused"])
-            self._heard(message)
+            if ("forked" in message or "refused" in message) and not self._spares_asked:
+                return _answer(message)
+            self._heard(message)  # a spare's answer (asked before) comes first
         return None
+
+    def ask_spare(self, assignment: Assignment, reuse: int, fds: list[int],
+                  token: object) -> bool:
+        """Ask it for a process ahead of its task (6.8) without waiting for the answer: the
+        loop goes on (its task's run, its outcome) while it forks. The answer comes with
+        ``token`` from ``spares_made``. False: it is not ready, or could not be written to."""
+        self.read()
+        if not self.ready or self.control is None:
+            return False
+        request = {"fork": {"task": "", "queue": assignment.queue,
+                            "listener": assignment.listener, "patience": assignment.patience,
+                            "node": assignment.node, "reuse": reuse, "spare": True}}
+        try:
+            self.control.setblocking(True)
+            socket.send_fds(self.control, [json.dumps(request).encode()], fds)
+        except OSError as error:
+            self._broken(f"cannot be written to ({error})")
+            return False
+        self._spares_asked.append(token)
+        return True
+
+    def spares_asked(self) -> int:
+        return len(self._spares_asked)
+
+    def spares_made(self) -> list[tuple[object, tuple[int, float | None] | str | None]]:
+        """The answers to ask_spare since last asked, with their tokens: (pid, create time),
+        why it could not fork, or None: it went away before answering (a child it made
+        meanwhile reads end of file once the token's socket is closed)."""
+        self.read()
+        if self.control is None:
+            self._spares_answered += [(token, None) for token in self._spares_asked]
+            self._spares_asked = []
+        answered, self._spares_answered = self._spares_answered, []
+        return answered
 
     def close(self) -> None:
         """Our end of its socket (it exits when it sees it closed); in a task process forked
@@ -263,6 +301,13 @@ class ForkServerLink:
             except ChildProcessError:
                 return
             time.sleep(0.01)
+
+
+def _answer(message: dict[str, Any]) -> tuple[int, float | None] | str:
+    if "forked" in message:
+        created = message.get("created")
+        return int(message["forked"]), None if created is None else float(created)
+    return str(message["refused"])
 
 
 def exits(server: ForkServerLink | None) -> Iterator[tuple[int, int]]:

@@ -259,6 +259,7 @@ class Supervisor:
         self.warm.close()
         if self.fork_server is not None:  # it exits (6.8); its children live on
             self.fork_server.close()
+            self.starter.drop_spares()
         for running in self.children.values():
             if running.channel is not None:
                 running.channel.close()
