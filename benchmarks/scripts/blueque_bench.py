@@ -34,12 +34,7 @@ def enqueue(url: str, n: int) -> dict[str, float]:
     queue = client.get_queue(QUEUE)
     for _ in range(20):
         queue.enqueue(bc.PARAMETERS)
-
-    def body() -> None:
-        for _ in range(n):
-            queue.enqueue(bc.PARAMETERS)
-
-    return bc.timed(client.redis, n, body)
+    return bc.timed_calls(client.redis, n, lambda: queue.enqueue(bc.PARAMETERS))
 
 
 def aio_enqueue(url: str, n: int, concurrency: int) -> dict[str, float]:
@@ -91,11 +86,13 @@ def _bursts(loop: asyncio.AbstractEventLoop, queue: blueque.aio.Queue,
             sync_queue: blueque.Queue, n: int) -> float:
     """Wall time of BURST sync enqueues one after another over that of BURST asyncio ones
     at once (gather), the two alternating; the median of the rounds' ratios."""
+    async def burst() -> None:
+        await asyncio.gather(*(queue.enqueue(bc.PARAMETERS) for _ in range(BURST)))
+
     ratios = []
     for _ in range(max(3, n // BURST)):
         started = time.perf_counter()
-        loop.run_until_complete(asyncio.gather(*(queue.enqueue(bc.PARAMETERS)
-                                                 for _ in range(BURST))))
+        loop.run_until_complete(burst())
         middle = time.perf_counter()
         for _ in range(BURST):
             sync_queue.enqueue(bc.PARAMETERS)
