@@ -304,6 +304,29 @@ def test_the_quick_start_is_what_ci_runs() -> None:
     ci = [line for line in (ROOT / ".ci" / "run").read_text("utf-8").splitlines()
           if line.startswith("./dev")]
     assert ci == ["./dev lint", *quick_start]
+    tests = README.read_text("utf-8").split("\n## Tests\n", 1)[1].split("\n## ", 1)[0]
+    assert tests.strip().startswith("`./dev test` runs every test")  # the test command
+
+
+def test_the_readme_is_a_short_first_contact() -> None:
+    """Issue 32: at most 250 lines, in the order a newcomer needs them (what it is, why for
+    long jobs, install, a first job of one's own: task function, listener, enqueue, result;
+    the tests; links into the site), and every link into the site goes to a page that is
+    there, a "Running a fleet" one among them."""
+    text = README.read_text("utf-8")
+    assert len(text.splitlines()) <= 250
+    sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert sections == ["Why it suits hours-long jobs",
+                        "Quick start (two commands on a fresh machine)", "Your first job",
+                        "Tests", "Documentation"]
+    first_job = text.split("\n## Your first job\n", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\*\*(\d)\. ([^*]+)\*\*", first_job, re.MULTILINE)
+    assert steps == [("1", "The task function."), ("2", "The listener."), ("3", "Enqueue."),
+                     ("4", "The result.")]
+    links = re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text)
+    assert "docs/how-to/fleet.md" in links and "docs/tutorial.md" in links
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+    assert "[Running a fleet](docs/how-to/fleet.md)" in text
 
 
 @pytest.mark.slow
