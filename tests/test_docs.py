@@ -10,6 +10,7 @@ import html
 import re
 import subprocess
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,3 +106,14 @@ def test_every_page_the_code_and_the_specification_name_exists() -> None:
             "docs/how-to/observability.md"} <= set(named)
     missing = {page: source for page, source in named.items() if not (ROOT / page).is_file()}
     assert missing == {}
+
+
+def test_the_log_outcomes_table_is_the_listeners() -> None:
+    """The observability page's table of the "outcome" field lists every outcome the listener
+    logs, each at the level it is logged at."""
+    from blueque.running import WARNING_OUTCOMES, LogOutcome
+
+    page = (DOCS / "how-to" / "observability.md").read_text("utf-8")
+    rows = dict(re.findall(r"^\| `([a-z]+)` \| [^|]+ \| (info|warning) \|$", page, re.MULTILINE))
+    assert set(rows) == set(typing.get_args(LogOutcome))
+    assert {name for name, level in rows.items() if level == "warning"} == WARNING_OUTCOMES

@@ -260,7 +260,7 @@ DOC_BLOCKS: dict[tuple[str, str, int], str] = {
         "tests/test_readme.py::test_the_fastapi_excerpt_is_the_examples_code",
     ("how-to/observability.md", "Task logs", 1):
         "tests/test_readme.py::test_the_operator_session_runs_as_written",
-    ("how-to/observability.md", "Task logs", 2):
+    ("how-to/observability.md", "The listener's log", 1):
         "tests/test_readme.py::test_the_sample_log_lines_are_a_listeners",
     ("how-to/observability.md", "Metrics", 1): "tests/test_metrics.py::"
         "test_readme_documents_every_exported_metric_and_their_names_follow_conventions",
@@ -641,8 +641,8 @@ def test_the_sample_log_lines_are_a_listeners(redis_url: str, client: blueque.Cl
                                               tmp_path: Path) -> None:
     """The two lines Task logs shows are what a listener writes for an attempt that fails
     and is retried, then one that completes: the same words, with this run's values."""
-    samples = [line for line in block("Task logs", 2, "how-to/observability.md").text.splitlines()
-               if line]
+    samples = [line for line in block("The listener's log", 1,
+                                      "how-to/observability.md").text.splitlines() if line]
     with daemons(tmp_path) as started:
         listener = Daemon(listen_command(redis_url, "documents", "tests.jobs:acts", "--interval",
                                          "0.5", "--poll", "0.1"), tmp_path / "listener.log")
