@@ -271,20 +271,16 @@ class ListenerStep:
         return list(reduced_lottery(self.weights, self.rng))
 
     def _fill_slots(self) -> None:
-        """Give each free slot a task; then, every slot busy or nothing to take, have the
-        process of the next task made ahead of it (6.8, the spare: it waits idle, and the
-        fork, start and exit of task processes are out of the tasks' path)."""
-        while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
-            moved = self.supervisor.ahead.pop() or reserve(self.store, self.weights, self.id,
-                                                           self.rng)
+        supervisor, free = self.supervisor, self.slots.free  # a task for each free slot
+        while free(supervisor.occupied()) > 0 and not self.stop_asked:
+            moved = supervisor.ahead.pop() or reserve(self.store, self.weights, self.id, self.rng)
             if moved is None:
                 break
-            if not self.supervisor.fork(*moved, self.load_function()):
+            if not supervisor.fork(*moved, self.load_function()):
                 self.heal()
                 return
-        if not self.stop_asked:
-            self.supervisor.starter.make_spare(next(iter(self.weights)),
-                                               self.slots.free(self.supervisor.occupied()))
+        if not self.stop_asked:  # then the next task's process made ahead (6.8)
+            supervisor.starter.make_spare(next(iter(self.weights)), free(supervisor.occupied()))
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
