@@ -273,6 +273,11 @@ class ForkServerLink:
         self._spares_asked.append(token)
         return True
 
+    def heard(self) -> bool:
+        """Whether it said something read from its socket and not taken yet (exits, a spare's
+        answer): the loop must not wait for its socket then, which has nothing more to say."""
+        return bool(self.exits or self._spares_answered)
+
     def spares_asked(self) -> int:
         return len(self._spares_asked)
 

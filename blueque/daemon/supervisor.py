@@ -204,6 +204,8 @@ class Supervisor:
         due += self.stopper.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
         due += output_deadlines(self.children.values())
+        if self.fork_server is not None and self.fork_server.heard():
+            due.append(self.clock())  # read meanwhile (a fork's answer waited for): now
         return due
 
     def clean_logs(self, interval: float) -> None:
