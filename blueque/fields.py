@@ -52,6 +52,8 @@ TASK_FIELDS: dict[str, Kind] = {
     "history": "json",
     "after": "json",
     "after_any": "int",
+    "concurrency_key": "text",
+    "requires": "json",
 }
 
 #: A listener's info hash ``blueque_listener_[listener id]`` (PROTOCOL.md §6, Registration).

@@ -143,9 +143,10 @@ def submit(keys: k.Keys, queue: str, task_id: str, parameters: str, now: float,
     return created
 
 
-def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now: float
-                ) -> Operation[list[bool]]:
-    """Create many pending tasks, BULK_CHUNK per script call; a created flag per task.
+def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now: float,
+                fields: Mapping[str, str] | None = None) -> Operation[list[bool]]:
+    """Create many pending tasks, BULK_CHUNK per script call; a created flag per task;
+    ``fields``: the options every one gets.
     Keys: pending list, blueque_queues, the queue's config (its max_parameters_bytes), every
     task hash. Script: submit_many.lua."""
     queues, use_queues = queues_key(keys, queue)
@@ -159,6 +160,8 @@ def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now:
                            str(QUEUE_LIMITS["max_parameters_bytes"])]
         for task_id, parameters in chunk:
             args += (task_id, parameters)
+        for name, value in (fields or {}).items():
+            args += (name, value)
         result = yield Script("submit_many", script_keys, args, durable=True)
         flags.extend(flag == "1" for flag in result)
     yield from touch_queue(keys, queue)

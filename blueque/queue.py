@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from blueque import dependencies, ended, protocol
 from blueque import keys as k
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
+from blueque.placement import PLACEMENT_OPTIONS
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.statuses import CANCELLED, ENDED_LISTS, FAILED, FINISHED_STATUSES, PENDING, SCHEDULED
@@ -92,7 +93,18 @@ def submission(keys: k.Keys, queue: str, parameters: object, task_id: str | None
     text, option fields). ConfigurationError or WrongType say what is wrong."""
     check_queue_name(queue)
     return task_id_for(keys, queue, task_id), _text(parameters, "parameters"), \
-        encode_options(options)
+        task_options(keys, options)
+
+
+def task_options(keys: k.Keys, options: Mapping[str, object], queue: bool = False
+                 ) -> dict[str, str]:
+    """A task's options (or a queue's defaults) as hash fields, checked. A concurrency key or
+    requires need one Redis: refused in the hash-tagged layout (PROTOCOL.md 5.22)."""
+    if keys.hash_tags and any(options.get(name) is not None for name in PLACEMENT_OPTIONS):
+        raise ConfigurationError(
+            "concurrency_key and requires are not available in the hash-tagged layout (a Redis "
+            "Cluster): a key's slots are shared by every queue, no one hash slot holds them")
+    return encode_options(options, queue=queue)
 
 
 def bulk_submission(keys: k.Keys, queue: str, parameters: Sequence[object],
@@ -265,17 +277,18 @@ class Queue:
 
     def enqueue_many(
         self, parameters: Sequence[object], task_ids: Sequence[str] | None = None, *,
-        after: object = None, after_any: object = False
+        after: object = None, after_any: object = False, **options: object
     ) -> BulkEnqueue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing.
         With ``after``, every task waits for those tasks, as ``enqueue(after=...)`` (one
-        call per task)."""
+        call per task). ``options`` (enqueue's) apply to every task."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        fields = task_options(self._store.keys, options)
         if after is not None:
-            ids = [self._submit_after(i, text, {}, after, after_any) for i, text in tasks]
+            ids = [self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
-        flags = self._store.submit_many(self._name, tasks, self._store.now())
+        flags = self._store.submit_many(self._name, tasks, self._store.now(), fields)
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
@@ -354,7 +367,8 @@ class Queue:
         of None removes that default."""
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
-        self._store.set_queue_config(self._name, encode_options(options, queue=True), removed)
+        self._store.set_queue_config(self._name, task_options(self._store.keys, options, True),
+                                     removed)
 
     def config(self) -> dict[str, str]:
         return self._store.queue_config(self._name)

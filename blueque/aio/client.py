@@ -24,7 +24,6 @@ from blueque.config import Settings, hash_tags_option, hide_password, settings_f
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
 from blueque.keys import Keys
-from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting
 from blueque.queue import (
     BulkEnqueue,
@@ -39,6 +38,7 @@ from blueque.queue import (
     given_queue_name,
     purge_cutoff,
     submission,
+    task_options,
 )
 from blueque.retry import RetryPolicy
 from blueque.store import translate
@@ -208,15 +208,18 @@ class Queue:
     async def enqueue_many(self, parameters: Sequence[object],
                            task_ids: Sequence[str] | None = None, *,
                            after: object = None,
-                           after_any: object = False) -> BulkEnqueue:
+                           after_any: object = False, **options: object) -> BulkEnqueue:
         """Create many pending tasks, 1,000 per script call; ids that exist are left alone.
-        With ``after``, every task waits for those tasks (one call per task)."""
+        With ``after``, every task waits for those tasks (one call per task); ``options``
+        (enqueue's) apply to every task."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        fields = task_options(self._store.keys, options)
         if after is not None:
-            ids = [await self._submit_after(i, text, {}, after, after_any) for i, text in tasks]
+            ids = [await self._submit_after(i, text, fields, after, after_any)
+                   for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
         flags = await self._store.perform(protocol.submit_many, self._name, tasks,
-                                          await self._store.now())
+                                          await self._store.now(), fields)
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     async def schedule(self, parameters: object, eta: float | None = None,
@@ -288,7 +291,7 @@ class Queue:
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
         await self._store.perform(protocol.set_queue_config, self._name,
-                                  encode_options(options, queue=True), removed)
+                                  task_options(self._store.keys, options, True), removed)
 
     async def config(self) -> dict[str, str]:
         return await self._store.perform(protocol.queue_config, self._name)
