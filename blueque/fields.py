@@ -74,6 +74,7 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "task_memory": "json",
     "spool_error": "text",
     "left": "time",
+    "resources": "json",
 }
 
 #: A task's times, which people read as dates (`blueque show`, the dashboard's task page).

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Literal
 
-from blueque import eviction
+from blueque import eviction, keyed
 from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
@@ -33,12 +33,13 @@ from blueque.errors import RedisUnavailable
 from blueque.listener import listener_id
 from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
+from blueque.placement import Resources, decode_resources, encode_resources, free_resources
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
 from blueque.running import output_fds
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
-from blueque.store import RedisStore, apart
+from blueque.store import RedisStore, Take, apart
 
 log = logging.getLogger("blueque.daemon")
 
@@ -55,14 +56,13 @@ def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str
 
 
 def reserve(store: RedisStore, weights: dict[str, int], listener: str,
-            rng: random.Random) -> tuple[str, str] | None:
-    """LMOVE the next pending id of a queue drawn by weight into the listener's reserved list:
-    the queue and the id. The stamp comes once a child is forked to run it (6.2)."""
-    for queue in reduced_lottery(weights, rng):
-        task_id = store.move_pending(queue, listener, block=None)
-        if task_id is not None:
-            return queue, task_id
-    return None
+            rng: random.Random, resources: str = "{}") -> tuple[str, str] | None:
+    """Move the next pending id the listener may take (its key has a free slot, its
+    ``resources`` cover what it requires: take.lua, PROTOCOL.md 5.22) of the first queue,
+    drawn by weight, that has one into the listener's reserved list: the queue and the id.
+    The stamp comes once a child is forked to run it (6.2)."""
+    taken = store.take(listener, Take(list(reduced_lottery(weights, rng)), resources))
+    return None if taken is None else (taken.queue, taken.task_id)
 
 
 class ListenerStep:
@@ -111,6 +111,9 @@ class ListenerStep:
             reuse=options.reuse, max_memory=options.max_memory_per_process,
             fork_server=ForkServerLink(setup) if setup else None)
         self.supervisor.ahead.queues = self._next_queues
+        self.supervisor.ahead.resources = self.free_resources
+        #: what the adopted runs' tasks require (read once each, PROTOCOL.md 5.22)
+        self.adopted_requires: dict[str, Resources] = {}
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive, clock)
         #: renews the leases when the loop is late (a slow link); hears of every renewal
         self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
@@ -136,7 +139,9 @@ class ListenerStep:
 
     def register(self) -> None:
         sent = self.clock()
-        self.membership.register(self.options.concurrency)
+        resources = self.options.resources
+        self.membership.register(self.options.concurrency,
+                                 encode_resources(resources) if resources else "")
         self.keeper.renewed(sent)  # its leases run from here
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
@@ -250,11 +255,32 @@ class ListenerStep:
         take our slots (Slots.take); then the cleanup of old output files."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
         if self.slots.take(report):
+            self._adopted_requires()
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(self.slots.adopted))
+        if not self.store.clustered and not self.store.keys.hash_tags:
+            self.store.perform(keyed.heal)  # holds no ending released, waiters they hold up
         self.supervisor.clean_logs(self.options.interval)
         if self.metrics:
             self.metrics.swept(report)
+
+    def free_resources(self, ending: str | None = None) -> str:
+        """Our --resources less what our runs' tasks require (children, adopted runs; the
+        run of task ``ending`` not counted: its slot is being freed), as take.lua reads it."""
+        used = [decode_resources(r.fields.get("requires"))
+                for r in self.supervisor.children.values() if r.task_id != ending]
+        used += [self.adopted_requires.get(task_id, {}) for task_id in self.slots.adopted]
+        return encode_resources(free_resources(self.options.resources, used))
+
+    def _adopted_requires(self) -> None:
+        """Read what each newly adopted run's task requires (its slots' resources are used
+        until its process ends)."""
+        for task_id in self.slots.adopted:
+            if task_id not in self.adopted_requires:
+                fields = self.store.task_data(task_id) or {}
+                self.adopted_requires[task_id] = decode_resources(fields.get("requires"))
+        for task_id in set(self.adopted_requires) - set(self.slots.adopted):
+            del self.adopted_requires[task_id]
 
     def busy(self) -> int:
         """Slots in use: our children (and what ended runs left that we are stopping), the
@@ -272,8 +298,8 @@ class ListenerStep:
 
     def _fill_slots(self) -> None:
         while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
-            moved = self.supervisor.ahead.pop() or reserve(self.store, self.weights, self.id,
-                                                           self.rng)
+            moved = self.supervisor.ahead.pop() or reserve(
+                self.store, self.weights, self.id, self.rng, self.free_resources())
             if moved is None:  # nothing to take: a process made ready for the next (6.8)
                 self.supervisor.starter.make_spare(next(iter(self.weights)), self.slots.free(
                     self.supervisor.occupied()))

@@ -30,6 +30,8 @@ class Take:
     blueque.running.record_tail writes them); without, it is only moved."""
 
     queues: Sequence[str]
+    #: the listener's free resources (JSON: name -> amount; PROTOCOL.md 5.22)
+    resources: str = "{}"
     pid: int | None = None
     created: float | None = None
     node: str = ""
@@ -172,7 +174,8 @@ class RunOperations(StoreCore):
                 "" if end.result_ttl_ms is None else end.result_ttl_ms,
                 self.keys.done_channel(queue), "cancelled" if end.cancelled else "",
                 "renews" if renews else "",
-                k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue]
+                k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue,
+                *self._keyed_names()]
         # in the same round trip: the task's dependents, so that an ending with none (nearly
         # every one) costs no second round trip to find out (PROTOCOL.md 5.21)
         dependents = self.keys.dependents(end.task_id)
@@ -198,12 +201,32 @@ class RunOperations(StoreCore):
         for queue in take.queues:
             keys += [self.keys.pending(queue), self.keys.reserved(queue, listener),
                      self.keys.failed(queue), *self._outcome_keys(queue, now),
-                     self.keys.started(queue)]
+                     self.keys.started(queue), self.keys.queue_config(queue)]
         args = [listener, repr(now), k.FINISHED_MINUTE_TTL,
                 "" if take.pid is None else take.pid,
                 "" if take.created is None else repr(take.created), take.record, take.runs_ttl,
-                self.keys.task(""), *take.queues]
+                self.keys.task(""), take.resources, *self.keys.keyed_names(), *take.queues]
         return ScriptCall("take", keys, args, durable=take.pid is not None)
+
+    def _keyed_names(self) -> list[str]:
+        """lib/keyed's names for the scripts that release a key's slot; none where keys are
+        refused (a Cluster: the script may touch only the keys it is given)."""
+        return [] if self.clustered or self.keys.hash_tags else self.keys.keyed_names()
+
+    @translate_errors
+    def take(self, listener_id: str, take: Take) -> Taken | None:
+        """The listener daemon's reservation when a slot is free (take.lua, move only: the
+        first of ``take.queues`` with a task it may take now, PROTOCOL.md 5.22): what it moved
+        into its reserved list, or None. On a Redis Cluster, LMOVE as ever (keys and resources
+        are refused there)."""
+        if self.clustered or self.keys.hash_tags:
+            for queue in take.queues:
+                task_id = self.move_pending(queue, listener_id, block=None)
+                if task_id is not None:
+                    return Taken(queue, task_id)
+            return None
+        call = self._take_call(listener_id, self.now(), take)
+        return self._taken(self._run(call.name, call.keys, call.args))
 
     def _taken(self, reply: Sequence[Any]) -> Taken | None:
         if not reply:
@@ -257,6 +280,7 @@ class RunOperations(StoreCore):
         for task_id, attempts, verdict, eta, error in verdicts:
             keys.append(self.keys.task(task_id))
             args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
+        args += self._keyed_names()
         counts = [int(n) for n in self._run("recover", keys, args)]
         if counts != [-1] and release and self.keys.hash_tags:
             self.redis.zincrby(self.keys.queues(), -1, queue)

@@ -1,0 +1,116 @@
+"""Concurrency limits per key across the fleet (PROTOCOL.md 5.22), the operations described
+once for both clients: set or clear a key's limit (limit.lua), read each key's limit, holders
+and waiters (what ``blueque limit``, ``blueque show``, the dashboard and the metrics show), and
+the sweep's heal of the keys in use (keyed_heal.lua). A key's slots are taken by take.lua and
+released by finish.lua and recover.lua, all through lua/lib/keyed.lua."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from blueque import keys as k
+from blueque.errors import ConfigurationError
+from blueque.placement import check_key
+from blueque.protocol import Operation, Pipeline, Script, command
+
+#: Keys a sweep's heal looks at per call (drawn at random from the keys in use).
+HEAL_KEYS = 100
+#: Holders and waiters a key's state lists (its counts are exact).
+LISTED = 20
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A run holding one of a key's slots: its task, the listener whose reserved list holds
+    it, its queue and attempt."""
+
+    task_id: str
+    listener: str
+    queue: str
+    attempt: int | None
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One concurrency key as Redis has it now: its limit (None: none), how many runs hold
+    its slots and how many tasks wait for one, and the first LISTED of each."""
+
+    key: str
+    limit: int | None
+    holding: int
+    waiting: int
+    holders: tuple[Holder, ...]
+    waiters: tuple[str, ...]
+
+
+def check_limit(limit: object) -> int | None:
+    """A key's limit: a whole number at least 0 (0: no run of the key starts), or None."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ConfigurationError(f"a key's limit must be a whole number at least 0 (or None "
+                                 f"to clear it), not {limit!r}")
+    return limit
+
+
+def set_limit(keys: k.Keys, key: str, limit: int | None) -> Operation[int]:
+    """Set (or, None, clear) ``key``'s limit; waiters its new slots let run are woken. Returns
+    how many runs hold its slots. Keys: blueque_limits, the key's holders and waiting list,
+    the hashes and pending lists of the tasks woken. Script: limit.lua."""
+    key, limit = check_key(key), check_limit(limit)
+    reply = yield Script("limit", [keys.limits()],
+                         [key, "" if limit is None else str(limit), *keys.keyed_names()],
+                         durable=True)
+    return int(reply)
+
+
+def key_states(keys: k.Keys, wanted: Sequence[str] | None = None
+               ) -> Operation[list[KeyState]]:
+    """The state of ``wanted`` keys, or of every key with a limit or in use (sorted). Keys:
+    blueque_limits, blueque_concurrency_keys, each key's holders and waiting list (read
+    only, one round trip for them all)."""
+    limits = yield command("hgetall", keys.limits())
+    if wanted is None:
+        used = yield command("smembers", keys.concurrency_keys())
+        names = sorted(set(limits) | set(used))
+    else:
+        names = [check_key(key) for key in wanted]
+    states: list[KeyState] = []
+    if not names:
+        return states
+    replies = yield Pipeline(tuple(
+        step for key in names for step in (
+            command("hgetall", keys.key_holders(key)),
+            command("llen", keys.key_waiting(key)),
+            command("lrange", keys.key_waiting(key), -LISTED, -1))))
+    for i, key in enumerate(names):
+        holders, waiting, waiters = replies[3 * i: 3 * i + 3]
+        raw = limits.get(key)
+        states.append(KeyState(
+            key, int(raw) if raw is not None and str(raw).isdigit() else None,
+            len(holders), int(waiting),
+            tuple(_holder(task_id, text) for task_id, text in sorted(holders.items())[:LISTED]),
+            tuple(reversed(waiters))))
+    return states
+
+
+def _holder(task_id: str, text: str) -> Holder:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = {}
+    value = value if isinstance(value, dict) else {}
+    attempt = value.get("attempt")
+    return Holder(task_id, str(value.get("listener", "")), str(value.get("queue", "")),
+                  int(attempt) if isinstance(attempt, int | float) else None)
+
+
+def heal(keys: k.Keys, count: int = HEAL_KEYS) -> Operation[int]:
+    """Drop the holds of runs gone from their listener's reserved list and wake the waiters
+    free slots let run, for up to ``count`` keys in use. Returns how many ids left the
+    waiting lists. Script: keyed_heal.lua."""
+    reply = yield Script("keyed_heal", [keys.concurrency_keys()],
+                         [count, *keys.keyed_names()])
+    return int(reply)
