@@ -3,13 +3,16 @@
 -- no ending) are dropped, and each key's waiters its free slots let run are woken. The
 -- releases of finish and recover do this at once; this catches what they cannot see.
 -- KEYS[1] keys set             blueque_concurrency_keys
--- ARGV[1] how many keys to look at (at most; drawn at random), ARGV[2..9] the names of
+-- ARGV[1] how many keys to look at (at most), ARGV[2..9] the names of
 -- lib/keyed (Keys.keyed_names)
 -- Returns how many ids left the waiting lists (woken, or dropped: no longer pending).
 -- uses: keyed
 local names = keyed_names(ARGV, 2)
 local woken = 0
-for _, key in ipairs(redis.call('SRANDMEMBER', KEYS[1], tonumber(ARGV[1]))) do
+for i, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if i > tonumber(ARGV[1]) then
+    break
+  end
   live_holders(names, key)
   local before = redis.call('LLEN', names.waiting .. key)
   wake_key(names, key)

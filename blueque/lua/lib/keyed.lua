@@ -59,10 +59,11 @@ local function wake_key(n, key)
   end
   local waiting = n.waiting .. key
   while free > 0 do
-    local id = redis.call('RPOP', waiting)
+    local id = redis.call('LINDEX', waiting, -1)  -- the oldest (LPUSH in)
     if not id then
       break
     end
+    redis.call('LREM', waiting, -1, id)
     local t = redis.call('HMGET', n.task .. id, 'status', 'queue')
     if t[1] == 'pending' and t[2] then  -- cancelled or deleted meanwhile: dropped
       redis.call('RPUSH', n.pending .. t[2], id)

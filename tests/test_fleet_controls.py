@@ -1,0 +1,161 @@
+"""Issue 31, points 2 and 3, end to end: real `blueque listen` processes on several nodes
+(--node-name) over a real Redis. Concurrency limits per key across the fleet (never more runs
+of a key at once than its limit, from the tasks' own journals; unkeyed tasks not held up; a
+SIGKILLed holder's slot back after its lease; a limit kept through a Redis restart from the
+AOF) and placement by resources (a gpu task never on a listener without gpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+import blueque
+from blueque.errors import ConfigurationError
+from blueque.testing import RedisServer
+from tests.daemons import Daemon, listen_command, wait_until
+
+FAST = ("--interval", "0.5", "--poll", "0.1")
+WORK = "tests.chaos_jobs:work"
+RETRY = {"max_attempts": 2, "retry_backoff": 0.1, "retry_backoff_max": 0.1}
+
+
+def listener(started: list[Daemon], tmp_path: Path, url: str, node: str,
+             *options: str) -> Daemon:
+    daemon = Daemon(listen_command(url, "work", WORK, "--node-name", node, *FAST, *options),
+                    tmp_path / f"{node}.log")
+    started.append(daemon)
+    return daemon
+
+
+def runs(journal: Path, task_id: str) -> list[tuple[float, float | None, int]]:
+    """(start, end or None, pid) of each run of the task, from its own journal."""
+    found: list[tuple[float, float | None, int]] = []
+    path = journal / task_id
+    for line in path.read_text().splitlines() if path.exists() else []:
+        event, _, pid, at = line.split()
+        if event == "start":
+            found.append((float(at), None, int(pid)))
+        elif found and found[-1][2] == int(pid):
+            found[-1] = (found[-1][0], float(at), int(pid))
+    return found
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = current = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        current += step
+        most = max(most, current)
+    return most
+
+
+def kill_listener_and_runs(daemon: Daemon) -> float:
+    """SIGKILL a listener and every process under it at once (a node lost whole): its runs
+    end now, and only its lease can tell the fleet."""
+    under = psutil.Process(daemon.pid).children(recursive=True)
+    os.kill(daemon.pid, signal.SIGKILL)
+    for process in under:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    daemon.process.wait(10)
+    return time.time()
+
+
+@pytest.mark.slow
+def test_a_key_never_runs_above_its_limit_across_the_fleet(
+        client: blueque.Client, redis_url: str, started: list[Daemon], tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    client.set_limit("db-7", 2)
+    queue = client.get_queue("work")
+    keyed = [str(queue.enqueue(json.dumps({"dir": str(journal), "seconds": 0.5}),
+                               concurrency_key="db-7", **RETRY)) for _ in range(40)]
+    unkeyed = [str(i) for i in queue.enqueue_many(
+        [json.dumps({"dir": str(journal), "seconds": 0.2})] * 20, **RETRY)]
+    daemons = [listener(started, tmp_path, redis_url, f"node{n}", "--concurrency", "4")
+               for n in range(3)]
+
+    def complete(ids: list[str]) -> int:
+        return sum(client.get_task(i).status == "complete" for i in ids)
+
+    # no head-of-line blocking: every unkeyed task (enqueued behind the 40 keyed ones)
+    # finishes while most keyed ones still wait for a slot of their key
+    wait_until(lambda: complete(unkeyed) == 20, 60, "the unkeyed tasks complete")
+    assert complete(keyed) < 30
+    state = client.key_states(["db-7"])[0]
+    assert state.holding <= 2 and state.waiting > 0
+    # a holder lost whole (listener and its runs SIGKILLed): its slot comes back after its lease
+    wait_until(lambda: client.key_states(["db-7"])[0].holders, 30, "a run holds a slot")
+    holder = client.key_states(["db-7"])[0].holders[0]
+    daemon = next(d for d in daemons if d.pid == int(holder.listener.rsplit("_", 1)[1]))
+    killed_at = kill_listener_and_runs(daemon)
+    victim_task = holder.task_id if client.get_task(holder.task_id).status == "started" else ""
+    assert victim_task, "no keyed run was killed while it held its key's slot"
+    wait_until(lambda: complete(keyed) == 40, 120, "every keyed task completes")
+    intervals = []
+    for task_id in keyed:
+        for start, end, _ in runs(journal, task_id):
+            intervals.append((start, end if end is not None else killed_at))
+    assert len(intervals) >= 41  # the killed run, then its retry
+    assert most_at_once(intervals) == 2  # used fully, never exceeded
+    assert client.get_task(victim_task).attempts == 2
+    assert client.key_states(["db-7"])[0].holding == 0
+
+
+@pytest.mark.slow
+def test_a_gpu_task_never_runs_on_a_listener_without_gpu(
+        client: blueque.Client, redis_url: str, started: list[Daemon], tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    queue = client.get_queue("work")
+    gpu = [str(queue.enqueue(json.dumps({"dir": str(journal), "seconds": 0.2}),
+                             requires={"gpu": 1, "memory": "16G"})) for _ in range(6)]
+    plain = [str(queue.enqueue(json.dumps({"dir": str(journal), "seconds": 0.2}))) for _ in range(6)]
+    listener(started, tmp_path, redis_url, "cpu", "--concurrency", "4")
+    listener(started, tmp_path, redis_url, "gpu", "--concurrency", "4",
+             "--resources", "gpu=1,memory=64Gi")
+    wait_until(lambda: all(client.get_task(i).status == "complete" for i in gpu + plain), 60,
+               "every task completes")
+    assert {client.get_task(i).node.rsplit("_", 1)[0] for i in gpu} == {"gpu"}
+    # one gpu: never two gpu tasks at once on it
+    intervals = [(s, e) for i in gpu for s, e, _ in runs(journal, i) if e is not None]
+    assert len(intervals) == 6 and most_at_once(intervals) == 1
+    info = [listener.info for listener in client.listeners() if listener.host == "gpu"][0]
+    assert json.loads(info["resources"]) == {"gpu": 1, "memory": 64 * 2**30}
+
+
+def test_a_limit_survives_a_redis_restart_from_the_aof(aof_server: RedisServer) -> None:
+    client = blueque.Client(aof_server.url)
+    try:
+        client.set_limit("db-7", 3)
+        client.get_queue("work").enqueue("x", concurrency_key="db-7")
+        aof_server.kill()
+        aof_server.start()
+        state = client.key_states(["db-7"])[0]
+        assert (state.limit, state.holding) == (3, 0)
+        client.set_limit("db-7", None)
+        assert client.key_states(["db-7"])[0].limit is None
+    finally:
+        client.close()
+
+
+def test_bad_controls_are_refused_before_anything_is_written(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    queue = client.get_queue("work")
+    for options in ({"concurrency_key": ""}, {"concurrency_key": "a b"},
+                    {"requires": {"gpu": "lots"}}, {"requires": ["gpu"]},
+                    {"requires": {"gpu": -1}}):
+        with pytest.raises(ConfigurationError):
+            queue.enqueue("x", **options)
+    with pytest.raises(ConfigurationError):
+        client.set_limit("db-7", -1)
+    assert redis_client.keys("*") == []
