@@ -110,7 +110,10 @@ def _holder(task_id: str, text: str) -> Holder:
 def heal(keys: k.Keys, count: int = HEAL_KEYS) -> Operation[int]:
     """Drop the holds of runs gone from their listener's reserved list and wake the waiters
     free slots let run, for up to ``count`` keys in use. Returns how many ids left the
-    waiting lists. Script: keyed_heal.lua."""
+    waiting lists (none in the hash-tagged layout, where keys are refused). Script:
+    keyed_heal.lua."""
+    if keys.hash_tags:
+        return 0
     reply = yield Script("keyed_heal", [keys.concurrency_keys()],
                          [count, *keys.keyed_names()])
     return int(reply)

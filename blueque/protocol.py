@@ -160,8 +160,7 @@ def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now:
                            str(QUEUE_LIMITS["max_parameters_bytes"])]
         for task_id, parameters in chunk:
             args += (task_id, parameters)
-        for name, value in (fields or {}).items():
-            args += (name, value)
+        args += [part for pair in (fields or {}).items() for part in pair]  # every task's
         result = yield Script("submit_many", script_keys, args, durable=True)
         flags.extend(flag == "1" for flag in result)
     yield from touch_queue(keys, queue)

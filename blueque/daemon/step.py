@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Literal
 
-from blueque import eviction, keyed
+from blueque import eviction
 from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
@@ -26,6 +26,7 @@ from blueque.daemon.keeper import LeaseKeeper
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
+from blueque.daemon.resources import ResourceBook
 from blueque.daemon.slots import Slots
 from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
@@ -33,7 +34,6 @@ from blueque.errors import RedisUnavailable
 from blueque.listener import listener_id
 from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
-from blueque.placement import Resources, decode_resources, encode_resources, free_resources
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
 from blueque.running import output_fds
@@ -66,12 +66,10 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
 
 
 class ListenerStep:
-    """The listener's parts and one step of its loop (``run_once``): take in what the
-    children said and reap them, join (identity claim, registration) until joined, renew,
-    sweep, enforce limits and cancellations, fill free slots, wait. ListenerDaemon lives by
-    repeating it; tests drive single steps. It composes its presence in Redis (Membership)
-    and its children (Supervisor), what wakes it (Wakeup, Inbox), its slots and recovery
-    (Slots, Recovery) and its node's preemption (NodePreemption)."""
+    """The listener's parts and one step of its loop (``run_once``: take in, reap, join,
+    renew, sweep, enforce limits and cancellations, fill free slots, wait), repeated by
+    ListenerDaemon, driven step by step by tests. It composes Membership, Supervisor, Wakeup,
+    Inbox, Slots, ResourceBook, Recovery and NodePreemption."""
 
     def __init__(self, client: Client, options: ListenerOptions,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -111,9 +109,6 @@ class ListenerStep:
             reuse=options.reuse, max_memory=options.max_memory_per_process,
             fork_server=ForkServerLink(setup) if setup else None)
         self.supervisor.ahead.queues = self._next_queues
-        self.supervisor.ahead.resources = self.free_resources
-        #: what the adopted runs' tasks require (read once each, PROTOCOL.md 5.22)
-        self.adopted_requires: dict[str, Resources] = {}
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive, clock)
         #: renews the leases when the loop is late (a slow link); hears of every renewal
         self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
@@ -123,6 +118,8 @@ class ListenerStep:
                                          options.preempt_grace)
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
+        self.resources = ResourceBook(self.store, options.resources, self.supervisor, self.slots)
+        self.supervisor.ahead.resources = self.resources.free  # PROTOCOL.md 5.22
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
         #: refuses an evicting Redis at start, then says a change at each renewal
@@ -139,9 +136,7 @@ class ListenerStep:
 
     def register(self) -> None:
         sent = self.clock()
-        resources = self.options.resources
-        self.membership.register(self.options.concurrency,
-                                 encode_resources(resources) if resources else "")
+        self.membership.register(self.options.concurrency, self.resources.offered())
         self.keeper.renewed(sent)  # its leases run from here
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
@@ -255,32 +250,11 @@ class ListenerStep:
         take our slots (Slots.take); then the cleanup of old output files."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
         if self.slots.take(report):
-            self._adopted_requires()
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
                      self.id, len(self.slots.adopted))
-        if not self.store.clustered and not self.store.keys.hash_tags:
-            self.store.perform(keyed.heal)  # holds no ending released, waiters they hold up
         self.supervisor.clean_logs(self.options.interval)
         if self.metrics:
             self.metrics.swept(report)
-
-    def free_resources(self, ending: str | None = None) -> str:
-        """Our --resources less what our runs' tasks require (children, adopted runs; the
-        run of task ``ending`` not counted: its slot is being freed), as take.lua reads it."""
-        used = [decode_resources(r.fields.get("requires"))
-                for r in self.supervisor.children.values() if r.task_id != ending]
-        used += [self.adopted_requires.get(task_id, {}) for task_id in self.slots.adopted]
-        return encode_resources(free_resources(self.options.resources, used))
-
-    def _adopted_requires(self) -> None:
-        """Read what each newly adopted run's task requires (its slots' resources are used
-        until its process ends)."""
-        for task_id in self.slots.adopted:
-            if task_id not in self.adopted_requires:
-                fields = self.store.task_data(task_id) or {}
-                self.adopted_requires[task_id] = decode_resources(fields.get("requires"))
-        for task_id in set(self.adopted_requires) - set(self.slots.adopted):
-            del self.adopted_requires[task_id]
 
     def busy(self) -> int:
         """Slots in use: our children (and what ended runs left that we are stopping), the
@@ -299,7 +273,7 @@ class ListenerStep:
     def _fill_slots(self) -> None:
         while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
             moved = self.supervisor.ahead.pop() or reserve(
-                self.store, self.weights, self.id, self.rng, self.free_resources())
+                self.store, self.weights, self.id, self.rng, self.resources.free())
             if moved is None:  # nothing to take: a process made ready for the next (6.8)
                 self.supervisor.starter.make_spare(next(iter(self.weights)), self.slots.free(
                     self.supervisor.occupied()))
