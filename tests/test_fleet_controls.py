@@ -6,6 +6,7 @@ AOF) and placement by resources (a gpu task never on a listener without gpu)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,10 +63,8 @@ def kill_listener_and_runs(daemon: Daemon) -> float:
     under = psutil.Process(daemon.pid).children(recursive=True)
     os.kill(daemon.pid, signal.SIGKILL)
     for process in under:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     daemon.process.wait(10)
     return time.time()
 
@@ -119,7 +118,8 @@ def test_a_gpu_task_never_runs_on_a_listener_without_gpu(
     queue = client.get_queue("work")
     gpu = [str(queue.enqueue(json.dumps({"dir": str(journal), "seconds": 0.2}),
                              requires={"gpu": 1, "memory": "16G"})) for _ in range(6)]
-    plain = [str(queue.enqueue(json.dumps({"dir": str(journal), "seconds": 0.2}))) for _ in range(6)]
+    plain = [str(queue.enqueue(json.dumps({"dir": str(journal), "seconds": 0.2})))
+             for _ in range(6)]
     listener(started, tmp_path, redis_url, "cpu", "--concurrency", "4")
     listener(started, tmp_path, redis_url, "gpu", "--concurrency", "4",
              "--resources", "gpu=1,memory=64Gi")
@@ -129,7 +129,7 @@ def test_a_gpu_task_never_runs_on_a_listener_without_gpu(
     # one gpu: never two gpu tasks at once on it
     intervals = [(s, e) for i in gpu for s, e, _ in runs(journal, i) if e is not None]
     assert len(intervals) == 6 and most_at_once(intervals) == 1
-    info = [listener.info for listener in client.listeners() if listener.host == "gpu"][0]
+    info = next(listener.info for listener in client.listeners() if listener.host == "gpu")
     assert json.loads(info["resources"]) == {"gpu": 1, "memory": 64 * 2**30}
 
 
@@ -159,3 +159,15 @@ def test_bad_controls_are_refused_before_anything_is_written(
     with pytest.raises(ConfigurationError):
         client.set_limit("db-7", -1)
     assert redis_client.keys("*") == []
+
+
+def test_the_keyed_start_benchmark_gives_its_rows() -> None:
+    from benchmarks.keyed_start import KINDS, rows
+
+    found = {row["label"]: row["value"] for row in rows(5)}
+    for kind in KINDS:
+        for what in ("start", "ending"):
+            assert found[f"{kind} {what}: Redis commands"] > 0
+            assert found[f"{kind} {what}: round trips"] >= 1
+    # a keyed start costs no round trip more than an unkeyed one: its work is in take.lua
+    assert found["keyed start: round trips"] == found["unkeyed start: round trips"]

@@ -253,7 +253,16 @@ BLOCKS = {
 
 #: Each block of each page of the documentation site (its path under docs/, its section and
 #: its place there) and the test that runs it.
-DOC_BLOCKS: dict[tuple[str, str, int], str] = {}
+DOC_BLOCKS: dict[tuple[str, str, int], str] = {
+    ("how-to/fleet-controls.md", "Concurrency limits per key", 1):
+        "tests/test_fleet_docs.py::test_the_limits_code_runs_as_written",
+    ("how-to/fleet-controls.md", "Concurrency limits per key", 2):
+        "tests/test_fleet_docs.py::test_the_limit_commands_run_as_written",
+    ("how-to/fleet-controls.md", "Placement by resources", 1):
+        "tests/test_fleet_docs.py::test_the_placement_listener_and_code_run_as_written",
+    ("how-to/fleet-controls.md", "Placement by resources", 2):
+        "tests/test_fleet_docs.py::test_the_placement_listener_and_code_run_as_written",
+}
 
 
 def test_every_readme_block_has_its_test() -> None:
