@@ -1,8 +1,11 @@
-"""Concurrency limits per key across the fleet (PROTOCOL.md 5.22), the operations described
-once for both clients: set or clear a key's limit (limit.lua), read each key's limit, holders
-and waiters (what ``blueque limit``, ``blueque show``, the dashboard and the metrics show), and
-the sweep's heal of the keys in use (keyed_heal.lua). A key's slots are taken by take.lua and
-released by finish.lua and recover.lua, all through lua/lib/keyed.lua."""
+"""Fleet controls (PROTOCOL.md 5.22), the operations described once for both clients.
+
+Concurrency limits per key across the fleet: set or clear a key's limit (limit.lua), read
+each key's limit, holders and waiters (what ``blueque limit``, ``blueque status`` and the
+metrics show), and the sweep's heal of the keys in use (keyed_heal.lua). A key's slots are
+taken by take.lua and released by finish.lua and recover.lua, all through lua/lib/keyed.lua.
+Placement: what the live listeners of a queue offer, and the pending tasks none of them could
+ever run (the warning at enqueue, ``blueque status``)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 from blueque import keys as k
 from blueque.errors import ConfigurationError
-from blueque.placement import check_key
+from blueque.placement import Resources, check_key, decode_resources, fits, format_resources
 from blueque.protocol import Operation, Pipeline, Script, command
 
 #: Keys a sweep's heal looks at per call (drawn at random from the keys in use).
@@ -117,3 +120,54 @@ def heal(keys: k.Keys, count: int = HEAL_KEYS) -> Operation[int]:
     reply = yield Script("keyed_heal", [keys.concurrency_keys()],
                          [count, *keys.keyed_names()])
     return int(reply)
+
+
+# --- placement: what the live listeners of a queue offer ----------------------------------
+#: The oldest pending tasks of each queue `blueque status` looks at for ones nobody fits.
+PLACEMENT_LOOK = 20
+
+
+def live_offers(keys: k.Keys, queue: str) -> Operation[list[Resources]]:
+    """What each live listener of ``queue`` offers (its info hash's ``resources``; a listener
+    whose info hash is gone is dead, a 1.0.1 one writes none). Keys: blueque_listeners_[queue],
+    each one's blueque_listener_[id] (SMEMBERS, HMGET: what a client may send)."""
+    listeners = yield command("smembers", keys.listeners(queue))
+    if not listeners:
+        return []
+    infos = yield Pipeline(tuple(command("hmget", keys.listener_info(listener),
+                                         ["pid", "resources", "left"])
+                                 for listener in sorted(listeners)))
+    return [decode_resources(resources) for pid, resources, left in infos
+            if pid is not None and not left]
+
+
+def nobody_fits(required: Resources, offers: Sequence[Resources]) -> str | None:
+    """Why no listener of ``offers`` could ever run a task requiring ``required`` (counting
+    all it offers, as if idle), or None if one could."""
+    if any(fits(offer, required) for offer in offers):
+        return None
+    if not offers:
+        return "no live listener serves its queue"
+    return ("no live listener of its queue offers it (they offer: "
+            + "; ".join(format_resources(offer) or "nothing" for offer in offers) + ")")
+
+
+def oldest_requires(keys: k.Keys, queues: Sequence[str]
+                    ) -> Operation[dict[str, list[tuple[str, Resources]]]]:
+    """The ``requires`` of the PLACEMENT_LOOK oldest pending tasks of each queue (their own,
+    else their queue's default), those that require anything: two round trips whatever the
+    number of queues."""
+    firsts = yield Pipeline(tuple(step for queue in queues for step in (
+        command("lrange", keys.pending(queue), -PLACEMENT_LOOK, -1),
+        command("hget", keys.queue_config(queue), "requires"))))
+    ids = [(queue, task_id) for i, queue in enumerate(queues)
+           for task_id in reversed(firsts[2 * i])]
+    owns = (yield Pipeline(tuple(command("hget", keys.task(task_id), "requires")
+                                 for _, task_id in ids))) if ids else []
+    defaults = {queue: firsts[2 * i + 1] for i, queue in enumerate(queues)}
+    found: dict[str, list[tuple[str, Resources]]] = {}
+    for (queue, task_id), own in zip(ids, owns, strict=True):
+        required = decode_resources(own or defaults[queue])
+        if required:
+            found.setdefault(queue, []).append((task_id, required))
+    return found

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from blueque import dependencies, ended, protocol
+from blueque import dependencies, ended, keyed, protocol
 from blueque import keys as k
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
-from blueque.placement import PLACEMENT_OPTIONS
+from blueque.placement import PLACEMENT_OPTIONS, decode_resources
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.statuses import CANCELLED, ENDED_LISTS, FAILED, FINISHED_STATUSES, PENDING, SCHEDULED
 from blueque.store import RedisStore
 from blueque.task import Task, utf8_size
+
+log = logging.getLogger("blueque.queue")
 
 
 def _text(value: object, what: str) -> str:
@@ -254,7 +257,8 @@ class Queue:
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
         time_limit, kill_grace, result_ttl, max_preemptions, keep_processes, exclusive,
-        checkpoint_max_bytes (blueque.policy).
+        checkpoint_max_bytes (blueque.policy); concurrency_key, requires (PROTOCOL.md 5.22:
+        a task no live listener of the queue could run is said in a warning).
 
         ``after``: a task id or ids (of any queue): the task is created ``waiting`` and
         becomes pending once every one of them has completed; one that fails or is cancelled
@@ -262,10 +266,18 @@ class Queue:
         DependencyError for an unknown id, nothing written (PROTOCOL.md 5.21)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        self._check_placement(fields, task_id)
         if after is not None:
             return self._submit_after(task_id, text, fields, after, after_any)
         created = self._store.submit(self._name, task_id, text, self._store.now(), fields=fields)
         return TaskId(task_id, created)
+
+    def _check_placement(self, fields: dict[str, str], what: str) -> None:
+        """Warn of a task whose ``requires`` no live listener of the queue offers (5.22)."""
+        if "requires" in fields and (why := keyed.nobody_fits(decode_resources(
+                fields["requires"]), self._store.perform(keyed.live_offers, self._name))):
+            log.warning("queue %s: %s requires %s, but %s: it waits until one does",
+                        self._name, what, fields["requires"], why)
 
     def _submit_after(self, task_id: str, text: str, fields: dict[str, str],
                       after: object, after_any: object,
@@ -285,6 +297,7 @@ class Queue:
         call per task). ``options`` (enqueue's) apply to every task."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
         fields = task_options(self._store.keys, options)
+        self._check_placement(fields, f"{len(tasks)} tasks")
         if after is not None:
             ids = [self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
@@ -308,6 +321,7 @@ class Queue:
                                 **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        self._check_placement(fields, task_id)
         if after is not None:
             return self._submit_after(task_id, text, fields, after, after_any, float(eta))
         created = self._store.submit(self._name, task_id, text, current, eta=float(eta),

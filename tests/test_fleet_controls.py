@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -19,6 +20,7 @@ import redis
 
 import blueque
 from blueque.errors import ConfigurationError
+from blueque.keys import Keys
 from blueque.testing import RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
 
@@ -171,3 +173,40 @@ def test_the_keyed_start_benchmark_gives_its_rows() -> None:
             assert found[f"{kind} {what}: round trips"] >= 1
     # a keyed start costs no round trip more than an unkeyed one: its work is in take.lua
     assert found["keyed start: round trips"] == found["unkeyed start: round trips"]
+
+
+def a_live_listener(redis_client: redis.Redis, queue: str, listener: str,
+                    resources: str | None) -> None:
+    """A listener of ``queue`` as the protocol shows one (its set, lease and info hash)."""
+    keys = Keys()
+    redis_client.sadd(keys.listeners(queue), listener)
+    seconds, _ = redis_client.time()
+    redis_client.zadd(keys.leases(queue), {listener: (seconds + 60) * 1000})
+    info = {"pid": "4242", "host": "node", "concurrency": "4"}
+    if resources is not None:
+        info["resources"] = resources
+    redis_client.hset(keys.listener_info(listener), mapping=info)
+
+
+def test_a_task_no_live_listener_fits_is_said_at_enqueue_and_in_status(
+        client: blueque.Client, redis_client: redis.Redis, run_json: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    queue = client.get_queue("work")
+    with caplog.at_level("WARNING", logger="blueque.queue"):
+        alone = queue.enqueue("x", requires={"gpu": 1})
+    assert "no live listener serves its queue" in caplog.text
+    a_live_listener(redis_client, "work", "cpu_1", None)
+    a_live_listener(redis_client, "work", "gpu_2", '{"gpu":1}')
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="blueque.queue"):
+        queue.enqueue("y", requires={"gpu": 1})
+        queue.enqueue("z")
+    assert caplog.text == ""  # gpu_2 could run it: nothing to say
+    with caplog.at_level("WARNING", logger="blueque.queue"):
+        big = queue.enqueue("w", requires={"gpu": 4, "memory": "1Ti"})
+    assert "they offer: nothing; gpu=1" in caplog.text and big in caplog.text
+    client.set_limit("db-7", 2)
+    status = run_json("status")
+    assert [t["task"] for t in status["unplaceable"]["work"]] == [big]
+    assert alone not in str(status["unplaceable"])  # gpu_2 fits it now
+    assert status["keys"] == [{"key": "db-7", "limit": 2, "holding": 0, "waiting": 0}]
