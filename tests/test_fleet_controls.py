@@ -21,6 +21,8 @@ import redis
 import blueque
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
+from blueque.metrics import queue_registry, scrape
+from blueque.store import Take, Taken
 from blueque.testing import RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
 
@@ -210,3 +212,29 @@ def test_a_task_no_live_listener_fits_is_said_at_enqueue_and_in_status(
     assert [t["task"] for t in status["unplaceable"]["work"]] == [big]
     assert alone not in str(status["unplaceable"])  # gpu_2 fits it now
     assert status["keys"] == [{"key": "db-7", "limit": 2, "holding": 0, "waiting": 0}]
+
+
+def test_show_limit_and_metrics_give_each_keys_holders_and_waiters(
+        client: blueque.Client, run: Any, run_json: Any) -> None:
+    client.set_limit("db-7", 1)
+    queue = client.get_queue("work")
+    first, second = (str(queue.enqueue(p, concurrency_key="db-7")) for p in ("a", "b"))
+    store = client.store
+    assert store.take("node_1", Take(["work"])) == Taken("work", first)
+    assert store.take("node_1", Take(["work"])) is None  # the key is full: second waits
+    shown = run_json("show", second)["key"]
+    assert (shown["limit"], shown["holding"], shown["waiting"]) == (1, 1, 1)
+    assert shown["holders"][0]["task_id"] == first and shown["waiters"] == [second]
+    assert "key db-7: limit 1, 1 holding" in run("show", first).stdout
+    listed = run_json("limit")
+    assert [(k["key"], k["holding"], k["waiting"]) for k in listed] == [("db-7", 1, 1)]
+    text = scrape(queue_registry(store)).decode()
+    assert 'blueque_key_limit{key="db-7"} 1.0' in text
+    assert 'blueque_key_holding{key="db-7"} 1.0' in text
+    assert 'blueque_key_waiting{key="db-7"} 1.0' in text
+    # raising the limit wakes the waiter at once: back at the head of its queue
+    assert run("limit", "db-7", "2").returncode == 0
+    assert client.redis.lrange(Keys().pending("work"), 0, -1) == [second]
+    done = run("limit", "db-7", "3", "--clear")
+    assert done.returncode == 2 and "--clear goes with a KEY and no N" in done.stderr
+    assert run("limit", "db-7", "-1").returncode == 2
