@@ -127,18 +127,40 @@ def heal(keys: k.Keys, count: int = HEAL_KEYS) -> Operation[int]:
 PLACEMENT_LOOK = 20
 
 
+def offers_many(keys: k.Keys, queues: Sequence[str]) -> Operation[dict[str, list[Resources]]]:
+    """What each live listener of each queue offers (its info hash's ``resources``; one
+    whose info hash is gone is dead, one that ``left`` gone, a 1.0.1 one writes none). Keys:
+    blueque_listeners_[queue], each one's blueque_listener_[id] (SMEMBERS, HMGET: what a
+    client may send); two round trips whatever the numbers of queues and listeners."""
+    members = yield Pipeline(tuple(command("smembers", keys.listeners(q)) for q in queues))
+    ids = sorted(set().union(*members)) if members else []
+    infos = (yield Pipeline(tuple(command("hmget", keys.listener_info(listener),
+                                          ["pid", "resources", "left"])
+                                  for listener in ids))) if ids else []
+    live = {listener: decode_resources(resources)
+            for listener, (pid, resources, left) in zip(ids, infos, strict=True)
+            if pid is not None and not left}
+    return {queue: [live[listener] for listener in sorted(found) if listener in live]
+            for queue, found in zip(queues, members, strict=True)}
+
+
 def live_offers(keys: k.Keys, queue: str) -> Operation[list[Resources]]:
-    """What each live listener of ``queue`` offers (its info hash's ``resources``; a listener
-    whose info hash is gone is dead, a 1.0.1 one writes none). Keys: blueque_listeners_[queue],
-    each one's blueque_listener_[id] (SMEMBERS, HMGET: what a client may send)."""
-    listeners = yield command("smembers", keys.listeners(queue))
-    if not listeners:
-        return []
-    infos = yield Pipeline(tuple(command("hmget", keys.listener_info(listener),
-                                         ["pid", "resources", "left"])
-                                 for listener in sorted(listeners)))
-    return [decode_resources(resources) for pid, resources, left in infos
-            if pid is not None and not left]
+    """What each live listener of ``queue`` offers (offers_many)."""
+    return (yield from offers_many(keys, [queue]))[queue]
+
+
+def unplaceable(keys: k.Keys, queues: Sequence[str]
+                ) -> Operation[dict[str, list[tuple[str, Resources, str]]]]:
+    """The oldest pending tasks of each queue (PLACEMENT_LOOK) that require what no live
+    listener of their queue offers, with why: four round trips (what `blueque status` and
+    the dashboard's queues page say)."""
+    offers = yield from offers_many(keys, queues)
+    found: dict[str, list[tuple[str, Resources, str]]] = {}
+    for queue, tasks in (yield from oldest_requires(keys, queues)).items():
+        for task_id, needs in tasks:
+            if why := nobody_fits(needs, offers[queue]):
+                found.setdefault(queue, []).append((task_id, needs, why))
+    return found
 
 
 def nobody_fits(required: Resources, offers: Sequence[Resources]) -> str | None:

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from blueque.metrics import queue_registry, scrape
 from blueque.store import Take, Taken
 from blueque.testing import RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
+from tests.dashboard import DashboardProcess, page_text
 
 FAST = ("--interval", "0.5", "--poll", "0.1")
 WORK = "tests.chaos_jobs:work"
@@ -238,3 +240,25 @@ def test_show_limit_and_metrics_give_each_keys_holders_and_waiters(
     done = run("limit", "db-7", "3", "--clear")
     assert done.returncode == 2 and "--clear goes with a KEY and no N" in done.stderr
     assert run("limit", "db-7", "-1").returncode == 2
+
+
+def test_the_dashboard_shows_each_keys_slots_and_the_tasks_nobody_can_run(
+        client: blueque.Client, redis_url: str, tmp_path: Path) -> None:
+    client.set_limit("db-7", 1)
+    queue = client.get_queue("work")
+    held = str(queue.enqueue("a", concurrency_key="db-7"))
+    queue.enqueue("b", concurrency_key="db-7")
+    client.store.take("node_1", Take(["work"]))
+    client.store.take("node_1", Take(["work"]))  # the key is full: b waits
+    big = str(queue.enqueue("c", requires={"gpu": 4}))
+    dashboard = DashboardProcess(redis_url, tmp_path / "dashboard.log")
+    try:
+        with urllib.request.urlopen(dashboard.url + "/", timeout=10) as response:
+            page = response.read().decode()
+    finally:
+        dashboard.close()
+    row = page[page.index('data-key="db-7"'):]
+    row = page_text(row[: row.index("</tr>")])
+    assert "db-7" in row and held in row and "node_1" in row
+    assert [cell for cell in row.split() if cell.isdigit()] == ["1", "1", "1"]
+    assert f"task {big} requires gpu=4, but no live listener serves its queue" in page_text(page)

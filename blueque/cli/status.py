@@ -15,7 +15,7 @@ from blueque.client import Client, ListenerStatus
 from blueque.display import format_seconds, format_time, largest_memory, table
 from blueque.errors import RedisUnavailable
 from blueque.fields import LISTENER_FIELDS, typed
-from blueque.placement import Resources, decode_resources, format_resources
+from blueque.placement import format_resources
 from blueque.policy import field_float
 
 #: What a terminal is sent before each snapshot of `status --watch`: cursor home, clear.
@@ -56,7 +56,7 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
         text += "\n\n" + table(("KEY", "LIMIT", "HOLDING", "WAITING"), [
             (key.key, "none" if key.limit is None else key.limit, key.holding, key.waiting)
             for key in keys])
-    unplaceable = _unplaceable(client, queues, listeners)
+    unplaceable = client.store.perform(keyed.unplaceable, queues)  # 5.22
     text += "".join(f"\n\nqueue {queue}: task {task_id} requires {format_resources(needs)}, "
                     f"but {why}: it waits until one does"
                     for queue, found in unplaceable.items() for task_id, needs, why in found)
@@ -72,22 +72,6 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
                             for queue, found in unplaceable.items()},
             "redis": policy.as_dict()}
     return data, text
-
-
-def _unplaceable(client: Client, queues: list[str], listeners: list[ListenerStatus]
-                 ) -> dict[str, list[tuple[str, Resources, str]]]:
-    """The oldest pending tasks of each queue (keyed.PLACEMENT_LOOK) that require what no
-    live listener of their queue offers (PROTOCOL.md 5.22): two round trips."""
-    offers: dict[str, list[Resources]] = {queue: [] for queue in queues}
-    for item in listeners:
-        if item.info.get("pid") and (item.lease_remaining or 0) > 0:
-            offers[item.queue].append(decode_resources(item.info.get("resources")))
-    found: dict[str, list[tuple[str, Resources, str]]] = {}
-    for queue, tasks in client.store.perform(keyed.oldest_requires, queues).items():
-        for task_id, needs in tasks:
-            if why := keyed.nobody_fits(needs, offers[queue]):
-                found.setdefault(queue, []).append((task_id, needs, why))
-    return found
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
