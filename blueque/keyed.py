@@ -185,10 +185,11 @@ def oldest_requires(keys: k.Keys, queues: Sequence[str]
     ids = [(queue, task_id) for i, queue in enumerate(queues)
            for task_id in reversed(firsts[2 * i])]
     owns = (yield Pipeline(tuple(command("hget", keys.task(task_id), "requires")
-                                 for _, task_id in ids))) if ids else []
+                                 for _, task_id in ids), raise_on_error=False)) if ids else []
     defaults = {queue: firsts[2 * i + 1] for i, queue in enumerate(queues)}
     found: dict[str, list[tuple[str, Resources]]] = {}
     for (queue, task_id), own in zip(ids, owns, strict=True):
+        own = None if isinstance(own, Exception) else own  # a foreign key under its name
         required = decode_resources(own or defaults[queue])
         if required:
             found.setdefault(queue, []).append((task_id, required))

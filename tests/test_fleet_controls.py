@@ -20,6 +20,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.endings import RunEnd
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
 from blueque.metrics import queue_registry, scrape
@@ -262,3 +263,30 @@ def test_the_dashboard_shows_each_keys_slots_and_the_tasks_nobody_can_run(
     assert "db-7" in row and held in row and "node_1" in row
     assert [cell for cell in row.split() if cell.isdigit()] == ["1", "1", "1"]
     assert f"task {big} requires gpu=4, but no live listener serves its queue" in page_text(page)
+
+
+def test_a_reclaimed_run_takes_its_slot_back_only_when_the_key_has_one_free(
+        client: blueque.Client, redis_client: redis.Redis) -> None:
+    """A node cut off longer than its lease: recover released its run's slot, another run
+    took it; the cut run may take its task back (5.12b) only once the key has room."""
+    store, keys = client.store, Keys()
+    client.set_limit("db-7", 1)
+    queue = client.get_queue("q")
+    cut = str(queue.enqueue("a", concurrency_key="db-7", max_attempts=3))
+    assert store.take("cut_1", Take(["q"])) == Taken("q", cut)
+    store.begin_run("q", "cut_1", cut, store.now(), 4242, None, "node-a", "{}", 60)
+    redis_client.sadd(keys.listeners("q"), "cut_1")
+    assert store.recover("q", "cut_1", [(cut, "1", "retry", store.now() + 60, "cut off")],
+                         store.now(), mode="host") != [-1]
+    assert client.key_states(["db-7"])[0].holding == 0  # released with the run's verdict
+    other = str(queue.enqueue("b", concurrency_key="db-7"))
+    assert store.take("other_2", Take(["q"])) == Taken("q", other)
+    store.begin_run("q", "other_2", other, store.now(), 77, None, "node-b", "{}", 60)
+    assert store.reclaim("q", cut, "cut_1", 1, 4242, None, store.now()) == (
+        "no", "its concurrency key db-7 is full")
+    store.finish(RunEnd("q", other, "other_2", 77, 1, "complete", "", store.now()))
+    assert store.reclaim("q", cut, "cut_1", 1, 4242, None, store.now()) == ("ok", "")
+    (holder,) = client.key_states(["db-7"])[0].holders
+    assert (holder.task_id, holder.listener, holder.attempt) == (cut, "cut_1", 1)
+    store.finish(RunEnd("q", cut, "cut_1", 4242, 1, "complete", "", store.now()))
+    assert client.key_states(["db-7"])[0].holding == 0

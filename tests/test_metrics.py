@@ -337,9 +337,9 @@ def exported_names(text: bytes) -> dict[str, str]:
 
 def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
         client: blueque.Client, tmp_path: Path) -> None:
-    """README.md 'Metrics' lists exactly what the two exporters serve, with their types; the
-    names are Prometheus-style (blueque_ prefix, snake case, counters end in _total, times in
-    _seconds) and the README's alert rule uses existing names."""
+    """README.md 'Metrics' (with the site's pages) lists exactly what the two exporters serve,
+    with their types; the names are Prometheus-style (blueque_ prefix, snake case, counters
+    end in _total, times in _seconds) and the README's alert rule uses existing names."""
     from blueque.metrics import ListenerMetrics
 
     client.get_queue("q").enqueue("{}")
@@ -352,7 +352,10 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme[readme.index("### Metrics"): readme.index("### Dashboard")]
     documented = {}
-    for line in section.splitlines():
+    # and the pages of the site that document their own metrics (docs/how-to/fleet-controls.md)
+    pages = [p.read_text() for p in (Path(__file__).resolve().parent.parent / "docs").rglob(
+        "*.md")]
+    for line in "\n".join([section, *pages]).splitlines():
         cells = [cell.strip() for cell in line.split("|")]
         if len(cells) > 3 and cells[1].startswith("`blueque_"):
             for name in re.findall(r"`(blueque_[a-z_]+)`", cells[1]):

@@ -211,7 +211,7 @@ class RunOperations(TakeOperations):
             [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
              self.keys.started(queue), self.keys.pending(queue), self.keys.scheduled(queue)],
             [task_id, listener_id, attempt, pid, "" if pid_created is None else repr(pid_created),
-             repr(now)], durable=True)
+             repr(now), *self._keyed_names()], durable=True)
         return str(reply[0]), str(reply[1]) if len(reply) > 1 else ""
 
     @translate_errors

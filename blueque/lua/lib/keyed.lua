@@ -64,8 +64,8 @@ local function wake_key(n, key)
       break
     end
     redis.call('LREM', waiting, -1, id)
-    local t = redis.call('HMGET', n.task .. id, 'status', 'queue')
-    if t[1] == 'pending' and t[2] then  -- cancelled or deleted meanwhile: dropped
+    local t = redis.pcall('HMGET', n.task .. id, 'status', 'queue')  -- no hash: dropped
+    if not t['err'] and t[1] == 'pending' and t[2] then  -- cancelled or deleted: dropped
       redis.call('RPUSH', n.pending .. t[2], id)
       redis.call('PUBLISH', n.channel .. t[2], t[2])
       free = free - 1
@@ -79,8 +79,8 @@ end
 -- a run's slot freed: its hold dropped (only its own: same listener, and attempt when known)
 -- and the key's waiters woken
 local function release_key(n, id, listener, attempt)
-  local key = redis.call('HGET', n.task .. id, 'concurrency_key')
-  if not key then
+  local key = redis.pcall('HGET', n.task .. id, 'concurrency_key')
+  if type(key) ~= 'string' then  -- none, or no hash
     return
   end
   local raw = redis.call('HGET', n.holders .. key, id)
@@ -120,7 +120,10 @@ end
 -- default written into the task so that its release and its listener read it), 'wait' and
 -- the key (full), or 'skip' (it does not fit the listener's free resources)
 local function admit(n, id, queue, listener, free, defaults)
-  local own = redis.call('HMGET', n.task .. id, 'concurrency_key', 'requires', 'attempts')
+  local own = redis.pcall('HMGET', n.task .. id, 'concurrency_key', 'requires', 'attempts')
+  if own['err'] then  -- no hash (a foreign key): taken, for the stamp to record it bad (5.4)
+    return 'take'
+  end
   local key, requires = own[1] or defaults[1], own[2] or defaults[2]
   if not resources_fit(requires, free) then
     return 'skip'
