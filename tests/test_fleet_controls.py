@@ -290,3 +290,36 @@ def test_a_reclaimed_run_takes_its_slot_back_only_when_the_key_has_one_free(
     assert (holder.task_id, holder.listener, holder.attempt) == (cut, "cut_1", 1)
     store.finish(RunEnd("q", cut, "cut_1", 4242, 1, "complete", "", store.now()))
     assert client.key_states(["db-7"])[0].holding == 0
+
+
+def test_every_client_enqueues_keys_and_requires_and_queue_defaults(
+        contract_client: blueque.Client) -> None:
+    r, keys = contract_client.redis, Keys()
+    queue = contract_client.get_queue("work")
+    one = queue.enqueue("a", concurrency_key="db-7", requires={"gpu": 1, "memory": "16Gi"})
+    many = queue.enqueue_many(["b", "c"], concurrency_key="db-8").task_ids
+    later = queue.schedule("d", delay=3600, requires={"memory": "1.5K"})
+    assert r.hmget(keys.task(one), ["concurrency_key", "requires"]) == [
+        "db-7", '{"gpu":1,"memory":17179869184}']
+    assert [r.hget(keys.task(i), "concurrency_key") for i in many] == ["db-8", "db-8"]
+    assert r.hget(keys.task(later), "requires") == '{"memory":1500}'
+    queue.configure(concurrency_key="db-9", requires={"gpu": 2})
+    assert r.hmget(keys.queue_config("work"), ["concurrency_key", "requires"]) == [
+        "db-9", '{"gpu":2}']
+    plain = queue.enqueue("e")
+    assert r.hkeys(keys.task(plain)) == ["status", "queue", "parameters", "created", "updated"]
+
+
+def test_a_queues_default_key_and_requires_apply_at_take(client: blueque.Client) -> None:
+    queue = client.get_queue("work")
+    queue.configure(concurrency_key="db-9", requires={"gpu": 1})
+    client.set_limit("db-9", 1)
+    first, second = str(queue.enqueue("a")), str(queue.enqueue("b"))
+    own = str(queue.enqueue("c", concurrency_key="other", requires={"gpu": 0}))
+    store = client.store
+    assert store.take("cpu_1", Take(["work"])) == Taken("work", own)  # needs no gpu
+    assert store.take("gpu_2", Take(["work"], '{"gpu":1}')) == Taken("work", first)
+    assert store.take("gpu_2", Take(["work"], '{"gpu":1}')) is None  # db-9 is full
+    assert client.redis.hmget(Keys().task(first), ["concurrency_key", "requires"]) == [
+        "db-9", '{"gpu":1}']  # written at take: its release and its listener read them
+    assert client.key_states(["db-9"])[0].waiters == (second,)
