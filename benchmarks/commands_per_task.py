@@ -130,6 +130,11 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "SMEMBERS"): "the ended task's dependents (5.21), pipelined with the ending; "
                              "and the recovery sweep's listeners of a queue (6)",
     ("blueque", "ZRANGE"): "recovery sweep: the queue's leases (6)",
+    ("blueque", "SCARD"): "recovery sweep: the size of each queue's listeners set (node_view: "
+                          "are there 1.0.1 listeners to page through)",
+    ("blueque", "ZCARD"): "recovery sweep: the size of each queue's leases (node_view)",
+    ("blueque", "HMGET"): "renewal: the running tasks' fields (superseded, cancelled, "
+                          "reclaimed runs: 6, step 2)",
     ("blueque", "EVALSHA keyed_heal.lua"): "recovery sweep: the holds no ending released, "
                                            "the waiters they hold up (5.22)",
     ("blueque", "keyed_heal.lua: SMEMBERS"): "the concurrency keys in use (none: done)",
