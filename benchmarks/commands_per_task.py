@@ -137,7 +137,8 @@ WHY: dict[tuple[str, str], str] = {
                           "reclaimed runs: 6, step 2)",
     ("blueque", "EVALSHA keyed_heal.lua"): "recovery sweep: the holds no ending released, "
                                            "the waiters they hold up (5.22)",
-    ("blueque", "keyed_heal.lua: SMEMBERS"): "the concurrency keys in use (none: done)",
+    ("blueque", "keyed_heal.lua: SCARD"): "are any concurrency keys in use (none: done)",
+    ("blueque", "keyed_heal.lua: SMEMBERS"): "the concurrency keys in use",
     ("blueque", "PING"): "the subscription's keepalive, once an interval (6, step 7)",
     # --- the original 1.0.1's ForkingRunner ---------------------------------------------------
     ("original", "RPOPLPUSH"): "reserve: the next pending id onto the node's reserved list",

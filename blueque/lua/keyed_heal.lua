@@ -7,6 +7,9 @@
 -- lib/keyed (Keys.keyed_names)
 -- Returns how many ids left the waiting lists (woken, or dropped: no longer pending).
 -- uses: keyed
+if redis.call('SCARD', KEYS[1]) == 0 then  -- no key in use: a fleet without keys pays this
+  return 0
+end
 local names = keyed_names(ARGV, 2)
 local woken = 0
 for i, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
