@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from blueque import dependencies, keyed
-from blueque.adoption import LocalListeners, adoption_line, claimed, place, run_record
+from blueque.adopting import Adopter
+from blueque.adoption import LocalListeners
 from blueque.endings import decide, describe_exit
 from blueque.fencing import unstarted_verdict
 from blueque.keys import NODE_RUNS_TTL
 from blueque.leases import EXCLUSIVE_MARGIN, LeaseWatch
 from blueque.node import NodeListener, hostname, node_identity
-from blueque.orphaned_runs import Orphan, OrphanedRuns
+from blueque.orphaned_runs import OrphanedRuns
 from blueque.policy import Policy, field_float
 from blueque.process import process_alive, signal_group
 from blueque.statuses import STARTED, Verdict, VerdictKind
@@ -103,9 +104,8 @@ class Recovery:
         self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
         #: the dead listeners of this node that wrote no entry (blueque 1.0.1's)
         self.unlisted = Unlisted(store, self.host, self.node, alive)
-        #: task id -> who counts it, as its adoption was last logged ("": its queue's
-        #: capacity on the node, no listener of it being up)
-        self._told: dict[str, str] = {}
+        #: adopts the live runs of dead listeners of this node
+        self.adopter = Adopter(store, self.node, lease_ms)
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool, exclusive: bool = False
@@ -242,79 +242,8 @@ class Recovery:
             )
         if not live:
             return False
-        self._adopt(queue, listener, process, live, sweep, info)
+        self.adopter.adopt(queue, listener, process, live, sweep, info)
         return True
-
-    def _adopt(self, queue: str, listener: str, process: tuple[int, float | None],
-               live: dict[str, tuple[int, float | None]], sweep: NodeSweep,
-               info: dict[str, str] | None = None, rejoin: bool = False) -> None:
-        """The dead ``listener``'s ``live`` runs on ``queue`` go on: its lease registered
-        again (no other node recovers them), its info kept, each run placed; its node's
-        entry written again where it has none (``rejoin``: this sweep may have removed it)."""
-        sweep.report.adopted += len(live)
-        self.store.lease(queue, listener, self.lease_ms, "register")
-        info = self.store.listener_info(listener) if info is None else info
-        # outlive the info's TTL: a reused pid stays told apart, and the node identity
-        # (written for a 1.0.1 listener too) keeps later sweeps judging it on this node;
-        # ``left`` keeps it out of the listeners that status and the dashboard show
-        kept = {"node": self.node, "pid": str(process[0]),
-                "left": info.get("left") or repr(self.store.now())}
-        if process[1] is not None:
-            kept["pid_created"] = repr(process[1])
-        self.store.write_listener_info(listener, kept, self.lease_ms // 1000 + 1)
-        if rejoin or listener not in sweep.node.entries:  # it wrote none (1.0.1), or left
-            known = sweep.node.entries.get(listener) or NodeListener(listener, *process, ())
-            self.store.join_node(self.node, listener, known.with_queue(queue).entry(),
-                                 NODE_RUNS_TTL)
-        for task_id, (pid, created) in live.items():
-            self.place(queue, (listener, *process), task_id, pid, created, sweep)
-
-    def _reclaim(self, orphan: Orphan, sweep: NodeSweep) -> bool:
-        """An adopted run whose task a lease recovery took back while the adopter was cut off
-        (5.12b): taken back for its dead listener at its attempt unless a newer one started,
-        and adopted again. Whether it goes on."""
-        known = sweep.node.entries.get(orphan.listener)
-        owner = orphan.owner or (known and (known.pid, known.created))
-        if not owner:  # its listener's process unknown: it could not be told apart later
-            return False
-        verdict, detail = self.store.reclaim(orphan.queue, orphan.task_id, orphan.listener,
-                                             orphan.attempt, orphan.pid, orphan.created,
-                                             self.store.now())
-        if verdict != "ok":
-            log.info("task %s: not taken back for its adopted run (%s %s)", orphan.task_id,
-                     verdict, detail)
-            return False
-        log.warning("task %s: recovered while its adopted run (attempt %d, pid %d) lived and "
-                    "not started again anywhere: taken back, the run goes on", orphan.task_id,
-                    orphan.attempt, orphan.pid, extra={"task_id": orphan.task_id,
-                                                        "queue": orphan.queue,
-                                                        "event": "reclaimed"})
-        self._adopt(orphan.queue, orphan.listener, owner,
-                    {orphan.task_id: (orphan.pid, orphan.created)}, sweep, rejoin=True)
-        return True
-
-    def place(self, queue: str, dead: tuple[str, int, float | None], task_id: str, pid: int,
-              created: float | None, sweep: NodeSweep) -> None:
-        """Whose slots an adopted run occupies (``blueque.adoption.place``): its claim
-        written when the sweeper takes it, the run put in the report as ours (on our slots)
-        or carried (its queue's capacity on the node), and its adoption logged when that
-        changes."""
-        record = run_record(sweep.runs.get(str(pid)))
-        adopter = sweep.adopter
-        placed = place(queue, record.get("adopted_by") if record else None, adopter,
-                       queue in sweep.serves, sweep.node)
-        if placed.claim and adopter is not None:
-            self.store.claim_run(self.node, pid,
-                                 claimed(record, adopter, task_id, queue, created, dead))
-        if placed.counted and placed.counted == adopter:
-            sweep.report.adopted_runs[task_id] = (pid, created)
-        elif not placed.counted:
-            sweep.report.carried_runs[task_id] = (pid, created)
-        sweep.placed.add(task_id)
-        if self._told.get(task_id) != placed.counted:
-            self._told[task_id] = placed.counted
-            sweeper = f"listener {adopter}" if adopter else f"the sweeper of node {self.node}"
-            log.info("%s", adoption_line(task_id, queue, pid, dead[0], placed.counted, sweeper))
 
     def stop_fenced_runs(self, report: RecoveryReport, runs: dict[str, str] | None = None,
                          sweep: NodeSweep | None = None) -> None:
@@ -322,7 +251,7 @@ class Recovery:
         ``runs``: the node's run records, read anew if None), counted in ``report``; in a
         ``sweep``, those that may be taken back are adopted again instead (``_reclaim``)."""
         signalled = self.runs.stop_fenced(
-            runs, None if sweep is None else lambda orphan: self._reclaim(orphan, sweep))
+            runs, None if sweep is None else lambda orphan: self.adopter.reclaim(orphan, sweep))
         report.stopped_runs += len(signalled)
         report.fenced_runs.update(signalled)
 
@@ -359,7 +288,7 @@ class Recovery:
         self.stop_fenced_runs(report, view.runs, sweep)
         self.runs.step()
         self.watch.end()
-        self._told = {task: told for task, told in self._told.items() if task in sweep.placed}
+        self.adopter.forget_unplaced(sweep.placed)
         return report
 
 
