@@ -323,3 +323,21 @@ def test_a_queues_default_key_and_requires_apply_at_take(client: blueque.Client)
     assert client.redis.hmget(Keys().task(first), ["concurrency_key", "requires"]) == [
         "db-9", '{"gpu":1}']  # written at take: its release and its listener read them
     assert client.key_states(["db-9"])[0].waiters == (second,)
+
+
+def test_the_command_line_enqueues_and_configures_keys_and_requires(
+        client: blueque.Client, run: Any, run_json: Any) -> None:
+    task_id = run_json("enqueue", "work", "{}", "--concurrency-key", "db-7", "--requires",
+                       "gpu=1,memory=16G")["task_id"]
+    assert client.redis.hmget(Keys().task(task_id), ["concurrency_key", "requires"]) == [
+        "db-7", '{"gpu":1,"memory":16000000000}']
+    config = run_json("configure", "work", "--concurrency-key", "db-8", "--requires",
+                      "gpu=2")["config"]
+    assert (config["concurrency_key"], config["requires"]) == ("db-8", {"gpu": 2})
+    config = run_json("configure", "work", "--concurrency-key", "none", "--requires",
+                      "none")["config"]
+    assert "concurrency_key" not in config and "requires" not in config
+    done = run("enqueue", "work", "{}", "--requires", "gpu=lots")
+    assert done.returncode == 2 and "is not an amount" in done.stderr
+    done = run("listen", "work", "tests.jobs:echo", "--resources", "gpu")
+    assert done.returncode == 2 and "is not NAME=AMOUNT" in done.stderr

@@ -12,6 +12,7 @@ from blueque.cli.base import (
     Commands,
     add_allow_eviction,
     add_allowed_host,
+    argument_type,
     positive_duration,
 )
 from blueque.client import Client
@@ -65,14 +66,6 @@ def parse_queues(text: str) -> dict[str, int]:
     return weights
 
 
-def resources_argument(text: str) -> dict[str, float]:
-    """``--resources gpu=2,memory=64G`` (blueque.placement.parse_resources)."""
-    try:
-        return parse_resources(text)
-    except ConfigurationError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-
-
 def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("queues", metavar="QUEUE[:WEIGHT][,...]",
                         help="queues to serve; a higher weight is served more often")
@@ -82,7 +75,7 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=positive_int, default=default("concurrency"),
                         help="tasks run at once (one child each); no task is reserved "
                              f"without a free slot (default {default('concurrency')})")
-    parser.add_argument("--resources", type=resources_argument, default={},
+    parser.add_argument("--resources", type=argument_type(parse_resources), default={},
                         metavar="NAME=AMOUNT[,...]",
                         help="what this listener offers tasks enqueued with requires= "
                              "(gpu=2,memory=64G: any names; amounts with K, M, G, T or Ki, Mi, "
