@@ -12,7 +12,7 @@ from blueque import dependencies, ended, keyed, protocol
 from blueque import keys as k
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
-from blueque.placement import PLACEMENT_OPTIONS, decode_resources
+from blueque.placement import PLACEMENT_OPTIONS, decode_resources, format_resources
 from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.statuses import CANCELLED, ENDED_LISTS, FAILED, FINISHED_STATUSES, PENDING, SCHEDULED
@@ -274,10 +274,11 @@ class Queue:
 
     def _check_placement(self, fields: dict[str, str], what: str) -> None:
         """Warn of a task whose ``requires`` no live listener of the queue offers (5.22)."""
-        if "requires" in fields and (why := keyed.nobody_fits(decode_resources(
-                fields["requires"]), self._store.perform(keyed.live_offers, self._name))):
+        needs = decode_resources(fields.get("requires"))
+        if needs and (why := keyed.nobody_fits(needs, self._store.perform(
+                keyed.live_offers, self._name))):
             log.warning("queue %s: %s requires %s, but %s: it waits until one does",
-                        self._name, what, fields["requires"], why)
+                        self._name, what, format_resources(needs), why)
 
     def _submit_after(self, task_id: str, text: str, fields: dict[str, str],
                       after: object, after_any: object,
