@@ -6,6 +6,7 @@ AOF) and placement by resources (a gpu task never on a listener without gpu)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 import blueque
+import blueque.aio
 from blueque.endings import RunEnd
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
@@ -341,3 +343,12 @@ def test_the_command_line_enqueues_and_configures_keys_and_requires(
     assert done.returncode == 2 and "is not an amount" in done.stderr
     done = run("listen", "work", "tests.jobs:echo", "--resources", "gpu")
     assert done.returncode == 2 and "is not NAME=AMOUNT" in done.stderr
+
+
+def test_the_asyncio_client_sets_a_limit(redis_url: str, redis_client: redis.Redis) -> None:
+    async def limit() -> int:
+        async with blueque.aio.Client(redis_url) as aio:
+            return await aio.set_limit("db-7", 3)
+
+    assert asyncio.run(limit()) == 0
+    assert redis_client.hget(Keys().limits(), "db-7") == "3"

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import dependencies, ended, protocol, waiting
+from blueque import dependencies, ended, keyed, protocol, waiting
 from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
@@ -162,6 +162,10 @@ class Client:
         await self.store.perform(ended.retry_failed, queue, task_id,
                                  await self.store.now())
 
+    async def set_limit(self, key: str, limit: int | None) -> int:
+        """blueque.Client.set_limit's: at most ``limit`` runs of the key at once (5.22)."""
+        return int(await self.store.perform(keyed.set_limit, key, limit))
+
     async def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""
         return [name for name, _ in await self.store.perform(protocol.known_queues)]
@@ -210,13 +214,11 @@ class Queue:
                            after: object = None,
                            after_any: object = False, **options: object) -> BulkEnqueue:
         """Create many pending tasks, 1,000 per script call; ids that exist are left alone.
-        With ``after``, every task waits for those tasks (one call per task); ``options``
-        (enqueue's) apply to every task."""
+        With ``after``, every task waits for those tasks (one call per task); enqueue's options."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
         fields = task_options(self._store.keys, options)
         if after is not None:
-            ids = [await self._submit_after(i, text, fields, after, after_any)
-                   for i, text in tasks]
+            ids = [await self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
         flags = await self._store.perform(protocol.submit_many, self._name, tasks,
                                           await self._store.now(), fields)
