@@ -42,7 +42,7 @@ def pause(keys: k.Keys, queue: str, reason: str | None, now: float) -> Operation
 def resume(keys: k.Keys, queue: str) -> Operation[bool]:
     """DEL blueque_paused_[queue], then PUBLISH blueque_channel_[queue] [queue] (the
     listeners of the queue look for its tasks at once); False if it was not paused."""
-    deleted, _ = yield Pipeline((command("del", keys.paused(queue)),
+    deleted, _ = yield Pipeline((command("delete", keys.paused(queue)),
                                  command("publish", keys.channel(queue), queue)),
                                 transaction=not keys.hash_tags)
     return bool(deleted)
