@@ -59,7 +59,7 @@ def api(account: Path) -> Iterator[FakeApi]:
     fake = FakeApi()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_PATCH(self) -> None:  # noqa: N802 - http.server's name
+        def do_PATCH(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             fake.patches.append((self.path, dict(self.headers), body))
             self.send_response(fake.status)
@@ -92,9 +92,11 @@ def test_the_cost_follows_the_busy_slots_patched_with_the_token(
         api: FakeApi, account: Path) -> None:
     link = podcost.pod_link({**environment(api, account), "KUBERNETES_SERVICE_HOST": "fd00::1"})
     assert not isinstance(link, str) and link.base == f"https://[fd00::1]:{api.port}"
-    cost = PodDeletionCost("node_1", environment(api, account))
-    assert cost.update(0, now=0.0) and cost.update(0, now=1.0)  # unchanged: not sent again
-    assert cost.update(3, now=2.0) and cost.update(1, now=3.0)
+    cost = PodDeletionCost("node_1", environment(api, account), every=5.0)
+    assert cost.update(0, now=0.0) and cost.update(0, now=6.0)  # unchanged: not sent again
+    assert cost.update(3, now=7.0)
+    assert not cost.update(1, now=8.0)  # too soon after the last: sent when it is time
+    assert cost.update(1, now=12.5)
     assert api.costs() == ["0", "3", "1"]
     path, headers, _ = api.patches[0]
     assert path == "/api/v1/namespaces/jobs/pods/listener-7f9c-abcde"

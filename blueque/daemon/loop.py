@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 
+from blueque.daemon.podcost import PodDeletionCost
 from blueque.daemon.step import ListenerStep
 from blueque.daemon.wakeup import ProgramSignals
 from blueque.errors import BluequeError
@@ -44,9 +45,12 @@ class ListenerDaemon(ListenerStep):
         subreaper = child_subreaper(True)
         self.guard.start()  # stops exclusive runs in time, even while the loop waits on Redis
         self.keeper.start()  # renews the lease in time, even while the loop is slow
+        # in a Kubernetes pod: a scale-in removes idle pods first
+        pod_cost = PodDeletionCost(self.id, every=self.options.interval / 2)
         try:
             while True:
                 self.run_once()
+                pod_cost.update(self.busy(), self.clock())
                 if program is not None:
                     program.deliver()  # the program's own handlers, between two steps
                 if self.stop_asked and self._may_exit():

@@ -2,7 +2,7 @@
 ``controller.kubernetes.io/pod-deletion-cost``) at the number of runs it holds, so that a
 ReplicaSet scaled in (by hand, an HPA, KEDA) removes idle pods before busy ones. It PATCHes
 its own pod through the Kubernetes API with the pod's service account token (urllib, nothing
-to install), at its lease renewals when that number has changed.
+to install) when that number has changed, at most every half lease interval.
 
 It can only where Kubernetes mounts a service account token (in-cluster) and the account may
 ``patch`` pods; the pod's name is $POD_NAME (the downward API) or its host name. Where it
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import urllib.error
@@ -67,16 +68,19 @@ def pod_link(environ: Mapping[str, str]) -> PodLink | str:
 
 
 class PodDeletionCost:
-    """The pod's deletion cost, kept at the listener's busy slots (``update`` at each
-    renewal). ``link`` None: not in a pod it can patch (said once, at start)."""
+    """The pod's deletion cost, kept at the listener's busy slots (``update`` after each
+    step: a PATCH when they changed, ``every`` seconds apart at most). ``link`` None: not in
+    a pod it can patch (said once, at start)."""
 
-    def __init__(self, listener: str, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, listener: str, environ: Mapping[str, str] | None = None,
+                 every: float = 0.0) -> None:
         environ = os.environ if environ is None else environ
         found = pod_link(environ)
         self.listener = listener
         self.link = found if isinstance(found, PodLink) else None
         self.cost: int | None = None  # the cost the pod has, as far as we know
         self.failed_at: float | None = None
+        self.every, self.sent_at = every, -math.inf
         if isinstance(found, str):  # in a pod: a warning, with the way; elsewhere, a trace
             in_pod = bool(environ.get("KUBERNETES_SERVICE_HOST"))
             log.log(logging.WARNING if in_pod else logging.DEBUG,
@@ -92,6 +96,9 @@ class PodDeletionCost:
             return self.link is not None
         if self.failed_at is not None and now - self.failed_at < RETRY_AFTER:
             return False
+        if now - self.sent_at < self.every:
+            return False  # changes in between: the last one is sent when it is time
+        self.sent_at = now
         body = json.dumps({"metadata": {"annotations": {ANNOTATION: str(busy)}}}).encode()
         request = urllib.request.Request(
             self.link.base + self.link.path, data=body, method="PATCH",

@@ -26,7 +26,6 @@ from blueque.daemon.keeper import LeaseKeeper
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
-from blueque.daemon.podcost import PodDeletionCost
 from blueque.daemon.slots import Slots
 from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
@@ -121,7 +120,6 @@ class ListenerStep:
                                          options.preempt_grace)
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
-        self.pod_cost = PodDeletionCost(self.id)  # in a Kubernetes pod: busy pods go last
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
         #: refuses an evicting Redis at start, then says a change at each renewal
@@ -239,7 +237,6 @@ class ListenerStep:
         self.membership.info.update(supervisor.health())  # off the lease's path: the next one's
         self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
         self.keeper.renewed(self.membership.renewed_at)  # the guard and metrics hear of it
-        self.pod_cost.update(self.busy(), self.clock())
 
     def heal(self) -> None:
         """Put back the ids in our reserved lists that no child of ours runs or still has
