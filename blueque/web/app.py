@@ -2,9 +2,10 @@
 
 Read-only unless a token is configured. With one, actions (cancel, retry, retry all failed,
 empty, purge, pause and resume a queue) are JSON POSTs that must carry the token in the
-``X-Blueque-Token`` header and come from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site
-form cannot set the header nor the JSON content type without a CORS preflight, which is never
-granted, and a cross-site page cannot read the token (kept in the tab's sessionStorage). Every
+``X-Blueque-Token`` header and come from the dashboard's own origin (``Origin``, else
+``Referer``): a cross-site form cannot set the header nor the JSON content type without a
+CORS preflight, which is never granted, and a cross-site page cannot read the token (kept in
+the tab's sessionStorage). Every
 value from Redis goes through Jinja2's autoescaping; the page script only moves server-
 rendered nodes and sets text, and the Content-Security-Policy allows scripts and styles from
 the dashboard only. With ``allowed_hosts`` (``blueque dashboard`` on a loopback address),
