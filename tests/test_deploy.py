@@ -22,6 +22,7 @@ import blueque
 from blueque.cli import build_parser
 from blueque.metrics import queue_registry, scrape
 from blueque.policy import Policy
+from tests.readme import DOCS, commands, markdown_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -127,3 +128,32 @@ def test_keda_scales_on_a_metric_blueque_metrics_serves(client: blueque.Client) 
     client.get_queue("reports").enqueue("{}")
     served = scrape(queue_registry(client.store)).decode()
     assert 'blueque_queue_work{queue="reports"} 1.0' in served
+
+
+def docs_block(section: str) -> str:
+    return next(b.text for b in markdown_blocks(DOCS / "how-to" / "containers.md")
+                if b.key == (section, 1))
+
+
+def test_the_docs_listen_line_is_the_images() -> None:
+    (line,) = commands(docs_block("Running listeners in containers and on Kubernetes"))
+    words = shlex.split(line)
+    assert words[:2] == ["blueque", "listen"]
+    args = build_parser().parse_args(words[1:])
+    assert (args.on_stop, args.preempt_grace) == ("preempt", 90.0)
+    assert words[2:] == [w.replace("=", " ") for w in dockerfile_instruction("CMD")]
+
+
+def test_the_docs_build_and_apply_lines_name_what_deploy_has() -> None:
+    """Docker and a cluster are not here: each line's files, names and keys are deploy/'s."""
+    build, secret, apply = (shlex.split(line) for line in commands(
+        docs_block("The image and the manifests")))
+    assert build[:3] == ["docker", "build", "-f"] and (ROOT / build[3]).is_file()
+    image = build[build.index("-t") + 1]
+    _, container = listener_container()
+    assert container["image"] == f"{image}:latest" and build[-1] == "."  # the root: COPY's
+    assert secret[:4] == ["kubectl", "create", "secret", "generic"]
+    url = container["env"][0]["valueFrom"]["secretKeyRef"]
+    assert secret[4] == url["name"] and secret[5].startswith(f"--from-literal={url['key']}=")
+    assert apply[:3] == ["kubectl", "apply", "-f"] and documents()
+    assert (ROOT / apply[3]).is_dir() and apply[3].rstrip("/") == "deploy/kubernetes"

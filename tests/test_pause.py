@@ -16,6 +16,7 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.store import Take
 from tests.daemons import Daemon, listen_command, wait_until
+from tests.readme import DOCS, Shell, commands, markdown_blocks
 
 KEYS = Keys()
 FAST = ("--interval", "0.5", "--poll", "0.2")
@@ -142,3 +143,33 @@ def test_a_pause_under_load_through_listener_and_redis_restarts(  # type: ignore
     for task_id in [*ids, late]:
         assert client.get_task(task_id).wait(30).status == "complete"
     assert sorted(starts(marker)) == sorted([*ids, late])  # each once
+
+
+def docs_block(number: int) -> str:
+    return next(b.text for b in markdown_blocks(DOCS / "how-to" / "pause.md")
+                if b.key == ("Pausing a queue", number))
+
+
+def test_the_docs_pause_lines_run_as_written(client: blueque.Client, redis_url: str,
+                                             tmp_path: Path) -> None:
+    client.get_queue("reports").enqueue("{}")  # a queue Redis knows
+    shell = Shell(tmp_path, tmp_path, redis_url)
+    try:
+        pause, status, resume = [shell.run(line) for line in commands(docs_block(1))]
+    finally:
+        shell.close()
+    for done in (pause, status, resume):
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "reports (PAUSED)" in status.stdout and ": database migration" in status.stdout
+    assert "queue reports resumed" in resume.stdout
+    assert not client.get_queue("reports").stats().paused
+
+
+def test_the_docs_pause_example_runs_as_written(client: blueque.Client, redis_url: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLUEQUE_URL", redis_url)
+    names: dict[str, object] = {}
+    exec(compile(docs_block(2), "pause.md", "exec"), names)  # noqa: S102 - the page's own code
+    stats = client.get_queue("reports").stats()
+    assert (stats.paused, stats.pending) == (False, 1)
+    assert client.get_task(str(names["task_id"])).status == "pending"

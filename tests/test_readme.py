@@ -253,7 +253,16 @@ BLOCKS = {
 
 #: Each block of each page of the documentation site (its path under docs/, its section and
 #: its place there) and the test that runs it.
-DOC_BLOCKS: dict[tuple[str, str, int], str] = {}
+DOC_BLOCKS: dict[tuple[str, str, int], str] = {
+    ("how-to/pause.md", "Pausing a queue", 1):
+        "tests/test_pause.py::test_the_docs_pause_lines_run_as_written",
+    ("how-to/pause.md", "Pausing a queue", 2):
+        "tests/test_pause.py::test_the_docs_pause_example_runs_as_written",
+    ("how-to/containers.md", "Running listeners in containers and on Kubernetes", 1):
+        "tests/test_deploy.py::test_the_docs_listen_line_is_the_images",
+    ("how-to/containers.md", "The image and the manifests", 1):
+        "tests/test_deploy.py::test_the_docs_build_and_apply_lines_name_what_deploy_has",
+}
 
 
 def test_every_readme_block_has_its_test() -> None:
