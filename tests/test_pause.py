@@ -169,7 +169,7 @@ def test_the_docs_pause_example_runs_as_written(client: blueque.Client, redis_ur
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BLUEQUE_URL", redis_url)
     names: dict[str, object] = {}
-    exec(compile(docs_block(2), "pause.md", "exec"), names)  # noqa: S102 - the page's own code
+    exec(compile(docs_block(2), "pause.md", "exec"), names)  # the page's own code
     stats = client.get_queue("reports").stats()
     assert (stats.paused, stats.pending) == (False, 1)
     assert client.get_task(str(names["task_id"])).status == "pending"
