@@ -46,6 +46,10 @@ CONNECTION = ("hello", "ping", "select", "info", "time", "client|setname")
 SCRIPTING = ("evalsha", "eval", "script|load")
 #: Waiting for a task (its done channel) and hearing enqueues and cancels.
 LISTENING = ("subscribe", "unsubscribe")
+#: What a role does without, more slowly: a listener refused SUBSCRIBE polls its queues every
+#: --poll seconds instead of hearing enqueues (its subscriber says so and backs off), so the
+#: check warns of it rather than refusing to start a listener that works.
+WITHOUT: dict[Role, frozenset[str]] = {"listener": frozenset(LISTENING)}
 #: (Not CONFIG GET: the memory policy is read from INFO where CONFIG is refused, as managed
 #: services do; a user that has it saves that second look.)
 READS = ("exists", "type", "get", "hget", "hmget", "hgetall", "hlen", "hexists",
@@ -147,6 +151,11 @@ def probes(role: Role, queues: Iterable[str], keys: k.Keys | None = None
                           for a in _PROBES[command])
         found.append((*command.split("|"), *arguments))
     return found
+
+
+def optional(role: Role, probe: tuple[str, ...]) -> bool:
+    """Whether ``role`` works, more slowly, without the command of ``probe`` (WITHOUT)."""
+    return _command_of(probe) in WITHOUT.get(role, frozenset())
 
 
 def missing(probe: tuple[str, ...], answer: str) -> str:

@@ -232,3 +232,19 @@ def test_a_listener_whose_user_lacks_one_command_refuses_at_start_and_takes_noth
         assert "ZADD (This user has no permissions to run the 'zadd' command)" in daemon.log()
     assert admin.get_task(task_id).status == "pending"  # not taken, not orphaned
     assert admin.get_queue("work").stats().reserved == 0
+
+
+def test_a_listener_whose_user_lacks_subscribe_warns_and_runs_tasks_by_polling(
+        server: RedisServer, users: Users, tmp_path: Path) -> None:
+    """SUBSCRIBE only speeds a listener up (it polls without it, tests/listener/test_wakeups):
+    the check warns of it, naming it, and the listener starts and runs the task."""
+    admin = blueque.Client(server.url)
+    task_id = admin.get_queue("work").enqueue("{}")
+    with daemons(tmp_path) as started:
+        daemon = listener(started, tmp_path, users("listener", drop=("+subscribe",)))
+        wait_until(lambda: admin.get_task(task_id).status == "complete", timeout=30,
+                   what="the task run by a listener without SUBSCRIBE")
+        assert daemon.process.poll() is None, daemon.log()
+        assert "SUBSCRIBE (This user has no permissions to run the 'subscribe' command)" \
+            in daemon.log()
+        assert "works without, more slowly" in daemon.log()
