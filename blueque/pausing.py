@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from blueque import keys as k
-from blueque.errors import WrongType
+from blueque.errors import ConfigurationError, WrongType
 from blueque.policy import field_float
 from blueque.protocol import Operation, Pipeline, command
 
@@ -30,9 +30,12 @@ def pause(keys: k.Keys, queue: str, reason: str | None, now: float) -> Operation
     """HSET blueque_paused_[queue] reason paused_at, and ZINCRBY blueque_queues 0 so that a
     queue paused before its first task is listed (MULTI/EXEC outside the hash-tagged layout).
     Pausing a paused queue replaces its reason and time. WrongType for a reason that is
-    not text."""
+    not text, ConfigurationError for a name no listener could serve (keys.QUEUE_NAME_RULE)."""
     if reason is not None and not isinstance(reason, str):
         raise WrongType(f"a pause's reason must be text, not {type(reason).__name__}")
+    problem = k.queue_name_problem(queue)  # it may list the queue: a name listen can serve
+    if problem:
+        raise ConfigurationError(problem)
     yield Pipeline((command("hset", keys.paused(queue),
                             mapping={"reason": reason or "", "paused_at": repr(now)}),
                     command("zincrby", keys.queues(), 0, queue)),

@@ -35,6 +35,8 @@ def test_pause_and_resume_on_every_client(contract_client: blueque.Client) -> No
     assert queue.resume() is False  # it was not paused
     with pytest.raises(blueque.errors.WrongType):
         queue.pause(42)  # type: ignore[arg-type]
+    with pytest.raises(blueque.errors.ConfigurationError, match="may not"):
+        contract_client.get_queue("a:b").pause()
 
 
 def test_a_paused_queue_gives_no_task_to_any_way_of_taking_one(
