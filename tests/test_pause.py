@@ -152,6 +152,7 @@ def docs_block(number: int) -> str:
                 if b.key == ("Pausing a queue", number))
 
 
+@pytest.mark.slow
 def test_the_docs_pause_lines_run_as_written(client: blueque.Client, redis_url: str,
                                              tmp_path: Path) -> None:
     client.get_queue("reports").enqueue("{}")  # a queue Redis knows
