@@ -176,3 +176,41 @@ def test_the_docs_pause_example_runs_as_written(client: blueque.Client, redis_ur
     stats = client.get_queue("reports").stats()
     assert (stats.paused, stats.pending) == (False, 1)
     assert client.get_task(str(names["task_id"])).status == "pending"
+
+
+@pytest.mark.slow
+def test_a_listener_waits_on_a_paused_queue_without_spinning(  # type: ignore[no-untyped-def]
+        client, redis_client, redis_url, started, tmp_path) -> None:
+    """A paused queue with pending tasks is skipped like an empty one: the listener asks at
+    its poll and when woken, not in a loop. Over four of its lease renewals (2 s) it sends a
+    few dozen scripts, where a loop that spins on the queue would send thousands."""
+    queue = client.get_queue("work")
+    queue.pause()
+    for _ in range(3):
+        queue.enqueue("{}")
+    daemon = Daemon(listen_command(redis_url, "work", "tests.jobs:echo", *FAST),
+                    tmp_path / "listener.log")
+    started.append(daemon)
+    wait_until(lambda: redis_client.zcard(KEYS.leases("work")) == 1, what="registered")
+
+    def scripts() -> int:
+        stats = redis_client.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+                   for name in ("evalsha", "eval"))
+
+    def lease() -> float:
+        return float(redis_client.zrange(KEYS.leases("work"), 0, 0, withscores=True)[0][1])
+
+    before, renewals, seen = scripts(), 0, lease()
+
+    def renewed_four_times() -> bool:
+        nonlocal renewals, seen
+        now = lease()
+        if now != seen:
+            renewals, seen = renewals + 1, now
+        return renewals >= 4
+
+    wait_until(renewed_four_times, what="four lease renewals")
+    sent = scripts() - before
+    assert sent < 200, f"{sent} scripts in four renewals: the listener spins"
+    assert queue.stats().pending == 3 and daemon.alive()

@@ -115,7 +115,8 @@ def _add_pause(commands: Commands) -> None:
                        "`blueque resume` (running ones go on, enqueues are kept)",
                        role="operator")
     sub.add_argument("queue")
-    sub.add_argument("--reason", help="why, shown by blueque status and the dashboard")
+    sub.add_argument("--reason", metavar="TEXT",
+                     help="why, shown by blueque status and the dashboard")
     sub = commands.add("resume", cmd_resume, "resume a paused queue: its listeners start its "
                        "tasks again at once", role="operator")
     sub.add_argument("queue")
