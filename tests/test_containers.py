@@ -17,17 +17,13 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_node_identity import needs_pid_namespaces
 
 pytestmark = [pytest.mark.slow, needs_pid_namespaces]
 
 FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
 def in_container(started: list[Daemon], tmp_path: Path, url: str, function: str,
