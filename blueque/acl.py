@@ -1,4 +1,4 @@
-"""What a Redis ACL user must be allowed for each Blueque role (README "Redis ACL users",
+"""What a Redis ACL user must be allowed for each Blueque role (docs/how-to/acl.md,
 PROTOCOL.md 1, "Permissions"), and the checks a command makes before it writes anything.
 
 A role's commands are its connection's (HELLO, PING, INFO, TIME...), those it sends itself,
@@ -28,7 +28,7 @@ from blueque import keys as k
 Role = Literal["client", "listener", "scheduler", "inspector", "operator"]
 ROLES: tuple[Role, ...] = ("client", "listener", "scheduler", "inspector", "operator")
 
-#: What each role is, for the README's table and the refusal's message.
+#: What each role is, for the docs' table and the refusal's message.
 DESCRIBED: dict[Role, str] = {
     "client": "a service that enqueues tasks and waits for them (blueque enqueue, "
               "Queue.enqueue, Task.wait)",

@@ -11,7 +11,7 @@ Two exporters, two sets of names, so that summing over scrape targets never coun
   children ran per outcome, and their run times.
 
 Names follow Prometheus conventions: ``blueque_`` prefix, base units (``_seconds``), counters
-end in ``_total``. README.md "Watching it" lists them with an example alert rule.
+end in ``_total``. docs/how-to/observability.md lists them with an example alert rule.
 """
 
 from __future__ import annotations

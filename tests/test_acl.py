@@ -1,6 +1,7 @@
 """Redis ACL users (issue 30 item 4), on a real Redis 7 with real users: each role's ACL line
-(blueque.acl, listed in README.md and PROTOCOL.md) is enough to run the role, and a user that
-lacks one permission is refused up front (exit 2, the permission named) with nothing written.
+(blueque.acl, listed in docs/how-to/acl.md and PROTOCOL.md) is enough to run the role, and a
+user that lacks one permission is refused up front (exit 2, the permission named) with
+nothing written.
 On the code before, a user without PUBLISH got `blueque enqueue` exit 1 "refused" while the
 task existed (and later ran): a caller retrying without a task id made a duplicate; and
 `blueque listen` started, took a task and exited a second later, leaving the run orphaned."""
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 KEYS = Keys()
 FAST = ("--interval", "0.5", "--poll", "0.1")
-README = (ROOT / "README.md").read_text()
+ACL_PAGE = (ROOT / "docs" / "how-to" / "acl.md").read_text()
 PROTOCOL = (ROOT / "PROTOCOL.md").read_text()
 
 
@@ -78,7 +79,7 @@ def listener(started: list[Daemon], tmp_path: Path, url: str, function: str = "t
 def test_the_docs_list_each_role_s_acl_line() -> None:
     for role in acl.ROLES:
         line = acl.acl_line(role)
-        assert line in README, f"README.md lacks the {role} line: {line}"
+        assert line in ACL_PAGE, f"docs/how-to/acl.md lacks the {role} line: {line}"
         assert line in PROTOCOL, f"PROTOCOL.md lacks the {role} line: {line}"
 
 

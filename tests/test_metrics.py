@@ -27,6 +27,7 @@ from blueque.hosts import allowed_hosts
 from blueque.metrics import MetricsServer, queue_registry, scrape
 from blueque.spool import Spool
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.readme import section_text
 
 KEYS = k.Keys()
 
@@ -337,10 +338,9 @@ def exported_names(text: bytes) -> dict[str, str]:
 
 def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
         client: blueque.Client, tmp_path: Path) -> None:
-    """README.md 'Metrics' and the documentation's metric tables list exactly what the two
-    exporters serve, with their types; the names are Prometheus-style (blueque_ prefix, snake
-    case, counters end in _total, times in _seconds) and the README's alert rule uses existing
-    names."""
+    """docs/how-to/observability.md 'Metrics' lists exactly what the two exporters serve,
+    with their types; the names are Prometheus-style (blueque_ prefix, snake case, counters
+    end in _total, times in _seconds) and the page's alert rule uses existing names."""
     from blueque.metrics import ListenerMetrics
 
     client.get_queue("q").enqueue("{}")
@@ -350,13 +350,9 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
                                spool=Spool(tmp_path / "spool"))
     served.update(exported_names(scrape(listener.registry)))
 
-    root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("### Metrics"): readme.index("### Dashboard")]
+    section = section_text("how-to/observability.md", "Metrics")
     documented = {}
-    # the README's table, and those of the how-to pages that tell of a metric of their own
-    pages = "".join(page.read_text() for page in sorted((root / "docs").rglob("*.md")))
-    for line in (section + pages).splitlines():
+    for line in section.splitlines():
         cells = [cell.strip() for cell in line.split("|")]
         if len(cells) > 3 and cells[1].startswith("`blueque_"):
             for name in re.findall(r"`(blueque_[a-z_]+)`", cells[1]):

@@ -5,7 +5,7 @@ module of its group: ``inspecting`` (status, whose code is ``status``'s; tasks, 
 ``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue, pause, resume),
 ``wait``, ``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
 people; ``--json`` for scripts. Exit codes: see EXIT_CODES (also in ``blueque --help`` and
-README.md).
+docs/reference/exit-codes.md).
 """
 
 from __future__ import annotations

@@ -68,6 +68,6 @@ def check_permissions(store: StoreCore, role: acl.Role, queues: Iterable[str]) -
         raise PermissionRefused(
             f"Redis user {user!r} at {store.where} may not run what the {role} role needs "
             f"({acl.DESCRIBED[role]}): {'; '.join(refused[:NAMED])}{more}; nothing was "
-            f"written. Give it the role's permissions (README 'Redis ACL users'): "
+            f"written. Give it the role's permissions (docs/how-to/acl.md): "
             f"{acl.acl_line(role, user)}")
     return True
