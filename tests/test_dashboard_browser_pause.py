@@ -51,8 +51,8 @@ def test_pause_and_resume_a_queue_from_its_page(
     assert not queue.stats().paused
     page.locator("#token").fill(TOKEN)
     page.locator("#pause-queue").click()
-    wait_until(lambda: queue.stats().paused, what="the queue paused")
-    assert "queue documents paused" in message.inner_text()
+    wait_until(lambda: "queue documents paused" in message.inner_text(), what="its answer")
+    assert queue.stats().paused
     wait_until(lambda: page.locator("#paused-banner").count() == 1,
                what="the page to show the pause without a reload")
     assert "nightly backup" in page.locator("#paused-banner").inner_text()
