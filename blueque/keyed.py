@@ -10,13 +10,24 @@ ever run (the warning at enqueue, ``blueque status``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from blueque import keys as k
 from blueque.errors import ConfigurationError
-from blueque.placement import Resources, check_key, decode_resources, fits, format_resources
+from blueque.placement import (
+    PLACEMENT_OPTIONS,
+    Resources,
+    check_key,
+    decode_resources,
+    fits,
+    format_resources,
+)
+from blueque.policy import encode_options
 from blueque.protocol import Operation, Pipeline, Script, command
+
+log = logging.getLogger("blueque.keyed")
 
 #: Keys a sweep's heal looks at per call (drawn at random from the keys in use).
 HEAL_KEYS = 100
@@ -46,6 +57,18 @@ class KeyState:
     waiting: int
     holders: tuple[Holder, ...]
     waiters: tuple[str, ...]
+
+
+def task_options(keys: k.Keys, options: Mapping[str, object], queue: bool = False
+                 ) -> dict[str, str]:
+    """A task's options (or, ``queue``, a queue's defaults) as hash fields, checked
+    (policy.encode_options). A concurrency key or requires need one Redis: refused in the
+    hash-tagged layout (ConfigurationError, nothing written)."""
+    if keys.hash_tags and any(options.get(name) is not None for name in PLACEMENT_OPTIONS):
+        raise ConfigurationError(
+            "concurrency_key and requires are not available in the hash-tagged layout (a Redis "
+            "Cluster): a key's slots are shared by every queue, no one hash slot holds them")
+    return encode_options(options, queue=queue)
 
 
 def check_limit(limit: object) -> int | None:
@@ -172,6 +195,16 @@ def nobody_fits(required: Resources, offers: Sequence[Resources]) -> str | None:
         return "no live listener serves its queue"
     return ("no live listener of its queue offers it (they offer: "
             + "; ".join(format_resources(offer) or "nothing" for offer in offers) + ")")
+
+
+def warn_unplaceable(queue: str, what: str, requires: str, offers: Sequence[Resources]
+                     ) -> None:
+    """The warning at enqueue of a task (``what``) whose ``requires`` no live listener of
+    ``queue`` (``offers``, live_offers) could ever run."""
+    needs = decode_resources(requires)
+    if needs and (why := nobody_fits(needs, offers)):
+        log.warning("queue %s: %s requires %s, but %s: it waits until one does", queue, what,
+                    format_resources(needs), why)
 
 
 def oldest_requires(keys: k.Keys, queues: Sequence[str]

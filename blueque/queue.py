@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from blueque import dependencies, ended, keyed, protocol
+from blueque import dependencies, ended, keyed, pausing, protocol
 from blueque import keys as k
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
-from blueque.placement import PLACEMENT_OPTIONS, decode_resources, format_resources
-from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.statuses import CANCELLED, ENDED_LISTS, FAILED, FINISHED_STATUSES, PENDING, SCHEDULED
 from blueque.store import RedisStore
 from blueque.task import Task, utf8_size
-
-log = logging.getLogger("blueque.queue")
 
 
 def _text(value: object, what: str) -> str:
@@ -96,18 +91,8 @@ def submission(keys: k.Keys, queue: str, parameters: object, task_id: str | None
     text, option fields). ConfigurationError or WrongType say what is wrong."""
     check_queue_name(queue)
     return task_id_for(keys, queue, task_id), _text(parameters, "parameters"), \
-        task_options(keys, options)
+        keyed.task_options(keys, options)
 
-
-def task_options(keys: k.Keys, options: Mapping[str, object], queue: bool = False
-                 ) -> dict[str, str]:
-    """A task's options (or a queue's defaults) as hash fields, checked. A concurrency key or
-    requires need one Redis: refused in the hash-tagged layout (PROTOCOL.md 5.22)."""
-    if keys.hash_tags and any(options.get(name) is not None for name in PLACEMENT_OPTIONS):
-        raise ConfigurationError(
-            "concurrency_key and requires are not available in the hash-tagged layout (a Redis "
-            "Cluster): a key's slots are shared by every queue, no one hash slot holds them")
-    return encode_options(options, queue=queue)
 
 
 def bulk_submission(keys: k.Keys, queue: str, parameters: Sequence[object],
@@ -274,11 +259,9 @@ class Queue:
 
     def _check_placement(self, fields: dict[str, str], what: str) -> None:
         """Warn of a task whose ``requires`` no live listener of the queue offers (5.22)."""
-        needs = decode_resources(fields.get("requires"))
-        if needs and (why := keyed.nobody_fits(needs, self._store.perform(
-                keyed.live_offers, self._name))):
-            log.warning("queue %s: %s requires %s, but %s: it waits until one does",
-                        self._name, what, format_resources(needs), why)
+        if "requires" in fields:
+            keyed.warn_unplaceable(self._name, what, fields["requires"],
+                                   self._store.perform(keyed.live_offers, self._name))
 
     def _submit_after(self, task_id: str, text: str, fields: dict[str, str],
                       after: object, after_any: object,
@@ -297,7 +280,7 @@ class Queue:
         With ``after``, every task waits for those tasks, as ``enqueue(after=...)`` (one
         call per task). ``options`` (enqueue's) apply to every task."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
-        fields = task_options(self._store.keys, options)
+        fields = keyed.task_options(self._store.keys, options)
         self._check_placement(fields, f"{len(tasks)} tasks")
         if after is not None:
             ids = [self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
@@ -346,6 +329,16 @@ class Queue:
         counts = self._store.counts(self._name)
         return QueueStats(**vars(counts), name=self._name)
 
+    def pause(self, reason: str | None = None) -> None:
+        """Stop every listener daemon starting this queue's tasks until ``resume()``
+        (blueque_paused_[queue], PROTOCOL.md 5.16c): running tasks go on, enqueues are
+        kept; it lasts through listener and Redis restarts. Blueque 1.0.1 listeners ignore it."""
+        self._store.perform(pausing.pause, self._name, reason, self._store.now())
+
+    def resume(self) -> bool:
+        """Let listeners start this queue's tasks again, at once; False if it was not paused."""
+        return self._store.perform(pausing.resume, self._name)
+
     def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
         """Ids of the tasks in one state: a status, or ``cancelled`` (statuses.STATES)."""
         return self._store.task_ids(self._name, status, start, stop)
@@ -382,8 +375,8 @@ class Queue:
         of None removes that default."""
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
-        self._store.set_queue_config(self._name, task_options(self._store.keys, options, True),
-                                     removed)
+        self._store.set_queue_config(self._name, keyed.task_options(self._store.keys, options,
+                                                                    True), removed)
 
     def config(self) -> dict[str, str]:
         return self._store.queue_config(self._name)

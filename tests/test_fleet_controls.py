@@ -6,7 +6,6 @@ AOF) and placement by resources (a gpu task never on a listener without gpu)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -21,7 +20,6 @@ import pytest
 import redis
 
 import blueque
-import blueque.aio
 from blueque.endings import RunEnd
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
@@ -199,17 +197,17 @@ def test_a_task_no_live_listener_fits_is_said_at_enqueue_and_in_status(
         client: blueque.Client, redis_client: redis.Redis, run_json: Any,
         caplog: pytest.LogCaptureFixture) -> None:
     queue = client.get_queue("work")
-    with caplog.at_level("WARNING", logger="blueque.queue"):
+    with caplog.at_level("WARNING", logger="blueque.keyed"):
         alone = queue.enqueue("x", requires={"gpu": 1})
     assert "no live listener serves its queue" in caplog.text
     a_live_listener(redis_client, "work", "cpu_1", None)
     a_live_listener(redis_client, "work", "gpu_2", '{"gpu":1}')
     caplog.clear()
-    with caplog.at_level("WARNING", logger="blueque.queue"):
+    with caplog.at_level("WARNING", logger="blueque.keyed"):
         queue.enqueue("y", requires={"gpu": 1})
         queue.enqueue("z")
     assert caplog.text == ""  # gpu_2 could run it: nothing to say
-    with caplog.at_level("WARNING", logger="blueque.queue"):
+    with caplog.at_level("WARNING", logger="blueque.keyed"):
         big = queue.enqueue("w", requires={"gpu": 4, "memory": "1Ti"})
     assert "they offer: nothing; gpu=1" in caplog.text and big in caplog.text
     client.set_limit("db-7", 2)
@@ -344,11 +342,3 @@ def test_the_command_line_enqueues_and_configures_keys_and_requires(
     done = run("listen", "work", "tests.jobs:echo", "--resources", "gpu")
     assert done.returncode == 2 and "is not NAME=AMOUNT" in done.stderr
 
-
-def test_the_asyncio_client_sets_a_limit(redis_url: str, redis_client: redis.Redis) -> None:
-    async def limit() -> int:
-        async with blueque.aio.Client(redis_url) as aio:
-            return await aio.set_limit("db-7", 3)
-
-    assert asyncio.run(limit()) == 0
-    assert redis_client.hget(Keys().limits(), "db-7") == "3"

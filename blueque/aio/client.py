@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import dependencies, ended, keyed, protocol, waiting
+from blueque import dependencies, ended, keyed, pausing, protocol, waiting
 from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
@@ -38,7 +38,6 @@ from blueque.queue import (
     given_queue_name,
     purge_cutoff,
     submission,
-    task_options,
 )
 from blueque.retry import RetryPolicy
 from blueque.store import translate
@@ -162,10 +161,6 @@ class Client:
         await self.store.perform(ended.retry_failed, queue, task_id,
                                  await self.store.now())
 
-    async def set_limit(self, key: str, limit: int | None) -> int:
-        """blueque.Client.set_limit's: at most ``limit`` runs of the key at once (5.22)."""
-        return int(await self.store.perform(keyed.set_limit, key, limit))
-
     async def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""
         return [name for name, _ in await self.store.perform(protocol.known_queues)]
@@ -216,7 +211,7 @@ class Queue:
         """Create many pending tasks, 1,000 per script call; ids that exist are left alone.
         With ``after``, every task waits for those tasks (one call per task); enqueue's options."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
-        fields = task_options(self._store.keys, options)
+        fields = keyed.task_options(self._store.keys, options)
         if after is not None:
             ids = [await self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
@@ -262,6 +257,14 @@ class Queue:
         counts = await self._store.perform(protocol.counts, self._name)
         return QueueStats(**vars(counts), name=self._name)
 
+    async def pause(self, reason: str | None = None) -> None:
+        """Stop listeners starting this queue's tasks (blueque.Queue.pause)."""
+        await self._store.perform(pausing.pause, self._name, reason, await self._store.now())
+
+    async def resume(self) -> bool:
+        """Let listeners start them again (blueque.Queue.resume); False if not paused."""
+        return await self._store.perform(pausing.resume, self._name)
+
     async def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
         """Ids of the tasks in one state: a status, or ``cancelled`` (statuses.STATES)."""
         return await self._store.perform(protocol.task_ids, self._name, status, start, stop)
@@ -284,16 +287,14 @@ class Queue:
         cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled,
                                                     await self._store.now())
         return await self._store.run(protocol.cancel_waiting(
-            self._store.keys, self._name, self._store.clock.now, error, cutoff, match,
-            sources))
+            self._store.keys, self._name, self._store.clock.now, error, cutoff, match, sources))
 
     async def configure(self, **options: object) -> None:
-        """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a
-        value of None removes that default."""
+        """Set queue defaults (as blueque.Queue.configure); a value of None removes one."""
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
         await self._store.perform(protocol.set_queue_config, self._name,
-                                  task_options(self._store.keys, options, True), removed)
+                                  keyed.task_options(self._store.keys, options, True), removed)
 
     async def config(self) -> dict[str, str]:
         return await self._store.perform(protocol.queue_config, self._name)

@@ -11,6 +11,7 @@
 -- then for each queue, 8 keys: pending list, reserved list, failed list, outcomes this minute,
 --   outcomes ever, outcomes this hour, started set (as stamp.lua's), queue config (its
 --   default concurrency_key and requires)
+-- then, last, each queue's pause hash blueque_paused_[queue], in ARGV's order (lib/pause)
 -- ARGV[1] listener id, ARGV[2] now, ARGV[3] seconds a minute's counter is kept,
 -- ARGV[4] pid ("" = move only), ARGV[5] the process's create time ("" if unknown),
 -- ARGV[6] the run record's fields after task, queue and attempt (JSON, from ", " to "}"),
@@ -20,7 +21,8 @@
 -- ARGV[18...] the queues, in the order to try (one per 8 keys)
 -- Returns {} when no queue has a task the listener may take, else {queue, id} (move only) or
 -- {queue, id, verdict, detail[, fields]} (stamp.lua's reply; ok: the run is recorded).
--- uses: history, counts, stamp, keyed
+-- A paused queue is skipped (5.16c).
+-- uses: history, counts, stamp, keyed, pause
 local listener, now, pid = ARGV[1], ARGV[2], ARGV[4]
 local names = keyed_names(ARGV, 10)
 local free = cjson.decode(ARGV[9])
@@ -36,7 +38,7 @@ local function move(pending, reserved, j, id)
   end
 end
 
-for i = 18, #ARGV do
+for _, i in ipairs(unpaused(18)) do
   local queue, base = ARGV[i], 1 + (i - 18) * 8
   local pending, reserved = KEYS[base + 1], KEYS[base + 2]
   local defaults = redis.call('HMGET', KEYS[base + 8], 'concurrency_key', 'requires')
