@@ -103,6 +103,12 @@ WHY: dict[tuple[str, str], str] = {
                                     "the task's own (5.22); with --reuse the stamp's own too",
     ("blueque", "finish.lua: HGET"): "the task's concurrency_key: the run's hold released "
                                      "(5.22; none: nothing more)",
+    ("blueque", "take.lua: EXISTS"): "is the queue paused (lib/pause, 5.16c): a paused "
+                                     "queue's tasks are not taken",
+    ("blueque", "EVALSHA reserve.lua"): "reserve when no id was taken ahead, on a Redis "
+                                        "Cluster (5.4)",
+    ("blueque", "reserve.lua: EXISTS"): "is the queue paused (lib/pause, 5.16c)",
+    ("blueque", "reserve.lua: LMOVE"): "the next pending id onto this listener's reserved list",
     ("blueque", "take.lua: SADD"): "with --reuse: the run joins the started set",
     ("blueque", "take.lua: HSET"): "with --reuse: status started for the warm process's pid, "
                                    "attempts + 1; then its run on the node",
