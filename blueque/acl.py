@@ -36,8 +36,8 @@ DESCRIBED: dict[Role, str] = {
     "scheduler": "blueque scheduler",
     "inspector": "read-only: blueque status, tasks, show, logs, wait, metrics, and a read-only "
                  "dashboard",
-    "operator": "blueque cancel, retry, purge, configure, forget-queue, preempt, and the "
-                "dashboard's actions",
+    "operator": "blueque cancel, retry, purge, configure, forget-queue, preempt, pause, "
+                "resume, and the dashboard's actions",
 }
 
 #: Every connection's: its handshake, the server check, the server clock. (redis-py's CLIENT

@@ -39,6 +39,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from blueque import keyed
 from blueque.errors import BluequeError, ConfigurationError
 from blueque.hosts import HostRule
 from blueque.policy import field_float
@@ -125,6 +126,12 @@ class QueueCollector(Collector):
             labels=["queue", "outcome"])
         listeners = GaugeMetricFamily("blueque_queue_listeners", "Listeners of the queue",
                                       labels=["queue"])
+        paused = GaugeMetricFamily("blueque_queue_paused", "1 while the queue is paused (no "
+                                   "listener starts its tasks), else 0", labels=["queue"])
+        work = GaugeMetricFamily(
+            "blueque_queue_work", "Tasks of the queue to run or running: pending (none while "
+            "it is paused), reserved and started; what an autoscaler scales listeners on",
+            labels=["queue"])
         slots = GaugeMetricFamily(
             "blueque_listener_info_slots",
             "Task slots of each registered listener (its --concurrency)",
@@ -142,6 +149,9 @@ class QueueCollector(Collector):
             for state in STATES:  # cancelled apart from failed
                 tasks.add_metric([queue, state], getattr(counts, state))
             listeners.add_metric([queue], counts.listeners)
+            paused.add_metric([queue], int(counts.paused))
+            work.add_metric([queue], (0 if counts.paused else counts.pending)
+                            + counts.reserved + counts.started)
             age.add_metric([queue], pending_age(oldest, at))
             for outcome in OUTCOMES:
                 finished.add_metric([queue, outcome], done.get(outcome, 0))
@@ -154,7 +164,23 @@ class QueueCollector(Collector):
             # a count that is missing or corrupt is shown as 0
             slots.add_metric([listener, host], field_float(info.get("concurrency")) or 0.0)
             busy.add_metric([listener, host], field_float(info.get("busy")) or 0.0)
-        return [tasks, age, finished, listeners, slots, busy]
+        return [tasks, age, finished, listeners, paused, work, slots, busy, *self._keys()]
+
+    def _keys(self) -> list[Metric]:
+        """Each concurrency key's limit, holders and waiters (PROTOCOL.md 5.22): one series
+        per key with a limit or in use, never per task."""
+        limit = GaugeMetricFamily("blueque_key_limit", "Runs a concurrency key allows at once "
+                                  "across the fleet (keys with a limit)", labels=["key"])
+        holding = GaugeMetricFamily("blueque_key_holding",
+                                    "Runs holding a slot of the concurrency key", labels=["key"])
+        waiting = GaugeMetricFamily("blueque_key_waiting", "Tasks waiting for a slot of the "
+                                    "concurrency key", labels=["key"])
+        for state in self.store.perform(keyed.key_states):
+            if state.limit is not None:
+                limit.add_metric([state.key], state.limit)
+            holding.add_metric([state.key], state.holding)
+            waiting.add_metric([state.key], state.waiting)
+        return [limit, holding, waiting]
 
 
 class _TaskMemory(Collector):

@@ -2,8 +2,8 @@
 
 Each subcommand is a short function over library calls, with its arguments beside it in the
 module of its group: ``inspecting`` (status, whose code is ``status``'s; tasks, show, logs),
-``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue), ``wait``,
-``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
+``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue, pause, resume),
+``wait``, ``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
 people; ``--json`` for scripts. Exit codes: see EXIT_CODES (also in ``blueque --help`` and
 docs/reference/exit-codes.md).
 """
@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from blueque.cli import changing, daemons, inspecting, listen, wait
+from blueque.cli import changing, daemons, fleet, inspecting, listen, wait
 from blueque.cli.base import (
     EXIT_CLOSED_PIPE,
     EXIT_CODES,
@@ -46,7 +46,7 @@ __all__ = ["EXIT_CLOSED_PIPE", "EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "
            "EXIT_UNREACHABLE", "EXIT_USAGE", "Failure", "build_parser", "main"]
 
 #: The command modules, in the order `blueque --help` lists their commands.
-GROUPS = (inspecting, changing, wait, listen, daemons)
+GROUPS = (inspecting, changing, fleet, wait, listen, daemons)
 
 
 def build_parser() -> Parser:

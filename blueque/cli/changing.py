@@ -1,5 +1,5 @@
 """Commands that change tasks and queues: `enqueue`, `cancel`, `preempt`, `retry`, `purge`,
-`configure`, `forget-queue`."""
+`configure`, `forget-queue`, `pause`, `resume`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from blueque.client import Client
 from blueque.display import format_seconds, format_time, parse_duration, positive_int, table
 from blueque.fields import typed
 from blueque.node import hostname
+from blueque.placement import PLACEMENT_OPTIONS, parse_resources
 from blueque.policy import OPTION_TYPES, QUEUE_LIMITS
 from blueque.statuses import ENDED_LISTS
 from blueque.waiting import wait_all
@@ -107,6 +108,19 @@ def register(commands: Commands) -> None:
     sub = commands.add("forget-queue", cmd_forget_queue, "remove an empty queue without "
                        "listeners from `blueque status` (and its defaults)", role="operator")
     sub.add_argument("queue")
+    _add_pause(commands)
+
+
+def _add_pause(commands: Commands) -> None:
+    sub = commands.add("pause", cmd_pause, "pause a queue: no listener starts its tasks until "
+                       "`blueque resume` (running ones go on, enqueues are kept)",
+                       role="operator")
+    sub.add_argument("queue")
+    sub.add_argument("--reason", metavar="TEXT",
+                     help="why, shown by blueque status and the dashboard")
+    sub = commands.add("resume", cmd_resume, "resume a paused queue: its listeners start its "
+                       "tasks again at once", role="operator")
+    sub.add_argument("queue")
 
 
 def _add_preempt(commands: Commands) -> None:
@@ -132,6 +146,15 @@ def _option_value(text: str) -> object:
 
 def _attempts_value(text: str) -> object:
     return None if text.lower() in ("none", "") else int(text)
+
+
+def _key_value(text: str) -> object:
+    return None if text.lower() in ("none", "") else text
+
+
+def _requires_value(text: str) -> object:
+    """``gpu=1,memory=16G`` (blueque.placement), or ``none`` to remove a queue's default."""
+    return None if text.lower() in ("none", "") else parse_resources(text)
 
 
 def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -165,13 +188,22 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="1: never two runs of a task at once, even when a node is cut "
                              "off from Redis: its run is stopped before its lease can lapse "
                              "(PROTOCOL.md 6.6); 0 (default)")
+    parser.add_argument("--concurrency-key", dest="concurrency_key", default=default,
+                        type=str if default is None else _key_value, metavar="KEY",
+                        help="at most `blueque limit KEY N` runs of the tasks with this key at "
+                             "once, across the fleet (PROTOCOL.md 5.22)")
+    parser.add_argument("--requires", dest="requires", default=default,
+                        type=argument_type(_requires_value), metavar="NAME=AMOUNT[,...]",
+                        help="resources a listener must have free to take the task "
+                             "(gpu=1,memory=16G; blueque listen --resources)")
 
 
 # --- handlers ---------------------------------------------------------------------------------
 def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
     parameters = sys.stdin.read() if args.parameters == "-" else args.parameters
     queue = client.get_queue(args.queue)
-    options: dict[str, Any] = {name: getattr(args, name) for name in OPTION_TYPES
+    options: dict[str, Any] = {name: getattr(args, name)
+                               for name in [*OPTION_TYPES, *PLACEMENT_OPTIONS]
                                if getattr(args, name, None) is not None}
     if args.after_any and not args.after:
         raise Failure("--after-any goes with --after TASK_ID", EXIT_USAGE)
@@ -305,7 +337,8 @@ def cmd_purge(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_configure(client: Client, args: argparse.Namespace) -> int:
     queue = client.get_queue(args.queue)
-    changes = {name: getattr(args, name) for name in [*OPTION_TYPES, *QUEUE_LIMITS]
+    changes = {name: getattr(args, name)
+               for name in [*OPTION_TYPES, *PLACEMENT_OPTIONS, *QUEUE_LIMITS]
                if getattr(args, name) is not _UNSET}
     if changes:
         queue.configure(**changes)
@@ -321,4 +354,23 @@ def cmd_forget_queue(client: Client, args: argparse.Namespace) -> int:
         raise unknown_queue(args.queue, client.queue_names())
     emit(args, {"queue": args.queue, "forgotten": True},
          f"queue {args.queue} forgotten: it no longer shows in blueque status")
+    return EXIT_OK
+
+
+def cmd_pause(client: Client, args: argparse.Namespace) -> int:
+    queue = client.get_queue(known_queue(client, args.queue))
+    queue.pause(args.reason)
+    stats = queue.stats()
+    emit(args, {"queue": args.queue, "paused": True, "reason": args.reason or ""},
+         f"queue {args.queue} paused: no listener starts its tasks until `blueque resume "
+         f"{args.queue}` ({stats.pending} pending wait, {stats.started} running go on; "
+         "blueque 1.0.1 listeners do not know of pauses)")
+    return EXIT_OK
+
+
+def cmd_resume(client: Client, args: argparse.Namespace) -> int:
+    was_paused = client.get_queue(known_queue(client, args.queue)).resume()
+    emit(args, {"queue": args.queue, "paused": False, "was_paused": was_paused},
+         f"queue {args.queue} resumed: its listeners start its tasks again" if was_paused
+         else f"queue {args.queue} was not paused")
     return EXIT_OK

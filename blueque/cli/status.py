@@ -9,11 +9,13 @@ import math
 import sys
 import time
 
+from blueque import keyed, pausing
 from blueque.cli.base import EXIT_OK, emit, json_text
 from blueque.client import Client, ListenerStatus
 from blueque.display import format_seconds, format_time, largest_memory, table
 from blueque.errors import RedisUnavailable
 from blueque.fields import LISTENER_FIELDS, typed
+from blueque.placement import format_resources
 from blueque.policy import field_float
 
 #: What a terminal is sent before each snapshot of `status --watch`: cursor home, clear.
@@ -40,8 +42,12 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
     current = client.store.now()
     counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "cancelled",
               "waiting", "listeners")
+    pauses = _pauses(client, stats)
     text = table(("QUEUE", *(c.upper() for c in counts)),
-                 [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
+                 [(s["name"] + (" (PAUSED)" if s["paused"] else ""), *(s[c] for c in counts))
+                  for s in stats]) if stats else "no queues"
+    text += "".join(f"\n{p.queue} paused since {format_time(p.paused_at)}"
+                    + (f": {p.reason}" if p.reason else "") for p in pauses.values())
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
              _slots_text(item), _lease_text(item.lease_remaining),
              _age_text(item.renewed_age), _renewal_text(item.info),
@@ -49,13 +55,39 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
             for item in listeners]
     text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
                              "RENEWAL", "MEMORY", "STATE"), rows) if rows else "no listeners")
+    keys = client.key_states()
+    if keys:
+        text += "\n\n" + table(("KEY", "LIMIT", "HOLDING", "WAITING"), [
+            (key.key, "none" if key.limit is None else key.limit, key.holding, key.waiting)
+            for key in keys])
+    unplaceable = client.store.perform(keyed.unplaceable, queues)  # 5.22
+    text += "".join(f"\n\nqueue {queue}: task {task_id} requires {format_resources(needs)}, "
+                    f"but {why}: it waits until one does"
+                    for queue, found in unplaceable.items() for task_id, needs, why in found)
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
     text += "\n\n" + policy.summary()
     data = {"time": current, "queues": stats,
             "listeners": [{**vars(item), "info": typed(item.info, LISTENER_FIELDS)}
                           for item in listeners],
+            "keys": [{"key": key.key, "limit": key.limit, "holding": key.holding,
+                      "waiting": key.waiting} for key in keys],
+            "unplaceable": {queue: [{"task": task_id, "requires": needs, "why": why}
+                                    for task_id, needs, why in found]
+                            for queue, found in unplaceable.items()},
             "redis": policy.as_dict()}
     return data, text
+
+
+def _pauses(client: Client, stats: list[dict[str, object]]) -> dict[str, pausing.Pause]:
+    """The pauses of the paused queues (PROTOCOL.md 5.16c), each also put in its queue's
+    ``pause`` ({reason, paused_at}) for --json."""
+    pauses = client.store.perform(pausing.pauses, [str(s["name"]) for s in stats
+                                                   if s["paused"]])
+    for entry in stats:
+        pause = pauses.get(str(entry["name"]))
+        if pause is not None:
+            entry["pause"] = {"reason": pause.reason, "paused_at": pause.paused_at}
+    return pauses
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
