@@ -272,11 +272,9 @@ class ListenerStep:
 
     def _fill_slots(self) -> None:
         supervisor, free = self.supervisor, self.slots.free  # a task for each free slot
-        while free(supervisor.occupied()) > 0 and not self.stop_asked:
-            moved = supervisor.ahead.pop() or reserve(
-                self.store, self.weights, self.id, self.rng, self.resources.free())
-            if moved is None:
-                break
+        while free(supervisor.occupied()) > 0 and not self.stop_asked and (
+                moved := supervisor.ahead.pop() or reserve(
+                    self.store, self.weights, self.id, self.rng, self.resources.free())):
             if not supervisor.fork(*moved, self.load_function()):
                 self.heal()
                 return
