@@ -232,17 +232,7 @@ class ForkServerLink:
         socket, and its output pipe's ends; ``spare``: one made before its task, 6.8): its
         pid and create time; a str: it could not fork (EAGAIN...); None: it is not there
         (fork from the listener)."""
-        self.read()
-        if not self.ready or self.control is None:
-            return None
-        request = {"fork": {"task": assignment.task_id, "queue": assignment.queue,
-                            "listener": assignment.listener, "patience": assignment.patience,
-                            "node": assignment.node, "reuse": reuse, "spare": spare}}
-        try:
-            self.control.setblocking(True)
-            socket.send_fds(self.control, [json.dumps(request).encode()], fds)
-        except OSError as error:
-            self._broken(f"cannot be written to ({error})")
+        if not self._request(assignment, reuse, fds, spare):
             return None
         while self.control is not None:
             message = self._receive(block=True)
@@ -258,19 +248,26 @@ class ForkServerLink:
         """Ask it for a process ahead of its task (6.8) without waiting for the answer: the
         loop goes on (its task's run, its outcome) while it forks. The answer comes with
         ``token`` from ``spares_made``. False: it is not ready, or could not be written to."""
+        if not self._request(assignment, reuse, fds, spare=True):
+            return False
+        self._spares_asked.append(token)
+        return True
+
+    def _request(self, assignment: Assignment, reuse: int, fds: list[int], spare: bool
+                 ) -> bool:
+        """Send a fork request; False: it is not ready, or could not be written to."""
         self.read()
         if not self.ready or self.control is None:
             return False
-        request = {"fork": {"task": "", "queue": assignment.queue,
+        request = {"fork": {"task": assignment.task_id, "queue": assignment.queue,
                             "listener": assignment.listener, "patience": assignment.patience,
-                            "node": assignment.node, "reuse": reuse, "spare": True}}
+                            "node": assignment.node, "reuse": reuse, "spare": spare}}
         try:
             self.control.setblocking(True)
             socket.send_fds(self.control, [json.dumps(request).encode()], fds)
         except OSError as error:
             self._broken(f"cannot be written to ({error})")
             return False
-        self._spares_asked.append(token)
         return True
 
     def heard(self) -> bool:
