@@ -6,6 +6,7 @@ traceback would fail the test as an exception."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import redis
 
 import blueque
 from blueque.keys import Keys
+from blueque.store import load_script
 from blueque.testing import RedisServer, free_port
 from tests.conftest import Done
 from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
@@ -466,6 +468,41 @@ def test_task_id_of_another_queue_is_refused(blueque_main: Run, client: blueque.
     assert redis_client.hget(KEYS.task("job-1"), "parameters") == "first"
     refused(blueque_main("enqueue", "b", "second", "--task-id", "job-1", "--url", redis_url),
             1, "already exists in queue a")
+
+
+def test_a_task_id_whose_key_is_no_task_is_left_alone_by_every_submit(
+        any_client: blueque.Client) -> None:
+    """submit, submit_after and submit_many share one rule for a taken id (lua/lib/taken.lua):
+    a key that is no task hash is an existing id, not ours; submit_many read it as a hash and
+    failed with WRONGTYPE halfway through its writes."""
+    redis_client = any_client.redis
+    redis_client.set(KEYS.task("taken"), "someone else's")
+    queue = any_client.get_queue("a")
+    parent = queue.enqueue("parent")
+    assert not queue.enqueue("x", task_id="taken").created
+    assert not queue.enqueue("x", task_id="taken", after=parent).created
+    bulk = queue.enqueue_many(["x", "y"], task_ids=["fresh", "taken"])
+    assert bulk.created_flags == [True, False]
+    assert redis_client.get(KEYS.task("taken")) == "someone else's"
+    assert redis_client.lrange(KEYS.pending("a"), 0, -1) == ["fresh", parent]
+
+
+def test_every_submit_takes_the_taken_id_rule_from_its_one_library() -> None:
+    """What a submit does with a taken id (another queue's task, our own earlier try, any
+    other) is written once, in lua/lib/taken.lua: it was copied verbatim in submit.lua and
+    submit_after.lua, and submit_many.lua had drifted (no type check)."""
+    lua = ROOT / "blueque" / "lua"
+    library = (lua / "lib" / "taken.lua").read_text()
+    users = []
+    for path in sorted(lua.glob("*.lua")):
+        body = path.read_text()
+        assert "already exists in queue" not in body, path.name
+        assert not re.search(r"'HGET', KEYS\[\w+\], 'created'\)", body), path.name
+        if "taken(" in body or "task_owner(" in body:
+            users.append(path.name)
+            assert re.search(r"^-- uses: .*\btaken\b", body, re.MULTILINE), path.name
+            assert library in load_script(path.stem), path.name
+    assert users == ["submit.lua", "submit_after.lua", "submit_many.lua"]
 
 
 def test_idempotent_re_enqueue_says_the_task_already_existed(
