@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from blueque.keys import Keys
+from blueque.process import signal_group, signal_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 #: In the environment of every daemon a test starts, and so of every task process it forks:
@@ -107,10 +108,8 @@ def task_processes(queue: str = "work") -> list[psutil.Process]:
 def kill_session_children(pids: Sequence[int]) -> None:
     """SIGKILL task processes (and their groups) a test left behind."""
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
+        signal_pid(pid, signal.SIGKILL)
 
 
 @contextmanager
