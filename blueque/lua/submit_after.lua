@@ -18,13 +18,11 @@
 -- (nothing changed), or an error "BLUEQUE_STATE ..." if it exists in another queue, or
 -- "BLUEQUE_TOO_LARGE ..." (nothing written) if its parameters are over the queue's limit. A
 -- repeat of this very call (same created time and parameters) returns 1, as submit.lua.
-local too_large = parameters_too_large(parameters_limit(KEYS[4], ARGV[9]), ARGV[2], ARGV[3])
-if too_large then
-  return too_large
-end
-local existing = taken(KEYS[1], ARGV[1], ARGV[2], ARGV[4], ARGV[3])
-if existing then
-  return existing
+-- checked before any write: parameters too large, else a task id already taken
+local refused = parameters_too_large(parameters_limit(KEYS[4], ARGV[9]), ARGV[2], ARGV[3])
+  or taken(KEYS[1], ARGV[1], ARGV[2], ARGV[4], ARGV[3])
+if refused then
+  return refused
 end
 local fields = {'status', 'waiting', 'queue', ARGV[2], 'parameters', ARGV[3],
                 'created', ARGV[4], 'updated', ARGV[4], 'after', ARGV[6]}
