@@ -13,14 +13,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import blueque
 from blueque.clock import RESYNC, RETRY, ServerClock
-from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.daemons import ROOT, Daemon, listen_command, wait_until
 from tests.test_cli import environment
 
 SKEW = 300.0  # seconds the skewed processes' clock is ahead
@@ -125,12 +124,6 @@ def test_the_skewed_environment_really_skews_a_process() -> None:
     assert float(done.stdout) - time.time() > SKEW - 10
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as started:
-        yield started
-
-
 def started_after(client: blueque.Client, task_id: str, timeout: float) -> float:
     """Seconds from now until the task started (waits up to ``timeout``)."""
     began = time.monotonic()
@@ -140,9 +133,9 @@ def started_after(client: blueque.Client, task_id: str, timeout: float) -> float
 
 
 def test_a_fast_listener_does_not_run_a_scheduled_task_early(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: the listener moved due tasks by its own clock, five minutes early."""
-    nodes.append(Daemon(listen_command(redis_url, "early", "tests.jobs:text",
+    started.append(Daemon(listen_command(redis_url, "early", "tests.jobs:text",
                                        "--interval", "0.5"),
                         tmp_path / "fast.log", env=skewed()))
     wait_until(lambda: client.get_queue("early").stats().listeners == 1, 20,
@@ -157,9 +150,9 @@ def test_a_fast_listener_does_not_run_a_scheduled_task_early(
 
 
 def test_a_delay_given_on_a_fast_host_is_kept(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: `blueque enqueue --delay 2` on a host five minutes fast ran five minutes late."""
-    nodes.append(Daemon(listen_command(redis_url, "late", "tests.jobs:text",
+    started.append(Daemon(listen_command(redis_url, "late", "tests.jobs:text",
                                        "--interval", "0.5"),
                         tmp_path / "true.log"))
     wait_until(lambda: client.get_queue("late").stats().listeners == 1, 20)
@@ -176,12 +169,12 @@ def test_a_delay_given_on_a_fast_host_is_kept(
 
 
 def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """A failed attempt's retry eta is on Redis' clock: a listener with the true clock (the
     other one is stopped) runs the retry after the backoff, not five minutes later."""
     fast = Daemon(listen_command(redis_url, "retries", "tests.jobs:boom", "--interval", "0.5"),
                   tmp_path / "fast.log", env=skewed())
-    nodes.append(fast)
+    started.append(fast)
     task_id = client.get_queue("retries").enqueue("{}", max_attempts=2, retry_backoff=2)
     wait_until(lambda: client.get_task(task_id).status == "scheduled", 30,
                "the first attempt to fail")
@@ -189,7 +182,7 @@ def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
     data = client.get_task(task_id).data
     server = client.store.server_time()
     assert float(data["eta"]) - server < 10.0  # not 300 s ahead
-    nodes.append(Daemon(listen_command(redis_url, "retries", "tests.jobs:boom",
+    started.append(Daemon(listen_command(redis_url, "retries", "tests.jobs:boom",
                                        "--interval", "0.5"), tmp_path / "true.log"))
     wait_until(lambda: client.get_task(task_id).status == "failed", 30,
                "the retry to run on the other listener")
@@ -197,10 +190,10 @@ def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
 
 
 def test_status_on_a_fast_host_shows_a_live_listener_as_live(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: `blueque status` on a host five minutes fast showed every listener renewed
     five minutes ago."""
-    nodes.append(Daemon(listen_command(redis_url, "shown", "tests.jobs:text",
+    started.append(Daemon(listen_command(redis_url, "shown", "tests.jobs:text",
                                        "--interval", "0.5"), tmp_path / "true.log"))
     wait_until(lambda: client.get_queue("shown").stats().listeners == 1, 20)
     done = subprocess.run(

@@ -42,12 +42,6 @@ def using_it_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
 
 
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
-
-
 @pytest.mark.slow
 def test_using_it_runs_as_written(redis_url: str, redis_client: redis.Redis, tmp_path: Path,
                                   started: list[Daemon]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -17,7 +16,7 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +26,6 @@ KEYS = Keys()
 
 def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 def start(started: list[Daemon], tmp_path: Path, url: str, *options: str,
