@@ -20,6 +20,7 @@ from blueque.endings import RunEnd
 from blueque.keys import Keys
 from blueque.recovery import ended_text
 from blueque.statuses import state_of
+from tests.conftest import Run
 from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_cli import cli
 
@@ -225,13 +226,13 @@ def test_a_running_task_cancelled_through_its_listener_counts_as_cancelled(
 
 
 def test_show_and_recovery_say_cancelled_where_they_said_failed(
-        client: blueque.Client, redis_url: str) -> None:
+        client: blueque.Client, run: Run) -> None:
     """`blueque show` read "status failed" for a cancelled task, and a recovery's log line
     counted it among the failed: each now says cancelled."""
     task_id = client.get_queue("q").enqueue("{}")
     client.cancel_task(task_id, "wrong input")
-    shown = cli(redis_url, "show", task_id).stdout
+    shown = run("show", task_id).stdout
     assert "failed (cancelled: listed and counted as cancelled)" in shown
-    assert json.loads(cli(redis_url, "show", task_id, "--json").stdout)["state"] == "cancelled"
+    assert json.loads(run("show", task_id, "--json").stdout)["state"] == "cancelled"
     assert ended_text([0, 0, 3, 0, 1]) == "2 failed, 1 cancelled"
     assert ended_text([0, 0, 3, 0]) == "3 failed, 0 cancelled"  # an older script's answer

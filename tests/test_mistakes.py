@@ -9,23 +9,23 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import blueque
 from blueque.keys import Keys
 from blueque.store import load_script
 from blueque.testing import RedisServer, free_port
-from tests.conftest import Done
+from tests.conftest import Done, Run
 from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
 from tests.fake_servers import FakeServer, old_redis
 from tests.test_cli import ROOT, cli, environment
-
-Run = Callable[..., Done]
 
 KEYS = Keys()
 FAST = ("--interval", "0.5", "--poll", "0.1")
@@ -304,15 +304,16 @@ def test_parameters_that_are_not_json_are_enqueued_with_a_warning(
         assert done.returncode == 0 and done.stderr == "", quiet
 
 
-def test_a_port_that_accepts_and_never_answers_is_said_at_once(redis_url: str) -> None:
+def test_a_port_that_accepts_and_never_answers_is_said_at_once(blueque_main: Run,
+                                                              redis_url: str) -> None:
     """`blueque status` against a port that is not Redis and never answers waited the 5 s of
     its connect timeout, then said "unreachable": it says what it found after 2 s."""
     with FakeServer(lambda command: b"") as silent:  # reads commands, answers none
-        done = cli(silent.url, "status")
+        done = blueque_main("status", "--url", silent.url)
     refused(done, 3, f"the server at 127.0.0.1:{silent.port} accepted the connection but did "
             "not answer within 2 s: it is not a Redis", "check the URL's host and port")
     # a Redis that does answer is not held to it: its own connections wait as they should
-    assert cli(redis_url, "status").returncode == 0
+    assert blueque_main("status", "--url", redis_url).returncode == 0
 
 
 def test_demo_refuses_an_empty_url(blueque_main: Run) -> None:
@@ -355,7 +356,9 @@ def test_a_missing_password_is_named_as_such(blueque_main: Run, password_server:
     done = blueque_main("status", "--url", url)
     refused(done, 2, "requires a password and none was given", "redis://:password@")
     assert "HELLO" not in done.stderr
-    ready = redis.Redis(port=password_server.port, protocol=2, decode_responses=True)
+    # redis-py's own retries (ten, backing off: 5 s) would only repeat the refusal
+    ready = redis.Redis(port=password_server.port, protocol=2, decode_responses=True,
+                        retry=Retry(NoBackoff(), 0))
     with pytest.raises(blueque.AuthenticationFailed, match="requires a password"):
         blueque.Client(ready).get_queue("work").enqueue("{}")  # a long command: refused as
     ready.close()  # "Protocol error: unauthenticated multibulk length" by the server
@@ -572,7 +575,8 @@ def test_cli_refuses_bad_queue_names_everywhere(blueque_main: Run, redis_url: st
     refused(cli(redis_url, "listen", name, "tests.jobs:echo", *FAST), 2, "queue name")
     cron = tmp_path / "cron.json"
     cron.write_text(json.dumps({"cron": [{"name": "n", "cron": "* * * * *", "queue": name}]}))
-    refused(cli(redis_url, "scheduler", "--once", "--cron-file", str(cron)), 2, "queue name")
+    refused(blueque_main("scheduler", "--once", "--cron-file", str(cron), "--url", redis_url), 2,
+            "queue name")
     assert redis_client.dbsize() == 0
 
 
