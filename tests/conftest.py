@@ -20,6 +20,7 @@ from blueque.cli import main as cli_main
 from blueque.testing import RedisServer, free_port
 from tests.aio_facade import AioClient, LoopThread
 from tests.daemons import Daemon, daemons
+from tests.wheels import build_wheel
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,6 +58,14 @@ def started(tmp_path: Path) -> Iterator[list[Daemon]]:
     running at the end, and the task processes they left, are stopped by pid."""
     with daemons(tmp_path) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's wheel as pip builds it (tests.wheels.build_wheel: what an install
+    gets), built once a session for the tests that read it."""
+    with build_wheel(tmp_path_factory.mktemp("wheel")) as built:
+        return Path(str(built.filename))
 
 
 @pytest.fixture

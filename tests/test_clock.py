@@ -101,6 +101,8 @@ def test_schedule_takes_an_eta_or_a_delay(client: blueque.Client, eta: object, d
 
 
 # --- end to end, with processes whose clock is five minutes fast ----------------------------
+# (the three that wait out an eta or a backoff are slow: CI runs them; the fast run holds the
+# rule itself in test_store_now_is_redis_clock_whatever_the_host_says)
 def libfaketime() -> str:
     found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
     if not found:
@@ -132,6 +134,7 @@ def started_after(client: blueque.Client, task_id: str, timeout: float) -> float
     return time.monotonic() - began
 
 
+@pytest.mark.slow
 def test_a_fast_listener_does_not_run_a_scheduled_task_early(
         redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: the listener moved due tasks by its own clock, five minutes early."""
@@ -149,6 +152,7 @@ def test_a_fast_listener_does_not_run_a_scheduled_task_early(
     assert float(data["started_at"]) >= due - 0.1
 
 
+@pytest.mark.slow
 def test_a_delay_given_on_a_fast_host_is_kept(
         redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: `blueque enqueue --delay 2` on a host five minutes fast ran five minutes late."""
@@ -168,6 +172,7 @@ def test_a_delay_given_on_a_fast_host_is_kept(
                "the delayed task to run (it waited five minutes before)")
 
 
+@pytest.mark.slow
 def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
         redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """A failed attempt's retry eta is on Redis' clock: a listener with the true clock (the
