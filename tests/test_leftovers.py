@@ -23,11 +23,10 @@ from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
 from blueque.process import signal_pid
 from tests import leftover_jobs
-from tests.daemons import Daemon, gone, lines, listen_command, wait_until
+from tests.daemons import FAST, Daemon, gone, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 #: How long a leftover may take to be stopped: a look for escaped processes within a second
 #: of the run's end, SIGTERM, and the listener reaping it (its child subreaper).
 STOPPED_WITHIN = 15.0

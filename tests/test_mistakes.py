@@ -23,12 +23,11 @@ from blueque.keys import Keys
 from blueque.store import load_script
 from blueque.testing import RedisServer, free_port
 from tests.conftest import Done, Run
-from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
+from tests.daemons import FAST, Daemon, kill_session_children, listen_command, wait_until
 from tests.fake_servers import FakeServer, old_redis
 from tests.test_cli import ROOT, cli, environment
 
 KEYS = Keys()
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 def refused(done: Done | subprocess.CompletedProcess[str], code: int, *words: str) -> None:
@@ -392,17 +391,6 @@ def test_unreachable_redis_is_still_exit_3(blueque_main: Run) -> None:
 
 
 # --- how a task ends --------------------------------------------------------------------------
-@pytest.fixture
-def start(redis_url: str, tmp_path: Path, started: list[Daemon]):  # type: ignore[no-untyped-def]
-    def start_daemon(queues: str, function: str, *options: str) -> Daemon:
-        log = tmp_path / f"daemon{len(started)}.log"
-        daemon = Daemon(listen_command(redis_url, queues, function, *FAST, *options), log)
-        started.append(daemon)
-        return daemon
-
-    return start_daemon
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("parameters", "error", "raised"), [
     ({"code": 3}, "exit code 3: the task function called sys.exit(3)", "SystemExit: 3"),

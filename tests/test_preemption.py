@@ -21,11 +21,10 @@ import blueque
 from blueque.keys import Keys
 from blueque.preemption import NodePreemption
 from tests.conftest import Done
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

@@ -16,11 +16,10 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 
