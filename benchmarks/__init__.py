@@ -1,1 +1,2 @@
-"""Blueque's benchmark: ``python -m benchmarks.run`` (see benchmarks/run.py and README.md)."""
+"""Blueque's benchmark: ``python -m benchmarks.run`` (see benchmarks/run.py and
+docs/performance.md)."""

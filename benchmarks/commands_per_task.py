@@ -47,7 +47,7 @@ LUA = HERE.parent / "blueque" / "lua"
 QUEUE = "bench"
 PARAMETERS = '{"n": 1, "kind": "benchmark"}'
 END = "commands-per-task-end"
-#: The original's figure (README Performance, INFO commandstats over a drain).
+#: The original's figure (docs/performance.md, INFO commandstats over a drain).
 ORIGINAL_COMMANDS = 13
 
 #: Why each command a drained task costs is sent, by (system, command); a script's own

@@ -1,4 +1,5 @@
-"""Recovery and durability figures for the README's HA sections (real servers on loopback).
+"""Recovery and durability figures for docs/how-to/high-availability.md (real servers on
+loopback).
 
     python -m benchmarks.ha_figures [--runs 3] [--json FILE]
 

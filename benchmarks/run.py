@@ -644,7 +644,7 @@ def render(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]],
 
 
 def markdown(entries: Sequence[dict[str, Any]], targets: Sequence[dict[str, Any]]) -> str:
-    """The same table as Markdown, for README.md's Performance section."""
+    """The same table as Markdown, for docs/performance.md."""
     lines = ["| scenario | measurement | system | median | min-max | unit |",
              "| --- | --- | --- | ---: | ---: | --- |"]
     previous = None

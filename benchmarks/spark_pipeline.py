@@ -1,4 +1,4 @@
-"""The README's Spark pipeline end to end, timed stage by stage (issue 20).
+"""The Spark page's pipeline (docs/how-to/spark.md) end to end, timed stage by stage (issue 20).
 
     python -m benchmarks.spark_pipeline                 # 20,000 no-op rows
     python -m benchmarks.spark_pipeline --rows 500 --json out.json
@@ -7,7 +7,7 @@ On a private redis-server (a free loopback port, never 6379; or ``--url``, an em
 it times, in one fresh process: the start of a local[2] Spark session (the JVM included), the
 start of two ``blueque listen`` daemons at concurrency 2 running a no-op task
 (``benchmarks/scripts/bench_tasks.py:noop``), ``enqueue_dataframe`` of ``rows`` rows with a
-task id column (validated, as in the README), the drain (``wait_for_tasks`` from the moment the
+task id column (validated, as on the Spark page), the drain (``wait_for_tasks`` from the moment the
 enqueue returns; the listeners already run during the enqueue, as in the example), and
 ``read_tasks`` with one action that reads every task back. It prints each stage's seconds and
 share of the total, and tasks/s from the start of the enqueue to the last task done. Asserts

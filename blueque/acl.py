@@ -1,4 +1,4 @@
-"""What a Redis ACL user must be allowed for each Blueque role (README "Redis ACL users",
+"""What a Redis ACL user must be allowed for each Blueque role (docs/how-to/acl.md,
 PROTOCOL.md 1, "Permissions"), and the checks a command makes before it writes anything.
 
 A role's commands are its connection's (HELLO, PING, INFO, TIME...), those it sends itself,
@@ -28,7 +28,7 @@ from blueque import keys as k
 Role = Literal["client", "listener", "scheduler", "inspector", "operator"]
 ROLES: tuple[Role, ...] = ("client", "listener", "scheduler", "inspector", "operator")
 
-#: What each role is, for the README's table and the refusal's message.
+#: What each role is, for the docs' table and the refusal's message.
 DESCRIBED: dict[Role, str] = {
     "client": "a service that enqueues tasks and waits for them (blueque enqueue, "
               "Queue.enqueue, Task.wait)",
@@ -36,8 +36,8 @@ DESCRIBED: dict[Role, str] = {
     "scheduler": "blueque scheduler",
     "inspector": "read-only: blueque status, tasks, show, logs, wait, metrics, and a read-only "
                  "dashboard",
-    "operator": "blueque cancel, retry, purge, configure, forget-queue, preempt, and the "
-                "dashboard's actions",
+    "operator": "blueque cancel, retry, purge, configure, forget-queue, preempt, pause, "
+                "resume, and the dashboard's actions",
 }
 
 #: Every connection's: its handshake, the server check, the server clock. (redis-py's CLIENT
@@ -46,6 +46,10 @@ CONNECTION = ("hello", "ping", "select", "info", "time", "client|setname")
 SCRIPTING = ("evalsha", "eval", "script|load")
 #: Waiting for a task (its done channel) and hearing enqueues and cancels.
 LISTENING = ("subscribe", "unsubscribe")
+#: What a role does without, more slowly: a listener refused SUBSCRIBE polls its queues every
+#: --poll seconds instead of hearing enqueues (its subscriber says so and backs off), so the
+#: check warns of it rather than refusing to start a listener that works.
+WITHOUT: dict[Role, frozenset[str]] = {"listener": frozenset(LISTENING)}
 #: (Not CONFIG GET: the memory policy is read from INFO where CONFIG is refused, as managed
 #: services do; a user that has it saves that second look.)
 READS = ("exists", "type", "get", "hget", "hmget", "hgetall", "hlen", "hexists",
@@ -147,6 +151,11 @@ def probes(role: Role, queues: Iterable[str], keys: k.Keys | None = None
                           for a in _PROBES[command])
         found.append((*command.split("|"), *arguments))
     return found
+
+
+def optional(role: Role, probe: tuple[str, ...]) -> bool:
+    """Whether ``role`` works, more slowly, without the command of ``probe`` (WITHOUT)."""
+    return _command_of(probe) in WITHOUT.get(role, frozenset())
 
 
 def missing(probe: tuple[str, ...], answer: str) -> str:

@@ -6,7 +6,7 @@ without a word (with ``allkeys-lru``, 199 of 200 acknowledged tasks, the pending
 listener's lease went). So the listener, the scheduler and the dashboard refuse to start on a
 server whose policy is anything but ``noeviction`` unless told to accept it (``--allow-
 eviction``, ``BLUEQUE_ALLOW_EVICTION=1``, ``allow_eviction=True``), and ``blueque status``
-and the dashboard say so (README "Persistence").
+and the dashboard say so (docs/how-to/persistence.md).
 
 The ``volatile-*`` policies evict only keys with a TTL, and so never a pending or running
 task, a reserved list nor a lease; they are refused all the same, because Blueque's keys with

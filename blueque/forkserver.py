@@ -272,7 +272,8 @@ def _close(fds: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m blueque.forkserver FD``: set up, import, say ready, serve."""
+    """``python -m blueque.forkserver FD [ROOM]``: set up, import, say ready, serve (ROOM:
+    blanks that keep room in the command line for the titles of the processes it forks)."""
     # Ctrl-C on the listener's terminal is the listener's to handle: it closes our socket
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -129,11 +129,12 @@ class Durability:
     memory of the master and of at least ``replicas`` replicas. A master that is SIGKILLed
     and replaced by Sentinel or Cluster with one of those replicas loses none of them; with
     ``replicas`` equal to the number of replicas, every candidate for promotion has them.
-    Not promised: survival of a write when every copy dies (use AOF, see README), nor across
-    a manual ``SENTINEL FAILOVER``/``CLUSTER FAILOVER FORCE`` promoting a replica that had
-    not yet acknowledged it. If fewer replicas acknowledge within ``timeout_ms`` the write
-    is on the master only: ``NotReplicated`` is raised, the retry policy repeats the
-    (idempotent) operation, and the caller sees RedisUnavailable once its deadline passes.
+    Not promised: survival of a write when every copy dies (use AOF, see
+    docs/how-to/persistence.md), nor across a manual ``SENTINEL FAILOVER``/``CLUSTER
+    FAILOVER FORCE`` promoting a replica that had not yet acknowledged it. If fewer replicas
+    acknowledge within ``timeout_ms`` the write is on the master only: ``NotReplicated`` is
+    raised, the retry policy repeats the (idempotent) operation, and the caller sees
+    RedisUnavailable once its deadline passes.
     """
 
     replicas: int

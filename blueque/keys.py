@@ -158,6 +158,11 @@ class Keys:
         """Hash of a queue's defaults (max_attempts, backoff, time_limit, result_ttl)."""
         return _key("queue_config", self._q(queue))
 
+    def paused(self, queue: str) -> str:
+        """Hash {reason, paused_at}: the queue is paused, no listener starts its tasks
+        (PROTOCOL.md 5.16c); absent when it runs."""
+        return _key("paused", self._q(queue))
+
     def cron(self) -> str:
         """Hash: periodic task name -> last tick fired (Unix time, seconds)."""
         return _key("cron")
@@ -270,6 +275,7 @@ KEY_BUILDERS = (
     "node_runs",
     "node_listeners",
     "queue_config",
+    "paused",
     "cron",
     "finished_per_minute",
     "finished_per_hour",

@@ -11,7 +11,7 @@ Two exporters, two sets of names, so that summing over scrape targets never coun
   children ran per outcome, and their run times.
 
 Names follow Prometheus conventions: ``blueque_`` prefix, base units (``_seconds``), counters
-end in ``_total``. README.md "Watching it" lists them with an example alert rule.
+end in ``_total``. docs/how-to/observability.md lists them with an example alert rule.
 """
 
 from __future__ import annotations
@@ -125,6 +125,12 @@ class QueueCollector(Collector):
             labels=["queue", "outcome"])
         listeners = GaugeMetricFamily("blueque_queue_listeners", "Listeners of the queue",
                                       labels=["queue"])
+        paused = GaugeMetricFamily("blueque_queue_paused", "1 while the queue is paused (no "
+                                   "listener starts its tasks), else 0", labels=["queue"])
+        work = GaugeMetricFamily(
+            "blueque_queue_work", "Tasks of the queue to run or running: pending (none while "
+            "it is paused), reserved and started; what an autoscaler scales listeners on",
+            labels=["queue"])
         slots = GaugeMetricFamily(
             "blueque_listener_info_slots",
             "Task slots of each registered listener (its --concurrency)",
@@ -142,6 +148,9 @@ class QueueCollector(Collector):
             for state in STATES:  # cancelled apart from failed
                 tasks.add_metric([queue, state], getattr(counts, state))
             listeners.add_metric([queue], counts.listeners)
+            paused.add_metric([queue], int(counts.paused))
+            work.add_metric([queue], (0 if counts.paused else counts.pending)
+                            + counts.reserved + counts.started)
             age.add_metric([queue], pending_age(oldest, at))
             for outcome in OUTCOMES:
                 finished.add_metric([queue, outcome], done.get(outcome, 0))
@@ -154,7 +163,7 @@ class QueueCollector(Collector):
             # a count that is missing or corrupt is shown as 0
             slots.add_metric([listener, host], field_float(info.get("concurrency")) or 0.0)
             busy.add_metric([listener, host], field_float(info.get("busy")) or 0.0)
-        return [tasks, age, finished, listeners, slots, busy]
+        return [tasks, age, finished, listeners, paused, work, slots, busy]
 
 
 class _TaskMemory(Collector):

@@ -21,9 +21,10 @@ import json
 import logging
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
-from blueque.fencing import is_current_run
+from blueque.fencing import is_current_run, may_reclaim
 from blueque.leftovers import Leftovers, signal_escaped
 from blueque.node import local_process
 from blueque.policy import Policy, field_float
@@ -32,6 +33,21 @@ from blueque.run_processes import RunMark
 from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.recovery")
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A live run of a dead listener of this node, as its run record names it: the queue, the
+    task, the listener that forked it, its attempt, its process (pid and create time) and
+    that listener's process (None: unknown)."""
+
+    queue: str
+    task_id: str
+    listener: str
+    attempt: int
+    pid: int
+    created: float | None
+    owner: tuple[int, float | None] | None
 
 
 class OrphanedRuns:
@@ -128,7 +144,9 @@ class OrphanedRuns:
                 self._stopping.begin(task_id, pid, Policy().kill_grace, reason)
 
     # --- fenced runs ------------------------------------------------------------------------
-    def stop_fenced(self, runs: dict[str, str] | None = None) -> dict[int, float | None]:
+    def stop_fenced(self, runs: dict[str, str] | None = None,
+                    reclaim: Callable[[Orphan], bool] | None = None
+                    ) -> dict[int, float | None]:
         """Runs forked on this node (blueque_node_[node]) whose listener is dead and whose
         task was taken back meanwhile (requeued, retried, cancelled, finished, or stamped
         again): fenced, they can record nothing and only duplicate the task's next attempt.
@@ -137,7 +155,10 @@ class OrphanedRuns:
         listener is judged by the process the entry names (pid and create time), so a later
         listener with the same id (a pid reused) does not pass for it. Returns the runs
         signalled now: pid -> create time (until they are gone, each holds a slot of the
-        sweeping listener: a job may take its whole kill_grace to stop)."""
+        sweeping listener: a job may take its whole kill_grace to stop). A run whose task was
+        taken back while it lived and waits for its retry, with no newer attempt started (its
+        adopter was cut off from Redis longer than the lease: 5.12b), is offered to
+        ``reclaim`` first, and left to go on when it takes it back."""
         ended: list[str] = []
         signalled: dict[int, float | None] = {}
         for field_, raw in (self.store.node_runs(self.node) if runs is None else runs).items():
@@ -161,6 +182,11 @@ class OrphanedRuns:
             # the task's current run (adopted by recover_local): by attempt, or for a record
             # written at fork, before the stamp fixed the attempt, by the pid it stamped
             if not data or is_current_run(data, listener, attempt, pid):
+                continue
+            if (reclaim is not None and attempt is not None and attempt.isdigit()
+                    and may_reclaim(data, listener, int(attempt))
+                    and reclaim(Orphan(str(run.get("queue", "")), task_id, listener,
+                                       int(attempt), pid, created, owner))):
                 continue
             policy = Policy.resolve(data, self.store.queue_config(str(run.get("queue", ""))))
             self._mark(pid, {"queue": str(run.get("queue", "")), "id": task_id}, policy,

@@ -123,7 +123,8 @@ class NodePreemption:
         self.grace = grace
         self.deadline: float | None = None
         self.at = 0.0  # the same deadline, on ``clock``
-        self.signalled = False  # SIGUSR1 arrived
+        self.signalled = False  # SIGUSR1 arrived (or SIGTERM, --on-stop=preempt)
+        self.signal_name = "SIGUSR1"
         self.heard = True  # read blueque_preempt_[node name] at the next look
         self._seen = ""  # requested_at of the request acted on (or found stale)
         #: a request made before this (Unix s) whose deadline has passed is over: the node
@@ -131,14 +132,16 @@ class NodePreemption:
         self.started = self.store.now()
 
     def on_signal(self, signum: int, frame: object) -> None:
-        """SIGUSR1's handler: acted on at the loop's next step (the wakeup fd wakes it)."""
+        """SIGUSR1's handler (and SIGTERM's with --on-stop=preempt): acted on at the loop's
+        next step (the wakeup fd wakes it)."""
+        self.signal_name = signal.Signals(signum).name
         self.signalled = True
 
     def news(self) -> tuple[float, str] | None:
         """A deadline to act on, with why, or None."""
         if self.signalled:
             self.signalled = False
-            return self.store.now() + self.grace, "SIGUSR1"
+            return self.store.now() + self.grace, self.signal_name
         if not self.heard:
             return None
         self.heard = False

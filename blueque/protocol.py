@@ -226,6 +226,7 @@ class QueueCounts:
     listeners: int
     #: tasks enqueued ``after=`` others that wait for them (PROTOCOL.md 5.21)
     waiting: int = 0
+    paused: bool = False  #: no listener starts its tasks (PROTOCOL.md 5.16c)
 
 
 def counts(keys: k.Keys, queue: str) -> Operation[QueueCounts]:
@@ -249,17 +250,18 @@ def counts_many(keys: k.Keys, queues: Sequence[str]) -> Operation[list[QueueCoun
             command("llen", keys.failed(queue)),
             command("llen", keys.cancelled(queue)),
             command("zcard", keys.waiting(queue)),
+            command("exists", keys.paused(queue)),
             *(command("llen", keys.reserved(queue, listener)) for listener in listeners),
         )))))
     found = []
     for listeners in listener_sets:
-        pending, scheduled, started, complete, failed, cancelled, waiting = (
-            next(replies) for _ in range(7))
+        pending, scheduled, started, complete, failed, cancelled, waiting, paused = (
+            next(replies) for _ in range(8))
         reserved = sum(next(replies) for _ in listeners)
         found.append(QueueCounts(pending=pending, scheduled=scheduled,
                                  reserved=max(0, reserved - started), started=started,
                                  complete=complete, failed=failed, listeners=len(listeners),
-                                 cancelled=cancelled, waiting=waiting))
+                                 cancelled=cancelled, waiting=waiting, paused=bool(paused)))
     return found
 
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from blueque import dependencies, ended, protocol
+from blueque import dependencies, ended, pausing, protocol
 from blueque import keys as k
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
@@ -317,6 +317,16 @@ class Queue:
         ``cancelled`` tasks (failed, stamped cancelled) are counted apart from ``failed``."""
         counts = self._store.counts(self._name)
         return QueueStats(**vars(counts), name=self._name)
+
+    def pause(self, reason: str | None = None) -> None:
+        """Stop every listener daemon starting this queue's tasks until ``resume()``
+        (blueque_paused_[queue], PROTOCOL.md 5.16c): running tasks go on, enqueues are
+        kept; it lasts through listener and Redis restarts. Blueque 1.0.1 listeners ignore it."""
+        self._store.perform(pausing.pause, self._name, reason, self._store.now())
+
+    def resume(self) -> bool:
+        """Let listeners start this queue's tasks again, at once; False if it was not paused."""
+        return self._store.perform(pausing.resume, self._name)
 
     def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
         """Ids of the tasks in one state: a status, or ``cancelled`` (statuses.STATES)."""

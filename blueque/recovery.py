@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from blueque import dependencies
-from blueque.adoption import LocalListeners, adoption_line, claimed, place, run_record
+from blueque.adopting import Adopter
+from blueque.adoption import LocalListeners
 from blueque.endings import decide, describe_exit
 from blueque.fencing import unstarted_verdict
 from blueque.keys import NODE_RUNS_TTL
@@ -103,9 +104,8 @@ class Recovery:
         self.watch = LeaseWatch(store, lease_ms if watch_ms is None else watch_ms)
         #: the dead listeners of this node that wrote no entry (blueque 1.0.1's)
         self.unlisted = Unlisted(store, self.host, self.node, alive)
-        #: task id -> who counts it, as its adoption was last logged ("": its queue's
-        #: capacity on the node, no listener of it being up)
-        self._told: dict[str, str] = {}
+        #: adopts the live runs of dead listeners of this node
+        self.adopter = Adopter(store, self.node, lease_ms)
 
     def _verdicts(
         self, queue: str, listener: str, why: str, adopt: bool, exclusive: bool = False
@@ -242,52 +242,16 @@ class Recovery:
             )
         if not live:
             return False
-        report.adopted += len(live)
-        self.store.lease(queue, listener, self.lease_ms, "register")
-        info = self.store.listener_info(listener) if info is None else info
-        # outlive the info's TTL: a reused pid stays told apart, and the node identity
-        # (written for a 1.0.1 listener too) keeps later sweeps judging it on this node;
-        # ``left`` keeps it out of the listeners that status and the dashboard show
-        kept = {"node": self.node, "pid": str(process[0]),
-                "left": info.get("left") or repr(self.store.now())}
-        if process[1] is not None:
-            kept["pid_created"] = repr(process[1])
-        self.store.write_listener_info(listener, kept, self.lease_ms // 1000 + 1)
-        if listener not in sweep.node.entries:  # it wrote none (1.0.1): its node knows it now
-            known = NodeListener(listener, process[0], process[1], (queue,))
-            self.store.join_node(self.node, listener, known.entry(), NODE_RUNS_TTL)
-        for task_id, (pid, created) in live.items():
-            self.place(queue, (listener, *process), task_id, pid, created, sweep)
+        self.adopter.adopt(queue, listener, process, live, sweep, info)
         return True
 
-    def place(self, queue: str, dead: tuple[str, int, float | None], task_id: str, pid: int,
-              created: float | None, sweep: NodeSweep) -> None:
-        """Whose slots an adopted run occupies (``blueque.adoption.place``): its claim
-        written when the sweeper takes it, the run put in the report as ours (on our slots)
-        or carried (its queue's capacity on the node), and its adoption logged when that
-        changes."""
-        record = run_record(sweep.runs.get(str(pid)))
-        adopter = sweep.adopter
-        placed = place(queue, record.get("adopted_by") if record else None, adopter,
-                       queue in sweep.serves, sweep.node)
-        if placed.claim and adopter is not None:
-            self.store.claim_run(self.node, pid,
-                                 claimed(record, adopter, task_id, queue, created, dead))
-        if placed.counted and placed.counted == adopter:
-            sweep.report.adopted_runs[task_id] = (pid, created)
-        elif not placed.counted:
-            sweep.report.carried_runs[task_id] = (pid, created)
-        sweep.placed.add(task_id)
-        if self._told.get(task_id) != placed.counted:
-            self._told[task_id] = placed.counted
-            sweeper = f"listener {adopter}" if adopter else f"the sweeper of node {self.node}"
-            log.info("%s", adoption_line(task_id, queue, pid, dead[0], placed.counted, sweeper))
-
-    def stop_fenced_runs(self, report: RecoveryReport,
-                         runs: dict[str, str] | None = None) -> None:
+    def stop_fenced_runs(self, report: RecoveryReport, runs: dict[str, str] | None = None,
+                         sweep: NodeSweep | None = None) -> None:
         """Stop the fenced runs of this node's dead listeners (``OrphanedRuns.stop_fenced``;
-        ``runs``: the node's run records, read anew if None), counted in ``report``."""
-        signalled = self.runs.stop_fenced(runs)
+        ``runs``: the node's run records, read anew if None), counted in ``report``; in a
+        ``sweep``, those that may be taken back are adopted again instead (``_reclaim``)."""
+        signalled = self.runs.stop_fenced(
+            runs, None if sweep is None else lambda orphan: self.adopter.reclaim(orphan, sweep))
         report.stopped_runs += len(signalled)
         report.fenced_runs.update(signalled)
 
@@ -321,10 +285,10 @@ class Recovery:
             self.recover_expired(queue, report, self.watch.expired(queue, excluded))
             # waiting tasks whose parents' endings nobody told (PROTOCOL.md 5.21)
             self.store.perform(dependencies.settle_waiting, queue, self.store.now())
-        self.stop_fenced_runs(report, view.runs)
+        self.stop_fenced_runs(report, view.runs, sweep)
         self.runs.step()
         self.watch.end()
-        self._told = {task: told for task, told in self._told.items() if task in sweep.placed}
+        self.adopter.forget_unplaced(sweep.placed)
         return report
 
 

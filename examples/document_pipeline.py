@@ -14,7 +14,7 @@ pages (``after_any``: once they have all ended, however), runs
 the summaries and every page's times back into Spark -> per-document statistics -> Parquet.
 
 Without ``--redis-url`` it starts a private redis-server on a free loopback port and stops it
-at the end. On a real cluster, see "Spark pipelines" in README.md: run it with spark-submit,
+at the end. On a real cluster, see docs/how-to/spark.md: run it with spark-submit,
 ``--cluster``, a shared ``--workdir`` (hdfs://, s3a://...) and listeners on worker machines.
 """
 

@@ -73,10 +73,32 @@ def markdown_blocks(path: Path) -> list[Block]:
     return blocks
 
 
-def block(section: str, number: int = 1) -> Block:
-    found = [b for b in readme_blocks() if b.key == (section, number)]
-    assert found, f"README.md has no block {number} under {section!r}"
+def block(section: str, number: int = 1, page: str | None = None) -> Block:
+    """A block of README.md, or of a page of the site (its path under docs/), by the heading
+    it is under and its place there."""
+    path = README if page is None else DOCS / page
+    found = [b for b in markdown_blocks(path) if b.key == (section, number)]
+    assert found, f"{path.relative_to(ROOT)} has no block {number} under {section!r}"
     return found[0]
+
+
+def section_text(page: str, heading: str) -> str:
+    """The text of a page of the site (its path under docs/) under a heading, up to the next
+    heading of the same level or above (headings inside code blocks are not headings)."""
+    lines = (DOCS / page).read_text("utf-8").split("\n")
+    start = next(i for i, line in enumerate(lines) if line.lstrip("#").strip() == heading
+                 and line.startswith("#"))
+    level = len(lines[start]) - len(lines[start].lstrip("#"))
+    fenced, end = False, len(lines)
+    for index in range(start + 1, len(lines)):
+        line = lines[index]
+        if line.startswith("```"):
+            fenced = not fenced
+        elif (not fenced and line.startswith("#")
+              and len(line) - len(line.lstrip("#")) <= level):
+            end = index
+            break
+    return "\n".join(lines[start + 1:end])
 
 
 def commands(text: str) -> list[str]:

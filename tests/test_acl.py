@@ -1,6 +1,7 @@
 """Redis ACL users (issue 30 item 4), on a real Redis 7 with real users: each role's ACL line
-(blueque.acl, listed in README.md and PROTOCOL.md) is enough to run the role, and a user that
-lacks one permission is refused up front (exit 2, the permission named) with nothing written.
+(blueque.acl, listed in docs/how-to/acl.md and PROTOCOL.md) is enough to run the role, and a
+user that lacks one permission is refused up front (exit 2, the permission named) with
+nothing written.
 On the code before, a user without PUBLISH got `blueque enqueue` exit 1 "refused" while the
 task existed (and later ran): a caller retrying without a task id made a duplicate; and
 `blueque listen` started, took a task and exited a second later, leaving the run orphaned."""
@@ -29,7 +30,7 @@ from tests.daemons import FAST, ROOT, Daemon, daemons, listen_command, wait_unti
 pytestmark = pytest.mark.slow
 
 KEYS = Keys()
-README = (ROOT / "README.md").read_text()
+ACL_PAGE = (ROOT / "docs" / "how-to" / "acl.md").read_text()
 PROTOCOL = (ROOT / "PROTOCOL.md").read_text()
 
 
@@ -77,7 +78,7 @@ def listener(started: list[Daemon], tmp_path: Path, url: str, function: str = "t
 def test_the_docs_list_each_role_s_acl_line() -> None:
     for role in acl.ROLES:
         line = acl.acl_line(role)
-        assert line in README, f"README.md lacks the {role} line: {line}"
+        assert line in ACL_PAGE, f"docs/how-to/acl.md lacks the {role} line: {line}"
         assert line in PROTOCOL, f"PROTOCOL.md lacks the {role} line: {line}"
 
 
@@ -231,3 +232,19 @@ def test_a_listener_whose_user_lacks_one_command_refuses_at_start_and_takes_noth
         assert "ZADD (This user has no permissions to run the 'zadd' command)" in daemon.log()
     assert admin.get_task(task_id).status == "pending"  # not taken, not orphaned
     assert admin.get_queue("work").stats().reserved == 0
+
+
+def test_a_listener_whose_user_lacks_subscribe_warns_and_runs_tasks_by_polling(
+        server: RedisServer, users: Users, tmp_path: Path) -> None:
+    """SUBSCRIBE only speeds a listener up (it polls without it, tests/listener/test_wakeups):
+    the check warns of it, naming it, and the listener starts and runs the task."""
+    admin = blueque.Client(server.url)
+    task_id = admin.get_queue("work").enqueue("{}")
+    with daemons(tmp_path) as started:
+        daemon = listener(started, tmp_path, users("listener", drop=("+subscribe",)))
+        wait_until(lambda: admin.get_task(task_id).status == "complete", timeout=30,
+                   what="the task run by a listener without SUBSCRIBE")
+        assert daemon.process.poll() is None, daemon.log()
+        assert "SUBSCRIBE (This user has no permissions to run the 'subscribe' command)" \
+            in daemon.log()
+        assert "works without, more slowly" in daemon.log()

@@ -4,10 +4,8 @@ size limit, and the checkpoint key's life (delete, purge, result TTL, operator r
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import redis
@@ -27,6 +25,7 @@ from blueque.store import CHECKPOINT_KEEP, CHECKPOINT_MAX_BYTES
 from blueque.task import CheckpointInfo
 from tests.conftest import Run
 from tests.daemons import between
+from tests.readme import block
 
 K = Keys()
 MIB = 1024 * 1024
@@ -311,13 +310,11 @@ def test_the_limit_is_an_option_of_enqueue_and_configure(redis_client: redis.Red
     assert refused.returncode == 2 and "out of range" in refused.stderr
 
 
-# --- the README's example -----------------------------------------------------------------
+# --- the tutorial's example ---------------------------------------------------------------
 def readme_example() -> tuple[str, str]:
-    """The two ```python blocks of README.md's "Long jobs that resume" section."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
-    section = text.split("\n## Long jobs that resume\n", 1)[1].split("\n## ", 1)[0]
-    function, enqueue = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:2]
-    return function, enqueue
+    """The two ```python blocks of the tutorial's "Checkpoints" (docs/tutorial.md)."""
+    return (block("Checkpoints", 1, "tutorial.md").text,
+            block("Checkpoints", 2, "tutorial.md").text)
 
 
 def test_the_readme_example_resumes_where_it_left_off(client: blueque.Client) -> None:
@@ -332,7 +329,7 @@ def test_the_readme_example_resumes_where_it_left_off(client: blueque.Client) ->
         rendered.append((attempt[0], frame))
 
     namespace: dict[str, object] = {"render": render}
-    exec(function, namespace)  # the README's own code
+    exec(function, namespace)  # the tutorial's own code
     queue = client.get_queue("frames")
     exec(enqueue.replace("5000", "42"), {"queue": queue, "json": json})
     job = namespace["render_frames"]

@@ -39,8 +39,8 @@ from tests.daemons import Daemon, between, daemons, listen_command, wait_until
 from tests.test_cli import ROOT, cli, command, environment
 
 KEYS = Keys()
-QUEUE = "documents"  # the README's, so that its jq lines run as written
-README = ROOT / "README.md"
+QUEUE = "documents"  # the operating page's, so that its jq lines run as written
+OPERATING = ROOT / "docs" / "how-to" / "operating.md"
 
 
 @dataclass(frozen=True)
@@ -198,8 +198,8 @@ def test_every_json_output_has_typed_values(fleet: Fleet, run: Run, redis_url: s
 
 
 def readme_jq_lines() -> list[str]:
-    """The README's `blueque ... --json ... | jq ...` command lines, as written."""
-    return [line.split("   #")[0].strip() for line in README.read_text("utf-8").splitlines()
+    """The operating page's `blueque ... --json ... | jq ...` command lines, as written."""
+    return [line.split("   #")[0].strip() for line in OPERATING.read_text("utf-8").splitlines()
             if line.startswith("blueque ") and "| jq " in line]
 
 

@@ -131,11 +131,14 @@ def test_a_dependent_enqueued_after_its_parents_ended_runs_at_once(
     assert client.get_task(late).wait(timeout=60).result == "103"
 
 
-# --- the README's section, as written ---------------------------------------------------------
+# --- the tutorial's section, as written -------------------------------------------------------
+DEPENDENCIES = "Tasks that wait for other tasks"  # the tutorial's section
+
+
 def test_the_readme_dependency_example_runs_as_written(
         redis_url: str, client: blueque.Client, tmp_path: Path,
         started: list[Daemon]) -> None:
-    function, producer = block("Task dependencies", 1).text, block("Task dependencies", 2).text
+    function, producer = (block(DEPENDENCIES, n, "tutorial.md").text for n in (1, 2))
     assert function.startswith("# mypackage/book.py\n")
     assert producer.count('"redis://localhost:6379/0"') == 1
     project = tmp_path / "project"
@@ -157,7 +160,7 @@ def test_the_readme_dependency_example_runs_as_written(
 def test_the_readme_dependency_commands_run_as_written(redis_url: str,
                                                        client: blueque.Client) -> None:
     outputs = []
-    for line in commands(block("Task dependencies", 3).text):
+    for line in commands(block(DEPENDENCIES, 3, "tutorial.md").text):
         words = shlex.split(line.split("  #", 1)[0])
         assert words[0] == "blueque"
         done = cli(redis_url, *words[1:])

@@ -10,6 +10,7 @@ import html
 import re
 import subprocess
 import sys
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +87,33 @@ def test_the_dashboard_page_shows_the_tours_pictures(site: Path) -> None:
     assert len(pictures) >= 8
     for name in pictures:
         assert (site / "images" / "dashboard" / name).is_file(), name
+
+
+def test_every_page_the_code_and_the_specification_name_exists() -> None:
+    """Error messages, docstrings and PROTOCOL.md send readers to pages of the site (the ACL
+    refusal to docs/how-to/acl.md, the eviction refusal to docs/how-to/persistence.md...): each
+    one named is there, and no reader is sent to a README section that moved."""
+    named: dict[str, str] = {}
+    sources = [*(ROOT / "blueque").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+               *(ROOT / "examples").glob("*.py"), ROOT / "PROTOCOL.md",
+               ROOT / "ARCHITECTURE.md"]
+    for source in sources:
+        text = source.read_text("utf-8")
+        for page in re.findall(r"docs/[a-z0-9/_-]+\.md", text):
+            named[page] = str(source.relative_to(ROOT))
+        assert not re.search(r"README[.md]*,? [\"'(]", text), source
+    assert {"docs/how-to/acl.md", "docs/how-to/persistence.md",
+            "docs/how-to/observability.md"} <= set(named)
+    missing = {page: source for page, source in named.items() if not (ROOT / page).is_file()}
+    assert missing == {}
+
+
+def test_the_log_outcomes_table_is_the_listeners() -> None:
+    """The observability page's table of the "outcome" field lists every outcome the listener
+    logs, each at the level it is logged at."""
+    from blueque.running import WARNING_OUTCOMES, LogOutcome
+
+    page = (DOCS / "how-to" / "observability.md").read_text("utf-8")
+    rows = dict(re.findall(r"^\| `([a-z]+)` \| [^|]+ \| (info|warning) \|$", page, re.MULTILINE))
+    assert set(rows) == set(typing.get_args(LogOutcome))
+    assert {name for name, level in rows.items() if level == "warning"} == WARNING_OUTCOMES

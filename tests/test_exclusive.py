@@ -230,6 +230,65 @@ def test_a_node_cut_off_past_its_lease_reclaims_the_runs_no_other_node_started( 
         assert far.alive() and near.alive()
 
 
+def test_an_adopted_run_cut_off_past_its_lease_is_reclaimed_not_stopped(  # type: ignore[no-untyped-def]
+        cuttable, redis_client, tmp_path: Path):
+    """Issue 30 item 1, for a run adopted from a listener that left (--on-stop=keep): its
+    adopter is cut off longer than the lease, another node's sweep recovers the dead
+    listener's carried lease (the task retried, pending: no slot free), and at the heal the
+    adopter's sweep stopped the run as fenced and it ran again from zero (the chaos test,
+    seed 788770248: "runs stopped that nobody signalled"). Now the adopter takes the task
+    back for it and the run goes on: one run, attempt 1."""
+    direct, through_proxy, proxy = cuttable
+    client = blueque.Client(direct)
+    queue = client.get_queue("work")
+    marker, blocker_marker = tmp_path / "marker", tmp_path / "blocker"
+    release, blocker_release = tmp_path / "release", tmp_path / "blocker-release"
+    fast = ("--interval", "0.5", "--poll", "0.1", "--no-task-logs")
+
+    def far(name: str) -> Daemon:
+        daemon = Daemon(listen_command(through_proxy, "work", "tests.jobs:waits_for_release",
+                                       *fast, "--node-name", "far"), tmp_path / f"{name}.log")
+        started.append(daemon)
+        return daemon
+
+    with daemons(tmp_path) as started:
+        near = Daemon(listen_command(direct, "work", "tests.jobs:waits_for_release", *fast,
+                                     "--node-name", "near"), tmp_path / "near.log")
+        started.append(near)
+        blocker = queue.enqueue(json.dumps({"marker": str(blocker_marker),
+                                            "release": str(blocker_release)}))
+        wait_until(lambda: lines(blocker_marker), what="the other node's only slot busy")
+        first = far("first")
+        task_id = queue.enqueue(json.dumps({"marker": str(marker), "release": str(release)}),
+                                max_attempts=3, retry_backoff=0.01)
+        wait_until(lambda: lines(marker), what="running on the node to be cut off")
+        pid = client.get_task(task_id).pid
+        first.stop()
+        assert first.process.wait(20) == 0
+        second = far("second")
+        wait_until(lambda: "adopted" in second.log(), what="the run adopted by the next listener")
+        proxy.cut()
+        wait_until(lambda: client.get_task(task_id).status == "pending", timeout=15,
+                   what="put back for its retry by the other node's sweep")
+        proxy.restore()
+        wait_until(lambda: client.get_task(task_id).status == "started", timeout=15,
+                   what="taken back by the node that runs it")
+        task = client.get_task(task_id)
+        assert (task.attempts, task.pid) == (1, pid)
+        assert task.history[-1]["reclaimed"]
+        assert redis_client.llen(KEYS.pending("work")) == 0
+        assert "taken back, the run goes on" in second.log()
+        assert pid is not None and not gone(pid)
+        release.touch()
+        task = client.get_task(task_id).wait(20)
+        assert (task.status, task.attempts) == ("complete", 1)
+        assert lines(marker) == [f"start {pid}", f"end {pid}"]  # ran once, to its end
+        assert "was taken back" not in second.log()
+        blocker_release.touch()
+        assert client.get_task(blocker).wait(20).status == "complete"
+        assert second.alive() and near.alive()
+
+
 def test_a_partition_costs_an_exclusive_run_no_attempt(  # type: ignore[no-untyped-def]
         cuttable, redis_client, tmp_path: Path):
     """Issue 30 item 2. `--exclusive`, max_attempts=1: the node is cut off, its guard stops the

@@ -65,6 +65,7 @@ def test_metrics_have_series_per_queue_and_listener_never_per_task(
     client.get_queue(queue_name(0)).enqueue_many(["{}"] * 200)  # more tasks, no more series
     client.store.close()  # its script connection, not left for a later test to see close
     assert series() == before
-    # per queue: its tasks per state and its ended ones per outcome, its listeners and its
-    # oldest pending age; per listener: its slots and its busy slots; and blueque_redis_up
-    assert before == 2 * (len(STATES) + len(OUTCOMES) + 2) + 6 * 2 + 1
+    # per queue: its tasks per state and its ended ones per outcome, its listeners, its
+    # oldest pending age, whether it is paused and its work; per listener: its slots and its
+    # busy slots; and blueque_redis_up
+    assert before == 2 * (len(STATES) + len(OUTCOMES) + 4) + 6 * 2 + 1

@@ -27,6 +27,7 @@ from blueque.hosts import allowed_hosts
 from blueque.metrics import MetricsServer, queue_registry, scrape
 from blueque.spool import Spool
 from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.readme import section_text
 
 KEYS = k.Keys()
 
@@ -337,9 +338,9 @@ def exported_names(text: bytes) -> dict[str, str]:
 
 def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
         client: blueque.Client, tmp_path: Path) -> None:
-    """README.md 'Metrics' lists exactly what the two exporters serve, with their types; the
-    names are Prometheus-style (blueque_ prefix, snake case, counters end in _total, times in
-    _seconds) and the README's alert rule uses existing names."""
+    """docs/how-to/observability.md 'Metrics' lists exactly what the two exporters serve,
+    with their types; the names are Prometheus-style (blueque_ prefix, snake case, counters
+    end in _total, times in _seconds) and the page's alert rule uses existing names."""
     from blueque.metrics import ListenerMetrics
 
     client.get_queue("q").enqueue("{}")
@@ -349,8 +350,7 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
                                spool=Spool(tmp_path / "spool"))
     served.update(exported_names(scrape(listener.registry)))
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Metrics"): readme.index("### Dashboard")]
+    section = section_text("how-to/observability.md", "Metrics")
     documented = {}
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.split("|")]

@@ -279,16 +279,19 @@ def test_sweep_stops_only_runs_whose_task_was_taken_back(client: blueque.Client)
 
 @pytest.mark.slow
 @needs_pid_namespaces
-def test_a_listener_that_is_pid_1_stops_its_runs_instead_of_leaving_them(  # type: ignore[no-untyped-def]
+def test_a_listener_that_is_pid_1_preempts_its_runs_instead_of_leaving_them(  # type: ignore[no-untyped-def]
         client, redis_url, spawn, tmp_path):
     """A container's main process: when pid 1 of a PID namespace exits, the kernel kills
     every process in it, so --on-stop=keep cannot keep a run for adoption. The listener
-    terminates and records its runs instead of leaving them to die unrecorded (their task
-    'started' until some node's lease sweep, a retry burned for nothing)."""
+    preempts its runs instead (--on-stop=preempt, the default there): a run that does not
+    stop within --preempt-grace is terminated and put back pending without spending an
+    attempt, instead of left to die unrecorded (its task 'started' until some node's lease
+    sweep, a retry burned for nothing)."""
     params, marker, _ = hold(tmp_path, "task")
-    task_id = client.get_queue("work").enqueue(params, max_attempts=2, retry_backoff=60)
+    task_id = client.get_queue("work").enqueue(params, max_attempts=1)
     container = spawn(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                       *listen_command(redis_url, "work", "tests.jobs:hold", *FAST)])
+                       *listen_command(redis_url, "work", "tests.jobs:hold", *FAST,
+                                       "--preempt-grace", "1s")])
     wait_until(lambda: lines(marker), what="the task running in the container")
     listener = next(p for p in psutil.Process(container.pid).children(recursive=True)
                     if p.cmdline()[0].startswith("blueque listen"))
@@ -296,7 +299,8 @@ def test_a_listener_that_is_pid_1_stops_its_runs_instead_of_leaving_them(  # typ
     listener.send_signal(signal.SIGTERM)  # docker stop
     assert container.process.wait(20) == 0
     task = client.get_task(task_id)
-    assert (task.status, task.attempts) == ("scheduled", 1), task.data
-    assert "terminated because its listener shut down" in (task.error or "")
+    assert (task.status, task.attempts, task.data.get("preemptions")) == ("pending", 1, "1"), \
+        task.data
     assert "runs as pid 1 of its PID namespace" in container.log()
+    assert "(SIGTERM): taking no more tasks" in container.log()
     assert not client.store.listener_ids("work")  # it left cleanly: nothing to recover

@@ -22,6 +22,7 @@ from blueque.keys import Keys
 from blueque.preemption import NodePreemption
 from tests.conftest import Done
 from tests.daemons import FAST, Daemon, listen_command, wait_until
+from tests.readme import section_text
 
 pytestmark = pytest.mark.slow
 
@@ -262,11 +263,11 @@ def test_the_listeners_preemption_lines_are_logged_as_the_listeners(  # type: ig
     assert "spot-q goes away in" in caplog.records[0].getMessage()
 
 
-# --- the README's example -----------------------------------------------------------------
+# --- the tutorial's example ---------------------------------------------------------------
 def readme_blocks(language: str) -> list[str]:
-    """The ```python or ```sh blocks of README.md's "Long jobs that resume" section."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text("utf-8")
-    section = text.split("\n## Long jobs that resume\n", 1)[1].split("\n## ", 1)[0]
+    """The ```python or ```sh blocks of the tutorial's "Long jobs that resume" section
+    (docs/tutorial.md), in order."""
+    section = section_text("tutorial.md", "Long jobs that resume")
     return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
 
 

@@ -1,7 +1,8 @@
-"""Every fenced block of README.md is run, or checked, by a test (issue 9 §4, issue 21 §8):
-BLOCKS says which, and test_every_readme_block_has_its_test holds the list to the README. The
+"""Every fenced block of README.md and of every page of the documentation site (docs/) is run,
+or checked, by a test (issue 9 §4, issue 21 §8, issue 32): BLOCKS and DOC_BLOCKS say which, and
+test_every_readme_block_has_its_test holds the lists to the README and the pages. The
 blocks run as written, against the private redis-server, with real daemons, from the
-directories the README implies; where a line names what this machine cannot have (a host
+directories the pages imply; where a line names what this machine cannot have (a host
 redis.internal, port 8080 that someone may use, /etc/blueque/token), its test says what it
 puts there instead."""
 
@@ -29,68 +30,76 @@ import redis
 import blueque
 from blueque.testing import RedisServer, free_port, stop_process
 from tests.daemons import Daemon, daemons, listen_command, wait_until
-from tests.readme import Shell, block, commands, doc_blocks, program, readme_blocks
+from tests.readme import DOCS, Shell, block, commands, doc_blocks, doc_pages, program, readme_blocks
 from tests.test_cli import ROOT, environment
 
 README = ROOT / "README.md"
 
 
-def using_it_blocks() -> list[str]:
-    """The ```python blocks of the "Using it" section, in order."""
-    text = README.read_text("utf-8")
-    section = text.split("\n## Using it\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+def first_job() -> str:
+    """The README's task function (Your first job), mypackage/jobs.py of every example."""
+    function = block("Your first job").text
+    assert function.startswith("# mypackage/jobs.py\n")
+    return function
+
+
+#: The tutorial's steps that make one producer program, in order (its other blocks are their
+#: own tests').
+TUTORIAL_PROGRAM = ("Enqueue, wait, read the result", "Ids that make an enqueue safe to repeat",
+                    "Retries and time limits", "Later, and many at once",
+                    "Watching, cancelling, cleaning up")
+
+
+def tutorial_program() -> str:
+    return "".join(block(section, 1, "tutorial.md").text for section in TUTORIAL_PROGRAM)
 
 
 @pytest.mark.slow
-def test_using_it_runs_as_written(redis_url: str, redis_client: redis.Redis, tmp_path: Path,
-                                  started: list[Daemon]) -> None:
-    program, function = using_it_blocks()[:2]
+def test_the_tutorial_runs_as_written(redis_url: str, redis_client: redis.Redis, tmp_path: Path,
+                                      started: list[Daemon]) -> None:
+    """The tutorial's job (the README's own function), its listener's line, and its steps one
+    after the other as one producer program."""
+    assert block("The job and its listener", 1, "tutorial.md").text == first_job()
+    program = tutorial_program()
     assert program.count('"redis://localhost:6379/0"') == 1
     program = program.replace('"redis://localhost:6379/0"', repr(redis_url))
     project = tmp_path / "project"
     (project / "mypackage").mkdir(parents=True)
     (project / "mypackage" / "__init__.py").write_text("")
-    assert function.startswith("# mypackage/jobs.py\n")
-    (project / "mypackage" / "jobs.py").write_text(function)
-    # as the README's command line, from the project directory (bin/blueque is the checkout's
+    (project / "mypackage" / "jobs.py").write_text(first_job())
+    # the tutorial's command line, from the project directory (bin/blueque is the checkout's
     # `blueque`; its script directory, not the current one, is what Python puts on the path)
-    listener = Daemon([sys.executable, str(ROOT / "bin" / "blueque"), "listen", "documents",
-                       "mypackage.jobs:ocr_page", "--concurrency", "2", "--url", redis_url,
-                       "--interval", "0.5", "--poll", "0.1"], tmp_path / "listen.log",
-                      cwd=project)
+    (line,) = commands(block("The job and its listener", 2, "tutorial.md").text)
+    words = line.split()
+    assert words[:3] == ["blueque", "listen", "documents"]
+    listener = Daemon([sys.executable, str(ROOT / "bin" / "blueque"), *words[1:], "--url",
+                       redis_url, "--interval", "0.5", "--poll", "0.1"],
+                      tmp_path / "listen.log", cwd=project)
     started.append(listener)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           env=environment(), cwd=project, timeout=120)
     assert listener.stop() == 0
     assert done.returncode == 0, done.stderr + listener.log()
     lines = done.stdout.splitlines()
-    assert lines[0] == "doc-42-page-7 False"
-    assert lines[1] == "10000 0"
-    assert lines[2] == 'complete {"words": 1234} 1 None'
+    assert lines[0] == 'complete {"words": 1234} 1 None'
+    assert lines[1] == "doc-42-page-7 False"
+    assert lines[2] == "10000 0"
     assert lines[3].startswith("QueueStats(") and "name='documents'" in lines[3]
     assert lines[4] == "cancelled"
     assert redis_client.hgetall("blueque_queue_config_documents") == {
         "max_attempts": "3", "result_ttl": "604800.0"}
 
 
-def asyncio_blocks() -> list[str]:
-    """The ```python blocks of the "asyncio" section, in order."""
-    text = README.read_text("utf-8")
-    section = text.split("\n## asyncio\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-
-
 @pytest.mark.slow
 def test_the_asyncio_example_runs_as_written(redis_url: str, redis_client: redis.Redis,
                                              tmp_path: Path, started: list[Daemon]) -> None:
-    program = asyncio_blocks()[0]
+    program = block("The asyncio client", 1, "how-to/asyncio.md").text
     assert program.count('"redis://localhost:6379/0"') == 1
     program = program.replace('"redis://localhost:6379/0"', repr(redis_url))
     project = tmp_path / "project"
     (project / "mypackage").mkdir(parents=True)
     (project / "mypackage" / "__init__.py").write_text("")
-    (project / "mypackage" / "jobs.py").write_text(using_it_blocks()[1])
+    (project / "mypackage" / "jobs.py").write_text(first_job())
     listener = Daemon([sys.executable, str(ROOT / "bin" / "blueque"), "listen", "documents",
                        "mypackage.jobs:ocr_page", "--concurrency", "2", "--url", redis_url,
                        "--interval", "0.5", "--poll", "0.1"], tmp_path / "listen.log",
@@ -158,7 +167,7 @@ def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_pa
                                                           started: list[Daemon]) -> None:
     """`pidof -s 'blueque listen'` found nothing (the listener is a python process whose
     title says `blueque listen QUEUES FUNCTION (ID)`), so `kill -USR1 $(...)` signalled none."""
-    line = next(line for line in README.read_text("utf-8").splitlines()
+    line = next(line for line in (DOCS / "tutorial.md").read_text("utf-8").splitlines()
                 if line.startswith("kill -USR1 "))
     found = re.search(r"\$\(pgrep -f '([^']*)'\)", line)
     assert found is not None, line
@@ -180,74 +189,100 @@ BLOCKS = {
     ("Quick start (two commands on a fresh machine)", 1):
         "tests/test_readme.py::test_the_quick_start_is_what_ci_runs",
     ("Quick start (two commands on a fresh machine)", 2):
-        "tests/test_readme.py::test_the_plain_quick_start_runs_the_demo_in_a_fresh_virtualenv",
-    ("Using it", 1): "tests/test_readme.py::test_using_it_runs_as_written",
-    ("Using it", 2): "tests/test_readme.py::test_using_it_runs_as_written",
-    ("Using it", 3): "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
-    ("Several jobs behind one listener", 1):
-        "tests/test_readme.py::test_the_jobs_example_runs_as_written",
-    ("Several jobs behind one listener", 2):
-        "tests/test_readme.py::test_the_jobs_example_runs_as_written",
-    ("Several jobs behind one listener", 3):
-        "tests/test_readme.py::test_the_jobs_example_runs_as_written",
-    ("Warm task processes (--reuse)", 1):
-        "tests/test_readme.py::test_the_reuse_line_runs_as_written",
-    ("Checkpoints", 1):
-        "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
-    ("Checkpoints", 2):
-        "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
-    ("Preemption with notice", 1):
-        "tests/test_readme.py::test_the_preemption_commands_run_as_written",
-    ("Preemption with notice", 2):
-        "tests/test_preemption.py::test_the_readme_preemption_example_runs_as_written",
-    ("Task dependencies", 1):
-        "tests/test_dependencies_e2e.py::test_the_readme_dependency_example_runs_as_written",
-    ("Task dependencies", 2):
-        "tests/test_dependencies_e2e.py::test_the_readme_dependency_example_runs_as_written",
-    ("Task dependencies", 3):
-        "tests/test_dependencies_e2e.py::test_the_readme_dependency_commands_run_as_written",
-    ("asyncio", 1): "tests/test_readme.py::test_the_asyncio_example_runs_as_written",
-    ("asyncio", 2): "tests/test_readme.py::test_the_fastapi_service_commands_run_as_written",
-    ("asyncio", 3): "tests/test_readme.py::test_the_fastapi_excerpt_is_the_examples_code",
-    ("Running the listener under systemd", 1):
-        "tests/test_readme.py::test_the_systemd_unit_runs_a_listener",
-    ("Nodes that share a host name", 1):
-        "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
-    ("Operator CLI", 1): "tests/test_readme.py::test_the_operator_session_runs_as_written",
-    ("Operator CLI", 2):
-        "tests/test_cli_output.py::test_the_readmes_jq_examples_count_right",
-    ("Task logs", 1): "tests/test_readme.py::test_the_operator_session_runs_as_written",
-    ("Task logs", 2): "tests/test_readme.py::test_the_sample_log_lines_are_a_listeners",
-    ("Metrics", 1): "tests/test_metrics.py::"
-                    "test_readme_documents_every_exported_metric_and_their_names_follow_conventions",
-    ("Dashboard", 1): "tests/test_readme.py::test_the_dashboard_commands_run_as_written",
-    ("Dashboard", 2): "tests/test_readme.py::test_the_dashboard_mounts_as_written",
-    ("Scheduler and cron", 1):
-        "tests/test_readme.py::test_the_scheduler_command_runs_with_the_readmes_cron_file",
-    ("Scheduler and cron", 2):
-        "tests/test_readme.py::test_the_scheduler_command_runs_with_the_readmes_cron_file",
-    ("Spark pipelines", 1): "tests/test_spark.py::test_the_readme_spark_example_runs_as_written",
-    ("Spark pipelines", 2): "tests/test_spark.py::test_the_readme_pipeline_commands",
-    ("Spark pipelines", 3): "tests/test_spark.py::test_the_readme_pipeline_commands",
-    ("High availability (Sentinel)", 1):
-        "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
-    ("High availability (Sentinel)", 2):
-        "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
-    ("Redis Cluster", 1): "tests/ha/test_cluster.py::test_the_readmes_cluster_line_runs",
-    ("Redis ACL users", 1): "tests/test_acl.py::test_the_docs_list_each_role_s_acl_line",
-    ("Persistence", 1): "tests/test_readme.py::test_the_eviction_refusal_reads_as_the_readme_shows",
-    ("Persistence", 2): "tests/test_readme.py::test_the_persistence_settings_are_redis_config",
-    ("Performance", 1): "tests/test_readme.py::test_the_benchmark_commands_parse_as_written",
-    ("Per-task overhead (issue 11): what the figures say", 1):
-        "tests/test_readme.py::test_the_drain_cpu_figures_are_the_tools_table",
-    ("Looking inside with redis-cli", 1):
-        "tests/test_readme.py::test_the_operator_session_runs_as_written",
+        "tests/test_readme.py::test_the_demo_and_the_first_job_run_in_a_fresh_virtualenv",
+    **{("Your first job", n):
+       "tests/test_readme.py::test_the_demo_and_the_first_job_run_in_a_fresh_virtualenv"
+       for n in (1, 2, 3, 4)},
 }
 
 
 #: Each block of each page of the documentation site (its path under docs/, its section and
 #: its place there) and the test that runs it.
-DOC_BLOCKS: dict[tuple[str, str, int], str] = {}
+DOC_BLOCKS: dict[tuple[str, str, int], str] = {
+    **{("tutorial.md", section, n): "tests/test_readme.py::test_the_tutorial_runs_as_written"
+       for section, n in (("The job and its listener", 1), ("The job and its listener", 2),
+                          *((section, 1) for section in TUTORIAL_PROGRAM))},
+    ("tutorial.md", "Checkpoints", 1):
+        "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
+    ("tutorial.md", "Checkpoints", 2):
+        "tests/test_checkpoint.py::test_the_readme_example_resumes_where_it_left_off",
+    ("tutorial.md", "Preemption with notice", 1):
+        "tests/test_readme.py::test_the_preemption_commands_run_as_written",
+    ("tutorial.md", "Preemption with notice", 2):
+        "tests/test_preemption.py::test_the_readme_preemption_example_runs_as_written",
+    ("tutorial.md", "Tasks that wait for other tasks", 1):
+        "tests/test_dependencies_e2e.py::test_the_readme_dependency_example_runs_as_written",
+    ("tutorial.md", "Tasks that wait for other tasks", 2):
+        "tests/test_dependencies_e2e.py::test_the_readme_dependency_example_runs_as_written",
+    ("tutorial.md", "Tasks that wait for other tasks", 3):
+        "tests/test_dependencies_e2e.py::test_the_readme_dependency_commands_run_as_written",
+    **{("tutorial.md", "Several jobs behind one listener", n):
+       "tests/test_readme.py::test_the_jobs_example_runs_as_written" for n in (1, 2, 3)},
+    ("how-to/systemd.md", "The unit", 1):
+        "tests/test_readme.py::test_the_systemd_unit_runs_a_listener",
+    ("how-to/fleet.md", "Listeners and queues", 1):
+        "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
+    ("how-to/fleet.md", "Nodes", 1):
+        "tests/test_readme.py::test_the_listen_and_scheduler_lines_run_as_written",
+    ("how-to/fleet.md", "Warm task processes (--reuse)", 1):
+        "tests/test_readme.py::test_the_reuse_line_runs_as_written",
+    ("how-to/persistence.md", "Memory: `maxmemory-policy noeviction`", 1):
+        "tests/test_readme.py::test_the_eviction_refusal_reads_as_the_readme_shows",
+    ("how-to/persistence.md", "Disk: the append-only file", 1):
+        "tests/test_readme.py::test_the_persistence_settings_are_redis_config",
+    ("how-to/high-availability.md", "Sentinel", 1):
+        "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
+    ("how-to/high-availability.md", "Sentinel", 2):
+        "tests/ha/test_sentinel.py::test_the_readmes_sentinel_lines_run_with_its_sentinels",
+    ("how-to/high-availability.md", "Redis Cluster", 1):
+        "tests/ha/test_cluster.py::test_the_readmes_cluster_line_runs",
+    ("how-to/scheduler.md", "The scheduler", 1):
+        "tests/test_readme.py::test_the_scheduler_command_runs_with_the_readmes_cron_file",
+    ("how-to/scheduler.md", "The scheduler", 2):
+        "tests/test_readme.py::test_the_scheduler_command_runs_with_the_readmes_cron_file",
+    ("how-to/spark.md", "From a DataFrame to tasks and back", 1):
+        "tests/test_spark.py::test_the_readme_spark_example_runs_as_written",
+    ("how-to/spark.md", "From a DataFrame to tasks and back", 2):
+        "tests/test_spark.py::test_the_readme_pipeline_commands",
+    ("how-to/spark.md", "From a DataFrame to tasks and back", 3):
+        "tests/test_spark.py::test_the_readme_pipeline_commands",
+    ("how-to/asyncio.md", "The asyncio client", 1):
+        "tests/test_readme.py::test_the_asyncio_example_runs_as_written",
+    ("how-to/asyncio.md", "A FastAPI service", 1):
+        "tests/test_readme.py::test_the_fastapi_service_commands_run_as_written",
+    ("how-to/asyncio.md", "A FastAPI service", 2):
+        "tests/test_readme.py::test_the_fastapi_excerpt_is_the_examples_code",
+    ("how-to/observability.md", "Task logs", 1):
+        "tests/test_readme.py::test_the_operator_session_runs_as_written",
+    ("how-to/observability.md", "The listener's log", 1):
+        "tests/test_readme.py::test_the_sample_log_lines_are_a_listeners",
+    ("how-to/observability.md", "Metrics", 1): "tests/test_metrics.py::"
+        "test_readme_documents_every_exported_metric_and_their_names_follow_conventions",
+    ("how-to/operating.md", "An operator's session", 1):
+        "tests/test_readme.py::test_the_operator_session_runs_as_written",
+    ("how-to/operating.md", "JSON for scripts", 1):
+        "tests/test_cli_output.py::test_the_readmes_jq_examples_count_right",
+    ("how-to/dashboard.md", "Starting it", 1):
+        "tests/test_readme.py::test_the_dashboard_commands_run_as_written",
+    ("how-to/dashboard.md", "Mounting it in a service", 1):
+        "tests/test_readme.py::test_the_dashboard_mounts_as_written",
+    ("how-to/acl.md", "One user per role", 1):
+        "tests/test_acl.py::test_the_docs_list_each_role_s_acl_line",
+    ("how-to/redis-cli.md", "The keys to look at", 1):
+        "tests/test_readme.py::test_the_operator_session_runs_as_written",
+    ("performance.md", "How it is measured", 1):
+        "tests/test_readme.py::test_the_benchmark_commands_parse_as_written",
+    ("performance.md", "Targets not met, and why", 1):
+        "tests/test_readme.py::test_the_drain_cpu_figures_are_the_tools_table",
+    ("how-to/pause.md", "Pausing a queue", 1):
+        "tests/test_pause.py::test_the_docs_pause_lines_run_as_written",
+    ("how-to/pause.md", "Pausing a queue", 2):
+        "tests/test_pause.py::test_the_docs_pause_example_runs_as_written",
+    ("how-to/containers.md", "Running listeners in containers and on Kubernetes", 1):
+        "tests/test_deploy.py::test_the_docs_listen_line_is_the_images",
+    ("how-to/containers.md", "The image and the manifests", 1):
+        "tests/test_deploy.py::test_the_docs_build_and_apply_lines_name_what_deploy_has",
+}
 
 
 def test_every_readme_block_has_its_test() -> None:
@@ -271,14 +306,40 @@ def test_the_quick_start_is_what_ci_runs() -> None:
     ci = [line for line in (ROOT / ".ci" / "run").read_text("utf-8").splitlines()
           if line.startswith("./dev")]
     assert ci == ["./dev lint", *quick_start]
+    tests = README.read_text("utf-8").split("\n## Tests\n", 1)[1].split("\n## ", 1)[0]
+    assert tests.strip().startswith("`./dev test` runs every test")  # the test command
+
+
+def test_the_readme_is_a_short_first_contact() -> None:
+    """Issue 32: at most 250 lines, in the order a newcomer needs them (what it is, why for
+    long jobs, install, a first job of one's own: task function, listener, enqueue, result;
+    the tests; links into the site), and every link into the site goes to a page that is
+    there, a "Running a fleet" one among them."""
+    text = README.read_text("utf-8")
+    assert len(text.splitlines()) <= 250
+    sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert sections == ["Why it suits hours-long jobs",
+                        "Quick start (two commands on a fresh machine)", "Your first job",
+                        "Tests", "Documentation"]
+    first_job = text.split("\n## Your first job\n", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\*\*(\d)\. ([^*]+)\*\*", first_job, re.MULTILINE)
+    assert steps == [("1", "The task function."), ("2", "The listener."), ("3", "Enqueue."),
+                     ("4", "The result.")]
+    links = re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)(?:#[\w-]+)?\)", text)
+    assert "docs/how-to/fleet.md" in links and "docs/tutorial.md" in links
+    assert [link for link in links if not (ROOT / link).is_file()] == []
+    assert "[Running a fleet](docs/how-to/fleet.md)" in text
 
 
 @pytest.mark.slow
-def test_the_plain_quick_start_runs_the_demo_in_a_fresh_virtualenv(tmp_path: Path,
-                                                                   redis_url: str) -> None:
+def test_the_demo_and_the_first_job_run_in_a_fresh_virtualenv(tmp_path: Path,
+                                                              redis_url: str) -> None:
     """The line without ./dev, as written, from the checkout: a virtualenv of its own (here
     in the test's directory, not the checkout's .venv), this package alone from the package
-    index's dependencies, and the demo on its private redis-server."""
+    index's dependencies, and the demo on its private redis-server. Then the README's first
+    job with nothing but that virtualenv and the README: its two files in a project directory
+    of their own, its listener's line, its program and its result's lines, with the
+    virtualenv's `blueque` and `python` first on PATH and $BLUEQUE_URL the test's Redis."""
     (line,) = commands(block("Quick start (two commands on a fresh machine)", 2).text)
     assert line == ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
                     "blueque demo")
@@ -300,6 +361,39 @@ def test_the_plain_quick_start_runs_the_demo_in_a_fresh_virtualenv(tmp_path: Pat
     assert "blueque" in listed and not {"pyspark", "playwright", "pytest"} & set(
         word for line in listed.splitlines() for word in line.split()[:1])
 
+    function, listen, producer, result = (block("Your first job", n) for n in (1, 2, 3, 4))
+    project = tmp_path / "first-job"
+    (project / "mypackage").mkdir(parents=True)
+    (project / "mypackage" / "__init__.py").write_text("")  # "beside an empty __init__.py"
+    assert function.text.startswith("# mypackage/jobs.py\n")
+    (project / "mypackage" / "jobs.py").write_text(function.text)
+    assert producer.text.startswith("# enqueue.py\n")
+    assert producer.text.count('"redis://localhost:6379/0"') == 1
+    (project / "enqueue.py").write_text(
+        producer.text.replace('"redis://localhost:6379/0"', repr(redis_url)))
+    (tmp_path / "first-job-shell").mkdir()
+    job = Shell(tmp_path / "first-job-shell", project, redis_url,
+                env={"PATH": os.pathsep.join((str(venv / "bin"), os.environ["PATH"])),
+                     "VIRTUAL_ENV": str(venv)})
+    try:
+        (listen_line,) = commands(listen.text)
+        listener = job.start(listen_line)
+        listener.until("listening on")
+        run, tasks, status = commands(result.text)
+        ran = job.run(run, timeout=120)
+        assert ran.returncode == 0, ran.stderr + listener.output()
+        enqueued, outcome = ran.stdout.splitlines()
+        task_id = enqueued.removeprefix("enqueued ")
+        assert outcome == 'complete {"words": 1234}'
+        listed_tasks = job.run(tasks)
+        assert listed_tasks.returncode == 0 and task_id in listed_tasks.stdout, listed_tasks
+        shown = job.run(status)
+        assert shown.returncode == 0 and "documents" in shown.stdout, shown
+        assert listener.stop() == 0, listener.output()
+        assert "Traceback" not in listener.output()
+    finally:
+        job.close()
+
 
 # --- the package's name and its extras -------------------------------------------------------
 def test_every_pip_install_names_this_checkouts_extras() -> None:
@@ -308,7 +402,7 @@ def test_every_pip_install_names_this_checkouts_extras() -> None:
     (`-e '.[extra]'`, or a path), with extras pyproject.toml has."""
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
         "optional-dependencies"])
-    text = README.read_text("utf-8")
+    text = "\n".join(page.read_text("utf-8") for page in (README, *doc_pages()))
     warning = "`pip install 'blueque[web]'` anywhere else fetches the original `blueque==1.0.1`"
     assert warning in " ".join(text.split())  # the one that says what not to do, and why
     installs = re.findall(r"pip install ([^`\n#&]*)", text.replace("pip install 'blueque[", ""))
@@ -317,6 +411,8 @@ def test_every_pip_install_names_this_checkouts_extras() -> None:
         spec = install.split()[-1].strip("'\"")
         if spec == ".":  # the checkout without extras: the plain quick start
             assert install.strip() == "-e .", install
+            continue
+        if spec.startswith("/") and "[" not in spec:  # the checkout, by its path
             continue
         assert re.fullmatch(r"(\.|/\S+)\[[a-z,]+\]", spec), install
         assert set(spec.split("[")[1].rstrip("]").split(",")) <= extras, install
@@ -355,11 +451,11 @@ def test_no_registry_host_names_in_the_project() -> None:
 
 # --- daemons' command lines -----------------------------------------------------------------
 def project(tmp_path: Path) -> Path:
-    """The README's project directory: mypackage/jobs.py as "Using it" has it."""
+    """The README's project directory: mypackage/jobs.py as "Your first job" has it."""
     root = tmp_path / "project"
     (root / "mypackage").mkdir(parents=True)
     (root / "mypackage" / "__init__.py").write_text("")
-    (root / "mypackage" / "jobs.py").write_text(using_it_blocks()[1])
+    (root / "mypackage" / "jobs.py").write_text(first_job())
     return root
 
 
@@ -374,10 +470,10 @@ def shell(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator
 @pytest.mark.slow
 def test_the_listen_and_scheduler_lines_run_as_written(shell: Shell,
                                                        client: blueque.Client) -> None:
-    """"Using it"'s daemons (a listener, weighted queues, a scheduler with a cron entry) and
-    "Nodes that share a host name"'s: each starts as written and stops with SIGTERM (0)."""
-    lines = commands(block("Using it", 3).text) + commands(
-        block("Nodes that share a host name").text)
+    """The fleet page's daemons (a listener, weighted queues, a scheduler with a cron entry)
+    and its nodes' (a node name): each starts as written and stops with SIGTERM (0)."""
+    lines = commands(block("Listeners and queues", 1, "how-to/fleet.md").text) + commands(
+        block("Nodes", 1, "how-to/fleet.md").text)
     assert len(lines) == 5
     ready = {"listen": "listening on", "scheduler": "scheduler started"}
     for line in lines:
@@ -397,7 +493,8 @@ def test_the_jobs_example_runs_as_written(shell: Shell, redis_url: str,
                                           client: blueque.Client) -> None:
     """"Several jobs behind one listener": the registry module, its listener's line and the
     producer, as written; then a task naming an unknown job fails, not retried."""
-    registry, listen, producer = (block("Several jobs behind one listener", n) for n in (1, 2, 3))
+    registry, listen, producer = (block("Several jobs behind one listener", n, "tutorial.md")
+                                  for n in (1, 2, 3))
     assert registry.text.startswith("# mypackage/images.py\n")
     (shell.cwd / "mypackage" / "images.py").write_text(registry.text)
     (line,) = commands(listen.text)
@@ -421,7 +518,7 @@ def test_the_jobs_example_runs_as_written(shell: Shell, redis_url: str,
 def test_the_reuse_line_runs_as_written(shell: Shell, client: blueque.Client) -> None:
     """"Warm task processes"' listener starts as written, runs tasks, and stops with SIGTERM
     (0)."""
-    (line,) = commands(block("Warm task processes (--reuse)").text)
+    (line,) = commands(block("Warm task processes (--reuse)", 1, "how-to/fleet.md").text)
     started = shell.start(line)
     started.until("listening on")
     ids = [client.get_queue("documents").enqueue(json.dumps({"page": n})) for n in range(3)]
@@ -437,9 +534,9 @@ def test_the_scheduler_command_runs_with_the_readmes_cron_file(shell: Shell,
     entries are named 'nightly'"). /etc/blueque/cron.toml is the README's toml block, in a
     file of the test's. Every entry is registered and the 10-second one fires."""
     cron = shell.directory / "cron.toml"
-    cron.write_text(block("Scheduler and cron", 2).text)
+    cron.write_text(block("The scheduler", 2, "how-to/scheduler.md").text)
     shell.replace["/etc/blueque/cron.toml"] = str(cron)
-    (line,) = commands(block("Scheduler and cron", 1).text)
+    (line,) = commands(block("The scheduler", 1, "how-to/scheduler.md").text)
     started = shell.start(line)
     for name in ("nightly", "beat", "monthly"):
         started.until(f"cron entry {name} registered")
@@ -455,7 +552,7 @@ def test_the_systemd_unit_runs_a_listener(shell: Shell, redis_url: str) -> None:
     bin/blueque for /usr/local/bin/blueque and a log directory of the test's."""
     unit = configparser.ConfigParser(strict=True, interpolation=None)
     unit.optionxform = str  # type: ignore[assignment,method-assign]
-    unit.read_string(block("Running the listener under systemd").text)
+    unit.read_string(block("The unit", 1, "how-to/systemd.md").text)
     service = unit["Service"]
     assert (service["KillMode"].split()[0], service["Restart"]) == ("process", "always")
     variable, value = service["Environment"].split("=", 1)
@@ -494,7 +591,7 @@ def test_the_operator_session_runs_as_written(shell: Shell, client: blueque.Clie
                                              "--interval", "0.5", "--poll", "0.1"),
                               tmp_path / "listener.log"))
         outputs = {}
-        for line in commands(block("Operator CLI").text):
+        for line in commands(block("An operator's session", 1, "how-to/operating.md").text):
             kind = next((k for k in DAEMONS if program(line).startswith(f"blueque {k}")), None)
             if kind is None:
                 done = shell.run(line)
@@ -523,11 +620,11 @@ def test_the_operator_session_runs_as_written(shell: Shell, client: blueque.Clie
         assert client.get_task("weekly-48").data.get("cancelled")
         assert "imports-2025" not in client.queue_names()
 
-        for line in commands(block("Task logs").text):
+        for line in commands(block("Task logs", 1, "how-to/observability.md").text):
             done = shell.run(line)
             assert done.returncode == 0 and "reading page 7" in done.stdout, (line, done)
         shell.replace["redis-cli "] = f"redis-cli -p {redis_server.port} "
-        for line in commands(block("Looking inside with redis-cli").text):
+        for line in commands(block("The keys to look at", 1, "how-to/redis-cli.md").text):
             if " SUBSCRIBE " in line:
                 subscriber = shell.start(line)
                 subscriber.until("blueque_done_documents")
@@ -546,7 +643,8 @@ def test_the_sample_log_lines_are_a_listeners(redis_url: str, client: blueque.Cl
                                               tmp_path: Path) -> None:
     """The two lines Task logs shows are what a listener writes for an attempt that fails
     and is retried, then one that completes: the same words, with this run's values."""
-    samples = [line for line in block("Task logs", 2).text.splitlines() if line]
+    samples = [line for line in block("The listener's log", 1,
+                                      "how-to/observability.md").text.splitlines() if line]
     with daemons(tmp_path) as started:
         listener = Daemon(listen_command(redis_url, "documents", "tests.jobs:acts", "--interval",
                                          "0.5", "--poll", "0.1"), tmp_path / "listener.log")
@@ -589,7 +687,8 @@ def test_the_fastapi_service_commands_run_as_written(shell: Shell, redis_url: st
     shell.replace.update({"localhost:8000": f"localhost:{port}",
                           "uvicorn fastapi_service:app": f"uvicorn fastapi_service:app "
                                                          f"--port {port}"})
-    pip, listen, serve, post, events = commands(block("asyncio", 2).text)
+    pip, listen, serve, post, events = commands(block("A FastAPI service", 1,
+                                                      "how-to/asyncio.md").text)
     assert program(pip).startswith("pip install -e '.[test]'")
     shell.start(listen).until("listening on")
     shell.start(serve).until("Application startup complete")
@@ -605,7 +704,7 @@ def test_the_fastapi_service_commands_run_as_written(shell: Shell, redis_url: st
 
 def test_the_fastapi_excerpt_is_the_examples_code() -> None:
     """"The heart of it" is examples/fastapi_service.py's own code, not a paraphrase."""
-    excerpt = block("asyncio", 3).text
+    excerpt = block("A FastAPI service", 2, "how-to/asyncio.md").text
     assert excerpt in (ROOT / "examples" / "fastapi_service.py").read_text("utf-8")
 
 
@@ -622,10 +721,10 @@ def test_the_dashboard_commands_run_as_written(shell: Shell, redis_url: str) -> 
     README's cron file)."""
     token, cron = shell.directory / "token", shell.directory / "cron.toml"
     token.write_text("s3cret\n")
-    cron.write_text(block("Scheduler and cron", 2).text)
+    cron.write_text(block("The scheduler", 2, "how-to/scheduler.md").text)
     shell.replace.update({"redis://redis.internal:6379/0": redis_url,
                           "/etc/blueque/token": str(token), "/etc/blueque/cron.toml": str(cron)})
-    pip, *lines = commands(block("Dashboard").text)
+    pip, *lines = commands(block("Starting it", 1, "how-to/dashboard.md").text)
     assert program(pip).startswith("pip install -e '.[web]'")
     assert len(lines) == 3
     for line in lines:
@@ -650,7 +749,8 @@ def test_the_dashboard_mounts_as_written(redis_url: str, client: blueque.Client)
     from starlette.applications import Starlette
 
     client.get_queue("jobs").enqueue("{}", task_id="one")
-    code = block("Dashboard", 2).text.replace("redis://redis.internal:6379/0", redis_url)
+    code = block("Mounting it in a service", 1, "how-to/dashboard.md").text.replace(
+        "redis://redis.internal:6379/0", redis_url)
     namespace: dict[str, object] = {"app": Starlette()}
     exec(code, namespace)  # the README's own lines
     port = free_port()
@@ -671,7 +771,8 @@ def test_the_dashboard_mounts_as_written(redis_url: str, client: blueque.Client)
 def test_the_eviction_refusal_reads_as_the_readme_shows() -> None:
     """The listener's refusal of an evicting Redis is the README's, word for word but for the
     server's address and the listener's id (the README's "...")."""
-    shown = block("Persistence", 1).text.splitlines()
+    shown = block("Memory: `maxmemory-policy noeviction`", 1,
+                  "how-to/persistence.md").text.splitlines()
     assert shown[0] == "$ blueque listen documents mypackage.jobs:ocr_page"
     with RedisServer(extra_args=("--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru")
                      ) as server:
@@ -689,7 +790,7 @@ def test_the_persistence_settings_are_redis_config(tmp_path: Path) -> None:
     """The two lines are a redis.conf that redis-server takes as it is (here with a port and
     a directory of the test's after them)."""
     config = tmp_path / "redis.conf"
-    config.write_text(block("Persistence", 2).text)
+    config.write_text(block("Disk: the append-only file", 1, "how-to/persistence.md").text)
     port = free_port()
     server = subprocess.Popen(["redis-server", str(config), "--port", str(port), "--bind",
                                "127.0.0.1", "--dir", str(tmp_path), "--save", ""],
@@ -775,7 +876,8 @@ def parse_many(lines: list[list[str]]) -> list[tuple[int | str, str]]:
 def test_the_benchmark_commands_parse_as_written() -> None:
     """The full run takes 23 minutes: tests/test_benchmarks.py runs --smoke; here every line
     of the block is accepted by its tool's own parser, as written."""
-    lines = [program(line).split() for line in commands(block("Performance").text)]
+    lines = [program(line).split() for line in commands(
+        block("How it is measured", 1, "performance.md").text)]
     assert len(lines) == 9 and all(words[:2] == ["python", "-m"] for words in lines)
     *written, wrong = parse_many([*lines, ["python", "-m", "benchmarks.run", "--quick",
                                            "--smoke"]])
@@ -785,17 +887,35 @@ def test_the_benchmark_commands_parse_as_written() -> None:
 
 
 def test_the_drain_cpu_figures_are_the_tools_table() -> None:
-    """The figures block is benchmarks.drain_cpu's output: its headings and columns are the
-    ones the tool prints."""
+    """The figures block of the performance page is benchmarks.drain_cpu's output: its heading
+    and columns are the ones the tool prints, and its rows are the run's JSON."""
     source = (ROOT / "benchmarks" / "drain_cpu.py").read_text("utf-8")
-    figures = block("Per-task overhead (issue 11): what the figures say").text.splitlines()
-    headings = [figures[0], figures[6]]
-    for heading in headings:
-        words = heading.split(" (")[0]
-        assert words in source, heading
-    for columns in (figures[1], figures[7]):
-        for column in re.split(r"\s{2,}", columns.strip()):
-            assert column.split()[0] in source, column
+    figures = block("Targets not met, and why", 1, "performance.md").text.splitlines()
+    assert figures[0].split(" (")[0] in source, figures[0]
+    for column in re.split(r"\s{2,}", figures[1].strip()):
+        assert column.split()[0] in source, column
+    kept = json.loads((ROOT / "benchmarks" / "results" / "drain-cpu-2026-11-26d.json").read_text())
+    assert [row["system"] for row in kept["drain"]["rows"]] == [
+        re.split(r"\s{2,}", line)[0] for line in figures[2:]]
+    for line, row in zip(figures[2:], kept["drain"]["rows"], strict=True):
+        assert [float(v) for v in line.split()[-8:]] == [v for k, v in row.items()
+                                                          if k != "system"], line
+
+
+def test_every_full_run_s_figures_are_kept_as_json() -> None:
+    """The performance page shows the latest full run; the earlier runs' figures live in
+    benchmarks/results (their prose left the README): every run file the page names is
+    there, and every full run's JSON has its rows and targets."""
+    page = (DOCS / "performance.md").read_text("utf-8")
+    named = set(re.findall(r"(?:full|drain-cpu|memory|fleet[a-z-]*)-2026-[0-9-]+[a-z]?\.json",
+                           page))
+    results = ROOT / "benchmarks" / "results"
+    assert {"full-2026-11-26d.json", "full-2026-11-22.json", "full-2026-11-26c.json"} <= named
+    for name in named:
+        assert (results / name).is_file(), name
+    for run in results.glob("full-*.json"):
+        figures = json.loads(run.read_text("utf-8"))
+        assert figures["rows"] and figures["targets"], run.name
 
 
 # --- preemption -----------------------------------------------------------------------------
@@ -805,7 +925,7 @@ def test_the_preemption_commands_run_as_written(shell: Shell, client: blueque.Cl
     """`blueque preempt --node spot-7 --grace 90s` to a listener of that node name: it stops
     taking tasks, says so in status, and (running nothing) leaves; `--withdraw` takes the
     request back. The kill line is test_the_preemption_examples_pgrep_finds_the_listener's."""
-    preempt, kill, withdraw = commands(block("Preemption with notice").text)
+    preempt, kill, withdraw = commands(block("Preemption with notice", 1, "tutorial.md").text)
     assert kill.startswith("kill -USR1 ")
     listener = shell.start("blueque listen documents mypackage.jobs:ocr_page --node-name "
                            "spot-7 --interval 0.5")

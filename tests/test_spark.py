@@ -484,17 +484,20 @@ def _is_listener(process: psutil.Process) -> bool:
         return False
 
 
-# --- the README's Spark blocks ----------------------------------------------------------------
+# --- the Spark page's blocks ------------------------------------------------------------------
+SPARK_PAGE, SPARK_SECTION = "how-to/spark.md", "From a DataFrame to tasks and back"
+
+
 @pytest.mark.slow
 def test_the_readme_spark_example_runs_as_written(spark: SparkSession, url: str,
                                                   tmp_path: Path) -> None:
-    """The README's code with its ``docs`` (documents whose pages a form feed separates) and
+    """The Spark page's code with its ``docs`` (documents whose pages a form feed separates) and
     ``spark``, redis.internal being the test's Redis, and a listener serving "pages"
     (tests.jobs:words: counts a page's words)."""
     from tests.daemons import Daemon, daemons, listen_command
     from tests.readme import block
 
-    code = block("Spark pipelines").text.replace("redis://redis.internal:6379/0", url)
+    code = block(SPARK_SECTION, 1, SPARK_PAGE).text.replace("redis://redis.internal:6379/0", url)
     *program, last = code.rstrip("\n").split("\n")
     docs = spark.createDataFrame([("d1", "one two\fthree"), ("d2", "four five six")],
                                  ["doc_id", "text"])
@@ -503,7 +506,7 @@ def test_the_readme_spark_example_runs_as_written(spark: SparkSession, url: str,
         started.append(Daemon(listen_command(url, "pages", "tests.jobs:words", "--interval",
                                              "0.5", "--poll", "0.1", "--concurrency", "2"),
                               tmp_path / "listener.log"))
-        exec("\n".join(program), namespace)  # the README's own lines
+        exec("\n".join(program), namespace)  # the page's own lines
     rows = eval(last, namespace).collect()  # its last line: the results, read back
     assert sorted((r["id"], r["status"], r["r"]["words"]) for r in rows) == [
         ("d1:0", "complete", 2), ("d1:1", "complete", 1), ("d2:0", "complete", 3)]
@@ -517,8 +520,8 @@ def test_the_readme_pipeline_commands() -> None:
     from tests.readme import block, commands
     from tests.test_readme import parses
 
-    (local,) = commands(block("Spark pipelines", 2).text)
-    (submit,) = commands(block("Spark pipelines", 3).text)
+    (local,) = commands(block(SPARK_SECTION, 2, SPARK_PAGE).text)
+    (submit,) = commands(block(SPARK_SECTION, 3, SPARK_PAGE).text)
     assert local.split()[:2] == ["python", "examples/document_pipeline.py"]
     words = submit.split()
     assert words[:5] == ["spark-submit", "--master", "yarn", "--py-files", "blueque.zip"]

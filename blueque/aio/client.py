@@ -17,7 +17,7 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import dependencies, ended, protocol, waiting
+from blueque import dependencies, ended, pausing, protocol, waiting
 from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
@@ -257,6 +257,14 @@ class Queue:
         counts = await self._store.perform(protocol.counts, self._name)
         return QueueStats(**vars(counts), name=self._name)
 
+    async def pause(self, reason: str | None = None) -> None:
+        """Stop listeners starting this queue's tasks (blueque.Queue.pause)."""
+        await self._store.perform(pausing.pause, self._name, reason, await self._store.now())
+
+    async def resume(self) -> bool:
+        """Let listeners start them again (blueque.Queue.resume); False if not paused."""
+        return await self._store.perform(pausing.resume, self._name)
+
     async def task_ids(self, status: str, start: int = 0, stop: int = -1) -> list[str]:
         """Ids of the tasks in one state: a status, or ``cancelled`` (statuses.STATES)."""
         return await self._store.perform(protocol.task_ids, self._name, status, start, stop)
@@ -279,12 +287,10 @@ class Queue:
         cutoff, match, error, sources = bulk_cancel(older_than, match, reason, scheduled,
                                                     await self._store.now())
         return await self._store.run(protocol.cancel_waiting(
-            self._store.keys, self._name, self._store.clock.now, error, cutoff, match,
-            sources))
+            self._store.keys, self._name, self._store.clock.now, error, cutoff, match, sources))
 
     async def configure(self, **options: object) -> None:
-        """Set queue defaults (max_attempts, retry_backoff, time_limit, result_ttl...); a
-        value of None removes that default."""
+        """Set queue defaults (as blueque.Queue.configure); a value of None removes one."""
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
         await self._store.perform(protocol.set_queue_config, self._name,

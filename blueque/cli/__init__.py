@@ -2,10 +2,10 @@
 
 Each subcommand is a short function over library calls, with its arguments beside it in the
 module of its group: ``inspecting`` (status, whose code is ``status``'s; tasks, show, logs),
-``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue), ``wait``,
-``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
+``changing`` (enqueue, cancel, preempt, retry, purge, configure, forget-queue, pause, resume),
+``wait``, ``listen`` and ``daemons`` (scheduler, metrics, dashboard, demo). Readable tables for
 people; ``--json`` for scripts. Exit codes: see EXIT_CODES (also in ``blueque --help`` and
-README.md).
+docs/reference/exit-codes.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Commands that change tasks and queues: `enqueue`, `cancel`, `preempt`, `retry`, `purge`,
-`configure`, `forget-queue`."""
+`configure`, `forget-queue`, `pause`, `resume`."""
 
 from __future__ import annotations
 
@@ -106,6 +106,19 @@ def register(commands: Commands) -> None:
                               "no limit)")
     sub = commands.add("forget-queue", cmd_forget_queue, "remove an empty queue without "
                        "listeners from `blueque status` (and its defaults)", role="operator")
+    sub.add_argument("queue")
+    _add_pause(commands)
+
+
+def _add_pause(commands: Commands) -> None:
+    sub = commands.add("pause", cmd_pause, "pause a queue: no listener starts its tasks until "
+                       "`blueque resume` (running ones go on, enqueues are kept)",
+                       role="operator")
+    sub.add_argument("queue")
+    sub.add_argument("--reason", metavar="TEXT",
+                     help="why, shown by blueque status and the dashboard")
+    sub = commands.add("resume", cmd_resume, "resume a paused queue: its listeners start its "
+                       "tasks again at once", role="operator")
     sub.add_argument("queue")
 
 
@@ -321,4 +334,23 @@ def cmd_forget_queue(client: Client, args: argparse.Namespace) -> int:
         raise unknown_queue(args.queue, client.queue_names())
     emit(args, {"queue": args.queue, "forgotten": True},
          f"queue {args.queue} forgotten: it no longer shows in blueque status")
+    return EXIT_OK
+
+
+def cmd_pause(client: Client, args: argparse.Namespace) -> int:
+    queue = client.get_queue(known_queue(client, args.queue))
+    queue.pause(args.reason)
+    stats = queue.stats()
+    emit(args, {"queue": args.queue, "paused": True, "reason": args.reason or ""},
+         f"queue {args.queue} paused: no listener starts its tasks until `blueque resume "
+         f"{args.queue}` ({stats.pending} pending wait, {stats.started} running go on; "
+         "blueque 1.0.1 listeners do not know of pauses)")
+    return EXIT_OK
+
+
+def cmd_resume(client: Client, args: argparse.Namespace) -> int:
+    was_paused = client.get_queue(known_queue(client, args.queue)).resume()
+    emit(args, {"queue": args.queue, "paused": False, "was_paused": was_paused},
+         f"queue {args.queue} resumed: its listeners start its tasks again" if was_paused
+         else f"queue {args.queue} was not paused")
     return EXIT_OK

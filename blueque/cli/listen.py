@@ -90,7 +90,10 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                              "stops every run")
     parser.add_argument("--on-stop", choices=ON_STOP, default=default("on_stop"),
                         help="on SIGTERM: keep children running for the next listener to "
-                             "adopt (default), drain (wait for them), or terminate them")
+                             "adopt (default), drain (wait for them), terminate them, or "
+                             "preempt them (each saves and stops within --preempt-grace and "
+                             "is put back without spending an attempt: a container's stop; "
+                             "the default when the listener is PID 1)")
     parser.add_argument("--interval", type=positive_seconds, default=default("interval"),
                         help="lease renewal and recovery sweep interval in seconds (a dead "
                              "listener is recovered within 3 intervals; default "
@@ -118,8 +121,9 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not capture task output: it goes to the listener's stderr")
     parser.add_argument("--preempt-grace", type=positive_duration,
                         default=default("preempt_grace"), metavar="DURATION",
-                        help="on SIGUSR1 (this node goes away), how long its tasks have to "
-                             "save and stop before they are terminated and put back "
+                        help="on SIGUSR1 (this node goes away), and SIGTERM with --on-stop="
+                             "preempt, how long its tasks have to save and stop before they "
+                             "are terminated and put back "
                              f"({default('preempt_grace'):g}s)")
     parser.add_argument("--identity", help=argparse.SUPPRESS)
     add_allow_eviction(parser, "listener")

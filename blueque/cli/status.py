@@ -9,6 +9,7 @@ import math
 import sys
 import time
 
+from blueque import pausing
 from blueque.cli.base import EXIT_OK, emit, json_text
 from blueque.client import Client, ListenerStatus
 from blueque.display import format_seconds, format_time, largest_memory, table
@@ -40,8 +41,12 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
     current = client.store.now()
     counts = ("pending", "scheduled", "reserved", "started", "complete", "failed", "cancelled",
               "waiting", "listeners")
+    pauses = _pauses(client, stats)
     text = table(("QUEUE", *(c.upper() for c in counts)),
-                 [(s["name"], *(s[c] for c in counts)) for s in stats]) if stats else "no queues"
+                 [(s["name"] + (" (PAUSED)" if s["paused"] else ""), *(s[c] for c in counts))
+                  for s in stats]) if stats else "no queues"
+    text += "".join(f"\n{p.queue} paused since {format_time(p.paused_at)}"
+                    + (f": {p.reason}" if p.reason else "") for p in pauses.values())
     rows = [(item.listener, item.queue, item.host or "-", item.info.get("pid", "-"),
              _slots_text(item), _lease_text(item.lease_remaining),
              _age_text(item.renewed_age), _renewal_text(item.info),
@@ -56,6 +61,18 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
                           for item in listeners],
             "redis": policy.as_dict()}
     return data, text
+
+
+def _pauses(client: Client, stats: list[dict[str, object]]) -> dict[str, pausing.Pause]:
+    """The pauses of the paused queues (PROTOCOL.md 5.16c), each also put in its queue's
+    ``pause`` ({reason, paused_at}) for --json."""
+    pauses = client.store.perform(pausing.pauses, [str(s["name"]) for s in stats
+                                                   if s["paused"]])
+    for entry in stats:
+        pause = pauses.get(str(entry["name"]))
+        if pause is not None:
+            entry["pause"] = {"reason": pause.reason, "paused_at": pause.paused_at}
+    return pauses
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:

@@ -24,6 +24,12 @@ from blueque.logs import JsonFormatter
 from blueque.process import signal_pid
 from blueque.tasklog import TaskLogSettings
 
+#: Room in the fork server's command line for its children's titles. setproctitle writes a
+#: title over the argv (and, unless SPT_NOENV is set, the environment after it); a title longer
+#: than that room is cut, and a task's escaped processes are told apart by their whole title
+#: (run_processes.find): a fork server run as ``python -m blueque.forkserver 7`` had 50 bytes.
+TITLE_ROOM = " " * 512
+
 log = logging.getLogger("blueque.daemon")
 
 #: The largest setup sent (one packet of the control socket: its send buffer bounds it).
@@ -89,7 +95,7 @@ class ForkServerLink:
             theirs.set_inheritable(True)
             self.pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-m", "blueque.forkserver", str(theirs.fileno())],
+                [sys.executable, "-m", "blueque.forkserver", str(theirs.fileno()), TITLE_ROOM],
                 _environment(), setsid=True)  # a terminal's Ctrl-C is the listener's
             ours.sendall(pickle.dumps(self.setup))
         except OSError as error:

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 
+from blueque.daemon.podcost import PodDeletionCost
 from blueque.daemon.step import ListenerStep
 from blueque.daemon.wakeup import ProgramSignals
 from blueque.errors import BluequeError
@@ -44,9 +45,12 @@ class ListenerDaemon(ListenerStep):
         subreaper = child_subreaper(True)
         self.guard.start()  # stops exclusive runs in time, even while the loop waits on Redis
         self.keeper.start()  # renews the lease in time, even while the loop is slow
+        # in a Kubernetes pod: a scale-in removes idle pods first
+        pod_cost = PodDeletionCost(self.id, every=self.options.interval / 2)
         try:
             while True:
                 self.run_once()
+                pod_cost.update(self.busy(), self.clock())
                 if program is not None:
                     program.deliver()  # the program's own handlers, between two steps
                 if self.stop_asked and self._may_exit():
@@ -67,6 +71,11 @@ class ListenerDaemon(ListenerStep):
         if not self.stop_asked:
             log.info("listener %s: signal %d, stopping (on-stop=%s)", self.id, signum,
                      self.on_stop)
+        if self.on_stop == "preempt":
+            # this node goes away (a container's stop): every run is told, saves and is put
+            # back without spending an attempt, and we leave once all are (PROTOCOL.md 6.3)
+            self.preemption.on_signal(signum, frame)
+            return
         self.stop_asked = True
 
     def _may_exit(self) -> bool:
@@ -112,15 +121,17 @@ class ListenerDaemon(ListenerStep):
                 and self.busy() == 0 and not self.slots.carried)
 
 
-def on_stop_here(on_stop: str, listener: str) -> str:
+def on_stop_here(on_stop: str, listener: str, pid: int | None = None) -> str:
     """--on-stop as it can be kept: the init of a PID namespace (a container's main process)
     takes every process of the namespace with it when it exits, so no run can wait for
-    adoption there, and "keep" becomes "terminate" (said in the log)."""
-    if on_stop != "keep" or os.getpid() != 1:
+    adoption there, and "keep" (the default) becomes "preempt" (said in the log): a SIGTERM
+    there means everything dies at the end of the runtime's grace period."""
+    if on_stop != "keep" or (os.getpid() if pid is None else pid) != 1:
         return on_stop
-    log.warning("listener %s runs as pid 1 of its PID namespace: its task processes end when "
-                "it exits, so --on-stop=keep cannot leave them to the next listener; it will "
-                "stop them as --on-stop=terminate does (recorded, retried by their policy). "
-                "Run it under an init that outlives it to keep them", listener)
-    return "terminate"
+    log.info("listener %s runs as pid 1 of its PID namespace (a container): its task "
+             "processes end when it exits, so it cannot leave them to the next listener "
+             "(--on-stop=keep); on SIGTERM it preempts them instead (--on-stop=preempt: "
+             "each is told, saves and is put back without spending an attempt, within "
+             "--preempt-grace)", listener)
+    return "preempt"
 

@@ -15,7 +15,7 @@ from blueque.child import TaskFunction
 from blueque.errors import ConfigurationError
 from blueque.tasklog import TaskLogSettings
 
-ON_STOP = ("keep", "drain", "terminate")
+ON_STOP = ("keep", "drain", "terminate", "preempt")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ListenerOptions:
     #: called with the Task in a forked child ("package.module:function", imported at start)
     function: TaskFunction | str
     concurrency: int = 1  # tasks run at once, one child each
-    on_stop: str = "keep"  # on SIGTERM: one of ON_STOP
+    on_stop: str = "keep"  # on SIGTERM: one of ON_STOP (keep is preempt as PID 1)
     interval: float = 10.0  # lease renewal and recovery sweep interval (s)
     poll: float = 1.0  # fallback poll for enqueues that publish nothing (s)
     identity: str | None = None  # its listener id (default [node name]_[pid])
@@ -48,7 +48,8 @@ class ListenerOptions:
     max_memory_per_process: int | None = None
     #: where task output goes on the node and how much is kept (None: the listener's stderr)
     task_logs: TaskLogSettings | None = None
-    #: on SIGUSR1 (this node goes away), how long its tasks have to save and stop (s)
+    #: on SIGUSR1 (this node goes away; SIGTERM with on_stop "preempt"), how long its tasks
+    #: have to save and stop (s)
     preempt_grace: float = 90.0
     #: keep Prometheus counters (ListenerDaemon.metrics) for a metrics server to serve
     metrics: bool = False

@@ -7,6 +7,7 @@
 -- KEYS[1] node runs hash        blueque_node_[node identity] (with a pid)
 -- then for each queue, 7 keys: pending list, reserved list, failed list, outcomes this minute,
 --   outcomes ever, outcomes this hour, started set (as stamp.lua's)
+-- then, last, each queue's pause hash blueque_paused_[queue], in ARGV's order (lib/pause)
 -- ARGV[1] listener id, ARGV[2] now, ARGV[3] seconds a minute's counter is kept,
 -- ARGV[4] pid ("" = move only), ARGV[5] the process's create time ("" if unknown),
 -- ARGV[6] the run record's fields after task, queue and attempt (JSON, from ", " to "}"),
@@ -14,9 +15,10 @@
 -- ARGV[9...] the queues, in the order to try (one per 7 keys)
 -- Returns {} when every queue is empty, else {queue, id} (move only) or
 -- {queue, id, verdict, detail[, fields]} (stamp.lua's reply; ok: the run is recorded).
--- uses: history, counts, stamp
+-- A paused queue is skipped (5.16c).
+-- uses: history, counts, stamp, pause
 local listener, now, pid = ARGV[1], ARGV[2], ARGV[4]
-for i = 9, #ARGV do
+for _, i in ipairs(unpaused(9)) do
   local queue, base = ARGV[i], 1 + (i - 9) * 7
   local id = redis.call('LMOVE', KEYS[base + 1], KEYS[base + 2], 'RIGHT', 'LEFT')
   if id then

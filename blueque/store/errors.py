@@ -213,7 +213,7 @@ def _protocol_error(error: redis.exceptions.ResponseError, where: str = "?") -> 
             words in text for words in ("NOPERM", "The user executing the script can't")):
         return PermissionRefused(
             f"Redis at {where} refused a command to this user ({text}): its ACL lacks a "
-            "permission Blueque needs; README 'Redis ACL users' gives each role's ACL line")
+            "permission Blueque needs; docs/how-to/acl.md gives each role's ACL line")
     for marker, kind in (("BLUEQUE_STALE ", StaleAttempt), ("BLUEQUE_STATE ", InvalidTaskState)):
         if marker in text:
             return kind(text.split(marker, 1)[1].split("\n")[0].rstrip(". "))

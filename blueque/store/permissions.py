@@ -53,14 +53,21 @@ def check_permissions(store: StoreCore, role: acl.Role, queues: Iterable[str]) -
                  "(ACL DRYRUN: %s); a missing one shows at its first use", user, role,
                  failed[0])
         return False
-    refused = [acl.missing(probe, str(answer)) for probe, answer in zip(tried, answers,
-                                                                         strict=True)
-               if isinstance(answer, str) and answer != "OK"]
+    denied = [(probe, str(answer)) for probe, answer in zip(tried, answers, strict=True)
+              if isinstance(answer, str) and answer != "OK"]
+    slower = [acl.missing(probe, answer) for probe, answer in denied if acl.optional(role, probe)]
+    refused = [acl.missing(probe, answer) for probe, answer in denied
+               if not acl.optional(role, probe)]
+    if slower:
+        log.warning("Redis user %r at %s may not run %s: the %s works without, more slowly "
+                    "(it polls its queues every --poll seconds instead of hearing enqueues); "
+                    "its role's ACL line: %s", user, store.where, "; ".join(slower), role,
+                    acl.acl_line(role, user))
     if refused:
         more = f" and {len(refused) - NAMED} more" if len(refused) > NAMED else ""
         raise PermissionRefused(
             f"Redis user {user!r} at {store.where} may not run what the {role} role needs "
             f"({acl.DESCRIBED[role]}): {'; '.join(refused[:NAMED])}{more}; nothing was "
-            f"written. Give it the role's permissions (README 'Redis ACL users'): "
+            f"written. Give it the role's permissions (docs/how-to/acl.md): "
             f"{acl.acl_line(role, user)}")
     return True

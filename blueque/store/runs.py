@@ -4,6 +4,7 @@ finish, progress, recover."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -51,11 +52,18 @@ class RunOperations(StoreCore):
     # --- reserving and running ------------------------------------------------------------
     @translate_errors
     def move_pending(self, queue: str, listener_id: str, block: float | None) -> str | None:
-        """LMOVE (or BLMOVE for up to ``block`` seconds) the oldest pending id into the
-        listener's reserved list. Follow with stamp(); a crash in between is recovered."""
+        """Move the oldest pending id into the listener's reserved list (reserve.lua: none
+        while the queue is paused, 5.16c); with ``block``, when the queue has none, BLMOVE
+        waits up to ``block`` seconds for one (a paused queue: the wait without a move).
+        Follow with stamp(); a crash in between is recovered."""
         source, target = self.keys.pending(queue), self.keys.reserved(queue, listener_id)
-        if block is None:
-            return cast("str | None", self.redis.lmove(source, target, "RIGHT", "LEFT"))
+        moved = self._run("reserve", [source, target, self.keys.paused(queue)], [])
+        if moved == 0:  # paused: nothing comes in this wait
+            if block is not None:
+                time.sleep(block)
+            return None
+        if moved is not None or block is None:
+            return cast("str | None", moved)
         return cast("str | None", self.redis.blmove(source, target, block, "RIGHT", "LEFT"))
 
     @translate_errors
@@ -199,6 +207,7 @@ class RunOperations(StoreCore):
             keys += [self.keys.pending(queue), self.keys.reserved(queue, listener),
                      self.keys.failed(queue), *self._outcome_keys(queue, now),
                      self.keys.started(queue)]
+        keys += [self.keys.paused(queue) for queue in take.queues]  # last (lib/pause)
         args = [listener, repr(now), k.FINISHED_MINUTE_TTL,
                 "" if take.pid is None else take.pid,
                 "" if take.created is None else repr(take.created), take.record, take.runs_ttl,

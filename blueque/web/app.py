@@ -1,10 +1,11 @@
 """The dashboard's ASGI application (Starlette + Jinja2), mountable in any ASGI service.
 
 Read-only unless a token is configured. With one, actions (cancel, retry, retry all failed,
-empty a queue, purge) are JSON POSTs that must carry the token in the ``X-Blueque-Token``
-header and come from the dashboard's own origin (``Origin``, else ``Referer``): a cross-site
-form cannot set the header nor the JSON content type without a CORS preflight, which is never
-granted, and a cross-site page cannot read the token (kept in the tab's sessionStorage). Every
+empty, purge, pause and resume a queue) are JSON POSTs that must carry the token in the
+``X-Blueque-Token`` header and come from the dashboard's own origin (``Origin``, else
+``Referer``): a cross-site form cannot set the header nor the JSON content type without a
+CORS preflight, which is never granted, and a cross-site page cannot read the token (kept in
+the tab's sessionStorage). Every
 value from Redis goes through Jinja2's autoescaping; the page script only moves server-
 rendered nodes and sets text, and the Content-Security-Policy allows scripts and styles from
 the dashboard only. With ``allowed_hosts`` (``blueque dashboard`` on a loopback address),
@@ -266,6 +267,16 @@ class Dashboard:
         return (f"{done.pending} pending and {done.scheduled} scheduled task(s) of "
                 f"{queue.name} cancelled; running tasks go on")
 
+    def pause(self, body: dict[str, Any]) -> str:
+        queue = Queue(_text(body, "queue"), self.store)
+        queue.pause(str(body.get("reason") or "").strip() or "paused from the dashboard")
+        return f"queue {queue.name} paused: no listener starts its tasks; running ones go on"
+
+    def resume(self, body: dict[str, Any]) -> str:
+        queue = Queue(_text(body, "queue"), self.store)
+        return (f"queue {queue.name} resumed: its listeners start its tasks again"
+                if queue.resume() else f"queue {queue.name} was not paused")
+
     def purge(self, body: dict[str, Any]) -> str:
         queue = _text(body, "queue")
         status = _text(body, "status")
@@ -283,6 +294,8 @@ ACTIONS: dict[str, Callable[[Dashboard, dict[str, Any]], str]] = {
     "retry-failed": Dashboard.retry_failed,
     "cancel-waiting": Dashboard.cancel_waiting,
     "purge": Dashboard.purge,
+    "pause": Dashboard.pause,
+    "resume": Dashboard.resume,
     "bulk-retry": lambda dashboard, body: bulk.retry(dashboard.client, body),
     "bulk-cancel": lambda dashboard, body: bulk.cancel(dashboard.client, body),
     "bulk-delete": lambda dashboard, body: bulk.delete(dashboard.client, body),

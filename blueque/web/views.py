@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from blueque import pausing
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError
 from blueque.jobs import read_job_call
@@ -125,6 +126,7 @@ def queues_page(store: RedisStore, at: float, number_: int = 1, span: str = "1h"
             "name": queue,
             "counts": {state: getattr(counts, state) for state in STATES},
             "listeners": counts.listeners,
+            "paused": counts.paused,
             "oldest_pending_age": pending_age(oldest, at),
             "bars": bars,
             "peak": max([1, *(sum(b[name] for name in CHART_OUTCOMES) for b in bars)]),
@@ -183,7 +185,8 @@ def queue_page(store: RedisStore, queue: str, state: str | None, number_: int,
             "filters": filters, "search": filters.prefix, "exact": found["exact"],
             "elsewhere": found["elsewhere"], "scan": found["scan"],
             "scan_limit": SCAN_LIMIT, "queues": known[:QUEUES_LISTED], "known": queue in known,
-            "views": VIEWS, "jobs": any(row["job"] for row in rows)}
+            "views": VIEWS, "jobs": any(row["job"] for row in rows),
+            "pause": store.perform(pausing.pauses, [queue]).get(queue) if counts.paused else None}
 
 
 # --- nodes and listeners ----------------------------------------------------------------------

@@ -69,15 +69,16 @@ def test_cluster_url_selects_the_hash_tagged_layout(cluster: ClusterTopology) ->
 
 
 def test_the_readmes_cluster_line_runs(cluster: ClusterTopology) -> None:
-    """README "Redis Cluster": its Client line with this cluster's first three nodes for
-    node1:7000, node2:7001, node3:7002 (a client needs one that answers)."""
+    """The high availability page's "Redis Cluster": its Client line with this cluster's
+    first three nodes for node1:7000, node2:7001, node3:7002 (a client needs one that
+    answers)."""
     from tests.readme import block
 
     nodes = cluster.url.split("://", 1)[1].split(",")[:3]
-    code = block("Redis Cluster").text.replace("node1:7000,node2:7001,node3:7002",
-                                               ",".join(nodes))
+    code = block("Redis Cluster", 1, "how-to/high-availability.md").text.replace(
+        "node1:7000,node2:7001,node3:7002", ",".join(nodes))
     namespace: dict[str, object] = {"blueque": blueque}
-    exec(code, namespace)  # the README's own line
+    exec(code, namespace)  # the page's own line
     client = namespace["client"]
     assert isinstance(client, blueque.Client) and client.keys.hash_tags
     task_id = client.get_queue("documents").enqueue("{}")

@@ -117,28 +117,30 @@ def test_tls_and_passwords_to_servers_and_sentinels(tmp_path: Path) -> None:
 
 
 def test_the_readmes_sentinel_lines_run_with_its_sentinels(tmp_path: Path) -> None:
-    """README "High availability": the export and listen lines, and the Client line, run with
-    this topology's sentinels for s1, s2, s3 (master name "jobs", as written). Its servers and
-    sentinels keep the default user open (the topology's own probes use it), so the lines'
-    passwords are left out here; test_tls_and_passwords_to_servers_and_sentinels has them."""
+    """The high availability page's "Sentinel": the export and listen lines, and the Client
+    line, run with this topology's sentinels for s1, s2, s3 (master name "jobs", as written).
+    Its servers and sentinels keep the default user open (the topology's own probes use it),
+    so the lines' passwords are left out here; test_tls_and_passwords_to_servers_and_sentinels
+    has them."""
     from tests.readme import Shell, block, commands
 
+    page = "how-to/high-availability.md"
     with SentinelTopology(replicas=1, sentinels=3, master_name="jobs") as topology:
         hosts = topology.url.split("://", 1)[1].split("/", 1)[0]
         replace = {"s1:26379,s2:26379,s3:26379": hosts, ":app-secret@": "",
                    "?sentinel_password=x": ""}
-        code = block("High availability (Sentinel)", 2).text
+        code = block("Sentinel", 2, page).text
         for old, new in replace.items():
             code = code.replace(old, new)
         namespace: dict[str, object] = {"blueque": blueque}
-        exec(code, namespace)  # the README's own line
+        exec(code, namespace)  # the page's own line
         client = namespace["client"]
         assert isinstance(client, blueque.Client)
         (root := tmp_path / "project" / "myapp").mkdir(parents=True)
         (root / "__init__.py").write_text("")
         (root / "tasks.py").write_text("def convert(task):\n    return 'converted'\n")
         shell = Shell(tmp_path, root.parent, "", replace=replace)
-        export, listen = commands(block("High availability (Sentinel)").text)
+        export, listen = commands(block("Sentinel", 1, page).text)
         try:
             listener = shell.start(f"{export}; {listen}")
             listener.until("listening on")

@@ -152,7 +152,7 @@ def test_a_run_that_ended_during_an_outage_leaves_no_false_warning(tmp_path):  #
             # a lease (1 s) without the listener's word: the process records it itself (it
             # says so in its output, the attempt's file under the daemon's state directory)
             output = tmp_path / "state" / "blueque" / "task-logs" / "work" / f"{task_id}.1.log"
-            wait_until(lambda: output.exists() and "is gone or not answering"
+            wait_until(lambda: output.exists() and "recording the outcome itself"
                        in output.read_text(), what="the process recording on its own")
             daemon.signal(signal.SIGSTOP)  # the process gets to Redis first
             try:
