@@ -538,11 +538,12 @@ def test_wait_follows_tasks_finishing_while_it_waits(
 
 
 # --- scheduler (a daemon: a real process) -----------------------------------------------------
-def test_scheduler_once_moves_due_tasks_and_registers_cron(run: Run, client: blueque.Client,
+def test_scheduler_once_moves_due_tasks_and_registers_cron(redis_url: str,
+                                                           client: blueque.Client,
                                                            redis_client: redis.Redis) -> None:
     past = time.time() - 1
     client.store.submit("s", "due-1", "{}", past, eta=past)
-    done = run("scheduler", "--once", "--cron", "beat=* * * * * *:s", "--json")
+    done = cli(redis_url, "scheduler", "--once", "--cron", "beat=* * * * * *:s", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["due"] == {"s": 1} and report["errors"] == []
@@ -550,10 +551,12 @@ def test_scheduler_once_moves_due_tasks_and_registers_cron(run: Run, client: blu
     assert redis_client.hexists(KEYS.cron(), "beat")
 
 
-def test_scheduler_refuses_bad_cron_entries(run: Run, redis_client: redis.Redis,
+def test_scheduler_refuses_bad_cron_entries(redis_url: str, redis_client: redis.Redis,
                                             tmp_path: Path) -> None:
-    done = run("scheduler", "--once", "--cron", "beat=every minute:s")
+    # a real process: the scheduler sets up the process's logging (a daemon's), which
+    # in-process would stay for the tests after this one
+    done = cli(redis_url, "scheduler", "--once", "--cron", "beat=every minute:s")
     assert done.returncode == 2 and "not a cron expression" in done.stderr
     (tmp_path / "cron.json").write_text('[{"name": "x"}]')
-    done = run("scheduler", "--once", "--cron-file", str(tmp_path / "cron.json"))
+    done = cli(redis_url, "scheduler", "--once", "--cron-file", str(tmp_path / "cron.json"))
     assert done.returncode == 2 and "missing cron, queue" in done.stderr

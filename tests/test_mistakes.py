@@ -563,8 +563,7 @@ def test_cli_refuses_bad_queue_names_everywhere(blueque_main: Run, redis_url: st
     refused(cli(redis_url, "listen", name, "tests.jobs:echo", *FAST), 2, "queue name")
     cron = tmp_path / "cron.json"
     cron.write_text(json.dumps({"cron": [{"name": "n", "cron": "* * * * *", "queue": name}]}))
-    refused(blueque_main("scheduler", "--once", "--cron-file", str(cron), "--url", redis_url), 2,
-            "queue name")
+    refused(cli(redis_url, "scheduler", "--once", "--cron-file", str(cron)), 2, "queue name")
     assert redis_client.dbsize() == 0
 
 
