@@ -23,19 +23,9 @@ from blueque.statuses import state_of
 from tests.conftest import Run
 from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_cli import cli
+from tests.test_operations import failed_task
 
 K = Keys()
-
-
-def failed_task(client: blueque.Client, queue: str = "q", error: str = "it broke") -> str:
-    task_id = client.get_queue(queue).enqueue("{}")
-    listener = client.get_listener(queue)
-    task = listener.reserve()
-    assert task is not None and task.id == task_id
-    processor = client.get_processor(task)
-    processor.start(os.getpid())
-    processor.fail(error)
-    return task_id
 
 
 def counts(client: blueque.Client, queue: str = "q") -> tuple[int, int]:
@@ -47,7 +37,7 @@ def counts(client: blueque.Client, queue: str = "q") -> tuple[int, int]:
 def test_cancelled_tasks_are_counted_and_listed_apart_from_failed_ones(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
-    broken = failed_task(contract_client)
+    broken = failed_task(contract_client, "q")
     cancelled = [queue.enqueue("{}") for _ in range(3)]
     later = queue.schedule("{}", time.time() + 3600)
     for task_id in [*cancelled, later]:
@@ -117,7 +107,7 @@ def test_the_cancelled_count_stays_exact_through_retries_deletes_purges_and_expi
 def test_a_bulk_retry_leaves_cancelled_tasks_alone_unless_asked(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
-    broken = failed_task(contract_client)
+    broken = failed_task(contract_client, "q")
     cancelled = queue.enqueue("{}")
     contract_client.cancel_task(cancelled, "never run this")
     assert queue.retry_failed() == [broken]
@@ -142,7 +132,7 @@ def test_a_task_cancelled_by_an_earlier_blueque_is_left_alone_too(
     r.hset(K.task(old), mapping={"status": "failed", "error": "cancelled: old",
                                  "cancelled": repr(time.time())})
     r.lpush(K.failed("q"), old)
-    broken = failed_task(any_client)
+    broken = failed_task(any_client, "q")
     assert queue.retry_failed() == [broken]
     assert r.hget(K.task(old), "status") == "failed" and r.lrange(K.failed("q"), 0, -1) == [old]
     any_client.retry_task(old)  # by its id: found in the failed list
@@ -152,7 +142,7 @@ def test_a_task_cancelled_by_an_earlier_blueque_is_left_alone_too(
 def test_retry_failed_with_a_limit_counts_the_cancelled_ones_it_takes(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
-    broken = failed_task(contract_client)
+    broken = failed_task(contract_client, "q")
     cancelled = [queue.enqueue("{}") for _ in range(2)]
     for task_id in cancelled:
         contract_client.cancel_task(task_id)
