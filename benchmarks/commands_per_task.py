@@ -97,6 +97,18 @@ WHY: dict[tuple[str, str], str] = {
                                      "(6.2, taking ahead)",
     ("blueque", "take.lua: LMOVE"): "the next pending id onto this listener's reserved list "
                                     "(5.4); with --reuse stamped for the warm process there",
+    ("blueque", "take.lua: LINDEX"): "the oldest pending id, looked at before it is moved: "
+                                     "its key and resources decide (5.22)",
+    ("blueque", "take.lua: HMGET"): "its queue's default concurrency_key and requires, and "
+                                    "the task's own (5.22); with --reuse the stamp's own too",
+    ("blueque", "finish.lua: HGET"): "the task's concurrency_key: the run's hold released "
+                                     "(5.22; none: nothing more)",
+    ("blueque", "take.lua: EXISTS"): "is the queue paused (lib/pause, 5.16c): a paused "
+                                     "queue's tasks are not taken",
+    ("blueque", "EVALSHA reserve.lua"): "reserve when no id was taken ahead, on a Redis "
+                                        "Cluster (5.4)",
+    ("blueque", "reserve.lua: EXISTS"): "is the queue paused (lib/pause, 5.16c)",
+    ("blueque", "reserve.lua: LMOVE"): "the next pending id onto this listener's reserved list",
     ("blueque", "take.lua: SADD"): "with --reuse: the run joins the started set",
     ("blueque", "take.lua: HSET"): "with --reuse: status started for the warm process's pid, "
                                    "attempts + 1; then its run on the node",
@@ -124,6 +136,15 @@ WHY: dict[tuple[str, str], str] = {
     ("blueque", "SMEMBERS"): "the ended task's dependents (5.21), pipelined with the ending; "
                              "and the recovery sweep's listeners of a queue (6)",
     ("blueque", "ZRANGE"): "recovery sweep: the queue's leases (6)",
+    ("blueque", "SCARD"): "recovery sweep: the size of each queue's listeners set (node_view: "
+                          "are there 1.0.1 listeners to page through)",
+    ("blueque", "ZCARD"): "recovery sweep: the size of each queue's leases (node_view)",
+    ("blueque", "HMGET"): "renewal: the running tasks' fields (superseded, cancelled, "
+                          "reclaimed runs: 6, step 2)",
+    ("blueque", "EVALSHA keyed_heal.lua"): "recovery sweep: the holds no ending released, "
+                                           "the waiters they hold up (5.22)",
+    ("blueque", "keyed_heal.lua: SCARD"): "are any concurrency keys in use (none: done)",
+    ("blueque", "keyed_heal.lua: SMEMBERS"): "the concurrency keys in use",
     ("blueque", "PING"): "the subscription's keepalive, once an interval (6, step 7)",
     # --- the original 1.0.1's ForkingRunner ---------------------------------------------------
     ("original", "RPOPLPUSH"): "reserve: the next pending id onto the node's reserved list",

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from blueque import dependencies
+from blueque import dependencies, keyed
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
@@ -218,6 +218,19 @@ class Client:
         if task.queue is None:
             raise TaskNotFound(task_id)
         self.store.retry_failed(task.queue, task_id, self.store.now())
+
+    def set_limit(self, key: str, limit: int | None) -> int:
+        """At most ``limit`` runs of the tasks enqueued with ``concurrency_key=key`` at once,
+        across every listener of every queue (PROTOCOL.md 5.22); None clears it (no limit),
+        0 lets none start. Runs already holding a slot go on: a lowered limit starts no new
+        run until they are under it. Returns how many hold one. ConfigurationError for a bad
+        key or limit."""
+        return self.store.perform(keyed.set_limit, key, limit)
+
+    def key_states(self, keys: Sequence[str] | None = None) -> list[keyed.KeyState]:
+        """Each concurrency key's limit, holders and waiters (``keys``, or every key with a
+        limit or in use), as Redis has them now."""
+        return self.store.perform(keyed.key_states, keys)
 
     def queue_names(self) -> list[str]:
         """Every queue in blueque_queues."""

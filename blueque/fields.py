@@ -52,6 +52,8 @@ TASK_FIELDS: dict[str, Kind] = {
     "history": "json",
     "after": "json",
     "after_any": "int",
+    "concurrency_key": "text",
+    "requires": "json",
 }
 
 #: A listener's info hash ``blueque_listener_[listener id]`` (PROTOCOL.md §6, Registration).
@@ -72,6 +74,7 @@ LISTENER_FIELDS: dict[str, Kind] = {
     "task_memory": "json",
     "spool_error": "text",
     "left": "time",
+    "resources": "json",
 }
 
 #: A task's times, which people read as dates (`blueque show`, the dashboard's task page).

@@ -214,6 +214,36 @@ class Keys:
         away at ``deadline`` (Unix s); its listeners stop taking work and tell their tasks."""
         return _key("preempt", node_name)
 
+    def limits(self) -> str:
+        """Hash: concurrency key -> how many runs of its tasks may run at once across the
+        fleet (``Client.set_limit``, PROTOCOL.md 5.22)."""
+        return _key("limits")
+
+    def concurrency_keys(self) -> str:
+        """Set of the concurrency keys some run holds a slot of or some task waits for: what
+        ``blueque limit``, the dashboard and the metrics list (5.22)."""
+        return _key("concurrency_keys")
+
+    def key_holders(self, concurrency_key: str) -> str:
+        """Hash: task id -> the run holding one of the key's slots (JSON: listener, queue,
+        attempt): taken with the task, released when the run's ending is recorded (5.22)."""
+        return _key("key_holders", concurrency_key)
+
+    def key_waiting(self, concurrency_key: str) -> str:
+        """List of the ids of pending tasks that found their key full, oldest at the right:
+        moved back to their queue when a slot of the key frees (5.22)."""
+        return _key("key_waiting", concurrency_key)
+
+    def keyed_names(self) -> list[str]:
+        """What lua/lib/keyed.lua builds the keys of a concurrency key and of a task's queue
+        from (a key and a queue are only known once the task is read): the limits hash, the
+        keys set, then the prefixes of the holders hash, waiting list, task hash, pending list,
+        reserved list and channel. Keys and resources are refused in the hash-tagged layout
+        (a key's slots are shared by every queue: no one hash slot holds them)."""
+        return [self.limits(), self.concurrency_keys(), self.key_holders(""),
+                self.key_waiting(""), self.task(""), self.pending(""),
+                _key("reserved_tasks", ""), self.channel("")]
+
     # --- pub/sub channels (not keys; listed in PROTOCOL.md all the same) -----------------
     def channel(self, queue: str) -> str:
         """Channel published on every enqueue, so idle multi-queue listeners wake at once."""
@@ -276,6 +306,10 @@ KEY_BUILDERS = (
     "node_listeners",
     "queue_config",
     "paused",
+    "limits",
+    "concurrency_keys",
+    "key_holders",
+    "key_waiting",
     "cron",
     "finished_per_minute",
     "finished_per_hour",

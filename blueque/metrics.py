@@ -39,6 +39,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from blueque import keyed
 from blueque.errors import BluequeError, ConfigurationError
 from blueque.hosts import HostRule
 from blueque.policy import field_float
@@ -163,7 +164,23 @@ class QueueCollector(Collector):
             # a count that is missing or corrupt is shown as 0
             slots.add_metric([listener, host], field_float(info.get("concurrency")) or 0.0)
             busy.add_metric([listener, host], field_float(info.get("busy")) or 0.0)
-        return [tasks, age, finished, listeners, paused, work, slots, busy]
+        return [tasks, age, finished, listeners, paused, work, slots, busy, *self._keys()]
+
+    def _keys(self) -> list[Metric]:
+        """Each concurrency key's limit, holders and waiters (PROTOCOL.md 5.22): one series
+        per key with a limit or in use, never per task."""
+        limit = GaugeMetricFamily("blueque_key_limit", "Runs a concurrency key allows at once "
+                                  "across the fleet (keys with a limit)", labels=["key"])
+        holding = GaugeMetricFamily("blueque_key_holding",
+                                    "Runs holding a slot of the concurrency key", labels=["key"])
+        waiting = GaugeMetricFamily("blueque_key_waiting", "Tasks waiting for a slot of the "
+                                    "concurrency key", labels=["key"])
+        for state in self.store.perform(keyed.key_states):
+            if state.limit is not None:
+                limit.add_metric([state.key], state.limit)
+            holding.add_metric([state.key], state.holding)
+            waiting.add_metric([state.key], state.waiting)
+        return [limit, holding, waiting]
 
 
 class _TaskMemory(Collector):

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import get_type_hints
 
+from blueque import placement
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError
+from blueque.placement import PLACEMENT_OPTIONS
 
 #: The options that are 0 or 1 (which also take True and False), and what they mean.
 FLAGS = {
@@ -142,6 +144,10 @@ def encode_options(options: Mapping[str, object], queue: bool = False) -> dict[s
     and turn them into hash field values."""
     encoded: dict[str, str] = {}
     for name, value in options.items():
+        if name in PLACEMENT_OPTIONS:  # text and JSON, not numbers (PROTOCOL.md 5.22)
+            if value is not None:
+                encoded[name] = placement.encode(name, value)
+            continue
         kind = _option_type(name, queue)
         if value is None:
             continue
@@ -169,7 +175,7 @@ def _option_type(name: str, queue: bool) -> type:
             f"Queue.configure({name}=...) or blueque configure QUEUE "
             f"--{name.replace('_', '-')} N")
     if name not in OPTION_TYPES:
-        known = [*OPTION_TYPES, *QUEUE_LIMITS] if queue else list(OPTION_TYPES)
+        known = [*OPTION_TYPES, *PLACEMENT_OPTIONS, *(QUEUE_LIMITS if queue else ())]
         raise ConfigurationError(
             f"unknown task option {name!r}; known options: {', '.join(known)}")
     return OPTION_TYPES[name]

@@ -143,11 +143,11 @@ def submit(keys: k.Keys, queue: str, task_id: str, parameters: str, now: float,
     return created
 
 
-def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now: float
-                ) -> Operation[list[bool]]:
-    """Create many pending tasks, BULK_CHUNK per script call; a created flag per task.
-    Keys: pending list, blueque_queues, the queue's config (its max_parameters_bytes), every
-    task hash. Script: submit_many.lua."""
+def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now: float,
+                fields: Mapping[str, str] | None = None) -> Operation[list[bool]]:
+    """Create many pending tasks, each with ``fields``, BULK_CHUNK per script call; a created
+    flag per task. Keys: pending list, blueque_queues, the queue's config (its
+    max_parameters_bytes), every task hash. Script: submit_many.lua."""
     queues, use_queues = queues_key(keys, queue)
     pending, channel, stamp = keys.pending(queue), keys.channel(queue), repr(now)
     flags: list[bool] = []
@@ -157,8 +157,8 @@ def submit_many(keys: k.Keys, queue: str, tasks: Sequence[tuple[str, str]], now:
                        *(keys.task(task_id) for task_id, _ in chunk)]
         args: list[str] = [queue, stamp, use_queues, channel,
                            str(QUEUE_LIMITS["max_parameters_bytes"])]
-        for task_id, parameters in chunk:
-            args += (task_id, parameters)
+        args += [*(part for task in chunk for part in task),
+                 *(part for pair in (fields or {}).items() for part in pair)]  # every task's
         result = yield Script("submit_many", script_keys, args, durable=True)
         flags.extend(flag == "1" for flag in result)
     yield from touch_queue(keys, queue)

@@ -7,11 +7,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from blueque import dependencies, ended, pausing, protocol
+from blueque import dependencies, ended, keyed, pausing, protocol
 from blueque import keys as k
 from blueque.display import parse_duration
 from blueque.errors import ConfigurationError, InvalidTaskState, WrongType
-from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting, QueueCounts
 from blueque.statuses import CANCELLED, ENDED_LISTS, FAILED, FINISHED_STATUSES, PENDING, SCHEDULED
 from blueque.store import RedisStore
@@ -92,7 +91,8 @@ def submission(keys: k.Keys, queue: str, parameters: object, task_id: str | None
     text, option fields). ConfigurationError or WrongType say what is wrong."""
     check_queue_name(queue)
     return task_id_for(keys, queue, task_id), _text(parameters, "parameters"), \
-        encode_options(options)
+        keyed.task_options(keys, options)
+
 
 
 def bulk_submission(keys: k.Keys, queue: str, parameters: Sequence[object],
@@ -242,7 +242,8 @@ class Queue:
         creates nothing (idempotent while the task exists); an id that exists in another queue
         raises InvalidTaskState. ``options``: max_attempts, retry_backoff, retry_backoff_max,
         time_limit, kill_grace, result_ttl, max_preemptions, keep_processes, exclusive,
-        checkpoint_max_bytes (blueque.policy).
+        checkpoint_max_bytes (blueque.policy); concurrency_key, requires (PROTOCOL.md 5.22:
+        a task no live listener of the queue could run is said in a warning).
 
         ``after``: a task id or ids (of any queue): the task is created ``waiting`` and
         becomes pending once every one of them has completed; one that fails or is cancelled
@@ -250,10 +251,17 @@ class Queue:
         DependencyError for an unknown id, nothing written (PROTOCOL.md 5.21)."""
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        self._check_placement(fields, task_id)
         if after is not None:
             return self._submit_after(task_id, text, fields, after, after_any)
         created = self._store.submit(self._name, task_id, text, self._store.now(), fields=fields)
         return TaskId(task_id, created)
+
+    def _check_placement(self, fields: dict[str, str], what: str) -> None:
+        """Warn of a task whose ``requires`` no live listener of the queue offers (5.22)."""
+        if "requires" in fields:
+            keyed.warn_unplaceable(self._name, what, fields["requires"],
+                                   self._store.perform(keyed.live_offers, self._name))
 
     def _submit_after(self, task_id: str, text: str, fields: dict[str, str],
                       after: object, after_any: object,
@@ -265,17 +273,19 @@ class Queue:
 
     def enqueue_many(
         self, parameters: Sequence[object], task_ids: Sequence[str] | None = None, *,
-        after: object = None, after_any: object = False
+        after: object = None, after_any: object = False, **options: object
     ) -> BulkEnqueue:
         """Create many pending tasks in a few round trips (1,000 per server-side script call).
         With ``task_ids``, ids that already exist are left alone and counted as existing.
         With ``after``, every task waits for those tasks, as ``enqueue(after=...)`` (one
-        call per task)."""
+        call per task). ``options`` (enqueue's) apply to every task."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        fields = keyed.task_options(self._store.keys, options)
+        self._check_placement(fields, f"{len(tasks)} tasks")
         if after is not None:
-            ids = [self._submit_after(i, text, {}, after, after_any) for i, text in tasks]
+            ids = [self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
-        flags = self._store.submit_many(self._name, tasks, self._store.now())
+        flags = self._store.submit_many(self._name, tasks, self._store.now(), fields)
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     def schedule(
@@ -295,6 +305,7 @@ class Queue:
                                 **options)
         task_id, text, fields = submission(self._store.keys, self._name, parameters, task_id,
                                            options)
+        self._check_placement(fields, task_id)
         if after is not None:
             return self._submit_after(task_id, text, fields, after, after_any, float(eta))
         created = self._store.submit(self._name, task_id, text, current, eta=float(eta),
@@ -364,7 +375,8 @@ class Queue:
         of None removes that default."""
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
-        self._store.set_queue_config(self._name, encode_options(options, queue=True), removed)
+        self._store.set_queue_config(self._name, keyed.task_options(self._store.keys, options,
+                                                                    True), removed)
 
     def config(self) -> dict[str, str]:
         return self._store.queue_config(self._name)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from blueque import dependencies
+from blueque import dependencies, keyed
 from blueque.adopting import Adopter
 from blueque.adoption import LocalListeners
 from blueque.endings import decide, describe_exit
@@ -258,10 +258,10 @@ class Recovery:
     def sweep(self, queues: Iterable[str], exclude: Iterable[str] = (),
               adopter: str | None = None) -> RecoveryReport:
         """Recover dead listeners of this node first (so their live processes are adopted
-        before their lease can expire), then expired leases on ``queues``; then stop the
-        fenced runs of dead listeners of this node. ``adopter``: the sweeping listener, which
-        serves ``queues``. Its round trips do not grow with the fleet: the node's listeners
-        and runs in one, the lapsed leases of each queue in one more."""
+        before their lease can expire), then expired leases on ``queues`` (and waiting tasks
+        whose parents' endings nobody told, 5.21; the keys' holds no ending released, 5.22);
+        then stop the fenced runs of dead listeners of this node. ``adopter``: the sweeping
+        listener, which serves ``queues``. Its round trips do not grow with the fleet."""
         report = RecoveryReport()
         excluded, swept = set(exclude), list(queues)
         self.watch.begin()
@@ -283,8 +283,8 @@ class Recovery:
                 self.recover_local(queue, listener, process, sweep)
         for queue in swept:
             self.recover_expired(queue, report, self.watch.expired(queue, excluded))
-            # waiting tasks whose parents' endings nobody told (PROTOCOL.md 5.21)
             self.store.perform(dependencies.settle_waiting, queue, self.store.now())
+        self.store.perform(keyed.heal)
         self.stop_fenced_runs(report, view.runs, sweep)
         self.runs.step()
         self.watch.end()

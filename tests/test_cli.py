@@ -207,7 +207,7 @@ def test_every_option_of_every_command_says_what_it_is_for(blueque_main: Run) ->
               for name, sub in commands.choices.items() for action in sub._actions
               if action.option_strings and not action.help]
     assert silent == []
-    assert len(commands.choices) == 19  # pause and resume: issue 31
+    assert len(commands.choices) == 20  # issue 31: limit, pause and resume
     # the usual five fields work: the help said "(6 fields: seconds last)"
     scheduler = " ".join(blueque_main("scheduler", "--help").stdout.split())
     assert "(5 fields, or 6 with seconds last)" in scheduler

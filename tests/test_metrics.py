@@ -338,9 +338,10 @@ def exported_names(text: bytes) -> dict[str, str]:
 
 def test_readme_documents_every_exported_metric_and_their_names_follow_conventions(
         client: blueque.Client, tmp_path: Path) -> None:
-    """docs/how-to/observability.md 'Metrics' lists exactly what the two exporters serve,
-    with their types; the names are Prometheus-style (blueque_ prefix, snake case, counters
-    end in _total, times in _seconds) and the page's alert rule uses existing names."""
+    """docs/how-to/observability.md 'Metrics' (and the keys' on how-to/fleet-controls.md)
+    lists exactly what the two exporters serve, with their types; the names are
+    Prometheus-style (blueque_ prefix, snake case, counters end in _total, times in
+    _seconds) and the page's alert rule uses existing names."""
     from blueque.metrics import ListenerMetrics
 
     client.get_queue("q").enqueue("{}")
@@ -351,8 +352,10 @@ def test_readme_documents_every_exported_metric_and_their_names_follow_conventio
     served.update(exported_names(scrape(listener.registry)))
 
     section = section_text("how-to/observability.md", "Metrics")
+    # and the keys' metrics, on the page of the fleet controls (PROTOCOL.md 5.22)
+    keys = section_text("how-to/fleet-controls.md", "Concurrency limits per key")
     documented = {}
-    for line in section.splitlines():
+    for line in (section + keys).splitlines():
         cells = [cell.strip() for cell in line.split("|")]
         if len(cells) > 3 and cells[1].startswith("`blueque_"):
             for name in re.findall(r"`(blueque_[a-z_]+)`", cells[1]):

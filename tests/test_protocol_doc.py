@@ -21,7 +21,7 @@ LUA = ROOT / "blueque" / "lua"
 
 PLACEHOLDERS = {"queue": "[queue]", "listener_id": "[listener id]", "task_id": "[task id]",
                 "minute": "[minute]", "hour": "[hour]", "node": "[node identity]",
-                "node_name": "[node name]"}
+                "node_name": "[node name]", "concurrency_key": "[key]"}
 
 
 def _text() -> str:
@@ -78,7 +78,7 @@ def test_key_builders_list_every_public_builder() -> None:
     public = {
         name for name, member in inspect.getmembers(k.Keys, inspect.isfunction)
         if not name.startswith("_")
-        and name not in ("finished", "new_task_id", "task_id_for")
+        and name not in ("finished", "new_task_id", "task_id_for", "keyed_names")
     }
     assert public == set(k.KEY_BUILDERS)
 

@@ -274,6 +274,14 @@ DOC_BLOCKS: dict[tuple[str, str, int], str] = {
         "tests/test_readme.py::test_the_benchmark_commands_parse_as_written",
     ("performance.md", "Targets not met, and why", 1):
         "tests/test_readme.py::test_the_drain_cpu_figures_are_the_tools_table",
+    ("how-to/fleet-controls.md", "Concurrency limits per key", 1):
+        "tests/test_fleet_docs.py::test_the_limits_code_runs_as_written",
+    ("how-to/fleet-controls.md", "Concurrency limits per key", 2):
+        "tests/test_fleet_docs.py::test_the_limit_commands_run_as_written",
+    ("how-to/fleet-controls.md", "Placement by resources", 1):
+        "tests/test_fleet_docs.py::test_the_placement_listener_and_code_run_as_written",
+    ("how-to/fleet-controls.md", "Placement by resources", 2):
+        "tests/test_fleet_docs.py::test_the_placement_listener_and_code_run_as_written",
     ("how-to/pause.md", "Pausing a queue", 1):
         "tests/test_pause.py::test_the_docs_pause_lines_run_as_written",
     ("how-to/pause.md", "Pausing a queue", 2):

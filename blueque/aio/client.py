@@ -17,14 +17,13 @@ from typing import Any
 import redis
 import redis.asyncio.cluster
 
-from blueque import dependencies, ended, pausing, protocol, waiting
+from blueque import dependencies, ended, keyed, pausing, protocol, waiting
 from blueque.aio.store import AsyncRedisStore, AsyncSubscription
 from blueque.client import decodes_text
 from blueque.config import Settings, hash_tags_option, hide_password, settings_for
 from blueque.errors import ConfigurationError, TaskNotFound
 from blueque.ha import Durability
 from blueque.keys import Keys
-from blueque.policy import encode_options
 from blueque.protocol import CancelledWaiting
 from blueque.queue import (
     BulkEnqueue,
@@ -208,15 +207,16 @@ class Queue:
     async def enqueue_many(self, parameters: Sequence[object],
                            task_ids: Sequence[str] | None = None, *,
                            after: object = None,
-                           after_any: object = False) -> BulkEnqueue:
+                           after_any: object = False, **options: object) -> BulkEnqueue:
         """Create many pending tasks, 1,000 per script call; ids that exist are left alone.
-        With ``after``, every task waits for those tasks (one call per task)."""
+        With ``after``, every task waits for those tasks (one call per task); enqueue's options."""
         tasks = bulk_submission(self._store.keys, self._name, parameters, task_ids)
+        fields = keyed.task_options(self._store.keys, options)
         if after is not None:
-            ids = [await self._submit_after(i, text, {}, after, after_any) for i, text in tasks]
+            ids = [await self._submit_after(i, text, fields, after, after_any) for i, text in tasks]
             return BulkEnqueue([str(i) for i in ids], [i.created for i in ids])
         flags = await self._store.perform(protocol.submit_many, self._name, tasks,
-                                          await self._store.now())
+                                          await self._store.now(), fields)
         return BulkEnqueue([task_id for task_id, _ in tasks], flags)
 
     async def schedule(self, parameters: object, eta: float | None = None,
@@ -294,7 +294,7 @@ class Queue:
         check_queue_name(self._name)
         removed = [name for name, value in options.items() if value is None]
         await self._store.perform(protocol.set_queue_config, self._name,
-                                  encode_options(options, queue=True), removed)
+                                  keyed.task_options(self._store.keys, options, True), removed)
 
     async def config(self) -> dict[str, str]:
         return await self._store.perform(protocol.queue_config, self._name)

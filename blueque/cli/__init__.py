@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from blueque.cli import changing, daemons, inspecting, listen, wait
+from blueque.cli import changing, daemons, fleet, inspecting, listen, wait
 from blueque.cli.base import (
     EXIT_CLOSED_PIPE,
     EXIT_CODES,
@@ -46,7 +46,7 @@ __all__ = ["EXIT_CLOSED_PIPE", "EXIT_CODES", "EXIT_FAILURE", "EXIT_NOT_FOUND", "
            "EXIT_UNREACHABLE", "EXIT_USAGE", "Failure", "build_parser", "main"]
 
 #: The command modules, in the order `blueque --help` lists their commands.
-GROUPS = (inspecting, changing, wait, listen, daemons)
+GROUPS = (inspecting, changing, fleet, wait, listen, daemons)
 
 
 def build_parser() -> Parser:

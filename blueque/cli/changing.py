@@ -27,6 +27,7 @@ from blueque.client import Client
 from blueque.display import format_seconds, format_time, parse_duration, positive_int, table
 from blueque.fields import typed
 from blueque.node import hostname
+from blueque.placement import PLACEMENT_OPTIONS, parse_resources
 from blueque.policy import OPTION_TYPES, QUEUE_LIMITS
 from blueque.statuses import ENDED_LISTS
 from blueque.waiting import wait_all
@@ -147,6 +148,15 @@ def _attempts_value(text: str) -> object:
     return None if text.lower() in ("none", "") else int(text)
 
 
+def _key_value(text: str) -> object:
+    return None if text.lower() in ("none", "") else text
+
+
+def _requires_value(text: str) -> object:
+    """``gpu=1,memory=16G`` (blueque.placement), or ``none`` to remove a queue's default."""
+    return None if text.lower() in ("none", "") else parse_resources(text)
+
+
 def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
     """A task's options (enqueue: default None) or a queue's defaults (configure: default
     _UNSET, and 'none' removes one)."""
@@ -178,13 +188,22 @@ def _add_task_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="1: never two runs of a task at once, even when a node is cut "
                              "off from Redis: its run is stopped before its lease can lapse "
                              "(PROTOCOL.md 6.6); 0 (default)")
+    parser.add_argument("--concurrency-key", dest="concurrency_key", default=default,
+                        type=str if default is None else _key_value, metavar="KEY",
+                        help="at most `blueque limit KEY N` runs of the tasks with this key at "
+                             "once, across the fleet (PROTOCOL.md 5.22)")
+    parser.add_argument("--requires", dest="requires", default=default,
+                        type=argument_type(_requires_value), metavar="NAME=AMOUNT[,...]",
+                        help="resources a listener must have free to take the task "
+                             "(gpu=1,memory=16G; blueque listen --resources)")
 
 
 # --- handlers ---------------------------------------------------------------------------------
 def cmd_enqueue(client: Client, args: argparse.Namespace) -> int:
     parameters = sys.stdin.read() if args.parameters == "-" else args.parameters
     queue = client.get_queue(args.queue)
-    options: dict[str, Any] = {name: getattr(args, name) for name in OPTION_TYPES
+    options: dict[str, Any] = {name: getattr(args, name)
+                               for name in [*OPTION_TYPES, *PLACEMENT_OPTIONS]
                                if getattr(args, name, None) is not None}
     if args.after_any and not args.after:
         raise Failure("--after-any goes with --after TASK_ID", EXIT_USAGE)
@@ -318,7 +337,8 @@ def cmd_purge(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_configure(client: Client, args: argparse.Namespace) -> int:
     queue = client.get_queue(args.queue)
-    changes = {name: getattr(args, name) for name in [*OPTION_TYPES, *QUEUE_LIMITS]
+    changes = {name: getattr(args, name)
+               for name in [*OPTION_TYPES, *PLACEMENT_OPTIONS, *QUEUE_LIMITS]
                if getattr(args, name) is not _UNSET}
     if changes:
         queue.configure(**changes)

@@ -38,6 +38,7 @@ from blueque.errors import TaskNotFound
 from blueque.fields import TIME_FIELDS
 from blueque.history import task_history
 from blueque.jobs import JobCall, read_job_call
+from blueque.keyed import KeyState
 from blueque.policy import field_float
 from blueque.statuses import (
     FINISHED_STATUSES,
@@ -162,15 +163,34 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     history = task_history(data)
     awaiting = task.awaiting() if task.status == WAITING else []
     call = read_job_call(task.parameters)
+    key = data.get("concurrency_key")
+    state = client.key_states([key])[0] if key else None  # its key's slots (5.22)
     emit(args, {**task_json(args.task_id, data), "state": task.state, **_job_of(call),
                 "history": history,
                 "checkpoint": info and vars(info),
+                **({"key": _key_json(state)} if state else {}),
                 **({"awaiting": awaiting} if task.status == WAITING else {})},
          f"task {visible(args.task_id)}" + (" (cancelled)" if task.cancelled else "")
          + (f": job {visible(call.name)}" if call else "") + "\n"
          + table(("FIELD", "VALUE"), rows) + "\n" + _history_text(history) + "\n" + saved
-         + _waiting_text(client, task, awaiting))
+         + _waiting_text(client, task, awaiting) + _key_text(state))
     return EXIT_OK
+
+
+def _key_json(state: KeyState) -> dict[str, object]:
+    return {"key": state.key, "limit": state.limit, "holding": state.holding,
+            "waiting": state.waiting, "holders": [vars(h) for h in state.holders],
+            "waiters": list(state.waiters)}
+
+
+def _key_text(state: KeyState | None) -> str:
+    """Its concurrency key: the limit, the runs holding it and the tasks waiting for it."""
+    if state is None:
+        return ""
+    held = ", ".join(f"{h.task_id} on {h.listener}" for h in state.holders) or "none"
+    return (f"\nkey {visible(state.key)}: limit "
+            f"{'none' if state.limit is None else state.limit}, {state.holding} holding "
+            f"({held}), {state.waiting} waiting")
 
 
 def _waiting_text(client: Client, task: Task, awaiting: list[str]) -> str:

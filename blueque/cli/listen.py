@@ -12,6 +12,7 @@ from blueque.cli.base import (
     Commands,
     add_allow_eviction,
     add_allowed_host,
+    argument_type,
     positive_duration,
 )
 from blueque.client import Client
@@ -31,6 +32,7 @@ from blueque.logs import configure as configure_logs
 from blueque.logs import printed_as_logs
 from blueque.metrics import MetricsServer, serve_listener_metrics
 from blueque.node import checked_node_name
+from blueque.placement import parse_resources
 from blueque.process import set_title
 from blueque.queue import check_queue_name
 from blueque.spool import default_directory as spool_directory
@@ -73,6 +75,12 @@ def add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=positive_int, default=default("concurrency"),
                         help="tasks run at once (one child each); no task is reserved "
                              f"without a free slot (default {default('concurrency')})")
+    parser.add_argument("--resources", type=argument_type(parse_resources), default={},
+                        metavar="NAME=AMOUNT[,...]",
+                        help="what this listener offers tasks enqueued with requires= "
+                             "(gpu=2,memory=64G: any names; amounts with K, M, G, T or Ki, Mi, "
+                             "Gi, Ti): it takes a task only if what its running tasks leave "
+                             "free covers it; a task without requires runs anywhere")
     parser.add_argument("--reuse", type=positive_int, default=default("reuse"), metavar="N",
                         help="a task process runs up to N tasks one after another, then is "
                              "replaced (PROTOCOL.md 6.7): no fork per task, but what a task "
@@ -200,7 +208,7 @@ def listener_options(args: argparse.Namespace) -> ListenerOptions:
         spool_dir=args.spool_dir, exclusive=args.exclusive, reuse=args.reuse,
         max_memory_per_process=args.max_memory_per_process,
         task_logs=task_log_settings(args), preempt_grace=args.preempt_grace,
-        metrics=args.metrics_port is not None)
+        metrics=args.metrics_port is not None, resources=args.resources)
 
 
 def run_listen(client: Client, args: argparse.Namespace) -> int:

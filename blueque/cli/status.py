@@ -9,12 +9,13 @@ import math
 import sys
 import time
 
-from blueque import pausing
+from blueque import keyed, pausing
 from blueque.cli.base import EXIT_OK, emit, json_text
 from blueque.client import Client, ListenerStatus
 from blueque.display import format_seconds, format_time, largest_memory, table
 from blueque.errors import RedisUnavailable
 from blueque.fields import LISTENER_FIELDS, typed
+from blueque.placement import format_resources
 from blueque.policy import field_float
 
 #: What a terminal is sent before each snapshot of `status --watch`: cursor home, clear.
@@ -54,11 +55,25 @@ def _status(client: Client) -> tuple[dict[str, object], str]:
             for item in listeners]
     text += "\n\n" + (table(("LISTENER", "QUEUE", "HOST", "PID", "SLOTS", "LEASE", "RENEWED",
                              "RENEWAL", "MEMORY", "STATE"), rows) if rows else "no listeners")
+    keys = client.key_states()
+    if keys:
+        text += "\n\n" + table(("KEY", "LIMIT", "HOLDING", "WAITING"), [
+            (key.key, "none" if key.limit is None else key.limit, key.holding, key.waiting)
+            for key in keys])
+    unplaceable = client.store.perform(keyed.unplaceable, queues)  # 5.22
+    text += "".join(f"\n\nqueue {queue}: task {task_id} requires {format_resources(needs)}, "
+                    f"but {why}: it waits until one does"
+                    for queue, found in unplaceable.items() for task_id, needs, why in found)
     policy = client.store.memory_policy()  # anything but noeviction loses tasks silently
     text += "\n\n" + policy.summary()
     data = {"time": current, "queues": stats,
             "listeners": [{**vars(item), "info": typed(item.info, LISTENER_FIELDS)}
                           for item in listeners],
+            "keys": [{"key": key.key, "limit": key.limit, "holding": key.holding,
+                      "waiting": key.waiting} for key in keys],
+            "unplaceable": {queue: [{"task": task_id, "requires": needs, "why": why}
+                                    for task_id, needs, why in found]
+                            for queue, found in unplaceable.items()},
             "redis": policy.as_dict()}
     return data, text
 

@@ -23,6 +23,10 @@ def no_queues() -> list[str]:
     return []
 
 
+def no_resources(ending: str | None = None) -> str:
+    return "{}"
+
+
 class Ahead:
     """What a Supervisor takes ahead: the Take to send with an ending, and the ids it moved
     for slots still to free (``held``, in the order taken)."""
@@ -34,6 +38,8 @@ class Ahead:
         #: being recorded frees its slot; [] when the listener takes no task now (stopping, a
         #: preemption, slots held by adopted runs). The listener's step sets it.
         self.queues: Callable[[], list[str]] = no_queues
+        #: the listener's free resources (JSON) once the run of the task id given ends
+        self.resources: Callable[[str | None], str] = no_resources
         #: (queue, task id) moved into our reserved list for a process still to be made
         self.held: list[tuple[str, str]] = []
 
@@ -49,10 +55,11 @@ class Ahead:
             return None
         if self.warm.reuse > 1 and not self.warm.retire_reason(running, task_processes, now):
             # its process will be kept: the next task is stamped for it in the same script
-            return Take(queues, running.pid, running.created, owner.node,
+            return Take(queues, self.resources(running.task_id), running.pid, running.created,
+                        owner.node,
                         record_tail(running.created, owner.id, owner.pid, owner.created),
                         NODE_RUNS_TTL)
-        return Take(queues)
+        return Take(queues, self.resources(running.task_id))
 
     def pop(self) -> tuple[str, str] | None:
         return self.held.pop(0) if self.held else None

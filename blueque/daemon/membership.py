@@ -133,7 +133,9 @@ class Membership:
         found = {q: self.store.lease_deadline(q, self.id) for q in self.weights}
         return {q: deadline for q, deadline in found.items() if deadline is not None}
 
-    def register(self, concurrency: int) -> None:
+    def register(self, concurrency: int, resources: str = "") -> None:
+        """Claim our place: info hash (``resources``: our --resources as JSON, PROTOCOL.md
+        3.3), node entry, leases and listener sets."""
         pid = os.getpid()
         self.info = {
             "host": self.node_name, "node": self.node, "pid": str(pid),
@@ -144,6 +146,8 @@ class Membership:
         }
         if self.exclusive:
             self.info["exclusive"] = "1"
+        if resources:
+            self.info["resources"] = resources
         self.store.check_server()
         sent = self.clock()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())

@@ -7,7 +7,7 @@ it needs of it when it makes them (huey's consumer options are the model)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ class ListenerOptions:
     preempt_grace: float = 90.0
     #: keep Prometheus counters (ListenerDaemon.metrics) for a metrics server to serve
     metrics: bool = False
+    #: what this listener offers its tasks' ``requires`` (``--resources gpu=2,memory=64G``,
+    #: PROTOCOL.md 5.22): name -> amount; a task it runs or adopted uses what it requires
+    resources: dict[str, float] = field(default_factory=dict)
 
     def uses_fork_server(self, settings: object | None) -> bool:
         """The one rule of PROTOCOL.md 6.8: task processes come from a fork server when the
@@ -64,6 +67,7 @@ class ListenerOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "queues", dict(self.queues))  # a copy: never the caller's
+        object.__setattr__(self, "resources", dict(self.resources))
         if not self.queues:
             raise ConfigurationError("a listener needs at least one queue")
         if self.concurrency < 1:

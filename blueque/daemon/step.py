@@ -26,6 +26,7 @@ from blueque.daemon.keeper import LeaseKeeper
 from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
+from blueque.daemon.resources import ResourceBook
 from blueque.daemon.slots import Slots
 from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
@@ -38,7 +39,7 @@ from blueque.recovery import Recovery
 from blueque.running import output_fds
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
-from blueque.store import RedisStore, apart
+from blueque.store import RedisStore, Take, apart
 
 log = logging.getLogger("blueque.daemon")
 
@@ -55,23 +56,20 @@ def reduced_lottery(weights: dict[str, int], rng: random.Random) -> Iterator[str
 
 
 def reserve(store: RedisStore, weights: dict[str, int], listener: str,
-            rng: random.Random) -> tuple[str, str] | None:
-    """LMOVE the next pending id of a queue drawn by weight into the listener's reserved list:
-    the queue and the id. The stamp comes once a child is forked to run it (6.2)."""
-    for queue in reduced_lottery(weights, rng):
-        task_id = store.move_pending(queue, listener, block=None)
-        if task_id is not None:
-            return queue, task_id
-    return None
+            rng: random.Random, resources: str = "{}") -> tuple[str, str] | None:
+    """Move the next pending id the listener may take (its key has a free slot, its
+    ``resources`` cover what it requires: take.lua, PROTOCOL.md 5.22) of the first queue,
+    drawn by weight, that has one into the listener's reserved list: the queue and the id.
+    The stamp comes once a child is forked to run it (6.2)."""
+    taken = store.take(listener, Take(list(reduced_lottery(weights, rng)), resources))
+    return None if taken is None else (taken.queue, taken.task_id)
 
 
 class ListenerStep:
-    """The listener's parts and one step of its loop (``run_once``): take in what the
-    children said and reap them, join (identity claim, registration) until joined, renew,
-    sweep, enforce limits and cancellations, fill free slots, wait. ListenerDaemon lives by
-    repeating it; tests drive single steps. It composes its presence in Redis (Membership)
-    and its children (Supervisor), what wakes it (Wakeup, Inbox), its slots and recovery
-    (Slots, Recovery) and its node's preemption (NodePreemption)."""
+    """The listener's parts and one step of its loop (``run_once``: take in, reap, join,
+    renew, sweep, enforce limits and cancellations, fill free slots, wait), repeated by
+    ListenerDaemon, driven step by step by tests. It composes Membership, Supervisor, Wakeup,
+    Inbox, Slots, ResourceBook, Recovery and NodePreemption."""
 
     def __init__(self, client: Client, options: ListenerOptions,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -120,6 +118,8 @@ class ListenerStep:
                                          options.preempt_grace)
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
+        self.resources = ResourceBook(self.store, options.resources, self.supervisor, self.slots)
+        self.supervisor.ahead.resources = self.resources.free  # PROTOCOL.md 5.22
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
         #: refuses an evicting Redis at start, then says a change at each renewal
@@ -136,7 +136,7 @@ class ListenerStep:
 
     def register(self) -> None:
         sent = self.clock()
-        self.membership.register(self.options.concurrency)
+        self.membership.register(self.options.concurrency, self.resources.offered())
         self.keeper.renewed(sent)  # its leases run from here
         self.supervisor.owner = replace(self.supervisor.owner,
                                         created=self.membership.created)
@@ -272,8 +272,8 @@ class ListenerStep:
 
     def _fill_slots(self) -> None:
         while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
-            moved = self.supervisor.ahead.pop() or reserve(self.store, self.weights, self.id,
-                                                           self.rng)
+            moved = self.supervisor.ahead.pop() or reserve(
+                self.store, self.weights, self.id, self.rng, self.resources.free())
             if moved is None:  # nothing to take: a process made ready for the next (6.8)
                 self.supervisor.starter.make_spare(next(iter(self.weights)), self.slots.free(
                     self.supervisor.occupied()))

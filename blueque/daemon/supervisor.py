@@ -150,7 +150,7 @@ class Supervisor:
                             "task_id": running.task_id, "queue": running.queue,
                             "event": "reclaimed"})
             return
-        log.info("task %s: not taken back (%s %s): another attempt supersedes its run",
+        log.info("task %s: not taken back (%s: %s): its run is stopped as superseded",
                  running.task_id, verdict, detail)
         self.stopper.stop(running, "superseded")
 

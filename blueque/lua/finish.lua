@@ -23,6 +23,8 @@
 -- ARGV[13] seconds KEYS[5] is kept
 -- ARGV[14] traceback of a failed or retried run ("" none: an older traceback is removed)
 -- ARGV[15] the queue's channel, ARGV[16] the queue (preempted: published, the task is pending)
+-- ARGV[17..24] (optional) the names of lib/keyed (Keys.keyed_names): the run's hold of its
+-- concurrency key is released and the key's waiters woken (PROTOCOL.md 5.22)
 -- Returns the status written, or an error "BLUEQUE_STATE ..." / "BLUEQUE_STALE ...".
 -- Repeating a fenced call whose reply was lost (a failover) returns the recorded status again.
 -- A task put back (retry, preempted) has the ending appended to its `history` (PROTOCOL.md
@@ -30,7 +32,7 @@
 -- attempt only. A finished one (complete, failed) has its fields as its last entry: nothing is
 -- appended; complete drops an earlier attempt's `error` and `traceback`, both the run's
 -- `pid_created` (its process is gone).
--- uses: history, counts, late
+-- uses: history, counts, late, keyed
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'pid', 'node', 'started_at',
                       'error', 'traceback', 'pid_created', 'history')
 local status = cur[1]
@@ -77,6 +79,9 @@ if pid == '' and cur[3] then
 end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[2] .. ' ' .. pid .. ' ' .. ARGV[1])
+if ARGV[17] then
+  release_key(keyed_names(ARGV, 17), ARGV[1], ARGV[2], ARGV[7])
+end
 local outcome = ARGV[4]
 -- a task put back gets the history's new entry in the HSET of its status; a finished task's
 -- entry is its fields (3.2): its hash holds nothing twice, and one that completed stays compact

@@ -9,12 +9,15 @@
 -- KEYS[4] pending list         blueque_pending_tasks_[queue]
 -- KEYS[5] scheduled zset       blueque_scheduled_tasks_[queue]
 -- ARGV[1] task id, ARGV[2] listener id, ARGV[3] the run's attempt, ARGV[4] its pid,
--- ARGV[5] its create time ("" unknown), ARGV[6] now
+-- ARGV[5] its create time ("" unknown), ARGV[6] now, ARGV[7..14] (optional) the names of
+-- lib/keyed (Keys.keyed_names): the run takes its concurrency key's slot back (recover released
+-- it), or, the key being full meanwhile, the task is not taken back ({'no', ...}: PROTOCOL.md
+-- 5.22, never more runs of a key than its limit)
 -- Returns {'ok'} (also for a repeat whose reply was lost); {'stale', attempts} when a newer
 -- attempt was stamped (the run is superseded); {'no', status} when the task is not one recover
 -- took from this run while it lived and left waiting (lib/late), or it was cancelled.
 -- The history's last entry (recover's) gets `reclaimed` = now; nothing is counted or published.
--- uses: history, late
+-- uses: history, late, keyed
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempts', 'node', 'pid', 'history')
 local status = cur[1]
 if cur[2] ~= ARGV[3] then
@@ -26,6 +29,18 @@ end
 if (status ~= 'scheduled' and status ~= 'pending')
     or not recovered_alive(KEYS[1], status, cur[5], ARGV[2], ARGV[3]) then
   return {'no', status or ''}
+end
+if ARGV[7] then
+  local names = keyed_names(ARGV, 7)
+  local key = redis.call('HGET', KEYS[1], 'concurrency_key')
+  if key and not redis.call('HGET', names.holders .. key, ARGV[1]) then
+    if not key_free(names, key) then
+      return {'no', 'its concurrency key ' .. key .. ' is full'}
+    end
+    redis.call('LREM', names.waiting .. key, 0, ARGV[1])  -- a take may have moved it there
+    hold_key(names, key, ARGV[1], redis.call('HGET', KEYS[1], 'queue'), ARGV[2],
+             tonumber(ARGV[3]))
+  end
 end
 local list = history_from(cur[5])
 local started = list[#list].started  -- when the run began, as recover kept it

@@ -25,6 +25,8 @@
 -- endings.decide says of a cancelled run), retry eta, error text (for preempted: why).
 -- A verdict applies only if the task is still in the dead listener's reserved list with the
 -- attempts the caller saw; otherwise it is skipped (a later sweep looks again).
+-- then (optional) ARGV[...+8]: the names of lib/keyed (Keys.keyed_names): each recovered run's
+-- hold of its concurrency key is released and the key's waiters woken (PROTOCOL.md 5.22).
 -- Returns {requeued, retried, failed, skipped, cancelled} (failed counts the cancelled ones
 -- too; cancelled says how many of them were), or {-1} if the claim failed (lease live or
 -- gone, or the listener already claimed).
@@ -47,7 +49,9 @@ if ARGV[7] == '1' then
     redis.call('ZINCRBY', KEYS[8], -1, ARGV[4])
   end
 end
--- uses: history, counts
+-- uses: history, counts, keyed
+local tail = 9 + (#KEYS - 12) * 5  -- after the verdicts: lib/keyed's names, when given
+local names = ARGV[tail] and keyed_names(ARGV, tail)
 local RUN_FIELDS = {'node', 'pid', 'pid_created', 'started_at', 'progress', 'progress_message'}
 local counts = {0, 0, 0, 0, 0}
 for i = 13, #KEYS do
@@ -59,6 +63,9 @@ for i = 13, #KEYS do
     counts[4] = counts[4] + 1
   else
     redis.call('LREM', KEYS[3], 1, id)
+    if names then  -- the run's hold of its key goes with it, whatever the verdict (5.22)
+      release_key(names, id, ARGV[1], nil)
+    end
     if cur[3] then
       redis.call('SREM', KEYS[5], ARGV[1] .. ' ' .. cur[3] .. ' ' .. id)
     end

@@ -6,7 +6,8 @@
 -- KEYS[4..] task hashes        blueque_task_[id], one per task, in ARGV order
 -- ARGV[1] queue, ARGV[2] now, ARGV[3] "1" if KEYS[2] is the queues key, "0" if KEYS[2] is unused
 -- ARGV[4] channel, ARGV[5] the default max_parameters_bytes (0: none), then pairs: ARGV[6] id1,
--- ARGV[7] parameters1, ARGV[8] id2, ...
+-- ARGV[7] parameters1, ARGV[8] id2, ..., then (optional) field/value pairs every task created
+-- gets (its options: max_attempts, concurrency_key...)
 -- Returns a string of '1' (created) and '0' (already existed), one character per task, or an
 -- error "BLUEQUE_STATE ..." (nothing written) if an id exists in another queue, or
 -- "BLUEQUE_TOO_LARGE ..." (nothing written) if one's parameters are over the queue's limit. A
@@ -26,6 +27,10 @@ end
 -- first, before any write: a user whose ACL refuses the channel gets its NOPERM with nothing
 -- written; a call that creates nothing wakes the listeners for nothing, harmlessly
 redis.call('PUBLISH', ARGV[4], ARGV[1])
+local shared = {}
+for j = 6 + (#KEYS - 3) * 2, #ARGV do
+  shared[#shared + 1] = ARGV[j]
+end
 local created = {}
 local flags = {}
 local n = 0
@@ -34,7 +39,7 @@ for i = 4, #KEYS do
   local existing = taken(KEYS[i], ARGV[a], ARGV[1], ARGV[2], ARGV[a + 1])
   if not existing then
     redis.call('HSET', KEYS[i], 'status', 'pending', 'queue', ARGV[1], 'parameters', ARGV[a + 1],
-               'created', ARGV[2], 'updated', ARGV[2])
+               'created', ARGV[2], 'updated', ARGV[2], unpack(shared))
     n = n + 1
     created[n] = ARGV[a]
     flags[#flags + 1] = '1'

@@ -36,7 +36,7 @@ from blueque.store.errors import (
 from blueque.store.health import Health
 from blueque.store.listeners import ListenerOperations, NodeRenewal, RenewalReply
 from blueque.store.nodes import NodeOperations, NodeView
-from blueque.store.runs import RunOperations, Take, Taken
+from blueque.store.runs import RunOperations
 from blueque.store.subscription import (
     CLOSED_UNDER_US,
     CONFIRM_WAIT,
@@ -49,6 +49,7 @@ from blueque.store.subscription import (
     lost_connection,
     published,
 )
+from blueque.store.taking import Take, Taken
 from blueque.store.tasks import TaskOperations
 from blueque.store.watch import ListenersAtWork, WatchOperations
 

@@ -4,9 +4,7 @@ finish, progress, recover."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -16,56 +14,15 @@ from blueque import keys as k
 from blueque.endings import RunEnd
 from blueque.errors import BluequeError
 from blueque.statuses import FINISHED_STATUSES, RecoverMode, Verdict
-from blueque.store.core import Reservation, ScriptCall, StoreCore
+from blueque.store.core import Reservation
 from blueque.store.errors import translate, translate_errors
+from blueque.store.taking import Take, Taken, TakeOperations
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Take:
-    """The next reservation a listener daemon takes in the round trip that records an ending
-    (take.lua, PROTOCOL.md 6.2): from the first of ``queues`` with a pending task. With
-    ``pid`` (a warm process it keeps, 6.7) the task is stamped for that process and its run
-    recorded on ``node`` (``record``: the record's fields after task, queue and attempt, as
-    blueque.running.record_tail writes them); without, it is only moved."""
-
-    queues: Sequence[str]
-    pid: int | None = None
-    created: float | None = None
-    node: str = ""
-    record: str = ""
-    runs_ttl: int = 0
-
-
-@dataclass(frozen=True)
-class Taken:
-    """What a Take took: the queue and id moved into the listener's reserved list, and (with a
-    pid) the stamp's verdict."""
-
-    queue: str
-    task_id: str
-    reservation: Reservation | None = None
-
-
-class RunOperations(StoreCore):
+class RunOperations(TakeOperations):
     # --- reserving and running ------------------------------------------------------------
-    @translate_errors
-    def move_pending(self, queue: str, listener_id: str, block: float | None) -> str | None:
-        """Move the oldest pending id into the listener's reserved list (reserve.lua: none
-        while the queue is paused, 5.16c); with ``block``, when the queue has none, BLMOVE
-        waits up to ``block`` seconds for one (a paused queue: the wait without a move).
-        Follow with stamp(); a crash in between is recovered."""
-        source, target = self.keys.pending(queue), self.keys.reserved(queue, listener_id)
-        moved = self._run("reserve", [source, target, self.keys.paused(queue)], [])
-        if moved == 0:  # paused: nothing comes in this wait
-            if block is not None:
-                time.sleep(block)
-            return None
-        if moved is not None or block is None:
-            return cast("str | None", moved)
-        return cast("str | None", self.redis.blmove(source, target, block, "RIGHT", "LEFT"))
-
     @translate_errors
     def stamp(self, queue: str, listener_id: str, task_id: str, now: float) -> Reservation:
         """Mark a moved task reserved by this listener and count the attempt (stamp.lua);
@@ -98,15 +55,6 @@ class RunOperations(StoreCore):
         return keys, [task_id, listener_id, repr(now), queue, k.FINISHED_MINUTE_TTL,
                       "" if pid is None else pid,
                       "" if pid_created is None else repr(pid_created)]
-
-    @staticmethod
-    def _reservation(task_id: str, reply: Sequence[Any]) -> Reservation:
-        verdict, detail = reply[0], reply[1]
-        fields = None
-        if verdict == "ok" and len(reply) > 2:
-            flat = reply[2]
-            fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        return Reservation(task_id, verdict, str(detail), fields)
 
     @translate_errors
     def start(
@@ -180,7 +128,8 @@ class RunOperations(StoreCore):
                 "" if end.result_ttl_ms is None else end.result_ttl_ms,
                 self.keys.done_channel(queue), "cancelled" if end.cancelled else "",
                 "renews" if renews else "",
-                k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue]
+                k.FINISHED_MINUTE_TTL, end.traceback or "", self.keys.channel(queue), queue,
+                *self._keyed_names()]
         # in the same round trip: the task's dependents, so that an ending with none (nearly
         # every one) costs no second round trip to find out (PROTOCOL.md 5.21)
         dependents = self.keys.dependents(end.task_id)
@@ -198,29 +147,6 @@ class RunOperations(StoreCore):
         if status in FINISHED_STATUSES and replies[0]:
             self.tell_dependents([end.task_id], end.now)
         return status, taken
-
-    def _take_call(self, listener: str, now: float, take: Take) -> ScriptCall:
-        # KEYS[1] with no pid: unused, a key of the first queue's slot
-        keys = [self.keys.node_runs(take.node) if take.pid is not None
-                else self.keys.pending(take.queues[0])]
-        for queue in take.queues:
-            keys += [self.keys.pending(queue), self.keys.reserved(queue, listener),
-                     self.keys.failed(queue), *self._outcome_keys(queue, now),
-                     self.keys.started(queue)]
-        keys += [self.keys.paused(queue) for queue in take.queues]  # last (lib/pause)
-        args = [listener, repr(now), k.FINISHED_MINUTE_TTL,
-                "" if take.pid is None else take.pid,
-                "" if take.created is None else repr(take.created), take.record, take.runs_ttl,
-                self.keys.task(""), *take.queues]
-        return ScriptCall("take", keys, args, durable=take.pid is not None)
-
-    def _taken(self, reply: Sequence[Any]) -> Taken | None:
-        if not reply:
-            return None
-        queue, task_id = str(reply[0]), str(reply[1])
-        if len(reply) < 3:
-            return Taken(queue, task_id)
-        return Taken(queue, task_id, self._reservation(task_id, reply[2:]))
 
     def tell_dependents(self, task_ids: Sequence[str], now: float) -> None:
         """Tell the tasks enqueued after these ended ones (dependencies.tell_dependents),
@@ -266,6 +192,7 @@ class RunOperations(StoreCore):
         for task_id, attempts, verdict, eta, error in verdicts:
             keys.append(self.keys.task(task_id))
             args += [task_id, attempts, verdict, "" if eta is None else repr(eta), error]
+        args += self._keyed_names()
         counts = [int(n) for n in self._run("recover", keys, args)]
         if counts != [-1] and release and self.keys.hash_tags:
             self.redis.zincrby(self.keys.queues(), -1, queue)
@@ -284,7 +211,7 @@ class RunOperations(StoreCore):
             [self.keys.task(task_id), self.keys.reserved(queue, listener_id),
              self.keys.started(queue), self.keys.pending(queue), self.keys.scheduled(queue)],
             [task_id, listener_id, attempt, pid, "" if pid_created is None else repr(pid_created),
-             repr(now)], durable=True)
+             repr(now), *self._keyed_names()], durable=True)
         return str(reply[0]), str(reply[1]) if len(reply) > 1 else ""
 
     @translate_errors

@@ -31,10 +31,11 @@ class TaskOperations(StoreCore):
 
     @translate_errors
     def submit_many(
-        self, queue: str, tasks: Sequence[tuple[str, str]], now: float
+        self, queue: str, tasks: Sequence[tuple[str, str]], now: float,
+        fields: dict[str, str] | None = None
     ) -> list[bool]:
         """Create many pending tasks; a created flag per task: protocol.submit_many."""
-        return self._execute(protocol.submit_many(self.keys, queue, tasks, now))
+        return self._execute(protocol.submit_many(self.keys, queue, tasks, now, fields))
 
     @translate_errors
     def enqueue_due(self, queue: str, now: float, limit: int = 1000) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from blueque.display import format_bytes, format_seconds, format_time
+from blueque.placement import format_resources
 
 
 def _when(timestamp: float | None) -> str:
@@ -30,5 +31,6 @@ def environment() -> Environment:
         autoescape=select_autoescape(default=True, default_for_string=True),
         trim_blocks=True, lstrip_blocks=True,
     )
-    env.filters.update(when=_when, duration=_duration, ago=_ago, bytes=format_bytes)
+    env.filters.update(when=_when, duration=_duration, ago=_ago, bytes=format_bytes,
+                       resources=format_resources)
     return env

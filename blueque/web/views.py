@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from blueque import pausing
+from blueque import keyed, pausing
 from blueque.cron import CronEntry
 from blueque.errors import BluequeError
 from blueque.jobs import read_job_call
@@ -132,7 +132,10 @@ def queues_page(store: RedisStore, at: float, number_: int = 1, span: str = "1h"
             "peak": max([1, *(sum(b[name] for name in CHART_OUTCOMES) for b in bars)]),
             "last_hour": {name: sum(b[name] for b in bars) for name in CHART_OUTCOMES},
         })
-    return {"queues": rows, "page": page, "chart": chart, "ranges": list(CHART_RANGES.values())}
+    return {"queues": rows, "page": page, "chart": chart, "ranges": list(CHART_RANGES.values()),
+            # fleet controls (PROTOCOL.md 5.22): each key's slots, and tasks nobody can run
+            "keys": store.perform(keyed.key_states),
+            "unplaceable": store.perform(keyed.unplaceable, queues)}
 
 
 # --- one queue's tasks ------------------------------------------------------------------------
