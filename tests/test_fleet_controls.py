@@ -26,10 +26,9 @@ from blueque.keys import Keys
 from blueque.metrics import queue_registry, scrape
 from blueque.store import Take, Taken
 from blueque.testing import RedisServer
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 from tests.dashboard import DashboardProcess, page_text
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 WORK = "tests.chaos_jobs:work"
 RETRY = {"max_attempts": 2, "retry_backoff": 0.1, "retry_backoff_max": 0.1}
 
