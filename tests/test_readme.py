@@ -186,6 +186,8 @@ def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_pa
 #: Each block of README.md (its section and its place there) and the test that runs it, or,
 #: for what cannot run on this machine, checks it (said in the test).
 BLOCKS = {
+    ("Running a fleet", 1):
+        "tests/test_fleet_docs.py::test_the_readme_fleet_commands_run_as_written",
     ("Quick start (two commands on a fresh machine)", 1):
         "tests/test_readme.py::test_the_quick_start_is_what_ci_runs",
     ("Quick start (two commands on a fresh machine)", 2):
@@ -328,7 +330,7 @@ def test_the_readme_is_a_short_first_contact() -> None:
     sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
     assert sections == ["Why it suits hours-long jobs",
                         "Quick start (two commands on a fresh machine)", "Your first job",
-                        "Tests", "Documentation"]
+                        "Running a fleet", "Tests", "Documentation"]
     first_job = text.split("\n## Your first job\n", 1)[1].split("\n## ", 1)[0]
     steps = re.findall(r"^\*\*(\d)\. ([^*]+)\*\*", first_job, re.MULTILINE)
     assert steps == [("1", "The task function."), ("2", "The listener."), ("3", "Enqueue."),
