@@ -84,7 +84,7 @@ def reserve(store: RedisStore, kind: str, resources: str) -> Taken | None:
     if kind == "unkeyed, LMOVE":  # the daemon's reservation before issue 31
         moved = store.move_pending(QUEUE, LISTENER, block=None)
         return None if moved is None else Taken(QUEUE, moved)
-    return store.take(LISTENER, Take([QUEUE], resources))
+    return store.take(LISTENER, Take([QUEUE], resources=resources))
 
 
 def run_kind(client: blueque.Client, kind: str, n: int) -> tuple[Cost, Cost]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from blueque.process import process_alive, signal_group
+from blueque.process import process_alive, signal_group, signal_pid
 from blueque.run_processes import (
     RunMark,
     ancestors,
@@ -46,10 +46,8 @@ def signal_processes(processes: dict[int, float | None], signum: int) -> int:
     """``signum`` to each process still alive (by pid and create time); how many."""
     sent = 0
     for pid, created in processes.items():
-        if process_alive(pid, created):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-                sent += 1
+        if process_alive(pid, created) and signal_pid(pid, signum):
+            sent += 1
     return sent
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 from blueque.display import format_seconds
 from blueque.errors import Preempted
 from blueque.policy import field_float
+from blueque.process import signal_pid
 from blueque.reporting import ParentLink, PreemptFrame, ToChild
 
 if TYPE_CHECKING:
@@ -186,8 +186,7 @@ class NodePreemption:
                       signal.SIGUSR1)
         for pid in adopted:
             told += 1
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)
+            signal_pid(pid, signal.SIGUSR1)
         listener_log.warning("listener %s: node %s goes away in %s (%s): taking no more "
                              "tasks; told %d task(s)", self.listener, self.node_name,
                              format_seconds(max(0.0, deadline - self.store.now())), why, told,

@@ -85,6 +85,15 @@ def resident_bytes(pid: int) -> int | None:
         return None
 
 
+def signal_pid(pid: int, signum: int) -> bool:
+    """Signal the one process ``pid``; gone (or no longer ours to signal) is fine: False."""
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def signal_group(pid: int, signum: int) -> None:
     """Signal the process group ``pid`` leads (every task child leads its own); gone is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +14,7 @@ from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Ending, RunEnd, Stopped
 from blueque.outputs import READ_LIMIT, TaskOutput
 from blueque.policy import Policy
+from blueque.process import signal_pid
 from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
 from blueque.statuses import CANCELLED, COMPLETE, FAILED, PENDING, SCHEDULED, state_of
@@ -147,8 +146,7 @@ def hand_over_outputs(runs: Iterable[Running], current: float) -> None:
     for running in runs:
         if running.output is not None and running.state == "running":
             running.read_output(current)
-            with contextlib.suppress(OSError):
-                os.kill(running.pid, LEAVING)  # not reaped yet: its pid is its own
+            signal_pid(running.pid, LEAVING)  # not reaped yet: its pid is its own
 
 
 #: The task fields describe_ending reads.

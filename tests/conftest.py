@@ -19,7 +19,8 @@ import blueque.aio
 from blueque.cli import main as cli_main
 from blueque.testing import RedisServer, free_port
 from tests.aio_facade import AioClient, LoopThread
-from tests.daemons import Daemon, daemons
+from tests.daemons import FAST, Daemon, daemons, listen_command
+from tests.wheels import build_wheel
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,6 +58,51 @@ def started(tmp_path: Path) -> Iterator[list[Daemon]]:
     running at the end, and the task processes they left, are stopped by pid."""
     with daemons(tmp_path) as running:
         yield running
+
+
+@pytest.fixture
+def start(redis_url: str, tmp_path: Path, started: list[Daemon]) -> Callable[..., Daemon]:
+    """``start(queues, function, *options)``: a `blueque listen` with the FAST options on the
+    private database, stopped at the end as every daemon in ``started`` (tests/listener has
+    its own, which adds no options and takes another ``url=``)."""
+
+    def start_daemon(queues: str, function: str, *options: str) -> Daemon:
+        log = tmp_path / f"daemon{len(started)}.log"
+        daemon = Daemon(listen_command(redis_url, queues, function, *FAST, *options), log)
+        started.append(daemon)
+        return daemon
+
+    return start_daemon
+
+
+@pytest.fixture
+def logs_dir(tmp_path: Path) -> Path:
+    """Where the task-log tests' listeners write their task logs (--log-dir)."""
+    return tmp_path / "task-logs"
+
+
+@pytest.fixture
+def start_logging(redis_url: str, started: list[Daemon], tmp_path: Path, logs_dir: Path
+                  ) -> Callable[..., Daemon]:
+    """``start_logging(function, *options)``: a `blueque listen` of queue "work" that writes
+    its task logs under ``logs_dir`` (stopped at the end, as every daemon in ``started``)."""
+
+    def start_daemon(function: str, *options: str) -> Daemon:
+        command = listen_command(redis_url, "work", function, *FAST, "--log-dir", str(logs_dir),
+                                 *options)
+        daemon = Daemon(command, tmp_path / f"daemon{len(started)}.log")
+        started.append(daemon)
+        return daemon
+
+    return start_daemon
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's wheel as pip builds it (tests.wheels.build_wheel: what an install
+    gets), built once a session for the tests that read it."""
+    with build_wheel(tmp_path_factory.mktemp("wheel")) as built:
+        return Path(str(built.filename))
 
 
 @pytest.fixture

@@ -17,8 +17,12 @@ from typing import Any
 import psutil
 
 from blueque.keys import Keys
+from blueque.process import signal_group, signal_pid
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Options of a test's listener: renewals every 0.5 s, a poll every 0.1 s (the defaults wait
+#: tens of seconds between looks).
+FAST = ("--interval", "0.5", "--poll", "0.1")
 #: In the environment of every daemon a test starts, and so of every task process it forks:
 #: how leftovers are found even once orphaned (a test that failed halfway, a fenced run).
 OWNER = "BLUEQUE_TEST_OWNER"
@@ -107,10 +111,8 @@ def task_processes(queue: str = "work") -> list[psutil.Process]:
 def kill_session_children(pids: Sequence[int]) -> None:
     """SIGKILL task processes (and their groups) a test left behind."""
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
+        signal_pid(pid, signal.SIGKILL)
 
 
 @contextmanager

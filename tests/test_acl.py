@@ -25,12 +25,11 @@ from blueque import acl
 from blueque.errors import PermissionRefused
 from blueque.keys import Keys
 from blueque.testing import RedisServer
-from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.daemons import FAST, ROOT, Daemon, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
 KEYS = Keys()
-FAST = ("--interval", "0.5", "--poll", "0.1")
 ACL_PAGE = (ROOT / "docs" / "how-to" / "acl.md").read_text()
 PROTOCOL = (ROOT / "PROTOCOL.md").read_text()
 

@@ -120,3 +120,33 @@ def test_no_module_or_class_outgrows_a_reading() -> None:
                 if length > 250:
                     long_classes.append(f"{name} {node.name}: {length} lines")
     assert long_modules == [] and long_classes == []
+
+
+
+#: Where the package may call os.kill or os.killpg itself: the one place that signals
+#: (blueque.process: signal_pid, signal_group, and its own children), a failpoint killing its
+#: own process, and the signal-0 probe of whether a group still has members.
+SIGNALLERS = ("process.py:", "failpoints.py:", "leftovers.py:_group_alive")
+
+
+def signalling_functions() -> set[str]:
+    """``module.py:function`` of every function of the package that calls os.kill/killpg."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = str(path.relative_to(PACKAGE))
+        for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(function, ast.FunctionDef) and any(
+                    isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.kill",
+                                                                              "os.killpg")
+                    for node in ast.walk(function)):
+                found.add(f"{name}:{function.name}")
+    return found
+
+
+def test_processes_are_signalled_through_blueque_process() -> None:
+    """``os.kill`` + suppress(ProcessLookupError) was written inline four times and
+    signal_group copied into the exclusive guard (issue 34 point 5): a process or a group is
+    signalled with blueque.process.signal_pid or signal_group."""
+    found = signalling_functions()
+    assert {"process.py:signal_pid", "process.py:signal_group"} <= found  # not vacuous
+    assert sorted(f for f in found if not f.startswith(SIGNALLERS)) == []

@@ -49,6 +49,7 @@ def test_smoke_run_prints_every_row(tmp_path: Path) -> None:
         assert target.text in table
 
 
+@pytest.mark.slow  # a benchmark's smoke run: real listeners, seconds (CI runs it)
 @pytest.mark.timeout(300)
 def test_commands_per_task_prints_every_command_of_a_drained_task_with_its_reason() -> None:
     from benchmarks.commands_per_task import PER_TASK, WHY
@@ -130,6 +131,7 @@ def test_fleet_smoke_prints_each_fleet_and_counts_round_trips_alike(tmp_path: Pa
         assert line in result.stdout
 
 
+@pytest.mark.slow  # a benchmark's smoke run: real listeners, seconds (CI runs it)
 @pytest.mark.timeout(300)
 def test_fleet_views_prints_each_view_of_a_fleet_it_filled() -> None:
     """python -m benchmarks.fleet_views (issue 29 item 3) in its smallest mode: every view

@@ -22,6 +22,7 @@ import blueque
 from blueque import protocol
 from blueque.errors import ConfigurationError
 from blueque.keys import Keys
+from tests.conftest import Run
 from tests.daemons import Daemon, listen_command, wait_until
 from tests.test_cli import ROOT, cli, environment
 
@@ -234,25 +235,25 @@ def test_a_bulk_cancel_while_a_listener_drains_the_queue(
     assert started[0].alive()
 
 
-def test_cancel_all_from_the_command_line(redis_url: str, client: blueque.Client) -> None:
+def test_cancel_all_from_the_command_line(run: Run, client: blueque.Client) -> None:
     queue = client.get_queue("documents")
     queue.enqueue_many(["{}"] * 5, task_ids=[f"batch-7-{n}" for n in range(5)])
     queue.enqueue("{}", task_id="keep-me")
     queue.schedule("{}", time.time() + 600, task_id="batch-7-later")
-    done = cli(redis_url, "cancel", "--all", "documents", "--match", "batch-7-*",
+    done = run("cancel", "--all", "documents", "--match", "batch-7-*",
                "--pending-only", "--reason", "bad batch")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("5 pending and 0 scheduled task(s) of documents whose id "
                                   "matches 'batch-7-*' cancelled")
     assert client.get_task("batch-7-3").error == "cancelled: bad batch"
     assert client.get_task("batch-7-later").status == "scheduled"
-    done = cli(redis_url, "cancel", "--all", "documents", "--older-than", "1h", "--json")
+    done = run("cancel", "--all", "documents", "--older-than", "1h", "--json")
     assert json.loads(done.stdout)["cancelled"] == {"pending": 0, "scheduled": 0}
     for arguments, code in ((("cancel", "--all", "nowhere"), 4),
                             (("cancel", "x", "--all", "documents"), 2),
                             (("cancel",), 2),
                             (("cancel", "keep-me", "--match", "k*"), 2)):
-        refused = cli(redis_url, *arguments)
+        refused = run(*arguments)
         assert refused.returncode == code, (arguments, refused.stderr)
     assert client.get_task("keep-me").status == "pending"
 

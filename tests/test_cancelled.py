@@ -20,21 +20,12 @@ from blueque.endings import RunEnd
 from blueque.keys import Keys
 from blueque.recovery import ended_text
 from blueque.statuses import state_of
+from tests.conftest import Run
 from tests.daemons import Daemon, lines, listen_command, wait_until
 from tests.test_cli import cli
+from tests.test_operations import failed_task
 
 K = Keys()
-
-
-def failed_task(client: blueque.Client, queue: str = "q", error: str = "it broke") -> str:
-    task_id = client.get_queue(queue).enqueue("{}")
-    listener = client.get_listener(queue)
-    task = listener.reserve()
-    assert task is not None and task.id == task_id
-    processor = client.get_processor(task)
-    processor.start(os.getpid())
-    processor.fail(error)
-    return task_id
 
 
 def counts(client: blueque.Client, queue: str = "q") -> tuple[int, int]:
@@ -46,7 +37,7 @@ def counts(client: blueque.Client, queue: str = "q") -> tuple[int, int]:
 def test_cancelled_tasks_are_counted_and_listed_apart_from_failed_ones(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
-    broken = failed_task(contract_client)
+    broken = failed_task(contract_client, "q")
     cancelled = [queue.enqueue("{}") for _ in range(3)]
     later = queue.schedule("{}", time.time() + 3600)
     for task_id in [*cancelled, later]:
@@ -116,7 +107,7 @@ def test_the_cancelled_count_stays_exact_through_retries_deletes_purges_and_expi
 def test_a_bulk_retry_leaves_cancelled_tasks_alone_unless_asked(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
-    broken = failed_task(contract_client)
+    broken = failed_task(contract_client, "q")
     cancelled = queue.enqueue("{}")
     contract_client.cancel_task(cancelled, "never run this")
     assert queue.retry_failed() == [broken]
@@ -141,7 +132,7 @@ def test_a_task_cancelled_by_an_earlier_blueque_is_left_alone_too(
     r.hset(K.task(old), mapping={"status": "failed", "error": "cancelled: old",
                                  "cancelled": repr(time.time())})
     r.lpush(K.failed("q"), old)
-    broken = failed_task(any_client)
+    broken = failed_task(any_client, "q")
     assert queue.retry_failed() == [broken]
     assert r.hget(K.task(old), "status") == "failed" and r.lrange(K.failed("q"), 0, -1) == [old]
     any_client.retry_task(old)  # by its id: found in the failed list
@@ -151,7 +142,7 @@ def test_a_task_cancelled_by_an_earlier_blueque_is_left_alone_too(
 def test_retry_failed_with_a_limit_counts_the_cancelled_ones_it_takes(
         contract_client: blueque.Client) -> None:
     queue = contract_client.get_queue("q")
-    broken = failed_task(contract_client)
+    broken = failed_task(contract_client, "q")
     cancelled = [queue.enqueue("{}") for _ in range(2)]
     for task_id in cancelled:
         contract_client.cancel_task(task_id)
@@ -225,13 +216,13 @@ def test_a_running_task_cancelled_through_its_listener_counts_as_cancelled(
 
 
 def test_show_and_recovery_say_cancelled_where_they_said_failed(
-        client: blueque.Client, redis_url: str) -> None:
+        client: blueque.Client, run: Run) -> None:
     """`blueque show` read "status failed" for a cancelled task, and a recovery's log line
     counted it among the failed: each now says cancelled."""
     task_id = client.get_queue("q").enqueue("{}")
     client.cancel_task(task_id, "wrong input")
-    shown = cli(redis_url, "show", task_id).stdout
+    shown = run("show", task_id).stdout
     assert "failed (cancelled: listed and counted as cancelled)" in shown
-    assert json.loads(cli(redis_url, "show", task_id, "--json").stdout)["state"] == "cancelled"
+    assert json.loads(run("show", task_id, "--json").stdout)["state"] == "cancelled"
     assert ended_text([0, 0, 3, 0, 1]) == "2 failed, 1 cancelled"
     assert ended_text([0, 0, 3, 0]) == "3 failed, 0 cancelled"  # an older script's answer

@@ -35,6 +35,7 @@ import pytest
 import redis
 
 import blueque
+from blueque.process import signal_pid
 from blueque.testing import DelayingProxy, RedisServer
 from tests.daemons import Daemon, listen_command, wait_until
 from tests.refusals import SERVER_ARGS, Refusal
@@ -330,8 +331,7 @@ class Chaos:
             return False
         victim = self.rng.choice(sorted(children))
         self.signalled.add(victim)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signum)
+        signal_pid(victim, signum)
         return True
 
 

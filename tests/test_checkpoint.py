@@ -23,9 +23,9 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.store import CHECKPOINT_KEEP, CHECKPOINT_MAX_BYTES
 from blueque.task import CheckpointInfo
+from tests.conftest import Run
 from tests.daemons import between
 from tests.readme import block
-from tests.test_cli import cli
 
 K = Keys()
 MIB = 1024 * 1024
@@ -274,39 +274,39 @@ def test_in_the_cluster_layout_the_checkpoint_shares_its_tasks_slot() -> None:
 
 # --- the blueque command ------------------------------------------------------------------
 def test_show_prints_the_checkpoints_size_time_and_attempt(client: blueque.Client,
-                                                           redis_url: str) -> None:
+                                                           run: Run) -> None:
     task = started_task(client)
     state = json.dumps({"done": 7, "pad": "x" * 2000})
     info = task.save_checkpoint(state)
-    shown = cli(redis_url, "show", task.id)
+    shown = run("show", task.id)
     assert shown.returncode == 0, shown.stderr
     saved = datetime.fromtimestamp(info.saved_at, UTC).strftime("%Y-%m-%d %H:%M")
     line = shown.stdout.splitlines()[-1]
     assert line.startswith("checkpoint: 2.0 KiB saved " + saved) and "by attempt 1" in line
     assert "xxxx" not in shown.stdout  # the state itself is not printed
-    assert json.loads(cli(redis_url, "show", task.id, "--json").stdout)["checkpoint"] == {
+    assert json.loads(run("show", task.id, "--json").stdout)["checkpoint"] == {
         "size": len(state), "saved_at": info.saved_at, "attempt": 1}
-    printed = cli(redis_url, "show", task.id, "--checkpoint")
+    printed = run("show", task.id, "--checkpoint")
     assert (printed.returncode, printed.stdout) == (0, state + "\n")
-    assert json.loads(cli(redis_url, "show", task.id, "--checkpoint", "--json").stdout)[
+    assert json.loads(run("show", task.id, "--checkpoint", "--json").stdout)[
         "state"] == state
 
     plain = client.get_queue("q").enqueue("p")
-    assert cli(redis_url, "show", plain).stdout.splitlines()[-1] == "checkpoint: none"
-    missing = cli(redis_url, "show", plain, "--checkpoint")
+    assert run("show", plain).stdout.splitlines()[-1] == "checkpoint: none"
+    missing = run("show", plain, "--checkpoint")
     assert missing.returncode == 1 and "has no checkpoint" in missing.stderr
 
 
 def test_the_limit_is_an_option_of_enqueue_and_configure(redis_client: redis.Redis,
-                                                         redis_url: str) -> None:
-    done = cli(redis_url, "enqueue", "q", "{}", "--checkpoint-max-bytes", "4096")
+                                                         run: Run) -> None:
+    done = run("enqueue", "q", "{}", "--checkpoint-max-bytes", "4096")
     assert done.returncode == 0, done.stderr
     assert redis_client.hget(K.task(done.stdout.strip()), "checkpoint_max_bytes") == "4096"
-    assert cli(redis_url, "configure", "q", "--checkpoint-max-bytes", "65536").returncode == 0
+    assert run("configure", "q", "--checkpoint-max-bytes", "65536").returncode == 0
     assert redis_client.hget(K.queue_config("q"), "checkpoint_max_bytes") == "65536"
-    assert cli(redis_url, "configure", "q", "--checkpoint-max-bytes", "none").returncode == 0
+    assert run("configure", "q", "--checkpoint-max-bytes", "none").returncode == 0
     assert redis_client.hget(K.queue_config("q"), "checkpoint_max_bytes") is None
-    refused = cli(redis_url, "enqueue", "q", "{}", "--checkpoint-max-bytes", "0")
+    refused = run("enqueue", "q", "{}", "--checkpoint-max-bytes", "0")
     assert refused.returncode == 2 and "out of range" in refused.stderr
 
 

@@ -19,11 +19,10 @@ import blueque
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.keys import Keys
 from blueque.listener import Listener
-from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
+from tests.daemons import FAST, Daemon, kill_session_children, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

@@ -120,15 +120,15 @@ def test_console_script_entry_point_runs_the_command(redis_url: str,
     assert missing.returncode == 4 and "nope" in missing.stderr
 
 
-def test_url_comes_from_the_environment(redis_url: str, redis_client: redis.Redis) -> None:
-    env = {**environment(), "BLUEQUE_URL": redis_url}
-    done = subprocess.run(command(None, "enqueue", "envq", "{}"), capture_output=True,
-                          text=True, env=env, timeout=60)
+def test_url_comes_from_the_environment(blueque_main: Run, redis_url: str,
+                                        redis_client: redis.Redis,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLUEQUE_URL", redis_url)
+    done = blueque_main("enqueue", "envq", "{}")
     assert done.returncode == 0, done.stderr
     assert redis_client.hget(KEYS.task(done.stdout.strip()), "queue") == "envq"
-    env["BLUEQUE_URL"] = f"redis://127.0.0.1:{free_port()}/0"
-    done = subprocess.run(command(None, "status"), capture_output=True, text=True, env=env,
-                          timeout=60)
+    monkeypatch.setenv("BLUEQUE_URL", f"redis://127.0.0.1:{free_port()}/0")
+    done = blueque_main("status")
     assert done.returncode == 3  # the variable was used, not the default URL
 
 
@@ -553,6 +553,8 @@ def test_scheduler_once_moves_due_tasks_and_registers_cron(redis_url: str,
 
 def test_scheduler_refuses_bad_cron_entries(redis_url: str, redis_client: redis.Redis,
                                             tmp_path: Path) -> None:
+    # a real process: the scheduler sets up the process's logging (a daemon's), which
+    # in-process would stay for the tests after this one
     done = cli(redis_url, "scheduler", "--once", "--cron", "beat=every minute:s")
     assert done.returncode == 2 and "not a cron expression" in done.stderr
     (tmp_path / "cron.json").write_text('[{"name": "x"}]')

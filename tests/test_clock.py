@@ -13,14 +13,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import blueque
 from blueque.clock import RESYNC, RETRY, ServerClock
-from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.daemons import ROOT, Daemon, listen_command, wait_until
 from tests.test_cli import environment
 
 SKEW = 300.0  # seconds the skewed processes' clock is ahead
@@ -102,6 +101,8 @@ def test_schedule_takes_an_eta_or_a_delay(client: blueque.Client, eta: object, d
 
 
 # --- end to end, with processes whose clock is five minutes fast ----------------------------
+# (the three that wait out an eta or a backoff are slow: CI runs them; the fast run holds the
+# rule itself in test_store_now_is_redis_clock_whatever_the_host_says)
 def libfaketime() -> str:
     found = sorted(glob.glob("/usr/lib/*/faketime/libfaketimeMT.so.1"))
     if not found:
@@ -125,12 +126,6 @@ def test_the_skewed_environment_really_skews_a_process() -> None:
     assert float(done.stdout) - time.time() > SKEW - 10
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as started:
-        yield started
-
-
 def started_after(client: blueque.Client, task_id: str, timeout: float) -> float:
     """Seconds from now until the task started (waits up to ``timeout``)."""
     began = time.monotonic()
@@ -139,10 +134,11 @@ def started_after(client: blueque.Client, task_id: str, timeout: float) -> float
     return time.monotonic() - began
 
 
+@pytest.mark.slow
 def test_a_fast_listener_does_not_run_a_scheduled_task_early(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: the listener moved due tasks by its own clock, five minutes early."""
-    nodes.append(Daemon(listen_command(redis_url, "early", "tests.jobs:text",
+    started.append(Daemon(listen_command(redis_url, "early", "tests.jobs:text",
                                        "--interval", "0.5"),
                         tmp_path / "fast.log", env=skewed()))
     wait_until(lambda: client.get_queue("early").stats().listeners == 1, 20,
@@ -156,10 +152,11 @@ def test_a_fast_listener_does_not_run_a_scheduled_task_early(
     assert float(data["started_at"]) >= due - 0.1
 
 
+@pytest.mark.slow
 def test_a_delay_given_on_a_fast_host_is_kept(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: `blueque enqueue --delay 2` on a host five minutes fast ran five minutes late."""
-    nodes.append(Daemon(listen_command(redis_url, "late", "tests.jobs:text",
+    started.append(Daemon(listen_command(redis_url, "late", "tests.jobs:text",
                                        "--interval", "0.5"),
                         tmp_path / "true.log"))
     wait_until(lambda: client.get_queue("late").stats().listeners == 1, 20)
@@ -175,13 +172,14 @@ def test_a_delay_given_on_a_fast_host_is_kept(
                "the delayed task to run (it waited five minutes before)")
 
 
+@pytest.mark.slow
 def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """A failed attempt's retry eta is on Redis' clock: a listener with the true clock (the
     other one is stopped) runs the retry after the backoff, not five minutes later."""
     fast = Daemon(listen_command(redis_url, "retries", "tests.jobs:boom", "--interval", "0.5"),
                   tmp_path / "fast.log", env=skewed())
-    nodes.append(fast)
+    started.append(fast)
     task_id = client.get_queue("retries").enqueue("{}", max_attempts=2, retry_backoff=2)
     wait_until(lambda: client.get_task(task_id).status == "scheduled", 30,
                "the first attempt to fail")
@@ -189,7 +187,7 @@ def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
     data = client.get_task(task_id).data
     server = client.store.server_time()
     assert float(data["eta"]) - server < 10.0  # not 300 s ahead
-    nodes.append(Daemon(listen_command(redis_url, "retries", "tests.jobs:boom",
+    started.append(Daemon(listen_command(redis_url, "retries", "tests.jobs:boom",
                                        "--interval", "0.5"), tmp_path / "true.log"))
     wait_until(lambda: client.get_task(task_id).status == "failed", 30,
                "the retry to run on the other listener")
@@ -197,10 +195,10 @@ def test_a_retry_backoff_from_a_fast_listener_is_timed_by_redis(
 
 
 def test_status_on_a_fast_host_shows_a_live_listener_as_live(
-        redis_url: str, client: blueque.Client, nodes: list[Daemon], tmp_path: Path) -> None:
+        redis_url: str, client: blueque.Client, started: list[Daemon], tmp_path: Path) -> None:
     """Before: `blueque status` on a host five minutes fast showed every listener renewed
     five minutes ago."""
-    nodes.append(Daemon(listen_command(redis_url, "shown", "tests.jobs:text",
+    started.append(Daemon(listen_command(redis_url, "shown", "tests.jobs:text",
                                        "--interval", "0.5"), tmp_path / "true.log"))
     wait_until(lambda: client.get_queue("shown").stats().listeners == 1, 20)
     done = subprocess.run(

@@ -17,12 +17,11 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import Daemon, lines, listen_command, wait_until
+from tests.daemons import FAST, Daemon, lines, listen_command, wait_until
 from tests.test_node_identity import needs_pid_namespaces
 
 pytestmark = [pytest.mark.slow, needs_pid_namespaces]
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

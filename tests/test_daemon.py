@@ -15,23 +15,11 @@ import pytest
 import blueque
 from blueque.keys import Keys
 from blueque.testing import RedisServer
-from tests.daemons import Daemon, daemons, kill_session_children, listen_command, wait_until
+from tests.daemons import FAST, Daemon, daemons, kill_session_children, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
-
-
-@pytest.fixture
-def start(redis_url: str, tmp_path: Path, started: list[Daemon]):  # type: ignore[no-untyped-def]
-    def start_daemon(queues: str, function: str, *options: str) -> Daemon:
-        log = tmp_path / f"daemon{len(started)}.log"
-        daemon = Daemon(listen_command(redis_url, queues, function, *FAST, *options), log)
-        started.append(daemon)
-        return daemon
-
-    return start_daemon
 
 
 def finished(client: blueque.Client, task_id: str) -> bool:

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
@@ -37,10 +38,10 @@ from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.statuses import FAILED
 from blueque.tasklog import TAIL_BYTES
+from blueque.testing import RedisServer
 from blueque.web import create_app
 from tests.daemons import Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess, free_port, page_text
-from tests.test_package_layout import build_wheel
 
 TOKEN = "t0ken-for-tests"
 XSS = '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
@@ -66,22 +67,43 @@ def post(url: str, body: object, headers: dict[str, str] | None = None,
         return error.code, json.loads(error.read())
 
 
-@pytest.fixture
-def dashboard(redis_url: str, redis_client: redis.Redis, tmp_path: Path
-              ) -> Iterator[DashboardProcess]:
-    process = DashboardProcess(redis_url, tmp_path / "dashboard.log", token=TOKEN,
+# One dashboard process of each kind for the module (starting one costs a Python and its
+# imports: half a second to two on a loaded core); each test still gets an emptied database.
+@pytest.fixture(scope="module")
+def dashboard_process(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[DashboardProcess]:
+    log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
+    process = DashboardProcess(redis_server.url, log, token=TOKEN,
                                options=("--cron", "nightly=0 3 * * *:jobs",
                                         "--allowed-host", "ops.example"))
     yield process
     process.close()
 
 
-@pytest.fixture
-def readonly(redis_url: str, redis_client: redis.Redis, tmp_path: Path
-             ) -> Iterator[DashboardProcess]:
-    process = DashboardProcess(redis_url, tmp_path / "readonly.log")
+@pytest.fixture(scope="module")
+def readonly_process(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[DashboardProcess]:
+    log = tmp_path_factory.mktemp("dashboard") / "readonly.log"
+    process = DashboardProcess(redis_server.url, log)
     yield process
     process.close()
+
+
+@pytest.fixture
+def dashboard(dashboard_process: DashboardProcess, redis_client: redis.Redis
+              ) -> DashboardProcess:
+    """The module's dashboard (with a token, a cron entry and an allowed host) over the
+    emptied database."""
+    assert dashboard_process.process.poll() is None, "an earlier test stopped the dashboard"
+    return dashboard_process
+
+
+@pytest.fixture
+def readonly(readonly_process: DashboardProcess, redis_client: redis.Redis
+             ) -> DashboardProcess:
+    """The module's read-only dashboard (no token) over the emptied database."""
+    assert readonly_process.process.poll() is None, "an earlier test stopped the dashboard"
+    return readonly_process
 
 
 def run(client: blueque.Client, queue: str, fail: str | None = None,
@@ -630,7 +652,7 @@ def test_nodes_and_task_pages_with_real_listeners(client: blueque.Client, redis_
 
 
 def test_every_asset_ships_in_the_package_and_nothing_comes_from_elsewhere(
-        tmp_path: Path) -> None:
+        wheel: Path) -> None:
     """The package built from this tree holds every template and static file (no CDN: many
     deployments have no internet), and no page or asset names another host."""
     web = ROOT / "blueque" / "web"
@@ -642,8 +664,8 @@ def test_every_asset_ships_in_the_package_and_nothing_comes_from_elsewhere(
         assert not re.search(r"(?:https?:)?//(?!www\.w3\.org/2000/svg)[a-z0-9.-]+\.[a-z]", text,
                              re.IGNORECASE), name
     # what an install gets: the wheel built from pyproject.toml
-    with build_wheel(tmp_path) as wheel:
-        shipped = set(wheel.namelist())
+    with zipfile.ZipFile(wheel) as built:
+        shipped = set(built.namelist())
     assert [name for name in assets if name not in shipped] == []
 
 

@@ -22,13 +22,12 @@ import redis
 import blueque
 from blueque.tasklog import TAIL_BYTES
 from blueque.testing import RedisServer
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import FAST, Daemon, daemons, listen_command, wait_until
 from tests.dashboard import ROOT, DashboardProcess
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 TOKEN = "browser-test-token"
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 def chromium_path() -> str:

@@ -10,7 +10,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -26,12 +25,23 @@ from tests.dashboard import DashboardProcess, page_text
 from tests.test_dashboard import TOKEN, XSS, get, post, run
 
 
-@pytest.fixture
-def dashboard(redis_url: str, redis_client: redis.Redis, tmp_path: Path
-              ) -> Iterator[DashboardProcess]:
-    process = DashboardProcess(redis_url, tmp_path / "dashboard.log", token=TOKEN)
+@pytest.fixture(scope="module")
+def dashboard_process(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[DashboardProcess]:
+    """One dashboard process for the module (a start costs a Python and its imports)."""
+    process = DashboardProcess(redis_server.url,
+                               tmp_path_factory.mktemp("dashboard") / "dashboard.log",
+                               token=TOKEN)
     yield process
     process.close()
+
+
+@pytest.fixture
+def dashboard(dashboard_process: DashboardProcess, redis_client: redis.Redis
+              ) -> DashboardProcess:
+    """The module's dashboard, with a token, over the emptied database."""
+    assert dashboard_process.process.poll() is None, "an earlier test stopped the dashboard"
+    return dashboard_process
 
 
 def rows(page: str) -> list[str]:

@@ -17,7 +17,6 @@ import blueque
 from blueque import dependencies, flows, metrics
 from blueque.errors import DependencyError
 from blueque.recovery import Recovery
-from blueque.spark.read import list_task_ids
 from tests.conftest import Run
 from tests.dashboard import DashboardProcess
 from tests.test_dashboard import get
@@ -321,6 +320,10 @@ def test_the_dashboard_counts_waiting_tasks_and_links_parents_and_dependents(
 
 
 def test_spark_lists_waiting_tasks_in_chunks(client: blueque.Client) -> None:
+    # pyspark is the spark extra's: without it this module still collects, this test skips
+    pytest.importorskip("pyspark")
+    from blueque.spark.read import list_task_ids
+
     queue = client.get_queue(Q)
     parent = queue.enqueue("p")
     waiting = [queue.enqueue("c", after=parent) for _ in range(3)]

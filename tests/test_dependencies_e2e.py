@@ -10,7 +10,6 @@ import shlex
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -21,7 +20,6 @@ import blueque
 from blueque.testing import RedisServer
 from tests.daemons import (
     Daemon,
-    daemons,
     kill_session_children,
     lines,
     listen_command,
@@ -31,12 +29,6 @@ from tests.readme import block, commands
 from tests.test_cli import ROOT, cli, environment
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 def _listen(started: list[Daemon], url: str, queues: str, tmp_path: Path, name: str,

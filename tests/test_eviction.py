@@ -25,12 +25,11 @@ from blueque.eviction import MemoryPolicy, check
 from blueque.forking_runner import ForkingRunner
 from blueque.testing import RedisServer
 from blueque.web.app import POLICY_KEPT
-from tests.daemons import ROOT, Daemon, listen_command, wait_until
+from tests.daemons import FAST, ROOT, Daemon, listen_command, wait_until
 from tests.dashboard import DashboardProcess, free_port
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 REFUSED = ("maxmemory-policy allkeys-lru", "CONFIG SET maxmemory-policy noeviction",
            "--allow-eviction", "BLUEQUE_ALLOW_EVICTION=1")
 WARNED = "although its maxmemory-policy is allkeys-lru"

@@ -26,10 +26,9 @@ from blueque.keys import Keys
 from blueque.metrics import queue_registry, scrape
 from blueque.store import Take, Taken
 from blueque.testing import RedisServer
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 from tests.dashboard import DashboardProcess, page_text
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 WORK = "tests.chaos_jobs:work"
 RETRY = {"max_attempts": 2, "retry_backoff": 0.1, "retry_backoff_max": 0.1}
 
@@ -318,8 +317,8 @@ def test_a_queues_default_key_and_requires_apply_at_take(client: blueque.Client)
     own = str(queue.enqueue("c", concurrency_key="other", requires={"gpu": 0}))
     store = client.store
     assert store.take("cpu_1", Take(["work"])) == Taken("work", own)  # needs no gpu
-    assert store.take("gpu_2", Take(["work"], '{"gpu":1}')) == Taken("work", first)
-    assert store.take("gpu_2", Take(["work"], '{"gpu":1}')) is None  # db-9 is full
+    assert store.take("gpu_2", Take(["work"], resources='{"gpu":1}')) == Taken("work", first)
+    assert store.take("gpu_2", Take(["work"], resources='{"gpu":1}')) is None  # db-9 is full
     assert client.redis.hmget(Keys().task(first), ["concurrency_key", "requires"]) == [
         "db-9", '{"gpu":1}']  # written at take: its release and its listener read them
     assert client.key_states(["db-9"])[0].waiters == (second,)

@@ -12,7 +12,7 @@ import redis
 import blueque
 from blueque.keys import Keys
 from tests.daemons import wait_until
-from tests.readme import DOCS, Shell, commands, markdown_blocks
+from tests.readme import DOCS, Shell, block, commands, markdown_blocks
 
 PAGE = DOCS / "how-to" / "fleet-controls.md"
 KEYS = Keys()
@@ -82,6 +82,36 @@ def test_the_placement_listener_and_code_run_as_written(
         assert {json.loads(client.get_task(i).parameters or "{}")["model"]
                 for i in ids} == {"small", "huge", "cpu-only"}
         info = next(s.info for s in client.listeners(["training"]))
+        assert json.loads(info["resources"]) == {"gpu": 2, "memory": 64 * 10**9}
+    finally:
+        client.close()
+        shell.close()
+
+
+@pytest.mark.slow
+def test_the_readme_fleet_commands_run_as_written(redis_url: str, redis_client: redis.Redis,
+                                                  tmp_path: Path) -> None:
+    """README's "Running a fleet": the pause, the limit and the listener with resources, each
+    line as written (the listener's module made for it), each doing what its comment says."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "jobs.py").write_text("def render(task):\n    return 'rendered'\n")
+    shell = Shell(tmp_path, project, redis_url)
+    client = blueque.Client(redis_url)
+    try:
+        pause, limit, listen = commands(block("Running a fleet").text)
+        client.get_queue("reports").enqueue("{}")  # the pause is of a queue that exists
+        assert shell.run(pause).returncode == 0
+        assert client.get_queue("reports").stats().paused
+        assert redis_client.hget(KEYS.paused("reports"), "reason") == "db migration"
+        assert shell.run(limit).returncode == 0
+        assert redis_client.hget(KEYS.limits(), "db-7") == "2"
+        listener = shell.start(listen + " --interval 0.5 --poll 0.1")
+        listener.until("listening on render")
+        fits = client.get_queue("render").enqueue("{}", requires={"gpu": 1})
+        wait_until(lambda: client.get_task(fits).status == "complete", 60,
+                   "a task that fits the listener's resources run")
+        info = next(s.info for s in client.listeners(["render"]))
         assert json.loads(info["resources"]) == {"gpu": 2, "memory": 64 * 10**9}
     finally:
         client.close()

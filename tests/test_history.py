@@ -11,7 +11,6 @@ import json
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import blueque
 from blueque import protocol
 from blueque.keys import Keys
 from blueque.store import load_script
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import Daemon, listen_command, wait_until
 from tests.dashboard import DashboardProcess
 from tests.test_cli import cli
 
@@ -287,18 +286,12 @@ def test_every_script_that_writes_history_uses_the_one_history_library() -> None
 
 
 # --- as an operator sees it -----------------------------------------------------------------
-@pytest.fixture
-def listeners(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
-
-
 @pytest.mark.slow
 def test_show_and_the_task_page_tell_the_current_attempt_from_the_history(
         redis_url: str, client: blueque.Client, redis_client: redis.Redis, tmp_path: Path,
-        listeners: list[Daemon]) -> None:
+        started: list[Daemon]) -> None:
     pytest.importorskip("starlette", reason="the dashboard needs the web extra")
-    listeners.append(Daemon(listen_command(redis_url, "work", "tests.jobs:flaky", "--interval",
+    started.append(Daemon(listen_command(redis_url, "work", "tests.jobs:flaky", "--interval",
                                            "0.5", "--poll", "0.1"), tmp_path / "listener.log"))
     task_id = client.get_queue("work").enqueue(json.dumps({"succeed_on": 2}), max_attempts=2,
                                                retry_backoff=0.2)

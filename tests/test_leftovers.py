@@ -6,7 +6,6 @@ Every process is asserted on by pid, with deadlines."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,12 +21,12 @@ import blueque
 from blueque import run_processes
 from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
+from blueque.process import signal_pid
 from tests import leftover_jobs
-from tests.daemons import Daemon, gone, lines, listen_command, wait_until
+from tests.daemons import FAST, Daemon, gone, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 #: How long a leftover may take to be stopped: a look for escaped processes within a second
 #: of the run's end, SIGTERM, and the listener reaping it (its child subreaper).
 STOPPED_WITHIN = 15.0
@@ -166,8 +165,7 @@ def test_fork_task_children_stop_what_they_leave(client: blueque.Client,
         wait_until(lambda: all_gone(left), timeout=STOPPED_WITHIN, what="its leftovers stopped")
     finally:
         for leftover in lines(tmp_path / "pids"):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(leftover), signal.SIGKILL)
+            signal_pid(int(leftover), signal.SIGKILL)
 
 
 def test_what_ignores_sigterm_is_killed_after_the_grace_and_holds_the_slot(
@@ -214,6 +212,15 @@ def test_keep_processes_is_0_or_1_per_task_or_queue(client: blueque.Client, redi
     assert blueque_main("configure", "work", "--keep-processes", "1",
                         "--url", redis_url).returncode == 0
     assert queue.config()["keep_processes"] == "1"
+
+
+def test_signal_pid_says_whether_the_signal_went() -> None:
+    """blueque.process.signal_pid, every inline os.kill's replacement: a process gone is no
+    error, only a False."""
+    assert signal_pid(os.getpid(), 0)
+    gone_child = subprocess.Popen(["true"])
+    gone_child.wait()  # reaped: its pid names no process
+    assert not signal_pid(gone_child.pid, 0)
 
 
 def test_the_subreaper_check_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:

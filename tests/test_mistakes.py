@@ -6,27 +6,28 @@ traceback would fail the test as an exception."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import blueque
 from blueque.keys import Keys
+from blueque.store import load_script
 from blueque.testing import RedisServer, free_port
-from tests.conftest import Done
-from tests.daemons import Daemon, kill_session_children, listen_command, wait_until
+from tests.conftest import Done, Run
+from tests.daemons import FAST, Daemon, kill_session_children, listen_command, wait_until
 from tests.fake_servers import FakeServer, old_redis
 from tests.test_cli import ROOT, cli, environment
 
-Run = Callable[..., Done]
-
 KEYS = Keys()
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 def refused(done: Done | subprocess.CompletedProcess[str], code: int, *words: str) -> None:
@@ -302,15 +303,16 @@ def test_parameters_that_are_not_json_are_enqueued_with_a_warning(
         assert done.returncode == 0 and done.stderr == "", quiet
 
 
-def test_a_port_that_accepts_and_never_answers_is_said_at_once(redis_url: str) -> None:
+def test_a_port_that_accepts_and_never_answers_is_said_at_once(blueque_main: Run,
+                                                              redis_url: str) -> None:
     """`blueque status` against a port that is not Redis and never answers waited the 5 s of
     its connect timeout, then said "unreachable": it says what it found after 2 s."""
     with FakeServer(lambda command: b"") as silent:  # reads commands, answers none
-        done = cli(silent.url, "status")
+        done = blueque_main("status", "--url", silent.url)
     refused(done, 3, f"the server at 127.0.0.1:{silent.port} accepted the connection but did "
             "not answer within 2 s: it is not a Redis", "check the URL's host and port")
     # a Redis that does answer is not held to it: its own connections wait as they should
-    assert cli(redis_url, "status").returncode == 0
+    assert blueque_main("status", "--url", redis_url).returncode == 0
 
 
 def test_demo_refuses_an_empty_url(blueque_main: Run) -> None:
@@ -353,7 +355,9 @@ def test_a_missing_password_is_named_as_such(blueque_main: Run, password_server:
     done = blueque_main("status", "--url", url)
     refused(done, 2, "requires a password and none was given", "redis://:password@")
     assert "HELLO" not in done.stderr
-    ready = redis.Redis(port=password_server.port, protocol=2, decode_responses=True)
+    # redis-py's own retries (ten, backing off: 5 s) would only repeat the refusal
+    ready = redis.Redis(port=password_server.port, protocol=2, decode_responses=True,
+                        retry=Retry(NoBackoff(), 0))
     with pytest.raises(blueque.AuthenticationFailed, match="requires a password"):
         blueque.Client(ready).get_queue("work").enqueue("{}")  # a long command: refused as
     ready.close()  # "Protocol error: unauthenticated multibulk length" by the server
@@ -387,17 +391,6 @@ def test_unreachable_redis_is_still_exit_3(blueque_main: Run) -> None:
 
 
 # --- how a task ends --------------------------------------------------------------------------
-@pytest.fixture
-def start(redis_url: str, tmp_path: Path, started: list[Daemon]):  # type: ignore[no-untyped-def]
-    def start_daemon(queues: str, function: str, *options: str) -> Daemon:
-        log = tmp_path / f"daemon{len(started)}.log"
-        daemon = Daemon(listen_command(redis_url, queues, function, *FAST, *options), log)
-        started.append(daemon)
-        return daemon
-
-    return start_daemon
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("parameters", "error", "raised"), [
     ({"code": 3}, "exit code 3: the task function called sys.exit(3)", "SystemExit: 3"),
@@ -466,6 +459,41 @@ def test_task_id_of_another_queue_is_refused(blueque_main: Run, client: blueque.
     assert redis_client.hget(KEYS.task("job-1"), "parameters") == "first"
     refused(blueque_main("enqueue", "b", "second", "--task-id", "job-1", "--url", redis_url),
             1, "already exists in queue a")
+
+
+def test_a_task_id_whose_key_is_no_task_is_left_alone_by_every_submit(
+        any_client: blueque.Client) -> None:
+    """submit, submit_after and submit_many share one rule for a taken id (lua/lib/taken.lua):
+    a key that is no task hash is an existing id, not ours; submit_many read it as a hash and
+    failed with WRONGTYPE halfway through its writes."""
+    redis_client = any_client.redis
+    redis_client.set(KEYS.task("taken"), "someone else's")
+    queue = any_client.get_queue("a")
+    parent = queue.enqueue("parent")
+    assert not queue.enqueue("x", task_id="taken").created
+    assert not queue.enqueue("x", task_id="taken", after=parent).created
+    bulk = queue.enqueue_many(["x", "y"], task_ids=["fresh", "taken"])
+    assert bulk.created_flags == [True, False]
+    assert redis_client.get(KEYS.task("taken")) == "someone else's"
+    assert redis_client.lrange(KEYS.pending("a"), 0, -1) == ["fresh", parent]
+
+
+def test_every_submit_takes_the_taken_id_rule_from_its_one_library() -> None:
+    """What a submit does with a taken id (another queue's task, our own earlier try, any
+    other) is written once, in lua/lib/taken.lua: it was copied verbatim in submit.lua and
+    submit_after.lua, and submit_many.lua had drifted (no type check)."""
+    lua = ROOT / "blueque" / "lua"
+    library = (lua / "lib" / "taken.lua").read_text()
+    users = []
+    for path in sorted(lua.glob("*.lua")):
+        body = path.read_text()
+        assert "already exists in queue" not in body, path.name
+        assert not re.search(r"'HGET', KEYS\[\w+\], 'created'\)", body), path.name
+        if "taken(" in body or "task_owner(" in body:
+            users.append(path.name)
+            assert re.search(r"^-- uses: .*\btaken\b", body, re.MULTILINE), path.name
+            assert library in load_script(path.stem), path.name
+    assert users == ["submit.lua", "submit_after.lua", "submit_many.lua"]
 
 
 def test_idempotent_re_enqueue_says_the_task_already_existed(

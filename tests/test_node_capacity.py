@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 
 import blueque
-from tests.daemons import Daemon, adopted_by, lines, listen_command, wait_until
+from tests.daemons import FAST, Daemon, adopted_by, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 #: The node's queues and their listeners' --concurrency.
 CONCURRENCY = {"gpu": 1, "documents": 2, "reports": 1}
 SECONDS = 4.0  # each task's run: one left behind outlives the restarts of its round

@@ -21,9 +21,8 @@ import blueque
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.node import hostname
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

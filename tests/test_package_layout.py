@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import json
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from tests.test_cli import ROOT, environment
+from tests.wheels import SOURCE_FILES, copy_source
 
 PACKAGE = ROOT / "blueque"
 HELPERS = "blueque.testing"
@@ -119,35 +119,13 @@ def test_loading_every_runtime_module_loads_no_test_helpers() -> None:
 
 
 #: What a build starts from besides blueque/: the metadata, its README, the setup.py shim.
-SOURCE_FILES = ("pyproject.toml", "README.md", "setup.py")
-
-
-def build_wheel(directory: Path) -> zipfile.ZipFile:
-    """The wheel pip builds from a copy of SOURCE_FILES and blueque/ (so nothing
-    else of the tree is needed, and no build directory lands in it), without network: no
-    build isolation, the installed setuptools (the test extra's)."""
-    source = directory / "source"
-    shutil.copytree(PACKAGE, source / "blueque",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in SOURCE_FILES:
-        shutil.copy(ROOT / name, source / name)
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-index",
-         "--no-build-isolation", "--disable-pip-version-check", "-q",
-         "-w", str(directory / "dist")],
-        capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stdout + built.stderr
-    [wheel] = (directory / "dist").glob("blueque-*.whl")
-    return zipfile.ZipFile(wheel)
-
-
-def test_the_wheel_ships_the_package_its_data_and_its_metadata(tmp_path: Path) -> None:
+def test_the_wheel_ships_the_package_its_data_and_its_metadata(wheel: Path) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
-    with build_wheel(tmp_path) as wheel:
-        names = set(wheel.namelist())
+    with zipfile.ZipFile(wheel) as built:
+        names = set(built.namelist())
         info = f"blueque-{project['version']}.dist-info"
-        metadata = wheel.read(f"{info}/METADATA").decode()
-        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+        metadata = built.read(f"{info}/METADATA").decode()
+        entry_points = built.read(f"{info}/entry_points.txt").decode()
     sources = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
     assert any(name.endswith(".lua") for name in sources)
@@ -173,11 +151,7 @@ def test_setup_py_is_the_thin_shim_and_an_sdist_builds_from_it(tmp_path: Path) -
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     assert [(call.func.id, call.args, call.keywords) for call in calls
             if isinstance(call.func, ast.Name)] == [("setup", [], [])]
-    source = tmp_path / "source"
-    shutil.copytree(PACKAGE, source / "blueque",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in SOURCE_FILES:
-        shutil.copy(ROOT / name, source / name)
+    source = copy_source(tmp_path)
     program = ("import setuptools.build_meta as backend\n"
                "print(backend.build_sdist('dist'))\n")
     built = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,

@@ -21,12 +21,11 @@ import blueque
 from blueque.keys import Keys
 from blueque.preemption import NodePreemption
 from tests.conftest import Done
-from tests.daemons import Daemon, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 from tests.readme import section_text
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

@@ -54,12 +54,6 @@ def tutorial_program() -> str:
     return "".join(block(section, 1, "tutorial.md").text for section in TUTORIAL_PROGRAM)
 
 
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
-
-
 @pytest.mark.slow
 def test_the_tutorial_runs_as_written(redis_url: str, redis_client: redis.Redis, tmp_path: Path,
                                       started: list[Daemon]) -> None:
@@ -192,6 +186,8 @@ def test_the_preemption_examples_pgrep_finds_the_listener(redis_url: str, tmp_pa
 #: Each block of README.md (its section and its place there) and the test that runs it, or,
 #: for what cannot run on this machine, checks it (said in the test).
 BLOCKS = {
+    ("Running a fleet", 1):
+        "tests/test_fleet_docs.py::test_the_readme_fleet_commands_run_as_written",
     ("Quick start (two commands on a fresh machine)", 1):
         "tests/test_readme.py::test_the_quick_start_is_what_ci_runs",
     ("Quick start (two commands on a fresh machine)", 2):
@@ -334,7 +330,7 @@ def test_the_readme_is_a_short_first_contact() -> None:
     sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
     assert sections == ["Why it suits hours-long jobs",
                         "Quick start (two commands on a fresh machine)", "Your first job",
-                        "Tests", "Documentation"]
+                        "Running a fleet", "Tests", "Documentation"]
     first_job = text.split("\n## Your first job\n", 1)[1].split("\n## ", 1)[0]
     steps = re.findall(r"^\*\*(\d)\. ([^*]+)\*\*", first_job, re.MULTILINE)
     assert steps == [("1", "The task function."), ("2", "The listener."), ("3", "Enqueue."),
@@ -857,16 +853,47 @@ def parses(words: list[str]) -> subprocess.CompletedProcess[str]:
                           text=True, env=environment(), cwd=ROOT, timeout=120)
 
 
+#: PARSES for many command lines in one process (one Python start, its imports shared): argv
+#: the lines as JSON; prints, last, a JSON list of [exit code, stderr] for each.
+PARSES_MANY = PARSES.split("target, sys.argv")[0] + """
+import contextlib, io, json
+results = []
+for target, *arguments in json.loads(sys.argv[1]):
+    sys.argv, code, err = [target, *arguments], "ran without parsing its arguments", io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        except Parsed:
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def parse_many(lines: list[list[str]]) -> list[tuple[int | str, str]]:
+    """``python -m MODULE ARGS`` lines parsed, not run, in one process: exit code and stderr
+    of each (as ``parses``)."""
+    done = subprocess.run([sys.executable, "-c", PARSES_MANY,
+                           json.dumps([words[2:] for words in lines])],
+                          capture_output=True, text=True, env=environment(), cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0 and all(words[1] == "-m" for words in lines), done.stderr
+    return [(code, err) for code, err in json.loads(done.stdout.splitlines()[-1])]
+
+
 def test_the_benchmark_commands_parse_as_written() -> None:
     """The full run takes 23 minutes: tests/test_benchmarks.py runs --smoke; here every line
     of the block is accepted by its tool's own parser, as written."""
     lines = [program(line).split() for line in commands(
         block("How it is measured", 1, "performance.md").text)]
     assert len(lines) == 9 and all(words[:2] == ["python", "-m"] for words in lines)
-    for words in lines:
-        done = parses(words)
-        assert done.returncode == 0, (words, done.stderr)
-    assert parses(["python", "-m", "benchmarks.run", "--quick", "--smoke"]).returncode == 2
+    *written, wrong = parse_many([*lines, ["python", "-m", "benchmarks.run", "--quick",
+                                           "--smoke"]])
+    for words, (code, err) in zip(lines, written, strict=True):
+        assert code == 0, (words, err)
+    assert wrong[0] == 2
 
 
 def test_the_drain_cpu_figures_are_the_tools_table() -> None:

@@ -17,11 +17,10 @@ import psutil
 import pytest
 
 import blueque
-from tests.daemons import Daemon, adopted_by, daemons, listen_command, wait_until
+from tests.daemons import FAST, Daemon, adopted_by, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 def lines(path: Path) -> list[str]:

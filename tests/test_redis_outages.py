@@ -22,11 +22,18 @@ import blueque
 from blueque.errors import BluequeError, RedisUnavailable
 from blueque.keys import Keys
 from blueque.testing import RedisServer
-from tests.daemons import ROOT, Daemon, daemons, kill_session_children, listen_command, wait_until
+from tests.daemons import (
+    FAST,
+    ROOT,
+    Daemon,
+    daemons,
+    kill_session_children,
+    listen_command,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

@@ -15,12 +15,11 @@ import redis
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import Daemon, daemons, lines, listen_command, wait_until
+from tests.daemons import FAST, Daemon, daemons, lines, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
 KEYS = Keys()
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 def test_a_run_whose_ending_redis_lost_is_settled_by_its_listener(  # type: ignore[no-untyped-def]

@@ -24,12 +24,11 @@ from blueque.errors import WritesRefused
 from blueque.spool import Held, Spool, server_of
 from blueque.testing import RedisServer
 from tests.aio_facade import AioClient, LoopThread
-from tests.daemons import ROOT, Daemon, daemons, lines, listen_command, wait_until
+from tests.daemons import FAST, ROOT, Daemon, daemons, lines, listen_command, wait_until
 from tests.refusals import SERVER_ARGS, Kind, Refusal, fill, tmpfs
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 CAUSES: dict[Kind, str] = {
     "out of memory": "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction)",
     "cannot persist": "Redis cannot persist (disk full, or an AOF/RDB write error)",

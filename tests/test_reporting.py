@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -17,22 +16,15 @@ import pytest
 
 import blueque
 from blueque.keys import Keys
-from tests.daemons import Daemon, daemons, listen_command, wait_until
+from tests.daemons import FAST, Daemon, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 
 def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
 
 
 def start(started: list[Daemon], tmp_path: Path, url: str, *options: str,

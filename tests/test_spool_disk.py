@@ -23,12 +23,11 @@ import pytest
 
 import blueque
 from blueque.testing import RedisServer, free_port
-from tests.daemons import ROOT, Daemon, daemons, lines, listen_command, wait_until
+from tests.daemons import FAST, ROOT, Daemon, daemons, lines, listen_command, wait_until
 from tests.refusals import SERVER_ARGS, Refusal, fill, tmpfs
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 @pytest.fixture

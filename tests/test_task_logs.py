@@ -12,7 +12,6 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -27,29 +26,10 @@ from blueque.running import describe_ending
 from blueque.tails import follow_output, read_output, read_outputs
 from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings
 from blueque.web.task_page import task_page
-from tests.daemons import ROOT, Daemon, daemons, listen_command, wait_until
+from tests.daemons import FAST, ROOT, Daemon, daemons, listen_command, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
-
-
-@pytest.fixture
-def logs_dir(tmp_path: Path) -> Path:
-    return tmp_path / "task-logs"
-
-
-@pytest.fixture
-def start(redis_url: str, tmp_path: Path, logs_dir: Path) -> Iterator:  # type: ignore[type-arg]
-    with daemons(tmp_path) as started:
-        def start_daemon(function: str, *options: str) -> Daemon:
-            command = listen_command(redis_url, "work", function, *FAST, "--log-dir",
-                                     str(logs_dir), *options)
-            daemon = Daemon(command, tmp_path / f"daemon{len(started)}.log")
-            started.append(daemon)
-            return daemon
-
-        yield start_daemon
 
 
 def blueque_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -59,8 +39,8 @@ def blueque_cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_each_attempt_has_its_file_and_its_tail_in_redis(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_url: str, start, logs_dir: Path) -> None:
-    daemon = start("tests.output_jobs:chatty", "--log-format", "json")
+        client: blueque.Client, redis_url: str, start_logging, logs_dir: Path) -> None:
+    daemon = start_logging("tests.output_jobs:chatty", "--log-format", "json")
     task_id = client.get_queue("work").enqueue("{}", max_attempts=2, retry_backoff=0.01)
     assert client.get_task(task_id).wait(30).status == "complete"
 
@@ -133,8 +113,8 @@ def test_logs_of_a_task_cancelled_before_it_ran_say_so(  # type: ignore[no-untyp
 
 
 def test_follow_streams_a_running_task_until_it_ends(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_url: str, start, tmp_path: Path) -> None:
-    start("tests.output_jobs:ticking")
+        client: blueque.Client, redis_url: str, start_logging, tmp_path: Path) -> None:
+    start_logging("tests.output_jobs:ticking")
     release = tmp_path / "release"
     task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}))
     wait_until(lambda: read_output(client.store, task_id) is not None, what="first output")
@@ -169,11 +149,11 @@ def test_follow_streams_a_running_task_until_it_ends(  # type: ignore[no-untyped
 @pytest.mark.parametrize("ending", [{}, {"exit": 3}, {"exit": 0}],
                          ids=["segfault", "exit-3", "exit-0"])
 def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, ending: dict[str, int]) -> None:
+        client: blueque.Client, start_logging, ending: dict[str, int]) -> None:
     """Exit codes 3 and 0 are also the ones the child uses to say it did not start the task
     or that its outcome is recorded: from a run told to go, they are its task's own exit,
     and its output was lost and its log line said "not started"."""
-    daemon = start("tests.output_jobs:flood_then_crash")
+    daemon = start_logging("tests.output_jobs:flood_then_crash")
     task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 300_000, **ending}))
     assert client.get_task(task_id).wait(30).status == "failed"
     wait_until(lambda: "failed in" in daemon.log(), what="the ending logged")
@@ -193,14 +173,14 @@ def test_a_crashed_run_has_its_last_output_shipped_by_the_listener(  # type: ign
 
 
 def test_a_log_file_that_cannot_be_opened_costs_the_output_not_the_listener(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, tmp_path: Path) -> None:
+        client: blueque.Client, start_logging, logs_dir: Path, tmp_path: Path) -> None:
     """The attempt's file cannot be opened (here its queue's directory is a file; a
     permission or a disk error does the same): the listener died of the NotADirectoryError
     when it shipped the rest of the file, and the task's output went into the listener's own
     log. Now the task runs, its output is dropped with a word in the log, the daemon lives."""
     logs_dir.mkdir(parents=True)
     (logs_dir / "work").write_text("a file where the queue's directory should be")
-    daemon = start("tests.output_jobs:flood", "--log-format", "json")
+    daemon = start_logging("tests.output_jobs:flood", "--log-format", "json")
     (tmp_path / "release").touch()
     queue = client.get_queue("work")
     params = json.dumps({"bytes": 2000, "release": str(tmp_path / "release")})
@@ -219,8 +199,8 @@ def test_a_log_file_that_cannot_be_opened_costs_the_output_not_the_listener(  # 
 
 
 def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
-    daemon = start("tests.output_jobs:waits")
+        client: blueque.Client, redis_client, start_logging, tmp_path: Path) -> None:
+    daemon = start_logging("tests.output_jobs:waits")
     release = tmp_path / "release"
     queue = client.get_queue("work")
     task_id = queue.enqueue(json.dumps({"release": str(release)}))
@@ -242,9 +222,9 @@ def test_task_process_has_a_readable_title_and_delete_removes_the_output(  # typ
 
 
 def test_an_attempt_that_writes_nothing_costs_no_stream_writes(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_client, start) -> None:
+        client: blueque.Client, redis_client, start_logging) -> None:
     """A no-op task's output costs nothing in Redis: no entry, not even an end mark."""
-    start("tests.jobs:text")
+    start_logging("tests.jobs:text")
     task_id = client.get_queue("work").enqueue("quiet")
     assert client.get_task(task_id).wait(20).result == "processed quiet"
     assert not redis_client.exists(Keys().task_log(task_id))
@@ -253,17 +233,17 @@ def test_an_attempt_that_writes_nothing_costs_no_stream_writes(  # type: ignore[
 
 
 def test_a_quiet_attempt_leaves_no_file_and_a_last_unfinished_line_is_output(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_url: str, start, logs_dir: Path) -> None:
+        client: blueque.Client, redis_url: str, start_logging, logs_dir: Path) -> None:
     """A node running millions of quiet tasks keeps no million empty files; and a last line
     printed without its newline reaches the file, and Redis, before the attempt's end."""
-    first = start("tests.jobs:text")
+    first = start_logging("tests.jobs:text")
     quiet = client.get_queue("work").enqueue("quiet")
     assert client.get_task(quiet).wait(20).status == "complete"
     # the listener removes the quiet attempt's empty file once it reaped its process
     quiet_file = logs_dir / "work" / f"{quiet}.1.log"
     wait_until(lambda: not quiet_file.exists(), what="the quiet attempt's file removed")
     first.stop()  # the next task is the next listener's
-    start("tests.output_jobs:unfinished_line")
+    start_logging("tests.output_jobs:unfinished_line")
     ended = client.get_queue("work").enqueue("{}")
     assert client.get_task(ended).wait(20).status == "complete"
     assert (logs_dir / "work" / f"{ended}.1.log").read_text() == (
@@ -411,11 +391,11 @@ def test_durations_read_as_people_write_them() -> None:
 
 
 def test_listener_caps_and_cleans_its_task_log_files(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, tmp_path: Path) -> None:
+        client: blueque.Client, start_logging, logs_dir: Path, tmp_path: Path) -> None:
     """--log-max-bytes: an attempt's file past the cap moves aside to .1 and starts again;
     --log-keep: the listener's sweeps remove files that old (a real listener, its own
     options)."""
-    start("tests.output_jobs:flood", "--log-max-bytes", "64K", "--log-keep", "3")
+    start_logging("tests.output_jobs:flood", "--log-max-bytes", "64K", "--log-keep", "3")
     release = tmp_path / "release"
     task_id = client.get_queue("work").enqueue(
         json.dumps({"bytes": 300_000, "release": str(release)}))
@@ -438,11 +418,11 @@ def test_listener_caps_and_cleans_its_task_log_files(  # type: ignore[no-untyped
 
 
 def test_the_file_cap_holds_for_a_task_that_writes_as_fast_as_it_can(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path) -> None:
+        client: blueque.Client, start_logging, logs_dir: Path) -> None:
     """Issue 19 item 8: the shipper cut the file every half second, and a task writing at C
     speed filled 200 MB against a 10 MB cap in between. Now no file of the attempt ever
     holds more than --log-max-bytes, and the end of the output is kept and shipped."""
-    start("tests.output_jobs:blast", "--log-max-bytes", "1M")
+    start_logging("tests.output_jobs:blast", "--log-max-bytes", "1M")
     task_id = client.get_queue("work").enqueue(json.dumps({"bytes": 64 << 20}))
     path = logs_dir / "work" / f"{task_id}.1.log"
     rotated = path.with_name(path.name + ".1")
@@ -463,7 +443,7 @@ def test_the_file_cap_holds_for_a_task_that_writes_as_fast_as_it_can(  # type: i
 
 
 def test_follow_waits_for_a_task_that_has_not_started(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_url: str, start, tmp_path: Path) -> None:
+        client: blueque.Client, redis_url: str, start_logging, tmp_path: Path) -> None:
     """`blueque logs ID --follow` right after enqueueing: it waits for the first line."""
     release = tmp_path / "release"
     task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}))
@@ -480,7 +460,7 @@ def test_follow_waits_for_a_task_that_has_not_started(  # type: ignore[no-untype
 
             wait_until(follower_reading, what="the follower to look for output")
             assert follower.poll() is None, follower.communicate()[1]  # waiting, not failing
-            start("tests.output_jobs:ticking")
+            start_logging("tests.output_jobs:ticking")
             wait_until(lambda: "tick 5" in out_path.read_text(), what="ticks followed")
             release.touch()
             _, err = follower.communicate(timeout=30)
@@ -526,8 +506,8 @@ def test_follow_stops_when_a_later_attempt_begins(client: blueque.Client,
 
 
 def test_listener_log_says_cancelled_and_time_limit_with_queue_and_node(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, tmp_path: Path) -> None:
-    daemon = start("tests.output_jobs:waits", "--log-format", "json", "--node-name",
+        client: blueque.Client, start_logging, tmp_path: Path) -> None:
+    daemon = start_logging("tests.output_jobs:waits", "--log-format", "json", "--node-name",
                    "ocr-7", "--concurrency", "2")
     queue = client.get_queue("work")
     never = json.dumps({"release": str(tmp_path / "never")})
@@ -555,12 +535,12 @@ def test_listener_log_says_cancelled_and_time_limit_with_queue_and_node(  # type
 
 
 def test_a_task_id_or_reason_cannot_forge_lines_in_the_listeners_text_log(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, tmp_path: Path) -> None:
+        client: blueque.Client, start_logging, tmp_path: Path) -> None:
     """Task ids and cancel reasons are anyone's text, and the text log wrote them raw: a
     newline in a task id (ids may hold any character but a space) forged a line of the log,
     and an escape sequence reached the terminal of whoever tails it. Each record is one line,
     control characters written out."""
-    daemon = start("tests.output_jobs:waits", "--concurrency", "2")
+    daemon = start_logging("tests.output_jobs:waits", "--concurrency", "2")
     queue = client.get_queue("work")
     never = json.dumps({"release": str(tmp_path / "never")})
     by_id = queue.enqueue(never, task_id="x\n2001-01-01\tINFO\tforged\x1b]0;owned\x07")
@@ -762,8 +742,8 @@ def test_a_stream_written_before_issue_29_reads_as_it_did(  # type: ignore[no-un
 
 
 def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start) -> None:
-    daemon = start("tests.noisy_jobs:work", "--log-format", "json")
+        client: blueque.Client, start_logging) -> None:
+    daemon = start_logging("tests.noisy_jobs:work", "--log-format", "json")
     task_id = client.get_queue("work").enqueue("{}")
     assert client.get_task(task_id).wait(20).status == "complete"
     wait_until(lambda: "complete in" in daemon.log(), what="the ending logged")
@@ -772,8 +752,8 @@ def test_a_noisy_task_module_keeps_the_listeners_json_log_json(  # type: ignore[
 
 
 def test_a_quiet_running_attempt_keeps_its_file(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, tmp_path: Path) -> None:
-    start("tests.output_jobs:pauses", "--log-keep", "1")
+        client: blueque.Client, start_logging, logs_dir: Path, tmp_path: Path) -> None:
+    start_logging("tests.output_jobs:pauses", "--log-keep", "1")
     go, release = tmp_path / "go", tmp_path / "release"
     task_id = client.get_queue("work").enqueue(json.dumps({"go": str(go),
                                                            "release": str(release)}))
@@ -798,11 +778,11 @@ def test_a_quiet_running_attempt_keeps_its_file(  # type: ignore[no-untyped-def]
 
 
 def test_the_output_tail_expires_with_the_task(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_client, start, tmp_path: Path) -> None:
+        client: blueque.Client, redis_client, start_logging, tmp_path: Path) -> None:
     """While the attempt runs, the stream lives --log-keep; once it ends, its tail lives as
     long as the task (its result TTL), and the stream is gone: the tail never outlives its
     task, nor vanishes before it."""
-    start("tests.output_jobs:chatty_waits", "--log-keep", "1h")
+    start_logging("tests.output_jobs:chatty_waits", "--log-keep", "1h")
     release = tmp_path / "release"
     task_id = client.get_queue("work").enqueue(json.dumps({"release": str(release)}),
                                                result_ttl=600)
@@ -820,11 +800,11 @@ def test_the_output_tail_expires_with_the_task(  # type: ignore[no-untyped-def]
 
 
 def test_a_task_id_too_long_for_a_file_name_neither_stops_the_listener_nor_loses_output(  # type: ignore[no-untyped-def]
-        client: blueque.Client, redis_url: str, start, logs_dir: Path) -> None:
+        client: blueque.Client, redis_url: str, start_logging, logs_dir: Path) -> None:
     """A caller's task id may be longer than a file name may be (255 bytes on most file
     systems): the attempt's file gets a shortened name that is still the task's own, and the
     listener goes on (it died of ENAMETOOLONG shipping the rest after the first such task)."""
-    daemon = start("tests.output_jobs:chatty")
+    daemon = start_logging("tests.output_jobs:chatty")
     queue = client.get_queue("work")
     long_ids = ["x" * 300, "é" * 200, "x" * 299 + "y"]  # the last two: 400 bytes; a twin
     for task_id in long_ids:
@@ -863,11 +843,11 @@ def test_a_log_file_that_cannot_be_read_or_capped_is_not_an_error(client: bluequ
 
 
 def test_a_listener_keeps_no_descriptor_of_its_ended_runs(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start) -> None:
+        client: blueque.Client, start_logging) -> None:
     """Each run's output pipe is the listener's to read until the run ends, then closed: a
     read end kept per run made a listener die at its 1,020th task (select() refuses higher
     descriptor numbers) in a 10,000-task fan-in."""
-    daemon = start("tests.jobs:text")
+    daemon = start_logging("tests.jobs:text")
     queue = client.get_queue("work")
     first = queue.enqueue("warm up")  # what the listener opens once (connections, log file)
     assert client.get_task(first).wait(30).status == "complete"

@@ -9,37 +9,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import blueque
 from blueque.tails import read_output
-from tests.daemons import Daemon, daemons, gone, listen_command, wait_until
+from tests.daemons import gone, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 MODES = pytest.mark.parametrize("reuse", ["1", "20"], ids=["fork", "warm"])
-
-
-@pytest.fixture
-def logs_dir(tmp_path: Path) -> Path:
-    return tmp_path / "task-logs"
-
-
-@pytest.fixture
-def start(redis_url: str, tmp_path: Path, logs_dir: Path) -> Iterator:  # type: ignore[type-arg]
-    with daemons(tmp_path) as started:
-        def start_daemon(function: str, *options: str) -> Daemon:
-            command = listen_command(redis_url, "work", function, *FAST, "--log-dir",
-                                     str(logs_dir), *options)
-            daemon = Daemon(command, tmp_path / f"daemon{len(started)}.log")
-            started.append(daemon)
-            return daemon
-
-        yield start_daemon
 
 
 def attempt_file(logs_dir: Path, task_id: str, attempt: int = 1) -> Path:
@@ -70,12 +50,12 @@ def numbered(text: str, word: str) -> list[int]:
 
 @MODES
 def test_each_attempt_gets_its_own_output_from_a_process_that_starts_no_thread(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, reuse: str) -> None:
+        client: blueque.Client, start_logging, logs_dir: Path, reuse: str) -> None:
     """The task process's only thread is its main one (the capture thread is gone: its
     listener reads the pipe); in a warm process each task's output, down to the line printed
     without its newline just before it returned, is in its own attempt's file and tail."""
     # a longer lease: a process whose outcome is recorded half a lease late is retired (6.7)
-    start("tests.output_jobs:threads_and_lines", "--reuse", reuse, "--interval", "2")
+    start_logging("tests.output_jobs:threads_and_lines", "--reuse", reuse, "--interval", "2")
     queue = client.get_queue("work")
     pids = set()
     for _ in range(6):
@@ -97,10 +77,10 @@ def test_each_attempt_gets_its_own_output_from_a_process_that_starts_no_thread( 
 
 @MODES
 def test_the_cap_holds_and_the_next_attempt_starts_its_own_file(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, reuse: str) -> None:
+        client: blueque.Client, start_logging, logs_dir: Path, reuse: str) -> None:
     """Three tasks in a row, each printing 3 MB against a 1 MiB cap: each attempt's file and
     its ``.1`` stay within the cap, hold only that task's lines, and end with its last line."""
-    start("tests.output_jobs:threads_and_lines", "--reuse", reuse, "--log-max-bytes", "1M")
+    start_logging("tests.output_jobs:threads_and_lines", "--reuse", reuse, "--log-max-bytes", "1M")
     queue = client.get_queue("work")
     for _ in range(3):
         task_id = queue.enqueue(json.dumps({"lines": 5, "bytes": 3_000_000}))
@@ -120,12 +100,12 @@ def test_the_cap_holds_and_the_next_attempt_starts_its_own_file(  # type: ignore
 @MODES
 @pytest.mark.parametrize("ending", [{}, {"exit": 5}], ids=["sigkill", "os._exit"])
 def test_a_task_that_dies_mid_line_keeps_its_output_up_to_the_crash(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, reuse: str,
+        client: blueque.Client, start_logging, logs_dir: Path, reuse: str,
         ending: dict[str, int]) -> None:
     """What the task wrote before it died, down to half a line, is in its file (the listener
     drains the pipe once it reaps it) and its tail in Redis, with the end mark; the next
     task (in a warm listener, a fresh process) has its own."""
-    start("tests.output_jobs:writes_then_dies", "--reuse", reuse)
+    start_logging("tests.output_jobs:writes_then_dies", "--reuse", reuse)
     queue = client.get_queue("work")
     for _ in range(2):
         task_id = queue.enqueue(json.dumps({"bytes": 300_000, **ending}))
@@ -140,8 +120,8 @@ def test_a_task_that_dies_mid_line_keeps_its_output_up_to_the_crash(  # type: ig
 
 @MODES
 def test_a_task_killed_from_outside_while_it_writes_keeps_every_whole_line(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, reuse: str) -> None:
-    start("tests.output_jobs:writes_until_killed", "--reuse", reuse)
+        client: blueque.Client, start_logging, logs_dir: Path, reuse: str) -> None:
+    start_logging("tests.output_jobs:writes_until_killed", "--reuse", reuse)
     task_id = client.get_queue("work").enqueue("{}")
     path = attempt_file(logs_dir, task_id)
     wait_until(lambda: path.exists() and path.stat().st_size > 200_000, what="output")
@@ -159,7 +139,7 @@ def test_a_task_killed_from_outside_while_it_writes_keeps_every_whole_line(  # t
 @pytest.mark.parametrize("keep", [0, 1], ids=["piped", "keep_processes"])
 @pytest.mark.parametrize("leaving", ["sigkill", "on-stop-keep"])
 def test_a_task_whose_listener_is_gone_reads_its_own_output_and_loses_none(  # type: ignore[no-untyped-def]
-        client: blueque.Client, start, logs_dir: Path, tmp_path: Path, leaving: str,
+        client: blueque.Client, start_logging, logs_dir: Path, tmp_path: Path, leaving: str,
         keep: int) -> None:
     """The listener read the task's pipe; it is SIGKILLed (the kernel's parent-death signal
     tells the task process) or leaves it running (``--on-stop keep``: it tells it). From then
@@ -169,7 +149,7 @@ def test_a_task_whose_listener_is_gone_reads_its_own_output_and_loses_none(  # t
     Redis, shipped by the process itself. A task that keeps its processes writes its file
     itself: its listener shipped it, then the process does."""
     go, release = tmp_path / "go", tmp_path / "release"
-    first = start("tests.output_jobs:ticks_then_floods", "--on-stop", "keep")
+    first = start_logging("tests.output_jobs:ticks_then_floods", "--on-stop", "keep")
     task_id = client.get_queue("work").enqueue(json.dumps(
         {"go": str(go), "release": str(release), "bytes": 400_000}), keep_processes=keep)
     path = attempt_file(logs_dir, task_id)
@@ -188,7 +168,7 @@ def test_a_task_whose_listener_is_gone_reads_its_own_output_and_loses_none(  # t
     assert not gone(pid)
     go.touch()
     wait_until(lambda: "FLOOD DONE" in path.read_text(), what="the flood past the pipe's size")
-    second = start("tests.output_jobs:ticks_then_floods")
+    second = start_logging("tests.output_jobs:ticks_then_floods")
     wait_until(lambda: "1 adopted task(s)" in second.log(), what="the run adopted")
     release.touch()
     task = client.get_task(task_id).wait(30)

@@ -20,6 +20,7 @@ from blueque import warm
 from blueque.keys import Keys
 from blueque.preemption import notice, on_preempt
 from tests.daemons import (
+    FAST,
     Daemon,
     gone,
     lines,
@@ -32,7 +33,6 @@ from tests.test_reporting import start as reporting_start
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

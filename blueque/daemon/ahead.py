@@ -55,11 +55,10 @@ class Ahead:
             return None
         if self.warm.reuse > 1 and not self.warm.retire_reason(running, task_processes, now):
             # its process will be kept: the next task is stamped for it in the same script
-            return Take(queues, self.resources(running.task_id), running.pid, running.created,
-                        owner.node,
+            return Take(queues, running.pid, running.created, owner.node,
                         record_tail(running.created, owner.id, owner.pid, owner.created),
-                        NODE_RUNS_TTL)
-        return Take(queues, self.resources(running.task_id))
+                        NODE_RUNS_TTL, resources=self.resources(running.task_id))
+        return Take(queues, resources=self.resources(running.task_id))
 
     def pop(self) -> tuple[str, str] | None:
         return self.held.pop(0) if self.held else None

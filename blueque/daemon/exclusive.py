@@ -6,15 +6,14 @@ a Redis call until its socket times out."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 
 from blueque.daemon.supervisor import Supervisor
+from blueque.process import signal_group, signal_pid
 from blueque.running import Running
 
 log = logging.getLogger("blueque.daemon")
@@ -40,7 +39,7 @@ class ExclusiveGuard:
                  kill: Callable[[int, int], None] | None = None) -> None:
         self.supervisor, self.lease_s, self.everything = supervisor, lease_s, everything
         self.clock = clock
-        self._kill = kill or _signal_group
+        self._kill = kill or signal_group
         #: when the latest renewal that held every lease (renewed or registered again) was
         #: sent (None: not yet)
         self.renewed: float | None = None
@@ -95,16 +94,10 @@ class ExclusiveGuard:
             log.warning("task %s: exclusive, and no lease renewal for %.1f s (lease %g s): "
                         "preemption notice; it is stopped before its lease can lapse",
                         running.task_id, silent, self.lease_s)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(running.pid, signum)
+            signal_pid(running.pid, signum)
             return
         if not running.reason:
             running.reason = "lease"  # its ending: back to pending, no attempt spent
         log.warning("task %s: exclusive, no lease renewal for %.1f s: sending %s to its group",
                     running.task_id, silent, signal.Signals(signum).name)
         self._kill(running.pid, signum)
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)

@@ -21,6 +21,7 @@ from blueque.child import Assignment
 from blueque.config import Settings
 from blueque.forkserver import MESSAGE_BYTES, Setup
 from blueque.logs import JsonFormatter
+from blueque.process import signal_pid
 from blueque.tasklog import TaskLogSettings
 
 #: Room in the fork server's command line for its children's titles. setproctitle writes a
@@ -145,8 +146,7 @@ class ForkServerLink:
         log.error("fork server %s %s; forking task processes from the listener until "
                   "another starts", self.pid, why)
         if self.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGKILL)
+            signal_pid(self.pid, signal.SIGKILL)
         if self.control is not None:
             self.control.close()
             self.control = None

@@ -61,7 +61,7 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
     ``resources`` cover what it requires: take.lua, PROTOCOL.md 5.22) of the first queue,
     drawn by weight, that has one into the listener's reserved list: the queue and the id.
     The stamp comes once a child is forked to run it (6.2)."""
-    taken = store.take(listener, Take(list(reduced_lottery(weights, rng)), resources))
+    taken = store.take(listener, Take(list(reduced_lottery(weights, rng)), resources=resources))
     return None if taken is None else (taken.queue, taken.task_id)
 
 

@@ -5,16 +5,14 @@ cancel whose message was missed)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import signal
 from collections.abc import Callable, Iterable
 
 from blueque.endings import Stopped, late_ending_allowed
 from blueque.fencing import is_current_run, may_reclaim
 from blueque.leftovers import Leftovers
-from blueque.process import Stopping, signal_group
+from blueque.process import Stopping, signal_group, signal_pid
 from blueque.reporting import ToChild
 from blueque.running import Running
 from blueque.statuses import FAILED
@@ -80,8 +78,7 @@ class Stopper:
         runs = [r for r in self.children.values() if r.state == "running"]
         for running in runs:
             self.tell(running, message)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(running.pid, signum)
+            signal_pid(running.pid, signum)
         return len(runs)
 
     # --- what a renewal finds ------------------------------------------------------------------

@@ -1,5 +1,5 @@
 -- submit: create one task, pending now or scheduled for later; idempotent on the task id.
--- uses: limits
+-- uses: limits, taken
 -- KEYS[1] task hash            blueque_task_[id]
 -- KEYS[2] target               blueque_pending_tasks_[queue] (eta == "") or blueque_scheduled_tasks_[queue]
 -- KEYS[3] queue config         blueque_queue_config_[queue] (read: max_parameters_bytes)
@@ -13,21 +13,11 @@
 -- "BLUEQUE_TOO_LARGE ..." (nothing written) if its parameters are over the queue's limit. A
 -- repeat of this very call (the retry after a lost reply: same created time and parameters)
 -- returns 1.
-local too_large = parameters_too_large(parameters_limit(KEYS[3], ARGV[7]), ARGV[2], ARGV[3])
-if too_large then
-  return too_large
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local owner = redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HGET', KEYS[1], 'queue')
-  if owner and owner ~= ARGV[2] then
-    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' already exists in queue '
-      .. owner .. ', not ' .. ARGV[2] .. ': choose another task id')
-  end
-  if owner and redis.call('HGET', KEYS[1], 'created') == ARGV[4]
-      and redis.call('HGET', KEYS[1], 'parameters') == ARGV[3] then
-    return 1  -- our own earlier try, whose reply was lost: it did create the task
-  end
-  return 0
+-- checked before any write: parameters too large, else a task id already taken
+local refused = parameters_too_large(parameters_limit(KEYS[3], ARGV[7]), ARGV[2], ARGV[3])
+  or taken(KEYS[1], ARGV[1], ARGV[2], ARGV[4], ARGV[3])
+if refused then
+  return refused
 end
 local fields = {'status', 'pending', 'queue', ARGV[2], 'parameters', ARGV[3],
                 'created', ARGV[4], 'updated', ARGV[4]}

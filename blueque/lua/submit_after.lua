@@ -1,7 +1,7 @@
 -- submit_after: create one task that waits for other tasks (its parents) to end; idempotent on
 -- the task id, as submit.lua. The parents were checked and linked (SADD blueque_dependents_[parent]
 -- [id]) by the caller before this call (PROTOCOL.md 5.21).
--- uses: limits
+-- uses: limits, taken
 -- KEYS[1] task hash            blueque_task_[id]
 -- KEYS[2] awaited parents      blueque_awaits_[id]
 -- KEYS[3] waiting zset         blueque_waiting_tasks_[queue]
@@ -18,21 +18,11 @@
 -- (nothing changed), or an error "BLUEQUE_STATE ..." if it exists in another queue, or
 -- "BLUEQUE_TOO_LARGE ..." (nothing written) if its parameters are over the queue's limit. A
 -- repeat of this very call (same created time and parameters) returns 1, as submit.lua.
-local too_large = parameters_too_large(parameters_limit(KEYS[4], ARGV[9]), ARGV[2], ARGV[3])
-if too_large then
-  return too_large
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local owner = redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HGET', KEYS[1], 'queue')
-  if owner and owner ~= ARGV[2] then
-    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[1] .. ' already exists in queue '
-      .. owner .. ', not ' .. ARGV[2] .. ': choose another task id')
-  end
-  if owner and redis.call('HGET', KEYS[1], 'created') == ARGV[4]
-      and redis.call('HGET', KEYS[1], 'parameters') == ARGV[3] then
-    return 1  -- our own earlier try, whose reply was lost: it did create the task
-  end
-  return 0
+-- checked before any write: parameters too large, else a task id already taken
+local refused = parameters_too_large(parameters_limit(KEYS[4], ARGV[9]), ARGV[2], ARGV[3])
+  or taken(KEYS[1], ARGV[1], ARGV[2], ARGV[4], ARGV[3])
+if refused then
+  return refused
 end
 local fields = {'status', 'waiting', 'queue', ARGV[2], 'parameters', ARGV[3],
                 'created', ARGV[4], 'updated', ARGV[4], 'after', ARGV[6]}

@@ -1,5 +1,5 @@
 -- submit_many: create many pending tasks in one call; idempotent on each task id.
--- uses: limits
+-- uses: limits, taken
 -- KEYS[1] pending list         blueque_pending_tasks_[queue]
 -- KEYS[2] queues               blueque_queues, or "" placeholder is not allowed: see ARGV[3]
 -- KEYS[3] queue config         blueque_queue_config_[queue] (read: max_parameters_bytes)
@@ -19,10 +19,9 @@ for i = 4, #KEYS do
   if too_large then
     return too_large
   end
-  local owner = redis.call('TYPE', KEYS[i]).ok == 'hash' and redis.call('HGET', KEYS[i], 'queue')
+  local owner = task_owner(KEYS[i])
   if owner and owner ~= ARGV[1] then
-    return redis.error_reply('BLUEQUE_STATE task ' .. ARGV[6 + (i - 4) * 2] .. ' already exists in'
-      .. ' queue ' .. owner .. ', not ' .. ARGV[1] .. ': choose another task id')
+    return in_another_queue(ARGV[6 + (i - 4) * 2], owner, ARGV[1])
   end
 end
 -- first, before any write: a user whose ACL refuses the channel gets its NOPERM with nothing
@@ -37,17 +36,15 @@ local flags = {}
 local n = 0
 for i = 4, #KEYS do
   local a = 6 + (i - 4) * 2
-  if redis.call('EXISTS', KEYS[i]) == 0 then
+  local existing = taken(KEYS[i], ARGV[a], ARGV[1], ARGV[2], ARGV[a + 1])
+  if not existing then
     redis.call('HSET', KEYS[i], 'status', 'pending', 'queue', ARGV[1], 'parameters', ARGV[a + 1],
                'created', ARGV[2], 'updated', ARGV[2], unpack(shared))
     n = n + 1
     created[n] = ARGV[a]
     flags[#flags + 1] = '1'
-  elseif redis.call('HGET', KEYS[i], 'created') == ARGV[2]
-      and redis.call('HGET', KEYS[i], 'parameters') == ARGV[a + 1] then
-    flags[#flags + 1] = '1'  -- created by our own earlier try, whose reply was lost
-  else
-    flags[#flags + 1] = '0'
+  else  -- 1: created by our own earlier try, whose reply was lost; 0: another task's
+    flags[#flags + 1] = tostring(existing)
   end
 end
 if ARGV[3] == '1' then

@@ -24,13 +24,13 @@ class Take:
     blueque.running.record_tail writes them); without, it is only moved."""
 
     queues: Sequence[str]
-    #: the listener's free resources (JSON: name -> amount; PROTOCOL.md 5.22)
-    resources: str = "{}"
     pid: int | None = None
     created: float | None = None
     node: str = ""
     record: str = ""
     runs_ttl: int = 0
+    #: the listener's free resources (JSON: name -> amount; PROTOCOL.md 5.22)
+    resources: str = "{}"
 
 
 @dataclass(frozen=True)

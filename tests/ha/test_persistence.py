@@ -29,7 +29,9 @@ def aof_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 def test_every_acknowledged_task_survives_a_sigkill_and_restart(aof_server: RedisServer
                                                                 ) -> None:
-    client = blueque.Client(aof_server.url, socket_timeout=5)
+    # the producer stops at its first RedisUnavailable: one second of retrying through the
+    # SIGKILL is enough (the default 30 s only made the test wait)
+    client = blueque.Client(aof_server.url, socket_timeout=5, retry_deadline=1)
     queue = client.get_queue("durable")
     acknowledged: list[str] = []
     completed: list[str] = []

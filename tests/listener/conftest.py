@@ -3,18 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon, daemons, listen_command
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Daemon]]:
-    with daemons(tmp_path) as running:
-        yield running
+from tests.daemons import Daemon, listen_command
 
 
 @pytest.fixture

@@ -11,11 +11,10 @@ import psutil
 import pytest
 
 from blueque.keys import Keys
-from tests.daemons import gone, kill_session_children, lines, wait_until
+from tests.daemons import FAST, gone, kill_session_children, lines, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

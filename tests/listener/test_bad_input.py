@@ -10,11 +10,10 @@ import subprocess
 import pytest
 
 from blueque.keys import Keys
-from tests.daemons import ROOT, listen_command
+from tests.daemons import FAST, ROOT, listen_command
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

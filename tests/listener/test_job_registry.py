@@ -13,12 +13,11 @@ import pytest
 
 import blueque
 from blueque.jobs import job_parameters
-from tests.daemons import lines, wait_until
+from tests.daemons import FAST, lines, wait_until
 from tests.job_registry import jobs
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 
 
 @pytest.mark.parametrize("mode", [(), ("--reuse", "20")], ids=["process-per-task", "reuse"])

@@ -17,11 +17,18 @@ from blueque.listener import Listener
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
 from blueque.running import Running
-from tests.daemons import Daemon, gone, kill_session_children, lines, listen_command, wait_until
+from tests.daemons import (
+    FAST,
+    Daemon,
+    gone,
+    kill_session_children,
+    lines,
+    listen_command,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

@@ -18,11 +18,10 @@ from blueque.daemon import ListenerDaemon
 from blueque.daemon.options import ListenerOptions
 from blueque.keys import Keys
 from tests import jobs
-from tests.daemons import gone, kill_session_children, lines, wait_until
+from tests.daemons import FAST, gone, kill_session_children, lines, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 

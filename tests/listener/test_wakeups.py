@@ -22,6 +22,7 @@ from blueque.preemption import NodePreemption
 from blueque.testing import RedisServer
 from tests import jobs
 from tests.daemons import Daemon, daemons, listen_command, subscribed, wait_until
+from tests.fake_servers import FreezingProxy
 
 pytestmark = pytest.mark.slow
 
@@ -72,51 +73,6 @@ def test_pubsub_pickup_resumes_after_a_redis_restart(tmp_path):  # type: ignore[
             assert daemon.alive()
     finally:
         server.stop()
-
-
-class FreezingProxy:
-    """A loopback TCP proxy to Redis whose established connections can be frozen: bytes stop
-    flowing both ways but no side sees a close, as when a NAT or load balancer drops an idle
-    connection's state. New connections still pass."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.frozen: set[socket.socket] = set()
-        self.sockets: list[socket.socket] = []
-        self.closing = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closing:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            self.sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        while not self.closing:
-            try:
-                data = source.recv(65536)
-                if not data:
-                    break
-                if source not in self.frozen:
-                    sink.sendall(data)
-            except OSError:
-                break
-
-    def freeze(self) -> None:
-        self.frozen.update(self.sockets)
-
-    def close(self) -> None:
-        self.closing = True
-        for sock in [self.listener, *self.sockets]:
-            sock.close()
 
 
 def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_client):  # type: ignore[no-untyped-def]

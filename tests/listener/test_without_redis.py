@@ -20,11 +20,10 @@ from blueque.policy import Policy
 from blueque.running import Running
 from blueque.testing import RedisServer, free_port
 from tests import jobs
-from tests.daemons import Daemon, daemons, gone, lines, listen_command, subscribed, wait_until
+from tests.daemons import FAST, Daemon, daemons, gone, lines, listen_command, subscribed, wait_until
 
 pytestmark = pytest.mark.slow
 
-FAST = ("--interval", "0.5", "--poll", "0.1")
 KEYS = Keys()
 
 
