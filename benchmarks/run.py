@@ -17,6 +17,7 @@ skipped with the reason in its rows where pyspark or Java is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.resources
@@ -38,7 +39,7 @@ import redis
 from benchmarks import spark_pipeline, venvs
 from blueque.policy import QUEUE_LIMITS
 from blueque.store.errors import load_script
-from blueque.testing import RedisServer
+from blueque.testing import DelayingProxy, RedisServer
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 #: Coroutines enqueueing at once on one blueque.aio client (scenario 9, issue 12).
@@ -62,16 +63,21 @@ class Profile:
     recovery_default: bool  # the default lease is 10 s: up to 30 s a run
     redis_benchmark_n: int
     spark_n: int  # rows of the Spark pipeline (scenario 10)
+    #: scenario 11, through the delaying proxy: enqueues, drained tasks, pickup samples (the
+    #: original's fewer: it polls once a second)
+    rtt_n: tuple[int, int, int, int] = (1000, 300, 30, 6)
 
 
 PROFILES = {
     "full": Profile("full", 3, 3, 5000, 20000, 200, 40, 2000, 10000, 1000, 1_000_000, 1000,
                     True, 200_000, 20_000),
     "quick": Profile("quick", 3, 2, 2000, 5000, 60, 15, 500, 2000, 1000, 100_000, 300,
-                     True, 50_000, 500),
+                     True, 50_000, 500, (300, 100, 10, 4)),
     "smoke": Profile("smoke", 1, 1, 100, 1000, 4, 2, 20, 100, 100, 2000, 20, False, 2000,
-                     100),
+                     100, (20, 10, 2, 1)),
 }
+#: Added round-trip times of scenario 11 (ms): loopback through the proxy, and a network's.
+RTTS_MS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,8 @@ class Job:
     rows: dict[str, str]
     slow: bool = False
     timeout: float = 600.0
+    #: run through a DelayingProxy adding this round-trip time (ms) to every Redis command
+    rtt_ms: float | None = None
 
 
 @dataclass
@@ -142,7 +150,60 @@ def drain_cost_rows(p: Profile) -> list[Row]:
 def build_rows(p: Profile) -> list[Row]:
     """Every row of the table, scenario by scenario."""
     return [*_enqueue_rows(), *_pickup_and_drain_rows(p), *_cost_rows(p), *_ceiling_rows(),
-            *_spark_rows(p)]
+            *_spark_rows(p), *_rtt_rows(p)]
+
+
+#: Scenario 11's systems per measurement: (key, row's system name).
+RTT_SYSTEMS = {
+    "enqueue": (("blueque", "blueque"), ("original", "original"), ("rq", "rq")),
+    "drain": (("blueque", "blueque"), ("blueque_warm", "blueque, warm (--reuse)"),
+              ("original", "original"), ("rq_simple", "rq SimpleWorker")),
+    "pickup": (("blueque", "blueque"), ("original", "original"), ("rq", "rq")),
+}
+
+
+def _rtt_rows(p: Profile) -> list[Row]:
+    """Scenario 11: enqueue, drain (concurrency 1) and idle pickup p50 at each added
+    round-trip time, where round trips per task decide."""
+    enqueue_n, drain_n = p.rtt_n[0], p.rtt_n[1]
+    rows = []
+    for rtt in RTTS_MS:
+        scenario = f"11 at +{rtt} ms round trip"
+        for what, label, unit, digits in (
+                ("enqueue", f"enqueue {enqueue_n:,}, one per call", "tasks/s", 0),
+                ("drain", f"drain {drain_n:,} no-op, concurrency 1", "tasks/s", 0),
+                ("pickup", "idle pickup p50", "ms", 1)):
+            rows += [Row(f"rtt{rtt}_{what}.{key}", scenario, label, name, unit, digits)
+                     for key, name in RTT_SYSTEMS[what]]
+    return rows
+
+
+def _rtt_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
+    """Scenario 11's measurements: each system's scripts through a DelayingProxy."""
+    enqueue_n, drain_n, pickup_n, pickup_n_original = p.rtt_n
+    scripts = {"blueque": "blueque_bench.py", "original": "original_peer.py",
+               "rq": "rq_peer.py"}
+
+    def job(rtt: int, what: str, key: str, system: str, field_name: str, *args: object) -> Job:
+        command = [py[system], str(SCRIPTS / scripts[system]), *map(str, args)]
+        return Job(what, system, "11", lambda url: [*command, "--url", url],
+                   {f"rtt{rtt}_{what}.{key}": field_name}, slow=what != "enqueue", rtt_ms=rtt)
+
+    jobs = []
+    for rtt in RTTS_MS:
+        jobs += [job(rtt, "enqueue", system, system, "rate", "enqueue", "--n", enqueue_n)
+                 for system in ("blueque", "original", "rq")]
+        jobs += [job(rtt, "drain", key, system, "rate", "drain", "--n", drain_n,
+                     "--concurrency", 1, "--op", op)
+                 for key, system, op in (("blueque", "blueque", "-"),
+                                         ("blueque_warm", "blueque", "warm"),
+                                         ("original", "original", "-"),
+                                         ("rq_simple", "rq", "simple"))]
+        jobs += [job(rtt, "pickup", system, system, "p50_ms", "pickup", "--n",
+                     pickup_n_original if system == "original" else pickup_n, "--spacing",
+                     1.02 if system == "original" else 0.2)
+                 for system in ("blueque", "original", "rq")]
+    return jobs
 
 
 def _enqueue_rows() -> list[Row]:
@@ -180,6 +241,8 @@ def _pickup_and_drain_rows(p: Profile) -> list[Row]:
              for c in (1, 2) for system in DRAIN_SYSTEMS]
     rows.append(Row("drain_c1_nologs.blueque", f"4 drain {p.drain_n:,} no-op tasks",
                     "concurrency 1, --no-task-logs", "blueque", "tasks/s"))
+    rows.append(Row("drain_c1_runner.blueque", f"4 drain {p.drain_n:,} no-op tasks",
+                    "concurrency 1, 1.0.1's API (ForkingRunner.run)", "blueque", "tasks/s"))
     rows += [Row(f"drain_c{c}_warm.blueque", f"4 drain {p.drain_n:,} no-op tasks",
                  f"concurrency {c}, warm processes (--reuse)", "blueque", "tasks/s")
              for c in (1, 2)]
@@ -213,7 +276,11 @@ def _ceiling_rows() -> list[Row]:
                 "tasks/s"),
             Row("aio_enqueue_sync.blueque", aio, "sync, one at a time", "blueque", "tasks/s"),
             Row("aio_enqueue_cpu.blueque", aio, "client CPU, at once", "blueque.aio", "us"),
-            Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us")]
+            Row("aio_enqueue_sync_cpu.blueque", aio, "client CPU, one by one", "blueque", "us"),
+            Row("aio_enqueue_alone_cpu.blueque", aio, "client CPU, one by one",
+                "blueque.aio", "us"),
+            Row("aio_burst.blueque", aio, "200 at once / 200 sync in a row (wall)",
+                "blueque.aio", "x", 2)]
 
 
 def _spark_rows(p: Profile) -> list[Row]:
@@ -284,7 +351,9 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                            "--concurrency", AIO_CONCURRENCY),
                     {"aio_enqueue.blueque": "rate", "aio_enqueue_sync.blueque": "sync_rate",
                      "aio_enqueue_cpu.blueque": "client_cpu_us",
-                     "aio_enqueue_sync_cpu.blueque": "sync_client_cpu_us"}))
+                     "aio_enqueue_sync_cpu.blueque": "sync_client_cpu_us",
+                     "aio_enqueue_alone_cpu.blueque": "alone_client_cpu_us",
+                     "aio_burst.blueque": "burst_speedup"}))
     for system, name, n, spacing in (("blueque", bq, p.pickup_n, 0.2),
                                      ("original", orig, p.pickup_n_original, 1.02),
                                      ("rq", rq, p.pickup_n, 0.2)):
@@ -320,7 +389,7 @@ def build_jobs(p: Profile, py: dict[str, str]) -> list[Job]:
                     script(system, name, "scale", "--op", op, "--present", present,
                            "--n", p.scale_ops),
                     {f"scale_{op}_{size}.{system}": "us_per_op"}))
-    return [*jobs, *_spark_jobs(p)]
+    return [*jobs, *_spark_jobs(p), *_rtt_jobs(p, py)]
 
 
 def _drain_jobs(p: Profile, script: Callable[..., Callable[[str], list[str]]]) -> list[Job]:
@@ -340,6 +409,7 @@ def _drain_jobs(p: Profile, script: Callable[..., Callable[[str], list[str]]]) -
                  f"drain_redis_cpu_c{c}.{system}": "server_cpu_us"}, slow=True))
     # blueque's other modes: no output capture; warm task processes (--reuse, 6.7)
     for c, op, key in ((1, "no-task-logs", "drain_c1_nologs.blueque"),
+                       (1, "forking-runner", "drain_c1_runner.blueque"),
                        (1, "warm", "drain_c1_warm.blueque"), (2, "warm", "drain_c2_warm.blueque")):
         jobs.append(Job("drain", "blueque", "4",
                         script("blueque", bq, "drain", "--n", p.drain_n, "--concurrency", c,
@@ -390,9 +460,12 @@ def redis_benchmark(server: RedisServer, n: int) -> dict[str, float]:
 # --- running -------------------------------------------------------------------------------
 def run_job(job: Job, server: RedisServer, env: dict[str, str]) -> dict[str, float]:
     flush(server)
-    argv = job.argv(server.url)
-    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=job.timeout,
-                            cwd=str(SCRIPTS))
+    with contextlib.ExitStack() as stack:
+        url = server.url
+        if job.rtt_ms is not None:  # half the round trip each way
+            url = stack.enter_context(DelayingProxy(server.port, job.rtt_ms / 2000)).url()
+        result = subprocess.run(job.argv(url), capture_output=True, text=True, env=env,
+                                timeout=job.timeout, cwd=str(SCRIPTS))
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"{job.name}/{job.system} failed: {' | '.join(tail)}")
@@ -520,6 +593,15 @@ def ratio(a: str, b: str) -> Callable[[Results], float | None]:
     return compute
 
 
+def smallest_ratio(a: str, b: str) -> Callable[[Results], float | None]:
+    """The smallest of the repeats' ratios (each repeat's two figures were taken side by
+    side): a target held in every repeat, not only by the medians."""
+    def compute(results: Results) -> float | None:
+        pairs = list(zip(results.values.get(a, []), results.values.get(b, []), strict=False))
+        return min((x / y for x, y in pairs if y), default=None)
+    return compute
+
+
 def value_of(key: str) -> Callable[[Results], float | None]:
     return lambda results: results.median(key)
 
@@ -534,6 +616,8 @@ def recovery_intervals(key: str, interval: float) -> Callable[[Results], float |
 TARGETS = [
     Target("enqueue one at a time: blueque / original", ratio("enqueue.blueque",
                                                               "enqueue.original"), 2.0),
+    Target("enqueue one at a time: blueque / original, worst repeat (issue 33)",
+           smallest_ratio("enqueue.blueque", "enqueue.original"), 1.5),
     Target("enqueue one at a time: blueque / rq", ratio("enqueue.blueque", "enqueue.rq"), 5.0),
     Target("enqueue_many: blueque / redis-py 1,000-task pipeline",
            ratio("bulk.blueque", "bulk.raw"), 3.0),
@@ -547,6 +631,8 @@ TARGETS = [
            True, " ms"),
     Target("drain c=1: blueque / original ForkingRunner",
            ratio("drain_c1.blueque", "drain_c1.original"), 2.0),
+    Target("drain c=1, 1.0.1's ForkingRunner API: blueque / original",
+           ratio("drain_c1_runner.blueque", "drain_c1.original"), 2.0),
     Target("drain c=1: blueque / rq SimpleWorker (no fork)",
            ratio("drain_c1.blueque", "drain_c1.rq_simple"), 1.0),
     Target("drain: blueque c=2 / c=1", ratio("drain_c2.blueque", "drain_c1.blueque"), 1.7),
@@ -558,6 +644,10 @@ TARGETS = [
            ratio("drain_redis_cpu_c1.blueque", "drain_redis_cpu_c1.original"), 1.0, True),
     Target(f"asyncio: {AIO_CONCURRENCY} concurrent enqueues / sync one at a time",
            ratio("aio_enqueue.blueque", "aio_enqueue_sync.blueque"), 3.0),
+    Target("asyncio client CPU per enqueue, one by one: blueque.aio / sync",
+           ratio("aio_enqueue_alone_cpu.blueque", "aio_enqueue_sync_cpu.blueque"), 1.3, True),
+    Target("asyncio: 200 enqueues at once / 200 sync in a row (wall)",
+           value_of("aio_burst.blueque"), 2.0, unit="x"),
     Target("enqueue one at a time: blueque / redis-py HSET+LPUSH loop",
            ratio("enqueue.blueque", "enqueue.raw"), 0.8),
     Target("enqueue one at a time: blueque / bare single-LPUSH loop",
@@ -590,6 +680,14 @@ TARGETS = [
            recovery_intervals("recovery_default.blueque", 10.0), 3.0, True, ""),
     Target("recovery, fastest lease (lease intervals of 0.2 s)",
            recovery_intervals("recovery_fastest.blueque", 0.2), 3.0, True, ""),
+    Target("drain c=1 at +1 ms round trip: blueque / rq SimpleWorker",
+           ratio("rtt1_drain.blueque", "rtt1_drain.rq_simple"), 3.0),
+    Target("drain c=1 at +1 ms round trip: blueque / original",
+           ratio("rtt1_drain.blueque", "rtt1_drain.original"), 3.0),
+    Target("drain c=1 at +1 ms round trip, warm processes: blueque / rq SimpleWorker",
+           ratio("rtt1_drain.blueque_warm", "rtt1_drain.rq_simple"), 3.0),
+    Target("drain c=1 at +1 ms round trip, warm processes: blueque / original",
+           ratio("rtt1_drain.blueque_warm", "rtt1_drain.original"), 3.0),
 ]
 
 

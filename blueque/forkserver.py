@@ -153,6 +153,7 @@ class ForkServer:
         gc.freeze()
         log.info("fork server: a task process used Redis; the client is loaded here now, "
                  "for the next ones")
+        self.send({"loaded": True})  # its listener retires the spares made before
 
     def take_request(self) -> bool:
         """One request; False once the listener is gone."""

@@ -27,7 +27,9 @@ from blueque.run_processes import (
     RunMark,
     ancestors,
     children_of,
+    direct_children,
     find,
+    is_subreaper,
     orphans,
     process_table,
     signs,
@@ -71,6 +73,27 @@ def _group_alive(leader: int) -> bool:
         return False
     except PermissionError:
         return True
+    return not _only_its_zombie(leader)
+
+
+def _only_its_zombie(leader: int) -> bool:
+    """The group's one member is its leader's zombie, kept by the fork server until the
+    listener settled its exit (6.8). The task process's other processes in its group, when
+    it exited, came to us, the child subreaper, with their descendants under them: none of
+    our children in the group, none in it. Not a child subreaper, we cannot tell (False:
+    the group is taken for alive until the zombie is reaped). Reads our children's list and
+    their groups, not the whole process table: it runs at every task's end."""
+    try:
+        if psutil.Process(leader).status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return False
+    if not is_subreaper():
+        return False
+    for pid in direct_children(os.getpid()):
+        with contextlib.suppress(OSError):
+            if pid != leader and os.getpgid(pid) == leader:
+                return False
     return True
 
 

@@ -194,6 +194,31 @@ def ancestors(pid: int, table: dict[int, Entry]) -> set[int]:
     return found
 
 
+def direct_children(pid: int) -> set[int]:
+    """The children of ``pid``: the children files of its threads in /proc (one read
+    each), psutil where there is none."""
+    found: set[int] = set()
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return _children_psutil(pid)
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", encoding="ascii") as handle:
+                found.update(int(word) for word in handle.read().split())
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        except OSError:
+            return _children_psutil(pid)
+    return found
+
+
+def _children_psutil(pid: int) -> set[int]:
+    with contextlib.suppress(psutil.Error):
+        return {child.pid for child in psutil.Process(pid).children()}
+    return set()
+
+
 def children_of(homes: set[int], table: dict[int, Entry], skip: set[int]) -> Signs:
     """What the children of ``homes`` say, but those in ``skip``."""
     return signs(pid for pid, entry in table.items() if entry.ppid in homes and pid not in skip)

@@ -11,16 +11,14 @@ left is stopped as for any ended run (blueque.leftovers).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import socket
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NoReturn
-
-import psutil
 
 from blueque.calling import TaskFunction
 from blueque.child import (
@@ -36,7 +34,7 @@ from blueque.outputs import TaskOutput
 from blueque.preemption import notice
 from blueque.process import process_alive, resident_bytes, set_title
 from blueque.reporting import EXIT_REPORT_FAILED, EXIT_REPORTED, ChildChannel, ParentLink
-from blueque.run_processes import TASK_VARIABLE, RunMark, signs
+from blueque.run_processes import TASK_VARIABLE, RunMark, direct_children, signs
 from blueque.running import Running
 from blueque.tasklog import TaskLogSettings
 
@@ -209,6 +207,11 @@ class WarmProcesses:
             return idle
         return None
 
+    def last_tasks(self, running: Iterable[int]) -> bool:
+        """Whether one of the ``running`` task processes runs its last task (``reuse``
+        reached: it exits after it, and its slot needs another process)."""
+        return any(self._runs.get(pid, 1) >= self.reuse for pid in running)
+
     def add_spare(self, pid: int, created: float | None, channel: ChildChannel,
                   output: TaskOutput | None) -> None:
         """A process made before its task (6.8): idle, no task run yet."""
@@ -260,6 +263,15 @@ class WarmProcesses:
         if idle is not None:
             idle.close()
 
+    def retire_spares(self, why: str) -> None:
+        """The idle processes that have run no task yet (spares, 6.8) are told to retire and
+        forgotten (their exit is reaped as an idle process's)."""
+        for pid, idle in list(self.idle.items()):
+            if idle.runs == 0:
+                idle.channel.send({"retire": why})
+                idle.close()
+                del self.idle[pid]
+
     def retire_idle(self, why: str) -> None:
         for idle in self.idle.values():
             idle.channel.send({"retire": why})
@@ -276,35 +288,12 @@ def left_behind(run: RunMark, task_processes: set[int]) -> bool:
     (a zombie too), or one of our own children that is no task process (an orphan that came
     to us, a child subreaper) and is in its group or carries its mark or title. Reads only
     those processes' entries in /proc."""
-    if _children(run.leader):
+    if direct_children(run.leader):
         return True
-    for pid in _children(os.getpid()) - task_processes:
+    for pid in direct_children(os.getpid()) - task_processes:
         if _group(pid) == run.leader or _says(pid, run):
             return True
     return False
-
-
-def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return _children_psutil(pid)
-    for thread in threads:
-        try:
-            with open(f"/proc/{pid}/task/{thread}/children", encoding="ascii") as handle:
-                found.update(int(word) for word in handle.read().split())
-        except FileNotFoundError:
-            continue  # the thread ended meanwhile
-        except OSError:
-            return _children_psutil(pid)
-    return found
-
-
-def _children_psutil(pid: int) -> set[int]:
-    with contextlib.suppress(psutil.Error):
-        return {child.pid for child in psutil.Process(pid).children()}
-    return set()
 
 
 def _alive(pid: int) -> bool:

@@ -54,6 +54,15 @@ def ran(marker: Path) -> list[tuple[str, int, int]]:
     return [(w[0], int(w[1]), int(w[2])) for w in (line.split() for line in lines(marker))]
 
 
+def count() -> tuple[int, int]:
+    """Task processes running a task, and all (with the idle one made ahead, 6.8)."""
+    titles = []
+    for process in task_processes():
+        with contextlib.suppress(psutil.Error):  # gone meanwhile: neither
+            titles.append(process.cmdline()[:1])
+    return sum(title != ["blueque: work idle"] for title in titles), len(titles)
+
+
 def enqueue(client: blueque.Client, marker: Path, **params: object) -> str:
     return client.get_queue("work").enqueue(json.dumps({"marker": str(marker), **params}))
 
@@ -159,7 +168,9 @@ def test_a_fork_server_killed_with_children_running_loses_nothing_and_is_restart
     second = fork_servers(daemon)[0]
     following = enqueue(client, marker, value="next")
     assert client.get_task(following).wait(30).result == "next"
-    assert ran(marker)[-1][2] == second
+    # made by the new fork server, or the process made ahead while the two ran (by the
+    # first: an orphan the listener reaps, test_a_spare_whose_fork_server_dies...)
+    assert ran(marker)[-1][2] in (second, daemon.pid)
     assert Counter(r[0] for r in ran(marker)) == Counter([*ids, following])
     assert daemon.alive()
 
@@ -168,11 +179,15 @@ def test_a_fork_server_killed_while_it_makes_a_child_loses_no_task_and_runs_none
         client, redis_client, started, tmp_path, redis_url) -> None:
     """Killed between its fork and its answer (every time: each new one is killed too): the
     child it made is told to stop before its word and leaves; the listener forks the task's
-    process itself."""
+    process itself. The three tasks come in one enqueue_many, so that one step takes them
+    all: the first goes to the process made ahead (the spare, 6.8), the others need a fork
+    each (a spare is made again only once the step has filled its slots)."""
     marker = tmp_path / "marker"
-    daemon = start(started, tmp_path, redis_url, failpoints="forkserver-after-fork")
+    daemon = start(started, tmp_path, redis_url, "--concurrency", "3",
+                   failpoints="forkserver-after-fork")
     wait_until(lambda: "ready" in daemon.log(), what="its fork server")
-    ids = [enqueue(client, marker, value=n) for n in range(3)]
+    ids = client.get_queue("work").enqueue_many(
+        [json.dumps({"marker": str(marker), "value": n}) for n in range(3)])
     for n, task_id in enumerate(ids):
         task = client.get_task(task_id).wait(30)
         assert task.status == "complete" and task.result == str(n) and task.attempts == 1
@@ -200,15 +215,16 @@ def test_a_listener_killed_while_its_fork_server_and_task_processes_live(  # typ
     assert not any(gone(pid) for pid in running)  # its children live on
     second = start(started, tmp_path, redis_url, "--concurrency", "2")
     wait_until(lambda: fork_servers(second), what="the next listener's fork server")
-    seen = [len(task_processes())]
+    seen = [count()]
     release.touch()  # the two adopted runs end; the third task runs beside nothing
 
     def done() -> bool:
-        seen.append(len(task_processes()))
+        seen.append(count())
         return all(client.get_task(i).status == "complete" for i in ids)
 
     wait_until(done, timeout=60, what="every task complete")
-    assert max(seen) <= 2, seen  # never more than --concurrency on the node
+    # never more runs than --concurrency on the node, and one process made ahead at most
+    assert max(busy for busy, _ in seen) <= 2 and max(every for _, every in seen) <= 3, seen
     assert Counter(r[0] for r in ran(marker)) == Counter(ids)
     assert all(client.get_task(i).attempts == 1 for i in ids)
     assert outcomes(redis_client, "complete") == 3
@@ -276,7 +292,8 @@ def test_an_idle_listener_has_a_process_ready_before_its_task(  # type: ignore[n
     assert client.get_task(second).wait(30).result == "2"
     assert (logs / "work" / f"{second}.1.log").read_text() == "second's output\n"
     assert (ran(marker)[1][1] == spare) is (reuse == "3")
-    assert len(task_processes()) <= 1  # never more than --concurrency, spare included
+    busy, every = count()  # never more runs than --concurrency; one made ahead at most
+    assert busy <= 1 and every <= 2
     assert outcomes(redis_client, "complete") == 2
 
 

@@ -1,8 +1,8 @@
 """Measurements of Blueque itself; runs in the interpreter Blueque is installed in.
 
 Usage: python blueque_bench.py COMMAND --url URL [--n N] [--batch B] [--present P --op OP]
-Commands: enqueue, aio_enqueue, bulk, memory, scale, pickup, drain, recovery. Prints one JSON
-object.
+Commands: enqueue, aio_enqueue, bulk, memory, scale, pickup, drain, recovery (each prints one
+JSON object), and runner (a ForkingRunner program, for the drain).
 The daemon scenarios start ``blueque listen`` (python -m blueque.cli) with the task functions of
 benchmarks/scripts/bench_tasks.py.
 """
@@ -34,12 +34,7 @@ def enqueue(url: str, n: int) -> dict[str, float]:
     queue = client.get_queue(QUEUE)
     for _ in range(20):
         queue.enqueue(bc.PARAMETERS)
-
-    def body() -> None:
-        for _ in range(n):
-            queue.enqueue(bc.PARAMETERS)
-
-    return bc.timed(client.redis, n, body)
+    return bc.timed_calls(client.redis, n, lambda: queue.enqueue(bc.PARAMETERS))
 
 
 def aio_enqueue(url: str, n: int, concurrency: int) -> dict[str, float]:
@@ -71,11 +66,38 @@ def aio_enqueue(url: str, n: int, concurrency: int) -> dict[str, float]:
     try:
         loop.run_until_complete(run(concurrency))  # the pool's connections, the scripts
         result = bc.timed(sync_client.redis, n, lambda: loop.run_until_complete(run(n)))
+        # one coroutine, one enqueue awaited after another: the asyncio client's own cost
+        alone = bc.timed(sync_client.redis, n, lambda: loop.run_until_complete(worker(n)))
+        burst = _bursts(loop, queue, sync_queue, n)
     finally:
         loop.run_until_complete(client.aclose())
         loop.close()
         sync_client.close()
-    return {**result, "sync_rate": sync["rate"], "sync_client_cpu_us": sync["client_cpu_us"]}
+    return {**result, "sync_rate": sync["rate"], "sync_client_cpu_us": sync["client_cpu_us"],
+            "alone_client_cpu_us": alone["client_cpu_us"], "burst_speedup": burst}
+
+
+#: Enqueues of one burst (issue 33): that many asyncio ones at once against as many sync
+#: ones in a row.
+BURST = 200
+
+
+def _bursts(loop: asyncio.AbstractEventLoop, queue: blueque.aio.Queue,
+            sync_queue: blueque.Queue, n: int) -> float:
+    """Wall time of BURST sync enqueues one after another over that of BURST asyncio ones
+    at once (gather), the two alternating; the median of the rounds' ratios."""
+    async def burst() -> None:
+        await asyncio.gather(*(queue.enqueue(bc.PARAMETERS) for _ in range(BURST)))
+
+    ratios = []
+    for _ in range(max(3, n // BURST)):
+        started = time.perf_counter()
+        loop.run_until_complete(burst())
+        middle = time.perf_counter()
+        for _ in range(BURST):
+            sync_queue.enqueue(bc.PARAMETERS)
+        ratios.append((time.perf_counter() - middle) / (middle - started))
+    return sorted(ratios)[len(ratios) // 2]
 
 
 def bulk(url: str, n: int, batch: int) -> dict[str, float]:
@@ -149,15 +171,32 @@ def listen_command(url: str, function: str, concurrency: int, extra: list[str]) 
             "WARNING", "--log-dir", TASK_LOGS.name, *extra]
 
 
+def runner_command(url: str, function: str) -> list[str]:
+    """A program written against blueque 1.0.1's API: ``ForkingRunner(client, queue,
+    callback).run()`` (this script's ``runner`` command), what 1.0.1 programs run."""
+    return [sys.executable, os.path.abspath(__file__), "runner", "--url", url, "--op", function]
+
+
 def start_listener(url: str, function: str, concurrency: int = 1,
-                   extra: list[str] | None = None) -> object:
+                   extra: list[str] | None = None, runner: bool = False) -> object:
+    """``blueque listen``, or (``runner``) a ForkingRunner program; once it registered."""
     client = blueque.Client(url)
     before = len(client.store.listener_ids(QUEUE))
     env = {"BENCH_REDIS_URL": url,
            "PYTHONPATH": os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))}
-    process = bc.start_process(listen_command(url, function, concurrency, extra or []), env)
+    command = (runner_command(url, function) if runner
+               else listen_command(url, function, concurrency, extra or []))
+    process = bc.start_process(command, env)
     bc.wait_until(lambda: len(client.store.listener_ids(QUEUE)) > before, timeout=30)
     return process
+
+
+def run_forking_runner(url: str, function: str) -> None:
+    import bench_tasks
+
+    from blueque.forking_runner import ForkingRunner
+
+    ForkingRunner(blueque.Client(url), QUEUE, getattr(bench_tasks, function)).run()
 
 
 def pickup(url: str, n: int, spacing: float, op: str = "fork") -> dict[str, float]:
@@ -179,13 +218,14 @@ def pickup(url: str, n: int, spacing: float, op: str = "fork") -> dict[str, floa
 def drain(url: str, n: int, concurrency: int, op: str) -> dict[str, float]:
     """``op`` "no-task-logs": the listener captures no task output (``--no-task-logs``), which
     measures what the per-attempt output file and its shipping cost each task; "warm": warm
-    task processes (``--reuse``, PROTOCOL.md 6.7), each running up to WARM_REUSE tasks."""
+    task processes (``--reuse``, PROTOCOL.md 6.7), each running up to WARM_REUSE tasks;
+    "forking-runner": blueque 1.0.1's API, ``ForkingRunner.run()`` (concurrency 1)."""
     client = blueque.Client(url)
     queue = client.get_queue(QUEUE)
     queue.enqueue_many([bc.PARAMETERS] * n)
     extra = (["--no-task-logs"] if op == "no-task-logs"
              else ["--reuse", str(WARM_REUSE)] if op == "warm" else [])
-    listener = start_listener(url, "noop", concurrency, extra)
+    listener = start_listener(url, "noop", concurrency, extra, runner=op == "forking-runner")
     try:
         return bc.drain_rate(lambda: queue.stats().complete, n, timeout=n * 0.1 + 30,
                              r=bc.connect(url))
@@ -232,6 +272,9 @@ def recovery(url: str, lease: str) -> dict[str, float]:
 
 def main() -> int:
     args = bc.parser(__doc__ or "").parse_args()
+    if args.command == "runner":
+        run_forking_runner(args.url, args.op)
+        return 0
     if args.command == "pickup":
         result = pickup(args.url, args.n, args.spacing, args.op)
     elif args.command == "drain":

@@ -41,12 +41,7 @@ def enqueue(url: str, n: int) -> dict[str, float]:
     queue = blueque.Client(url).get_queue(QUEUE)
     for _ in range(20):
         queue.enqueue(bc.PARAMETERS)
-
-    def body() -> None:
-        for _ in range(n):
-            queue.enqueue(bc.PARAMETERS)
-
-    return bc.timed(r, n, body)
+    return bc.timed_calls(r, n, lambda: queue.enqueue(bc.PARAMETERS))
 
 
 def memory(url: str, n: int) -> dict[str, float]:

@@ -42,24 +42,14 @@ def loop(url: str, n: int) -> dict[str, float]:
 
     for _ in range(20):
         one()
-
-    def body() -> None:
-        for _ in range(n):
-            one()
-
-    return bc.timed(r, n, body)
+    return bc.timed_calls(r, n, one)
 
 
 def lpush(url: str, n: int) -> dict[str, float]:
     r = bc.connect(url)
     for _ in range(20):
         r.lpush(PENDING, str(uuid.uuid4()))
-
-    def body() -> None:
-        for _ in range(n):
-            r.lpush(PENDING, str(uuid.uuid4()))
-
-    return bc.timed(r, n, body)
+    return bc.timed_calls(r, n, lambda: r.lpush(PENDING, str(uuid.uuid4())))
 
 
 def bulk(url: str, n: int, batch: int) -> dict[str, float]:

@@ -40,12 +40,7 @@ def enqueue(url: str, n: int) -> dict[str, float]:
     queue = queue_for(url)
     for _ in range(20):
         queue.enqueue(NOOP, bc.PARAMETERS)
-
-    def body() -> None:
-        for _ in range(n):
-            queue.enqueue(NOOP, bc.PARAMETERS)
-
-    return bc.timed(bc.connect(url), n, body)
+    return bc.timed_calls(bc.connect(url), n, lambda: queue.enqueue(NOOP, bc.PARAMETERS))
 
 
 def bulk(url: str, n: int, batch: int) -> dict[str, float]:

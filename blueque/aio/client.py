@@ -107,12 +107,12 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connections this client opened (its pool; a Sentinel URL's sentinel
-        connections too). A ready client passed to the constructor is left open."""
+        """Close the connections this client opened (its pool, a Sentinel URL's sentinels,
+        its store's for script calls); a ready client passed to it is left open."""
+        await self.store.aclose()
         if self.settings is None:
             return
-        pool = getattr(self.redis, "connection_pool", None)
-        manager = getattr(pool, "sentinel_manager", None)
+        manager = getattr(getattr(self.redis, "connection_pool", None), "sentinel_manager", None)
         await self.redis.aclose()
         for sentinel in getattr(manager, "sentinels", ()):
             await sentinel.aclose()

@@ -187,6 +187,11 @@ class AsyncRedisStore:
         """An AsyncSubscription to ``channels`` that subscribes again after an outage."""
         return AsyncSubscription(self, channels)
 
+    async def aclose(self) -> None:
+        """Disconnect the connection of its own that script calls go on (Pipeliner)."""
+        if self._pipeliner is not None:
+            await self._pipeliner.aclose()
+
     async def ping(self) -> None:
         """PING, then check the server once: RedisUnavailable, AuthenticationFailed,
         ConfigurationError or UnsupportedServer say what is wrong."""
@@ -197,6 +202,10 @@ class AsyncRedisStore:
                 self._server_checked = True
         except _REDIS_ERRORS as error:
             raise translate(error, self.where) from error
+
+
+class _Unsent(Exception):
+    """The kept connection could not be opened: nothing was written."""
 
 
 class Pipeliner:
@@ -210,6 +219,15 @@ class Pipeliner:
         self._client = client
         self._waiting: list[tuple[protocol.Command, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
+        #: a batch of script calls only goes on a connection of its own, made as the pool
+        #: makes its own and kept apart from it (blueque.store.direct, the sync store's):
+        #: written and read without a pipeline object, the pool's lock and its checks
+        pool = getattr(client, "connection_pool", None)
+        kind = getattr(pool, "connection_class", None)
+        self._pool: Any = pool if (
+            isinstance(pool, redis.asyncio.ConnectionPool) and isinstance(kind, type)
+            and kind.__module__.startswith("redis.")) else None
+        self._connection: Any = None
 
     async def call(self, command: protocol.Command) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -224,11 +242,8 @@ class Pipeliner:
             self._waiting = []
             if not batch:
                 continue
-            pipe = self._client.pipeline(transaction=False)
-            for command, _ in batch:
-                getattr(pipe, command.name)(*command.args, **command.kwargs)
             try:
-                replies = await pipe.execute(raise_on_error=False)
+                replies = await self._execute([command for command, _ in batch])
             except Exception as error:  # the connection failed: every caller hears it
                 replies = [error] * len(batch)
             except BaseException:  # this task cancelled (the loop closing): so are they
@@ -242,6 +257,54 @@ class Pipeliner:
                     future.set_exception(reply)
                 else:
                     future.set_result(reply)
+
+    async def _execute(self, commands: list[protocol.Command]) -> list[Any]:
+        """Each command's reply, or its error reply as an exception (the pipeline's
+        ``raise_on_error=False``). Script calls only go on the kept connection, which a
+        failure between the write and the last reply (a cancellation too) disconnects: every
+        caller hears it, as from a pipeline. A connection found lost before anything was
+        written (a server-side idle timeout, a failover) sends them the ordinary way, which
+        reconnects."""
+        if self._pool is not None and all(c.name == "evalsha" and not c.kwargs
+                                          for c in commands):
+            try:
+                return await self._execute_kept(commands)
+            except _Unsent:
+                pass
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            getattr(pipe, command.name)(*command.args, **command.kwargs)
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def _execute_kept(self, commands: list[protocol.Command]) -> list[Any]:
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = self._pool.connection_class(
+                **self._pool.connection_kwargs)
+        try:
+            if not connection.is_connected:
+                await connection.connect()
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+            raise _Unsent(str(error)) from error
+        replies: list[Any] = []
+        try:
+            await connection.send_packed_command(connection.pack_commands(
+                [("EVALSHA", *command.args) for command in commands]), check_health=False)
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except redis.exceptions.ResponseError as error:  # read whole: in step
+                    replies.append(error)
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
+        return replies
+
+    async def aclose(self) -> None:
+        """Disconnect the kept connection."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.disconnect()
 
 
 class AsyncSubscription:

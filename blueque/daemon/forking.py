@@ -78,21 +78,39 @@ def fork_task_process(store: RedisStore, task_store: RedisStore, assignment: Ass
                   create_time(pid))
 
 
-def fork_spare(server: ForkServerLink, assignment: Assignment,
-               task_logs: TaskLogSettings | None, reuse: int) -> Forked | str | None:
-    """A task process made by ``server`` before its task (6.8, a spare; ``assignment`` names
-    its queue, no task): it waits for its first task as an idle warm process does. A str: the
-    server could not fork (why); None: it is not ready, or went away (a child it made
-    meanwhile reads end of file on the pair closed here and exits). The next task then gets
-    its fork as usual."""
-    if not server.ready:
-        return None
-    made, ours, output = _ask(server, assignment, task_logs, reuse, spare=True)
-    if made is None or isinstance(made, str):
+@dataclass(frozen=True)
+class AskedSpare:
+    """A spare asked for and not answered yet (ForkServerLink.ask_spare): our end of its
+    socket pair and its output pipe."""
+
+    ours: socket.socket
+    output: tuple[int, int] | None
+
+    def made(self, answer: tuple[int, float | None] | str | None,
+             assignment: Assignment) -> Forked | str | None:
+        """Its process, from the fork server's answer; else (a str: why it refused; None:
+        it went away) our ends are closed."""
+        if answer is None or isinstance(answer, str):
+            self.ours.close()
+            close_fds(self.output)
+            return answer
+        return _made(answer, assignment, self.ours, self.output)
+
+
+def ask_spare(server: ForkServerLink, assignment: Assignment,
+              task_logs: TaskLogSettings | None, reuse: int) -> AskedSpare | None:
+    """Ask ``server`` for a spare (6.8) without waiting for its answer; None: it is not
+    ready (nothing asked)."""
+    ours, theirs = socket.socketpair()
+    output = os.pipe() if task_logs is not None else None
+    asked = AskedSpare(ours, output)
+    sent = server.ask_spare(assignment, reuse, [theirs.fileno(), *(output or ())], asked)
+    theirs.close()
+    if not sent:
         ours.close()
         close_fds(output)
-        return made
-    return _made(made, assignment, ours, output)
+        return None
+    return asked
 
 
 def _ask(server: ForkServerLink, assignment: Assignment, task_logs: TaskLogSettings | None,

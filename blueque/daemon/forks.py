@@ -75,6 +75,13 @@ class ForkServerLink:
         self.ready = False
         self.control: socket.socket | None = None
         self.exits: list[tuple[int, int]] = []  # (pid, raw status), reported, not settled
+        #: it loaded the client since this was last read (spares_stale)
+        self._stale = False
+        #: the spares asked for and not answered yet (ask_spare), oldest first: its answers
+        #: come in the order of the requests
+        self._spares_asked: list[object] = []
+        #: each asked spare's answer: (pid, create time), why it refused, or None (gone)
+        self._spares_answered: list[tuple[object, tuple[int, float | None] | str | None]] = []
         self._started = 0.0
         self._delay = 0.0
         self._start_at = 0.0
@@ -186,13 +193,25 @@ class ForkServerLink:
         return message if isinstance(message, dict) else None
 
     def _heard(self, message: dict[str, Any]) -> None:
-        if "exited" in message:
+        if ("forked" in message or "refused" in message) and self._spares_asked:
+            self._spares_answered.append((self._spares_asked.pop(0), _answer(message)))
+        elif "exited" in message:
             self.exits.append((int(message["exited"]), int(message["status"])))
+        elif "loaded" in message:
+            self._stale = True
         elif "ready" in message:
             self.ready = True
             log.info("fork server %s ready (%s)", self.pid, self.setup.function)
         elif "failed" in message:
             self._broken(f"could not start: {message['failed']}")
+
+    def spares_stale(self) -> bool:
+        """Whether the spares it made (6.8) are to be retired, since last asked: it loaded the
+        client (they would import it themselves, a quarter of a second, where a process made
+        now inherits it)."""
+        self.read()
+        stale, self._stale = self._stale, False
+        return stale
 
     def take_exits(self) -> list[tuple[int, int]]:
         self.read()
@@ -213,9 +232,33 @@ class ForkServerLink:
         socket, and its output pipe's ends; ``spare``: one made before its task, 6.8): its
         pid and create time; a str: it could not fork (EAGAIN...); None: it is not there
         (fork from the listener)."""
+        if not self._request(assignment, reuse, fds, spare):
+            return None
+        while self.control is not None:
+            message = self._receive(block=True)
+            if message is None:
+                return None
+            if ("forked" in message or "refused" in message) and not self._spares_asked:
+                return _answer(message)
+            self._heard(message)  # a spare's answer (asked before) comes first
+        return None
+
+    def ask_spare(self, assignment: Assignment, reuse: int, fds: list[int],
+                  token: object) -> bool:
+        """Ask it for a process ahead of its task (6.8) without waiting for the answer: the
+        loop goes on (its task's run, its outcome) while it forks. The answer comes with
+        ``token`` from ``spares_made``. False: it is not ready, or could not be written to."""
+        if not self._request(assignment, reuse, fds, spare=True):
+            return False
+        self._spares_asked.append(token)
+        return True
+
+    def _request(self, assignment: Assignment, reuse: int, fds: list[int], spare: bool
+                 ) -> bool:
+        """Send a fork request; False: it is not ready, or could not be written to."""
         self.read()
         if not self.ready or self.control is None:
-            return None
+            return False
         request = {"fork": {"task": assignment.task_id, "queue": assignment.queue,
                             "listener": assignment.listener, "patience": assignment.patience,
                             "node": assignment.node, "reuse": reuse, "spare": spare}}
@@ -224,18 +267,27 @@ class ForkServerLink:
             socket.send_fds(self.control, [json.dumps(request).encode()], fds)
         except OSError as error:
             self._broken(f"cannot be written to ({error})")
-            return None
-        while self.control is not None:
-            message = self._receive(block=True)
-            if message is None:
-                return None
-            if "forked" in message:
-                created = message.get("created")
-                return int(message["forked"]), None if created is None else float(created)
-            if "refused" in message:
-                return str(message["refused"])
-            self._heard(message)
-        return None
+            return False
+        return True
+
+    def heard(self) -> bool:
+        """Whether it said something read from its socket and not taken yet (exits, a spare's
+        answer): the loop must not wait for its socket then, which has nothing more to say."""
+        return bool(self.exits or self._spares_answered)
+
+    def spares_asked(self) -> int:
+        return len(self._spares_asked)
+
+    def spares_made(self) -> list[tuple[object, tuple[int, float | None] | str | None]]:
+        """The answers to ask_spare since last asked, with their tokens: (pid, create time),
+        why it could not fork, or None: it went away before answering (a child it made
+        meanwhile reads end of file once the token's socket is closed)."""
+        self.read()
+        if self.control is None:
+            self._spares_answered += [(token, None) for token in self._spares_asked]
+            self._spares_asked = []
+        answered, self._spares_answered = self._spares_answered, []
+        return answered
 
     def close(self) -> None:
         """Our end of its socket (it exits when it sees it closed); in a task process forked
@@ -257,6 +309,13 @@ class ForkServerLink:
             except ChildProcessError:
                 return
             time.sleep(0.01)
+
+
+def _answer(message: dict[str, Any]) -> tuple[int, float | None] | str:
+    if "forked" in message:
+        created = message.get("created")
+        return int(message["forked"]), None if created is None else float(created)
+    return str(message["refused"])
 
 
 def exits(server: ForkServerLink | None) -> Iterator[tuple[int, int]]:

@@ -13,7 +13,7 @@ from typing import Protocol
 from blueque import failpoints
 from blueque.calling import TaskFunction
 from blueque.child import Assignment
-from blueque.daemon.forking import fork_spare, fork_task_process
+from blueque.daemon.forking import AskedSpare, ask_spare, close_fds, fork_task_process
 from blueque.daemon.forks import ForkServerLink
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
 from blueque.daemon.recorder import Recorder
@@ -63,6 +63,10 @@ class Starter:
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
         """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
         the task for it (or give it to an idle warm process). False if none could be forked."""
+        self.take_spares()
+        server = self.supervisor.fork_server
+        if server is not None and server.spares_stale():
+            self.warm.retire_spares("its fork server has loaded the client since it was made")
         if self._assign(queue, task_id):
             return True
         forked = fork_task_process(
@@ -78,27 +82,52 @@ class Starter:
         return True
 
     def make_spare(self, queue: str, free: int) -> bool:
-        """Have the fork server make a task process before its task (6.8), when a slot is
-        free (``free``: how many) and no process is idle: the next task moved goes to it.
-        False: none was made (none is wanted, no ready fork server, or it made none)."""
+        """Ask the fork server for a task process before its task (6.8), when no process is
+        idle or asked for, and a slot is free (``free``: how many) or one will free with its
+        process's exit (a run in its process's last task: every run with --reuse 1). It is
+        not waited for: its answer is taken in at a later step (take_spares) and the next
+        task moved goes to it (an idle process runs nothing: it takes no slot). False: none
+        was asked for (none is wanted, or no ready fork server)."""
+        self.take_spares()
         server = self.supervisor.fork_server
-        if server is None or free <= 0 or self.warm.idle:
+        if server is None or self.warm.idle or server.spares_asked() or (
+                free <= 0 and not self.warm.last_tasks(self.children)):
             return False
+        return ask_spare(server, self._spare_assignment(queue),
+                         self.supervisor.recorder.task_logs, self.warm.reuse) is not None
+
+    def take_spares(self) -> None:
+        """The fork server's answers to the spares asked for: each process made is kept as
+        idle (runs 0); a refusal is said once, not at every step."""
+        server = self.supervisor.fork_server
+        if server is None:
+            return
         task_logs = self.supervisor.recorder.task_logs
-        made = fork_spare(server, Assignment("", queue, self.owner.id, self.owner.lease_s,
-                                             self.supervisor.recorder.spool,
-                                             node=self.owner.node),
-                          task_logs, self.warm.reuse)
-        if isinstance(made, str) and not self._spare_refused:  # said once, not every step
-            log.warning("queue %s: its fork server cannot make a process ahead of its task "
-                        "(%s); tasks get their fork when they come", queue, made)
-        self._spare_refused = isinstance(made, str)
-        if made is None or isinstance(made, str):
-            return False
-        self.warm.add_spare(made.pid, made.created, made.channel,
-                            TaskOutput.of(made.output, task_logs, self.store))
-        log.debug("queue %s: process %d made ahead of its task", queue, made.pid)
-        return True
+        for token, answer in server.spares_made():
+            assert isinstance(token, AskedSpare)
+            made = token.made(answer, self._spare_assignment(""))
+            if isinstance(made, str) and not self._spare_refused:
+                log.warning("its fork server cannot make a process ahead of its task (%s); "
+                            "tasks get their fork when they come", made)
+            self._spare_refused = isinstance(made, str)
+            if made is None or isinstance(made, str):
+                continue
+            self.warm.add_spare(made.pid, made.created, made.channel,
+                                TaskOutput.of(made.output, task_logs, self.store))
+            log.debug("process %d made ahead of its task", made.pid)
+
+    def drop_spares(self) -> None:
+        """Our ends of the spares asked for or made and not taken in (the listener closes:
+        such a process reads end of file and exits)."""
+        server = self.supervisor.fork_server
+        for token, _ in server.spares_made() if server is not None else ():
+            assert isinstance(token, AskedSpare)
+            token.ours.close()
+            close_fds(token.output)
+
+    def _spare_assignment(self, queue: str) -> Assignment:
+        return Assignment("", queue, self.owner.id, self.owner.lease_s,
+                          self.supervisor.recorder.spool, node=self.owner.node)
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,
                channel: ChildChannel, output: TaskOutput | None) -> None:

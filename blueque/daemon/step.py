@@ -271,16 +271,15 @@ class ListenerStep:
         return list(reduced_lottery(self.weights, self.rng))
 
     def _fill_slots(self) -> None:
-        while self.slots.free(self.supervisor.occupied()) > 0 and not self.stop_asked:
-            moved = self.supervisor.ahead.pop() or reserve(
-                self.store, self.weights, self.id, self.rng, self.resources.free())
-            if moved is None:  # nothing to take: a process made ready for the next (6.8)
-                self.supervisor.starter.make_spare(next(iter(self.weights)), self.slots.free(
-                    self.supervisor.occupied()))
-                return
-            if not self.supervisor.fork(*moved, self.load_function()):
+        supervisor, free = self.supervisor, self.slots.free  # a task for each free slot
+        while free(supervisor.occupied()) > 0 and not self.stop_asked and (
+                moved := supervisor.ahead.pop() or reserve(
+                    self.store, self.weights, self.id, self.rng, self.resources.free())):
+            if not supervisor.fork(*moved, self.load_function()):
                 self.heal()
                 return
+        if not self.stop_asked:  # then the next task's process made ahead (6.8)
+            supervisor.starter.make_spare(next(iter(self.weights)), free(supervisor.occupied()))
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep

@@ -203,8 +203,8 @@ class Supervisor:
                if r.time_limit and not r.reason]
         due += self.stopper.stops.deadlines() + self.leftovers.deadlines()
         due += [r.progress_due for r in self.children.values() if r.progress is not None]
-        due += output_deadlines(self.children.values())
-        return due
+        heard = self.fork_server is not None and self.fork_server.heard()  # read: due now
+        return due + output_deadlines(self.children.values()) + ([self.clock()] if heard else [])
 
     def clean_logs(self, interval: float) -> None:
         """Remove old output files (--log-keep), sparing those of the attempts running now
@@ -259,6 +259,7 @@ class Supervisor:
         self.warm.close()
         if self.fork_server is not None:  # it exits (6.8); its children live on
             self.fork_server.close()
+            self.starter.drop_spares()
         for running in self.children.values():
             if running.channel is not None:
                 running.channel.close()
