@@ -126,10 +126,19 @@ class Node:
                 found[process.pid] = " ".join(command)[:80]
         return found
 
+    def runs(self, processes: dict[int, str] | None = None) -> dict[int, str]:
+        """Its task processes (``processes``, else read now) that run a task: not the idle
+        ones, a spare made ahead of its task or a warm process between tasks (PROTOCOL.md
+        6.7), told by their title."""
+        found = self.task_processes() if processes is None else processes
+        return {pid: title for pid, title in found.items()
+                if title.startswith("blueque: chaos ") and not title.rstrip().endswith(" idle")}
+
 
 class SlotWatch(threading.Thread):
     """Samples how many task processes each node runs: adopted runs and fenced runs being
-    stopped included, never more than its listener's --concurrency (issue 9, section 3)."""
+    stopped included, never more than its listener's --concurrency (issue 9, section 3), and
+    at most one idle process beside them (the next task's, made while the tasks run: 6.7)."""
 
     def __init__(self, nodes: list[Node]) -> None:
         super().__init__(daemon=True)
@@ -143,8 +152,9 @@ class SlotWatch(threading.Thread):
         while not self._done.wait(0.1):
             for node in self.nodes:
                 processes = node.task_processes()
-                self.most[node.name] = max(self.most[node.name], len(processes))
-                if len(processes) > CONCURRENCY:
+                runs = node.runs(processes)
+                self.most[node.name] = max(self.most[node.name], len(runs))
+                if len(runs) > CONCURRENCY or len(processes) > CONCURRENCY + 1:
                     self.over.append((node.name, [f"{pid}: {title}"
                                                   for pid, title in processes.items()]))
             self.samples += 1
@@ -286,7 +296,7 @@ class Chaos:
         """Every node's listener alive and every slot running a task, and a line long enough
         that the fleet does not get through it during a long cut."""
         return (self.backlog() >= BACKLOG
-                and all(node.alive() and len(node.task_processes()) >= CONCURRENCY
+                and all(node.alive() and len(node.runs()) >= CONCURRENCY
                         for node in self.nodes))
 
     def restart_listener(self, node: Node, kill: bool) -> None:
