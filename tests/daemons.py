@@ -97,13 +97,16 @@ def owned_processes() -> list[psutil.Process]:
     return found
 
 
-def task_processes(queue: str = "work") -> list[psutil.Process]:
-    """This test run's task processes of ``queue``, busy or idle (their titles say so)."""
+def task_processes(queue: str = "work", busy: bool = False) -> list[psutil.Process]:
+    """This test run's task processes of ``queue``, busy or idle (their titles say so);
+    ``busy``: only those running a task, not an idle one (a spare made ahead of its task, a
+    warm process between tasks: PROTOCOL.md 6.7)."""
     found = []
     for process in owned_processes():
         with contextlib.suppress(psutil.Error):
             title = process.cmdline()[:1]  # read once: a process may exit between two reads
-            if title and title[0].startswith(f"blueque: {queue} "):
+            if title and title[0].startswith(f"blueque: {queue} ") and not (
+                    busy and title[0].rstrip().endswith(" idle")):
                 found.append(process)
     return found
 

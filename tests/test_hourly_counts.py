@@ -192,7 +192,8 @@ def test_a_listener_daemon_keeps_the_time_of_its_last_ending(
         assert redis_client.hgetall(KEYS.listener_counts("q", listener)) == {"complete": "5"}
         more = queue.enqueue(json.dumps({"n": 6}))
         ended = client.get_task(more).wait(20).finished_at
-        # its process gone too (else its leaving renews, for the runs it leaves to adoption)
-        wait_until(lambda: not task_processes("q"), what="the task process gone")
+        # its run's process gone too (else its leaving renews, for the runs it leaves to
+        # adoption); the idle one made ahead of the next task is no run
+        wait_until(lambda: not task_processes("q", busy=True), what="the task process gone")
         assert daemon.stop() == 0  # at once, between two renewals: its leaving writes it
         assert redis_client.zscore(seen, listener) == ended
