@@ -131,6 +131,11 @@ class NodePreemption:
         #: is still here. One made since (--grace 0) is acted on, however late it is read
         self.started = self.store.now()
 
+    def hear(self) -> None:
+        """A request may wait in Redis (its message came, or one may have been missed): read
+        it at the next look. Called from the subscriber thread too (a bool's write)."""
+        self.heard = True
+
     def on_signal(self, signum: int, frame: object) -> None:
         """SIGUSR1's handler (and SIGTERM's with --on-stop=preempt): acted on at the loop's
         next step (the wakeup fd wakes it)."""

@@ -150,3 +150,65 @@ def test_processes_are_signalled_through_blueque_process() -> None:
     found = signalling_functions()
     assert {"process.py:signal_pid", "process.py:signal_group"} <= found  # not vacuous
     assert sorted(f for f in found if not f.startswith(SIGNALLERS)) == []
+
+
+def written_from_outside(tree: ast.AST) -> list[str]:
+    """Assignments to a part's attribute through another object (``self.part.x = ...``,
+    ``self.part.x[k] = ...``, ``part.x = ...``), a Running record's fields aside (its thread
+    contract: blueque.running)."""
+    found = []
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        for target in targets:
+            for one in target.elts if isinstance(target, ast.Tuple) else [target]:
+                while isinstance(one, ast.Subscript):
+                    one = one.value
+                if not isinstance(one, ast.Attribute):
+                    continue
+                owner = one.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls", "running"):
+                    continue
+                found.append(f"{node.lineno}: {ast.unparse(one)}")
+    return found
+
+
+def test_no_part_of_the_daemon_is_written_from_outside() -> None:
+    """Issue 34 point 1: the loop wrote into its parts after building them (``ahead.queues``,
+    ``supervisor.owner``, ``membership.info[...]``, ``preemption.heard``); each part has the
+    verb instead (Ahead.take_from, Supervisor.registered, Membership.note,
+    NodePreemption.hear)."""
+    assert written_from_outside(ast.parse("self.a.b = 1\nx.y[2] = 3\nself.c = 4")) == [
+        "1: self.a.b", "2: x.y"]  # not vacuous
+    found = [f"{path.relative_to(PACKAGE)}:{line}"
+             for path in sorted([*(PACKAGE / "daemon").glob("*.py"), PACKAGE / "preemption.py"])
+             for line in written_from_outside(ast.parse(path.read_text(encoding="utf-8")))]
+    assert found == []
+
+
+def supervisor_parts() -> set[str]:
+    """The attributes a Supervisor makes in its __init__, its runs (``children``, a dict the
+    loop, the guard and the resources read) aside."""
+    tree = ast.parse((PACKAGE / "daemon" / "supervisor.py").read_text(encoding="utf-8"))
+    init = next(node for node in ast.walk(tree)
+                if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    return {target.attr for node in ast.walk(init) if isinstance(node, ast.Assign | ast.AnnAssign)
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute)} - {"children"}
+
+
+def test_nothing_reaches_through_the_supervisor() -> None:
+    """Issue 34 point 1: no ``supervisor.<part>.<anything>`` in the package: the Supervisor
+    has the verbs its callers need (give_back, make_spare, seen...), or hands the part."""
+    parts = supervisor_parts()
+    assert {"stopper", "recorder", "ahead", "starter", "leftovers"} <= parts  # not vacuous
+    chained = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr in parts and isinstance(node.value.value,
+                                                                ast.Attribute | ast.Name)
+                    and ast.unparse(node.value.value).split(".")[-1] == "supervisor"):
+                chained.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: "
+                               f"{ast.unparse(node)}")
+    assert chained == []

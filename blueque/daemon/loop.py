@@ -29,8 +29,8 @@ class ListenerDaemon(ListenerStep):
 
     def run(self) -> int:
         self.load_function()
-        if self.supervisor.fork_server is not None:
-            self.supervisor.fork_server.start()  # ready soon; until then we fork ourselves
+        if self.fork_server is not None:
+            self.fork_server.start()  # ready soon; until then we fork ourselves
         self.on_stop = on_stop_here(self.on_stop, self.id)
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
@@ -93,7 +93,7 @@ class ListenerDaemon(ListenerStep):
         self.keeper.close()  # the lease is the loop's to leave with (release, or keep)
         self.supervisor.let_go()
         # what ended runs left is not left to anyone (runs still running are: --on-stop=keep)
-        self.supervisor.leftovers.finish(self.supervisor.children)
+        self.supervisor.finish_leftovers()
         try:
             if self.supervisor.children:
                 log.info("listener %s exiting; %d task(s) keep running and will be adopted by "
@@ -101,16 +101,16 @@ class ListenerDaemon(ListenerStep):
                 self.membership.leave_runs()
                 self._renew()
             elif self.membership.registered:
-                if self.supervisor.recorder.seen:  # our last runs' record, before we go
+                if self.supervisor.seen:  # our last runs' record, before we go
                     self._renew()
-                self.supervisor.ahead.give_back(self.id)
+                self.supervisor.give_back(self.id)
                 self.membership.release()  # leave cleanly: nothing of ours to recover
         except BluequeError as error:
             log.error("listener %s: could not leave cleanly: %s", self.id, error)
         self.guard.close()
         self.supervisor.close()
-        if self.supervisor.fork_server is not None:
-            self.supervisor.fork_server.stop()
+        if self.fork_server is not None:
+            self.fork_server.stop()
         self.wakeup.close()
 
     def _preempted_and_done(self) -> bool:

@@ -14,7 +14,6 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Literal
 
 from blueque import eviction
@@ -101,14 +100,16 @@ class ListenerStep:
         if options.uses_fork_server(client.settings) and client.settings is not None:
             setup = server_setup(str(options.function), client.settings,
                                  client.store.checkpoint_max_bytes, options.task_logs, self.spool)
+        #: forks our task processes when it is ready (6.8): started and stopped by the loop
+        self.fork_server = ForkServerLink(setup) if setup else None
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None,
             reuse=options.reuse, max_memory=options.max_memory_per_process,
-            fork_server=ForkServerLink(setup) if setup else None)
-        self.supervisor.ahead.queues = self._next_queues
+            fork_server=self.fork_server)
+        self.stopper = self.supervisor.stopper  # handed to us: cancels, limits, preemption
         self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive, clock)
         #: renews the leases when the loop is late (a slow link); hears of every renewal
         self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
@@ -119,7 +120,7 @@ class ListenerStep:
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
         self.resources = ResourceBook(self.store, options.resources, self.supervisor, self.slots)
-        self.supervisor.ahead.resources = self.resources.free  # PROTOCOL.md 5.22
+        self.supervisor.take_ahead_from(self._next_queues, self.resources.free)  # 5.22
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
         #: refuses an evicting Redis at start, then says a change at each renewal
@@ -138,8 +139,7 @@ class ListenerStep:
         sent = self.clock()
         self.membership.register(self.options.concurrency, self.resources.offered())
         self.keeper.renewed(sent)  # its leases run from here
-        self.supervisor.owner = replace(self.supervisor.owner,
-                                        created=self.membership.created)
+        self.supervisor.registered(self.membership.created)
 
     def start_subscriber(self) -> None:
         """Hear enqueues on our queues' channels, cancels on our control channel and this
@@ -191,22 +191,22 @@ class ListenerStep:
         self._check_preemption()
         supervisor.begin_waiting()
         supervisor.record_reports()  # first: each of those children waits for the word
-        supervisor.recorder.record_unrecorded()
+        supervisor.record_unrecorded()
         if self.cadence.due("sweep", current):
             self._sweep()
             self.cadence.done("sweep", current)
-        supervisor.recorder.forget_ended()
+        supervisor.forget_ended()
         if self.cadence.due("due", current):
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
                 self.store.enqueue_due(queue, self.store.now())
             self.cadence.done("due", current)
-        supervisor.stopper.stop_tasks(self.inbox.cancels(), "cancelled")
+        self.stopper.stop_tasks(self.inbox.cancels(), "cancelled")
         self._enforce_limits()
         if not self.stop_asked and self.preemption.deadline is None:
             self._fill_slots()
         else:
-            supervisor.ahead.give_back(self.id)  # ids taken ahead: no slot will take them
+            supervisor.give_back(self.id)  # ids taken ahead: no slot will take them
         supervisor.write_progress()
         if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
@@ -215,7 +215,7 @@ class ListenerStep:
     def _renew_when_due(self, current: float) -> None:
         """Every half interval, and first thing after an outage (Cadence)."""
         if self.cadence.due("renew", current):
-            self.preemption.heard = True  # a request whose message we missed: read it now
+            self.preemption.hear()  # a request whose message we missed: read it now
             self._renew()
             self.memory_watch.look(self.store.memory_policy())  # a CONFIG SET since (5.18b)
             self.spool.replay(self.store)  # what a listener of ours held when it died
@@ -229,13 +229,13 @@ class ListenerStep:
         each running child's task as it is now (Supervisor.look_at): a superseded run is
         stopped, one recovered while it lived reclaimed, a missed cancel taken."""
         supervisor = self.supervisor
-        supervisor.defaults.clear()  # an operator's Queue.configure applies from now
-        watched = supervisor.stopper.watched()
+        supervisor.renewing()  # an operator's Queue.configure applies from now
+        watched = self.stopper.watched()
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics,
-                                      supervisor.recorder.seen)
-        self.membership.info.update(supervisor.health())  # off the lease's path: the next one's
-        self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
+                                      supervisor.seen)
+        self.membership.note(supervisor.health())  # off the lease's path: the next one's
+        self.inbox.cancel(self.stopper.look_at(zip(watched, reply.tasks, strict=True)))
         self.keeper.renewed(self.membership.renewed_at)  # the guard and metrics hear of it
 
     def heal(self) -> None:
@@ -273,13 +273,13 @@ class ListenerStep:
     def _fill_slots(self) -> None:
         supervisor, free = self.supervisor, self.slots.free  # a task for each free slot
         while free(supervisor.occupied()) > 0 and not self.stop_asked and (
-                moved := supervisor.ahead.pop() or reserve(
+                moved := supervisor.pop_ahead() or reserve(
                     self.store, self.weights, self.id, self.rng, self.resources.free())):
             if not supervisor.fork(*moved, self.load_function()):
                 self.heal()
                 return
         if not self.stop_asked:  # then the next task's process made ahead (6.8)
-            supervisor.starter.make_spare(next(iter(self.weights)), free(supervisor.occupied()))
+            supervisor.make_spare(next(iter(self.weights)), free(supervisor.occupied()))
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
@@ -291,19 +291,19 @@ class ListenerStep:
             # their tasks go back to pending (endings.decide; an adopted run's when a sweep
             # finds it gone)
             self._stop_all("preempted")
-        self.supervisor.stopper.enforce_limits()
+        self.stopper.enforce_limits()
 
     def _stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
         """SIGTERM the groups still running, our children's and the adopted runs' (then
         SIGKILL after their grace, as for any stop)."""
-        self.supervisor.stopper.stop_all(reason)
+        self.stopper.stop_all(reason)
         self.recovery.stop_adopted(self.slots.in_care(), reason)
 
     def _check_preemption(self) -> None:
         """This node goes away: take no more tasks, tell every task process so that it saves
         and stops; its groups are terminated at the deadline (an earlier one wins)."""
-        if self.preemption.check(self.supervisor.stopper.notify, self.slots.adopted_pids()):
-            self.membership.info["preempting_until"] = repr(self.preemption.deadline)
+        if self.preemption.check(self.stopper.notify, self.slots.adopted_pids()):
+            self.membership.note({"preempting_until": repr(self.preemption.deadline)})
             self.cadence.soon("renew")  # blueque status shows it from our next step on
 
     def _wait(self, timeout: float) -> None:
