@@ -212,3 +212,20 @@ def test_nothing_reaches_through_the_supervisor() -> None:
                 chained.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: "
                                f"{ast.unparse(node)}")
     assert chained == []
+
+
+def test_the_daemon_composes_its_parts() -> None:
+    """Issue 34 point 2: ``ListenerDaemon(ListenerStep)`` split one object across two files; the
+    loop has a step (``ListenerDaemon.step``), and no class of blueque/daemon/ inherits from a
+    class of the package."""
+    ours = {node.name for path in PACKAGE.rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ClassDef)}
+    assert {"ListenerDaemon", "ListenerStep", "Supervisor"} <= ours  # not vacuous
+    inherited = [f"{path.name}: {node.name}({ast.unparse(base)})"
+                 for path in sorted((PACKAGE / "daemon").glob("*.py"))
+                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.ClassDef) for base in node.bases
+                 if ast.unparse(base).split(".")[-1] in ours]
+    assert inherited == []
+

@@ -65,10 +65,9 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
 
 
 class ListenerStep:
-    """The listener's parts and one step of its loop (``run_once``: take in, reap, join,
-    renew, sweep, enforce limits and cancellations, fill free slots, wait), repeated by
-    ListenerDaemon, driven step by step by tests. It composes Membership, Supervisor, Wakeup,
-    Inbox, Slots, ResourceBook, Recovery and NodePreemption."""
+    """The listener's parts and one step of its loop (``run_once``: take in, reap, join, renew,
+    sweep, enforce limits and cancels, fill free slots, wait), the ListenerDaemon's (and the
+    tests'). It composes Membership, Supervisor, Wakeup, Inbox, Slots, Recovery..."""
 
     def __init__(self, client: Client, options: ListenerOptions,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -96,12 +95,8 @@ class ListenerStep:
         self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency, busy=self.busy,
                                         memory=lambda: self.supervisor.memory(), spool=self.spool)
                         if options.metrics else None)
-        setup = None
-        if options.uses_fork_server(client.settings) and client.settings is not None:
-            setup = server_setup(str(options.function), client.settings,
-                                 client.store.checkpoint_max_bytes, options.task_logs, self.spool)
         #: forks our task processes when it is ready (6.8): started and stopped by the loop
-        self.fork_server = ForkServerLink(setup) if setup else None
+        self.fork_server = fork_server_link(client, options, self.spool)
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
@@ -146,9 +141,18 @@ class ListenerStep:
         node's preemption (PROTOCOL.md 6 step 7)."""
         self.wakeup.subscribe(self.inbox.channels, self.inbox.heard)
 
+    # --- what the loop's life tells its step (daemon/loop.py) ---------------------------
+    def keep_on_stop(self, on_stop: str) -> None:  # --on-stop as it can be kept here
+        self.on_stop = on_stop
+
+    def ask_stop(self) -> None:  # no new task from now on; leave as --on-stop says
+        self.stop_asked = True
+
+    def hear_program(self, program: ProgramSignals | None) -> None:  # ForkingRunner.run()'s
+        self.program_signals = program
+
     def _interrupted(self) -> bool:
-        """Asked to stop, or a signal for the program's own handler waits: a wait for our
-        identity (a lease to lapse) gives way to either."""
+        """Asked to stop, or a program's signal waits: a wait for our identity gives way."""
         return self.stop_asked or bool(self.program_signals and self.program_signals.pending)
 
     def run_once(self) -> None:
@@ -216,7 +220,7 @@ class ListenerStep:
         """Every half interval, and first thing after an outage (Cadence)."""
         if self.cadence.due("renew", current):
             self.preemption.hear()  # a request whose message we missed: read it now
-            self._renew()
+            self.renew()
             self.memory_watch.look(self.store.memory_policy())  # a CONFIG SET since (5.18b)
             self.spool.replay(self.store)  # what a listener of ours held when it died
             # a move whose reply was lost (a failover: the retried LMOVE took another
@@ -224,9 +228,9 @@ class ListenerStep:
             self.heal()
             self.cadence.done("renew", current)
 
-    def _renew(self) -> None:
+    def renew(self) -> None:
         """Renew our leases and info hash and write our runs (Membership.renew), and look at
-        each running child's task as it is now (Supervisor.look_at): a superseded run is
+        each running child's task as it is now (Stopper.look_at): a superseded run is
         stopped, one recovered while it lived reclaimed, a missed cancel taken."""
         supervisor = self.supervisor
         supervisor.renewing()  # an operator's Queue.configure applies from now
@@ -246,8 +250,7 @@ class ListenerStep:
                              processes=self.supervisor.task_processes())
 
     def _sweep(self) -> None:
-        """Recovery, as adopter: the live runs of dead listeners of our node that it adopts
-        take our slots (Slots.take); then the cleanup of old output files."""
+        """Recovery, as adopter (the runs it adopts take our slots), then old output files."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
         if self.slots.take(report):
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
@@ -257,14 +260,12 @@ class ListenerStep:
             self.metrics.swept(report)
 
     def busy(self) -> int:
-        """Slots in use: our children (and what ended runs left that we are stopping), the
-        runs we adopted, the fenced runs we are stopping."""
+        """Slots in use: our children (and their leftovers being stopped), adopted, fenced."""
         return self.slots.busy(self.supervisor.occupied())
 
     def _next_queues(self) -> list[str]:
-        """The queues to take the next task from, in the order to try them, once the run
-        whose ending is being recorded frees its slot (blueque.daemon.ahead); [] if that
-        slot is to take none: stopping, preempted, or our slots are over-full."""
+        """The queues to try, in order, once the run whose ending is recorded frees its slot
+        (blueque.daemon.ahead); []: stopping, preempted, or our slots are over-full."""
         if (self.stop_asked or self.preemption.deadline is not None
                 or self.slots.free(self.supervisor.occupied() - 1) <= 0):
             return []
@@ -290,12 +291,11 @@ class ListenerStep:
         if self.preemption.due():
             # their tasks go back to pending (endings.decide; an adopted run's when a sweep
             # finds it gone)
-            self._stop_all("preempted")
+            self.stop_all("preempted")
         self.stopper.enforce_limits()
 
-    def _stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
-        """SIGTERM the groups still running, our children's and the adopted runs' (then
-        SIGKILL after their grace, as for any stop)."""
+    def stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
+        """SIGTERM our children's and adopted runs' groups (SIGKILL after their grace)."""
         self.stopper.stop_all(reason)
         self.recovery.stop_adopted(self.slots.in_care(), reason)
 
@@ -314,6 +314,16 @@ class ListenerStep:
         current = self.clock()
         self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
                          self.supervisor.channels(), output_fds(self.supervisor.children.values()))
+
+
+def fork_server_link(client: Client, options: ListenerOptions,
+                     spool: Spool) -> ForkServerLink | None:
+    """The link to a listener's fork server, if it uses one (ListenerOptions.uses_fork_server)."""
+    if not options.uses_fork_server(client.settings) or client.settings is None:
+        return None
+    setup = server_setup(str(options.function), client.settings,
+                         client.store.checkpoint_max_bytes, options.task_logs, spool)
+    return ForkServerLink(setup) if setup else None
 
 
 def daemon_identity(node_name: str | None, identity: str | None) -> tuple[str, str]:
