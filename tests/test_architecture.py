@@ -229,3 +229,18 @@ def test_the_daemon_composes_its_parts() -> None:
                  if ast.unparse(base).split(".")[-1] in ours]
     assert inherited == []
 
+
+def test_a_starting_run_is_made_by_its_constructor() -> None:
+    """Issue 34 point 3: a starting run was built positionally with placeholders, twice; the
+    daemon makes one with ``Running.starting``, and Running's docstring says which fields the
+    exclusive guard's thread may write."""
+    from blueque.running import Running
+
+    made = [f"{path.name}:{node.lineno}" for path in sorted((PACKAGE / "daemon").glob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "Running"]
+    assert made == []
+    run = Running.starting("t", "work", 42, 5.0)
+    assert (run.state, run.attempt, run.pid, run.started) == ("starting", None, 42, 5.0)
+    contract = " ".join((Running.__doc__ or "").split())
+    assert "the exclusive guard's" in contract and "writes ``reason`` alone" in contract

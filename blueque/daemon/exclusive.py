@@ -96,7 +96,7 @@ class ExclusiveGuard:
                         running.task_id, silent, self.lease_s)
             signal_pid(running.pid, signum)
             return
-        if not running.reason:
+        if not running.reason:  # the one field this thread writes (Running's contract)
             running.reason = "lease"  # its ending: back to pending, no attempt spent
         log.warning("task %s: exclusive, no lease renewal for %.1f s: sending %s to its group",
                     running.task_id, silent, signal.Signals(signum).name)

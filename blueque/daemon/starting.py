@@ -123,9 +123,8 @@ class Starter:
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,
                channel: ChildChannel, output: TaskOutput | None) -> None:
-        running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
-                          Policy(), pid, created=created, channel=channel, output=output,
-                          state="starting")
+        running = Running.starting(task_id, queue, pid, self.clock(), created=created,
+                                   channel=channel, output=output)
         self.children[pid] = running
         failpoints.hit("listener-before-stamp")
         self._begin(running)
@@ -190,8 +189,7 @@ class Starter:
         """A task a finish took ahead and stamped for the warm process ``pid``: its next run
         if that process was kept idle (``kept``), else put back (it never ran)."""
         idle = self.warm.take(taken.task_id, taken.queue, pid) if kept else None
-        running = Running(taken.task_id, taken.queue, None, self.clock(), 0.0,
-                          Policy().kill_grace, Policy(), pid, created=None, state="starting")
+        running = Running.starting(taken.task_id, taken.queue, pid, self.clock())
         if idle is None:
             if reservation.runnable:  # stamped for a process that is not to run it
                 self.put_back(running)
