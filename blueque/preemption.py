@@ -36,7 +36,8 @@ class Preemption:
     in the task's main thread, between two bytecodes: it notes the notice and runs the
     callbacks registered with ``on_preempt``. A callback that raises blueque.Preempted while
     the task function runs stops it there (``running``: set around the call by
-    blueque.calling.execute); any other exception in one is logged, never raised into the
+    blueque.task_process.calling.execute); any other exception in one is logged, never raised into
+    the
     task."""
 
     def __init__(self) -> None:

@@ -68,33 +68,58 @@ def test_imports_flow_one_way() -> None:
     assert upward == [], "imports that flow upwards"
 
 
-def daemon_layers() -> dict[str, int]:
-    """Module of blueque/daemon/ -> its inner layer, from the table under "## The listener
-    daemon, in parts" (top first)."""
+def inner_layers(section: str = "The listener daemon, in parts") -> dict[str, int]:
+    """Module of a package's wing (blueque/daemon/, blueque/task_process/) -> its inner layer,
+    from the table under its ARCHITECTURE.md ``section`` (top first)."""
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    section = text.split("## The listener daemon, in parts", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines()
+    part = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in part.splitlines()
             if line.startswith("| ") and not line.startswith(("| inner layer", "| ---"))]
     return {module: height for height, row in enumerate(reversed(rows))
             for module in re.findall(r"`([a-z_]+)`", row.split("|")[2])}
 
 
+def daemon_layers() -> dict[str, int]:
+    return inner_layers("The listener daemon, in parts")
+
+
+def upward_inside(package: str, known: dict[str, int]) -> list[str]:
+    """Imports between modules of ``blueque/<package>/`` that flow upwards."""
+    modules = {path.stem for path in (PACKAGE / package).glob("*.py")} - {"__init__"}
+    assert modules == set(known), f"blueque/{package}/ and ARCHITECTURE.md's table differ"
+    upward = []
+    for module in modules:
+        tree = ast.parse((PACKAGE / package / f"{module}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    f"blueque.{package}."):
+                names = [(node.module or "").split(".")[2]]
+            elif isinstance(node, ast.ImportFrom) and node.module == f"blueque.{package}":
+                names = [alias.name for alias in node.names]
+            for other in names:
+                if known[other] > known[module]:
+                    upward.append(f"{package}/{module}.py imports {package}/{other}.py")
+    return upward
+
+
 def test_the_daemon_package_is_layered_inside() -> None:
     """Inside blueque/daemon/ too: every module is in an inner layer, and imports flow down."""
     known = daemon_layers()
-    modules = {path.stem for path in (PACKAGE / "daemon").glob("*.py")} - {"__init__"}
-    assert modules == set(known), "blueque/daemon/ and ARCHITECTURE.md's table differ"
-    upward = []
-    for module in modules:
-        tree = ast.parse((PACKAGE / "daemon" / f"{module}.py").read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    "blueque.daemon."):
-                other = (node.module or "").split(".")[2]
-                if known[other] > known[module]:
-                    upward.append(f"daemon/{module}.py imports daemon/{other}.py")
-    assert upward == [], "imports that flow upwards inside the daemon package"
+    assert upward_inside("daemon", known) == [], "imports that flow upwards in the daemon"
     assert known["loop"] > known["supervisor"] > known["recorder"]  # not vacuous
+
+
+def test_the_task_process_package_is_layered_inside() -> None:
+    """Issue 34 point 4: the task process has its wing (blueque/task_process/), layered inside
+    as the daemon's is, and it imports nothing of the daemon (the daemon imports it)."""
+    known = inner_layers("The task process, in parts")
+    assert upward_inside("task_process", known) == [], "imports that flow upwards"
+    assert known["forkserver"] > known["warm"] > known["child"] > known["calling"]
+    daemon = [f"task_process/{path.name}" for path in (PACKAGE / "task_process").glob("*.py")
+              if "daemon" in imported(path)]
+    assert daemon == []
+    assert "task_process" in imported(PACKAGE / "daemon" / "forking.py")  # not vacuous
 
 
 def test_the_check_sees_imports() -> None:
@@ -155,7 +180,7 @@ def test_processes_are_signalled_through_blueque_process() -> None:
 def written_from_outside(tree: ast.AST) -> list[str]:
     """Assignments to a part's attribute through another object (``self.part.x = ...``,
     ``self.part.x[k] = ...``, ``part.x = ...``), a Running record's fields aside (its thread
-    contract: blueque.running)."""
+    contract: blueque.daemon.running)."""
     found = []
     for node in ast.walk(tree):
         targets = (node.targets if isinstance(node, ast.Assign) else
@@ -234,7 +259,7 @@ def test_a_starting_run_is_made_by_its_constructor() -> None:
     """Issue 34 point 3: a starting run was built positionally with placeholders, twice; the
     daemon makes one with ``Running.starting``, and Running's docstring says which fields the
     exclusive guard's thread may write."""
-    from blueque.running import Running
+    from blueque.daemon.running import Running
 
     made = [f"{path.name}:{node.lineno}" for path in sorted((PACKAGE / "daemon").glob("*.py"))
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))

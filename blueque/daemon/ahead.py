@@ -11,10 +11,10 @@ import logging
 from collections.abc import Callable
 
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
+from blueque.daemon.running import Running, record_tail
+from blueque.daemon.warm import WarmProcesses
 from blueque.fencing import unstarted_verdict
-from blueque.running import Running, record_tail
 from blueque.store import RedisStore, Take
-from blueque.warm import WarmProcesses
 
 log = logging.getLogger("blueque.daemon")
 

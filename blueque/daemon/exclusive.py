@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from blueque.daemon.running import Running
 from blueque.daemon.supervisor import Supervisor
 from blueque.process import signal_group, signal_pid
-from blueque.running import Running
 
 log = logging.getLogger("blueque.daemon")
 

@@ -16,7 +16,6 @@ import signal
 import time
 from collections.abc import Callable
 
-from blueque.calling import TaskFunction
 from blueque.client import Client
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.podcost import PodDeletionCost
@@ -25,6 +24,7 @@ from blueque.daemon.wakeup import ProgramSignals
 from blueque.errors import BluequeError
 from blueque.metrics import ListenerMetrics
 from blueque.run_processes import child_subreaper
+from blueque.task_process.calling import TaskFunction
 
 log = logging.getLogger("blueque.daemon")
 

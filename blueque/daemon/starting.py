@@ -10,20 +10,20 @@ import logging
 from collections.abc import Callable
 
 from blueque import failpoints
-from blueque.calling import TaskFunction
-from blueque.child import Assignment
 from blueque.daemon.forking import AskedSpare, ask_spare, close_fds, fork_task_process
 from blueque.daemon.forks import ForkServerLink
+from blueque.daemon.outputs import TaskOutput
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
+from blueque.daemon.running import Running
+from blueque.daemon.warm import WarmProcesses
 from blueque.errors import BluequeError, RedisUnavailable
-from blueque.outputs import TaskOutput
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel, ToChild
-from blueque.running import Running
 from blueque.spool import Spool
 from blueque.store import RedisStore, Reservation, Taken
+from blueque.task_process.calling import TaskFunction
+from blueque.task_process.child import Assignment
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import WarmProcesses
 
 log = logging.getLogger("blueque.daemon")
 

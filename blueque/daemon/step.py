@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Literal
 
 from blueque import eviction
-from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
 from blueque.daemon.forks import ForkServerLink, server_setup
@@ -26,6 +25,7 @@ from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
 from blueque.daemon.resources import ResourceBook
+from blueque.daemon.running import output_fds
 from blueque.daemon.slots import Slots
 from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
@@ -35,10 +35,10 @@ from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
-from blueque.running import output_fds
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
 from blueque.store import RedisStore, Take, apart
+from blueque.task_process.calling import TaskFunction, import_function
 
 log = logging.getLogger("blueque.daemon")
 

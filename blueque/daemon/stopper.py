@@ -9,12 +9,12 @@ import logging
 import signal
 from collections.abc import Callable, Iterable
 
+from blueque.daemon.running import Running
 from blueque.endings import Stopped, late_ending_allowed
 from blueque.fencing import is_current_run, may_reclaim
 from blueque.leftovers import Leftovers
 from blueque.process import Stopping, signal_group, signal_pid
 from blueque.reporting import ToChild
-from blueque.running import Running
 from blueque.statuses import FAILED
 from blueque.store import RedisStore
 

@@ -13,22 +13,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from blueque import failpoints
-from blueque.child import TaskFunction
 from blueque.daemon.ahead import Ahead
 from blueque.daemon.forks import ForkServerLink, exits
 from blueque.daemon.owner import Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder, write_progress
+from blueque.daemon.running import Running, hand_over_outputs, output_deadlines
 from blueque.daemon.starting import Starter
 from blueque.daemon.stopper import Stopper
 from blueque.daemon.wakeup import Pollable
+from blueque.daemon.warm import WarmProcesses
 from blueque.leftovers import Leftovers
 from blueque.process import resident_bytes
 from blueque.reporting import ToChild
-from blueque.running import Running, hand_over_outputs, output_deadlines
 from blueque.spool import Spool
 from blueque.store import RedisStore
+from blueque.task_process.child import TaskFunction
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import WarmProcesses
 
 log = logging.getLogger("blueque.daemon")
 

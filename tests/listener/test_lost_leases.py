@@ -12,11 +12,11 @@ import pytest
 
 from blueque.daemon import ListenerDaemon
 from blueque.daemon.options import ListenerOptions
+from blueque.daemon.running import Running
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
-from blueque.running import Running
 from tests.daemons import (
     FAST,
     Daemon,

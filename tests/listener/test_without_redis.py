@@ -14,10 +14,10 @@ import pytest
 import blueque
 from blueque.daemon import ListenerDaemon
 from blueque.daemon.options import ListenerOptions
+from blueque.daemon.running import Running
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.policy import Policy
-from blueque.running import Running
 from blueque.testing import RedisServer, free_port
 from tests import jobs
 from tests.daemons import FAST, Daemon, daemons, gone, lines, listen_command, subscribed, wait_until

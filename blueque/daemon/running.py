@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from blueque.capture import LEAVING
+from blueque.daemon.outputs import READ_LIMIT, TaskOutput
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Ending, RunEnd, Stopped
-from blueque.outputs import READ_LIMIT, TaskOutput
 from blueque.policy import Policy
 from blueque.process import signal_pid
 from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
 from blueque.statuses import CANCELLED, COMPLETE, FAILED, PENDING, SCHEDULED, state_of
+from blueque.task_process.capture import LEAVING
 from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
@@ -67,7 +67,7 @@ class Running:
     reported_at: float | None = None  # monotonic: when its outcome frame was taken in
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
     gone: bool = False  # its task's hash is gone from Redis (said once: see Recorder)
-    #: our read end of its output pipe (blueque.outputs): read in the loop into its file
+    #: our read end of its output pipe (blueque.daemon.outputs): read in the loop into its file
     output: TaskOutput | None = None
 
     @classmethod
