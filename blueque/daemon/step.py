@@ -105,7 +105,8 @@ class ListenerStep:
             reuse=options.reuse, max_memory=options.max_memory_per_process,
             fork_server=self.fork_server)
         self.stopper = self.supervisor.stopper  # handed to us: cancels, limits, preemption
-        self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive, clock)
+        runs = self.supervisor.children  # shared, never copied (the guard's thread reads it)
+        self.guard = ExclusiveGuard(runs, lease_ms / 1000, options.exclusive, clock)
         #: renews the leases when the loop is late (a slow link); hears of every renewal
         self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
                                   interval, self.guard.renewed_at, clock, self.metrics)
@@ -114,7 +115,7 @@ class ListenerStep:
                                          options.preempt_grace)
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
-        self.resources = ResourceBook(self.store, options.resources, self.supervisor, self.slots)
+        self.resources = ResourceBook(self.store, options.resources, runs, self.slots)
         self.supervisor.take_ahead_from(self._next_queues, self.resources.free)  # 5.22
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
@@ -243,9 +244,8 @@ class ListenerStep:
         self.keeper.renewed(self.membership.renewed_at)  # the guard and metrics hear of it
 
     def heal(self) -> None:
-        """Put back the ids in our reserved lists that no child of ours runs or still has
-        an ending to record (Membership.heal): as the renewal just before read them, if one
-        did. Raises RedisUnavailable."""
+        """Put back the ids in our reserved lists that no child of ours runs or has an ending
+        to record (Membership.heal; as a renewal just before read them). Raises RedisUnavailable."""
         self.membership.heal(self.supervisor.task_ids(),
                              processes=self.supervisor.task_processes())
 
