@@ -3,8 +3,9 @@
 The errors are imported with the package; a producer's other names (Client, Queue, Task) and a
 task function author's (``from blueque import report_progress, preempted, on_preempt, ...``)
 are imported when first used (PEP 562), so that ``import blueque`` in a producer does not load
-the task process's machinery (blueque.child, the listener's frames, preemption, progress), nor
-``import blueque.child`` in the fork server (PROTOCOL.md 6.8) redis-py.
+the task process's machinery (blueque.task_process.child, the listener's frames, preemption,
+progress), nor
+``import blueque.task_process.child`` in the fork server (PROTOCOL.md 6.8) redis-py.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from blueque.errors import (
 )
 
 if TYPE_CHECKING:
-    from blueque.child import TaskFunction
     from blueque.client import Client, ListenerStatus
     from blueque.jobs import Jobs, job_parameters
     from blueque.preemption import on_preempt, preempt_deadline, preempted
     from blueque.processor import check_result
-    from blueque.progress import report_progress
     from blueque.queue import BulkEnqueue, Queue, QueueStats
     from blueque.task import CheckpointInfo, Task
+    from blueque.task_process.child import TaskFunction
+    from blueque.task_process.progress import report_progress
 
 #: A producer's names that need redis-py, and the module each comes from (imported on first
 #: use, so that a process that only runs tasks, the fork server, does not load redis-py).
@@ -57,11 +58,11 @@ _PRODUCER_NAMES = {
 }
 #: What a task function's author uses, and the module each comes from (imported on first use).
 _TASK_AUTHOR_NAMES = {
-    "report_progress": "blueque.progress",
+    "report_progress": "blueque.task_process.progress",
     "preempted": "blueque.preemption",
     "on_preempt": "blueque.preemption",
     "preempt_deadline": "blueque.preemption",
-    "TaskFunction": "blueque.child",
+    "TaskFunction": "blueque.task_process.child",
     "check_result": "blueque.processor",
     # a registry is made where its jobs are, in the task module: no redis-py in it
     "Jobs": "blueque.jobs",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import time
 
-from blueque.child import report_progress
 from blueque.task import Task
+from blueque.task_process.child import report_progress
 
 #: How often work() reports progress.
 STEP = 0.25

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 
-from blueque.child import TaskFunction, run_child
 from blueque.client import Client
 from blueque.daemon import ListenerDaemon
 from blueque.daemon.options import ListenerOptions
 from blueque.policy import Policy
 from blueque.task import Task
+from blueque.task_process.child import TaskFunction, run_child
 
 
 class ForkingRunner:

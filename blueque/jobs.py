@@ -239,7 +239,7 @@ class Jobs:
         """Run the job the task names: the registry is the listener's task function.
         InvalidJob, before the job's code runs, for parameters that name no job, a job this
         registry does not have, or arguments its function does not take: the task fails at
-        once, not retried (blueque.calling)."""
+        once, not retried (blueque.task_process.calling)."""
         call = _job_call(task.parameters)
         job = self._known(call.name, InvalidJob)
         try:

@@ -36,7 +36,8 @@ class Preemption:
     in the task's main thread, between two bytecodes: it notes the notice and runs the
     callbacks registered with ``on_preempt``. A callback that raises blueque.Preempted while
     the task function runs stops it there (``running``: set around the call by
-    blueque.calling.execute); any other exception in one is logged, never raised into the
+    blueque.task_process.calling.execute); any other exception in one is logged, never raised into
+    the
     task."""
 
     def __init__(self) -> None:
@@ -130,6 +131,11 @@ class NodePreemption:
         #: a request made before this (Unix s) whose deadline has passed is over: the node
         #: is still here. One made since (--grace 0) is acted on, however late it is read
         self.started = self.store.now()
+
+    def hear(self) -> None:
+        """A request may wait in Redis (its message came, or one may have been missed): read
+        it at the next look. Called from the subscriber thread too (a bool's write)."""
+        self.heard = True
 
     def on_signal(self, signum: int, frame: object) -> None:
         """SIGUSR1's handler (and SIGTERM's with --on-stop=preempt): acted on at the loop's

@@ -1,8 +1,9 @@
 """A task's output: captured per attempt to a file on the node, shipped to Redis as it comes.
 
 The child's stdout and stderr go to the attempt's file (``[dir]/[queue]/[task id].[attempt].log``)
-through a pipe its listener reads (blueque.outputs; the task process itself once its listener
-is gone: blueque.capture), so output is never mixed into the listener's own log. What the file
+through a pipe its listener reads (blueque.daemon.outputs; the task process itself once its listener
+is gone: blueque.task_process.capture), so output is never mixed into the listener's own log. What
+the file
 gains is shipped to the task's log stream in Redis (``blueque_task_log_[id]``) every
 ``interval`` seconds while the attempt runs, keeping its last TAIL_BYTES there; when it ends,
 that tail moves to the task's output tails (``blueque_output_[id]``, one string for every
@@ -151,7 +152,7 @@ class Shipper:
             log.debug("task %s: output not shipped yet: %s", self.task_id, error)
 
     def rotate(self, move: Callable[[], None]) -> None:
-        """The file is full (blueque.capture): ship what it holds, let ``move`` put it
+        """The file is full (blueque.task_process.capture): ship what it holds, let ``move`` put it
         aside, and start again from the new file's head."""
         with self._lock:
             self._ship_new(end=False)

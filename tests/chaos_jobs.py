@@ -10,8 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from blueque.child import report_progress
 from blueque.task import Task
+from blueque.task_process.child import report_progress
 
 
 def _journal(task: Task, directory: str, event: str) -> None:

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from blueque.child import on_preempt, preempt_deadline, preempted
 from blueque.errors import Preempted, StaleAttempt
 from blueque.task import Task
+from blueque.task_process.child import on_preempt, preempt_deadline, preempted
 
 
 def _params(task: Task) -> dict[str, Any]:
@@ -86,7 +86,8 @@ def save_when_told(task: Task) -> str:
 
 
 def count_until_preempted(task: Task) -> str:
-    """As ``count``, but when its node announces it goes away (blueque.child.on_preempt) it
+    """As ``count``, but when its node announces it goes away
+    (blueque.task_process.child.on_preempt) it
     saves a checkpoint at the next step boundary and stops with blueque.Preempted; it marks
     ``preempted [attempt] [steps done] [seconds before the deadline]``."""
     params = _params(task)

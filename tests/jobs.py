@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any
 
-from blueque.child import report_progress
 from blueque.errors import Preempted
 from blueque.task import Task
+from blueque.task_process.child import report_progress
 
 
 def _params(task: Task) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def command_line(process: psutil.Process) -> list[str] | None:
 def fork_server(command: list[str]) -> bool:
     """A listener's fork server (PROTOCOL.md 6.8), by its title, or by its command line while
     it starts (imports, before it sets its title)."""
-    return command[1:3] == ["-m", "blueque.forkserver"] or (
+    return command[1:3] == ["-m", "blueque.task_process.forkserver"] or (
         bool(command) and command[0].startswith("blueque fork server"))
 
 

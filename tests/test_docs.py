@@ -111,7 +111,7 @@ def test_every_page_the_code_and_the_specification_name_exists() -> None:
 def test_the_log_outcomes_table_is_the_listeners() -> None:
     """The observability page's table of the "outcome" field lists every outcome the listener
     logs, each at the level it is logged at."""
-    from blueque.running import WARNING_OUTCOMES, LogOutcome
+    from blueque.daemon.running import WARNING_OUTCOMES, LogOutcome
 
     page = (DOCS / "how-to" / "observability.md").read_text("utf-8")
     rows = dict(re.findall(r"^\| `([a-z]+)` \| [^|]+ \| (info|warning) \|$", page, re.MULTILINE))

@@ -85,7 +85,7 @@ def test_task_processes_are_forked_by_the_fork_server_and_hold_no_listener_machi
         assert len({r[1] for r in runs}) < len(runs)
     loaded = json.loads(modules.read_text())
     assert [m for m in loaded if m.startswith(MACHINERY)] == []
-    assert "blueque.child" in loaded
+    assert "blueque.task_process.child" in loaded
     assert outcomes(redis_client, "complete") == 4
     assert psutil.Process(server).memory_info().rss < psutil.Process(daemon.pid).memory_info().rss
 

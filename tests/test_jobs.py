@@ -12,9 +12,9 @@ import pytest
 
 import blueque
 import blueque.aio
-from blueque.calling import execute, import_function
 from blueque.jobs import ENQUEUE_OPTIONS, JobCall, job_parameters, read_job_call
 from blueque.task import TaskView
+from blueque.task_process.calling import execute, import_function
 from tests.job_registry import jobs
 
 

@@ -12,8 +12,8 @@ import pytest
 import blueque
 import blueque.child
 from blueque.keys import Keys
-from blueque.progress import ParentProgress, ProgressReporter
 from blueque.reporting import ParentLink
+from blueque.task_process.progress import ParentProgress, ProgressReporter
 from blueque.testing import wait_for
 
 KEYS = Keys()

@@ -13,12 +13,12 @@ import blueque
 
 #: What a task function's author uses, and where each lives (those paths stay importable).
 AUTHOR_NAMES = {
-    "report_progress": "blueque.progress",
+    "report_progress": "blueque.task_process.progress",
     "preempted": "blueque.preemption",
     "on_preempt": "blueque.preemption",
     "preempt_deadline": "blueque.preemption",
     "Preempted": "blueque.errors",
-    "TaskFunction": "blueque.child",
+    "TaskFunction": "blueque.task_process.child",
     "Task": "blueque.task",
     "CheckpointInfo": "blueque.task",
     "CheckpointTooLarge": "blueque.errors",
@@ -28,9 +28,8 @@ AUTHOR_NAMES = {
     "InvalidJob": "blueque.errors",
 }
 #: The task process's and the listener's machinery: no producer needs it.
-MACHINERY = ("blueque.child", "blueque.daemon", "blueque.reporting", "blueque.progress",
-             "blueque.preemption", "blueque.capture", "blueque.spool", "blueque.tasklog",
-             "blueque.leftovers")
+MACHINERY = ("blueque.child", "blueque.task_process", "blueque.daemon", "blueque.reporting",
+             "blueque.preemption", "blueque.spool", "blueque.tasklog", "blueque.leftovers")
 
 
 def loaded_by(code: str) -> set[str]:
@@ -75,10 +74,12 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_the_fork_server_loads_no_redis_and_none_of_the_listener() -> None:
-    """What ``python -m blueque.forkserver`` imports before its task module (PROTOCOL.md 6.8):
+    """What ``python -m blueque.task_process.forkserver`` imports before its task module
+    (PROTOCOL.md 6.8):
     the task process's code, not redis-py nor the daemon, CLI, dashboard or metrics."""
-    loaded = loaded_by("import blueque.forkserver")
-    assert {"blueque.child", "blueque.warm", "blueque.forkserver"} <= loaded
+    loaded = loaded_by("import blueque.task_process.forkserver")
+    assert {"blueque.task_process.child", "blueque.task_process.warm",
+            "blueque.task_process.forkserver"} <= loaded
     listener_only = ("redis", "blueque.daemon", "blueque.cli", "blueque.web", "blueque.metrics",
                      "blueque.client", "blueque.store")
     assert sorted(m for m in loaded if m.startswith(listener_only)) == []
@@ -87,7 +88,7 @@ def test_the_fork_server_loads_no_redis_and_none_of_the_listener() -> None:
 def test_a_task_module_with_a_registry_of_jobs_loads_no_redis_in_the_fork_server() -> None:
     """``jobs = blueque.Jobs()`` in a task module: the fork server imports that module, and a
     registry (which enqueues on the caller's queue) brings no redis-py with it."""
-    loaded = loaded_by("import blueque.forkserver, tests.job_registry")
+    loaded = loaded_by("import blueque.task_process.forkserver, tests.job_registry")
     assert "blueque.jobs" in loaded
     assert sorted(m for m in loaded if m.startswith(("redis", "blueque.store",
                                                       "blueque.client", "blueque.queue"))) == []

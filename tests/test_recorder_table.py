@@ -13,10 +13,10 @@ import pytest
 import blueque
 from blueque.daemon.membership import Membership
 from blueque.daemon.recorder import Recorder
+from blueque.daemon.running import Running
 from blueque.endings import Stopped
 from blueque.listener import Listener
 from blueque.policy import Policy
-from blueque.running import Running
 
 LISTENER = "table.example_1"
 PID = 4242

@@ -17,11 +17,11 @@ import pytest
 
 import blueque
 from blueque.daemon.membership import Membership
+from blueque.daemon.running import Running, record_tail
 from blueque.endings import RunEnd
 from blueque.errors import StaleAttempt
 from blueque.listener import Listener
 from blueque.policy import Policy
-from blueque.running import Running, record_tail
 from blueque.store import Take
 from tests.daemons import Daemon, gone, lines, wait_until
 from tests.test_reporting import outcomes

@@ -19,10 +19,10 @@ import pytest
 import redis
 
 import blueque
+from blueque.daemon.running import describe_ending
 from blueque.display import format_seconds
 from blueque.errors import RedisUnavailable
 from blueque.keys import Keys
-from blueque.running import describe_ending
 from blueque.tails import follow_output, read_output, read_outputs
 from blueque.tasklog import TAIL_BYTES, Shipper, TaskLogSettings
 from blueque.web.task_page import task_page

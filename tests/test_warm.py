@@ -16,9 +16,10 @@ import psutil
 import pytest
 
 import blueque
-from blueque import warm
+from blueque.daemon.warm import WarmProcesses
 from blueque.keys import Keys
 from blueque.preemption import notice, on_preempt
+from blueque.task_process import warm
 from tests.daemons import (
     FAST,
     Daemon,
@@ -285,15 +286,15 @@ def test_a_process_whose_outcome_was_recorded_late_is_retired_not_given_a_task()
     outcome was recorded half its patience or more after it reported it is retired."""
     import socket
 
+    from blueque.daemon.running import Running
     from blueque.policy import Policy
     from blueque.reporting import ChildChannel
-    from blueque.running import Running
 
     ours, theirs = socket.socketpair()
     try:
         running = Running("t", "work", 1, 0.0, 0.0, 1.0, Policy(), pid=2 ** 22 + 7,
                           channel=ChildChannel(ours), state="running", reported_at=10.0)
-        processes = warm.WarmProcesses(5, patience=2.0)
+        processes = WarmProcesses(5, patience=2.0)
         late = "its outcome was recorded late"
         assert processes.retire_reason(running, set(), 11.0) == late
         assert processes.retire_reason(running, set(), 10.2) != late

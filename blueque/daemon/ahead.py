@@ -11,10 +11,10 @@ import logging
 from collections.abc import Callable
 
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
+from blueque.daemon.running import Running, record_tail
+from blueque.daemon.warm import WarmProcesses
 from blueque.fencing import unstarted_verdict
-from blueque.running import Running, record_tail
 from blueque.store import RedisStore, Take
-from blueque.warm import WarmProcesses
 
 log = logging.getLogger("blueque.daemon")
 
@@ -36,12 +36,18 @@ class Ahead:
         self.warm = warm
         #: the queues to take from, in the order to try them, once the run whose ending is
         #: being recorded frees its slot; [] when the listener takes no task now (stopping, a
-        #: preemption, slots held by adopted runs). The listener's step sets it.
+        #: preemption, slots held by adopted runs). The listener's step gives it (take_from).
         self.queues: Callable[[], list[str]] = no_queues
         #: the listener's free resources (JSON) once the run of the task id given ends
         self.resources: Callable[[str | None], str] = no_resources
         #: (queue, task id) moved into our reserved list for a process still to be made
         self.held: list[tuple[str, str]] = []
+
+    def take_from(self, queues: Callable[[], list[str]],
+                  resources: Callable[[str | None], str]) -> None:
+        """Where the next reservations come from: the listener's ``queues`` to try and its free
+        ``resources`` (PROTOCOL.md 5.22), asked at each ending."""
+        self.queues, self.resources = queues, resources
 
     def request(self, running: Running, owner: Owner, task_processes: set[int],
                 now: float) -> Take | None:

@@ -10,11 +10,10 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from blueque.daemon.supervisor import Supervisor
+from blueque.daemon.running import Running
 from blueque.process import signal_group, signal_pid
-from blueque.running import Running
 
 log = logging.getLogger("blueque.daemon")
 
@@ -34,10 +33,11 @@ class ExclusiveGuard:
     is then put back as a preempted one's, its reason "lease"), SIGKILL to the group at
     KILL."""
 
-    def __init__(self, supervisor: Supervisor, lease_s: float, everything: bool = False,
+    def __init__(self, children: Mapping[int, Running], lease_s: float, everything: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  kill: Callable[[int, int], None] | None = None) -> None:
-        self.supervisor, self.lease_s, self.everything = supervisor, lease_s, everything
+        #: the Supervisor's runs by pid (shared, never copied; read from the guard's thread)
+        self.children, self.lease_s, self.everything = children, lease_s, everything
         self.clock = clock
         self._kill = kill or signal_group
         #: when the latest renewal that held every lease (renewed or registered again) was
@@ -82,7 +82,7 @@ class ExclusiveGuard:
         if wanted is None:
             self._sent.clear()
             return
-        for running in list(self.supervisor.children.values()):
+        for running in list(self.children.values()):
             if running.pid and self.exclusive(running) and running.exit_code is None:
                 self._signal(running, wanted, silent)
 
@@ -96,7 +96,7 @@ class ExclusiveGuard:
                         running.task_id, silent, self.lease_s)
             signal_pid(running.pid, signum)
             return
-        if not running.reason:
+        if not running.reason:  # the one field this thread writes (Running's contract)
             running.reason = "lease"  # its ending: back to pending, no attempt spent
         log.warning("task %s: exclusive, no lease renewal for %.1f s: sending %s to its group",
                     running.task_id, silent, signal.Signals(signum).name)

@@ -1,7 +1,8 @@
 """Making a listener's task process (PROTOCOL.md 6.2): a socket pair for its frames, a pipe for
 its output when task output is captured (5.19), and a fork: by the listener's fork server when
 it has a ready one (6.8: the child's ends go to it), else fork() here under the store's pool
-lock. The child runs ``blueque.warm.run_task_process`` and never returns; the listener keeps
+lock. The child runs ``blueque.task_process.warm.run_task_process`` and never returns; the listener
+keeps
 its end of the socket and the read end of the pipe (see Recorder.settle)."""
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from blueque.calling import TaskFunction
-from blueque.child import Assignment
 from blueque.daemon.forks import ANSWER_WAIT, ForkServerLink
 from blueque.process import create_time
 from blueque.reporting import READ_SIZE, ChildChannel, encode
 from blueque.store import RedisStore
+from blueque.task_process.calling import TaskFunction
+from blueque.task_process.child import Assignment
+from blueque.task_process.warm import run_task_process
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import run_task_process
 
 log = logging.getLogger("blueque.daemon")
 

@@ -1,4 +1,5 @@
-"""The listener's side of its fork server (PROTOCOL.md 6.8, blueque.forkserver): start it (and
+"""The listener's side of its fork server (PROTOCOL.md 6.8, blueque.task_process.forkserver): start
+it (and
 start it again when it dies, said in the log), ask it for a task process, hear the exits it
 reports. While it is not ready (starting, dead, broken) ``fork`` answers None and the listener
 forks from itself, as without one: no task waits for it."""
@@ -15,13 +16,21 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
-from blueque.child import Assignment
 from blueque.config import Settings
-from blueque.forkserver import MESSAGE_BYTES, Setup
 from blueque.logs import JsonFormatter
 from blueque.process import signal_pid
+from blueque.task_process.child import Assignment
+from blueque.task_process.forkserver import MESSAGE_BYTES, Setup
+from blueque.task_process.server_frames import (
+    ForkedAnswer,
+    ForkOrder,
+    ForkRequest,
+    FromForkServer,
+    ReapRequest,
+    RefusedAnswer,
+)
 from blueque.tasklog import TaskLogSettings
 
 #: Room in the fork server's command line for its children's titles. setproctitle writes a
@@ -102,7 +111,8 @@ class ForkServerLink:
             theirs.set_inheritable(True)
             self.pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-m", "blueque.forkserver", str(theirs.fileno()), TITLE_ROOM],
+                [sys.executable, "-m", "blueque.task_process.forkserver", str(theirs.fileno()),
+                 TITLE_ROOM],
                 _environment(), setsid=True)  # a terminal's Ctrl-C is the listener's
             ours.sendall(pickle.dumps(self.setup))
         except OSError as error:
@@ -167,7 +177,7 @@ class ForkServerLink:
                 return
             self._heard(message)
 
-    def _receive(self, block: bool) -> dict[str, Any] | None:
+    def _receive(self, block: bool) -> FromForkServer | None:
         control = self.control
         if control is None:
             return None
@@ -190,9 +200,9 @@ class ForkServerLink:
         except ValueError:
             self._broken("said something that is not its frames")
             return None
-        return message if isinstance(message, dict) else None
+        return cast(FromForkServer, message) if isinstance(message, dict) else None
 
-    def _heard(self, message: dict[str, Any]) -> None:
+    def _heard(self, message: FromForkServer) -> None:
         if ("forked" in message or "refused" in message) and self._spares_asked:
             self._spares_answered.append((self._spares_asked.pop(0), _answer(message)))
         elif "exited" in message:
@@ -224,7 +234,7 @@ class ForkServerLink:
         if pids and self.control is not None:
             with contextlib.suppress(OSError):  # it is going: its zombies come to us
                 self.control.settimeout(ANSWER_WAIT)
-                self.control.send(json.dumps({"reap": pids}).encode())
+                self.control.send(json.dumps(ReapRequest(reap=pids)).encode())
 
     def fork(self, assignment: Assignment, reuse: int, fds: list[int], spare: bool = False
              ) -> tuple[int, float | None] | str | None:
@@ -259,9 +269,9 @@ class ForkServerLink:
         self.read()
         if not self.ready or self.control is None:
             return False
-        request = {"fork": {"task": assignment.task_id, "queue": assignment.queue,
-                            "listener": assignment.listener, "patience": assignment.patience,
-                            "node": assignment.node, "reuse": reuse, "spare": spare}}
+        request = ForkRequest(fork=ForkOrder(
+            task=assignment.task_id, queue=assignment.queue, listener=assignment.listener,
+            patience=assignment.patience, node=assignment.node, reuse=reuse, spare=spare))
         try:
             self.control.setblocking(True)
             socket.send_fds(self.control, [json.dumps(request).encode()], fds)
@@ -311,7 +321,7 @@ class ForkServerLink:
             time.sleep(0.01)
 
 
-def _answer(message: dict[str, Any]) -> tuple[int, float | None] | str:
+def _answer(message: ForkedAnswer | RefusedAnswer) -> tuple[int, float | None] | str:
     if "forked" in message:
         created = message.get("created")
         return int(message["forked"]), None if created is None else float(created)

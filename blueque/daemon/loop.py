@@ -13,51 +13,75 @@ import gc
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 
+from blueque.client import Client
+from blueque.daemon.options import ListenerOptions
 from blueque.daemon.podcost import PodDeletionCost
 from blueque.daemon.step import ListenerStep
 from blueque.daemon.wakeup import ProgramSignals
 from blueque.errors import BluequeError
+from blueque.metrics import ListenerMetrics
 from blueque.run_processes import child_subreaper
+from blueque.task_process.calling import TaskFunction
 
 log = logging.getLogger("blueque.daemon")
 
 
-class ListenerDaemon(ListenerStep):
-    """The listener daemon's life: its steps (ListenerStep), its signals, its stop and its
-    leaving."""
+class ListenerDaemon:
+    """The listener daemon's life around its steps: it has a ListenerStep (``step``: the parts
+    and one step over them, which tests also build and drive alone), and adds its signals, its
+    stop and its leaving."""
+
+    def __init__(self, client: Client, options: ListenerOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.step = ListenerStep(client, options, clock)
+
+    @property
+    def id(self) -> str:
+        return self.step.id
+
+    @property
+    def metrics(self) -> ListenerMetrics | None:
+        """The loop's Prometheus counters (options.metrics), for a server to serve."""
+        return self.step.metrics
+
+    def load_function(self) -> TaskFunction:
+        return self.step.load_function()
 
     def run(self) -> int:
-        self.load_function()
-        if self.supervisor.fork_server is not None:
-            self.supervisor.fork_server.start()  # ready soon; until then we fork ourselves
-        self.on_stop = on_stop_here(self.on_stop, self.id)
+        step = self.step
+        step.load_function()
+        if step.fork_server is not None:
+            step.fork_server.start()  # ready soon; until then we fork ourselves
+        step.keep_on_stop(on_stop_here(step.on_stop, step.id))
         # what the listener holds by now stays put for good: the children's collections then
         # never touch (and copy) the pages of the objects they inherit
         gc.freeze()
-        program = self.program_signals = (ProgramSignals(self._request_stop)
-                                          if self.options.in_program else None)
+        program = ProgramSignals(self._request_stop) if step.options.in_program else None
+        step.hear_program(program)
         stop = self._request_stop if program is None else program.handler
-        self.wakeup.install_signals({signal.SIGTERM: stop, signal.SIGINT: stop,
-                                     signal.SIGUSR1: self.preemption.on_signal})
+        step.wakeup.install_signals({signal.SIGTERM: stop, signal.SIGINT: stop,
+                                     signal.SIGUSR1: step.preemption.on_signal})
         # the orphans of our runs (what they started and left) come to us: we reap them, and
         # stop those of runs that ended (blueque.leftovers)
         subreaper = child_subreaper(True)
-        self.guard.start()  # stops exclusive runs in time, even while the loop waits on Redis
-        self.keeper.start()  # renews the lease in time, even while the loop is slow
+        step.guard.start()  # stops exclusive runs in time, even while the loop waits on Redis
+        step.keeper.start()  # renews the lease in time, even while the loop is slow
         # in a Kubernetes pod: a scale-in removes idle pods first
-        pod_cost = PodDeletionCost(self.id, every=self.options.interval / 2)
+        pod_cost = PodDeletionCost(step.id, every=step.options.interval / 2)
         try:
             while True:
-                self.run_once()
-                pod_cost.update(self.busy(), self.clock())
+                step.run_once()
+                pod_cost.update(step.busy(), step.clock())
                 if program is not None:
                     program.deliver()  # the program's own handlers, between two steps
-                if self.stop_asked and self._may_exit():
+                if step.stop_asked and self._may_exit():
                     break
                 if self._preempted_and_done():
                     log.warning("listener %s: preempted, and every task it ran is handed back; "
-                                "exiting", self.id)
+                                "exiting", step.id)
                     break
         finally:
             self._finish()
@@ -68,57 +92,61 @@ class ListenerDaemon(ListenerStep):
         return 0
 
     def _request_stop(self, signum: int, frame: object) -> None:
-        if not self.stop_asked:
-            log.info("listener %s: signal %d, stopping (on-stop=%s)", self.id, signum,
-                     self.on_stop)
-        if self.on_stop == "preempt":
+        step = self.step
+        if not step.stop_asked:
+            log.info("listener %s: signal %d, stopping (on-stop=%s)", step.id, signum,
+                     step.on_stop)
+        if step.on_stop == "preempt":
             # this node goes away (a container's stop): every run is told, saves and is put
             # back without spending an attempt, and we leave once all are (PROTOCOL.md 6.3)
-            self.preemption.on_signal(signum, frame)
+            step.preemption.on_signal(signum, frame)
             return
-        self.stop_asked = True
+        step.ask_stop()
 
     def _may_exit(self) -> bool:
-        if self.on_stop == "keep":
+        step = self.step
+        if step.on_stop == "keep":
             return True
-        if self.on_stop == "terminate":
-            self._stop_all("shutdown")
+        if step.on_stop == "terminate":
+            step.stop_all("shutdown")
         # adopted runs occupy our slots too (and the carried ones are in our care): leaving
         # them would end the renewal of their lease, and another node would run their tasks
         # again beside them; a sweep empties them once their processes are gone and records
         # them
-        return self.supervisor.done() and not self.slots.in_care()
+        return step.supervisor.done() and not step.slots.in_care()
 
     def _finish(self) -> None:
-        self.keeper.close()  # the lease is the loop's to leave with (release, or keep)
-        self.supervisor.let_go()
+        step = self.step
+        step.keeper.close()  # the lease is the loop's to leave with (release, or keep)
+        step.supervisor.let_go()
         # what ended runs left is not left to anyone (runs still running are: --on-stop=keep)
-        self.supervisor.leftovers.finish(self.supervisor.children)
+        step.supervisor.finish_leftovers()
         try:
-            if self.supervisor.children:
+            if step.supervisor.children:
                 log.info("listener %s exiting; %d task(s) keep running and will be adopted by "
-                         "the next listener on this host", self.id, len(self.supervisor.children))
-                self.membership.leave_runs()
-                self._renew()
-            elif self.membership.registered:
-                if self.supervisor.recorder.seen:  # our last runs' record, before we go
-                    self._renew()
-                self.supervisor.ahead.give_back(self.id)
-                self.membership.release()  # leave cleanly: nothing of ours to recover
+                         "the next listener on this host", step.id, len(step.supervisor.children))
+                step.membership.leave_runs()
+                step.renew()
+            elif step.membership.registered:
+                if step.supervisor.seen:  # our last runs' record, before we go
+                    step.renew()
+                step.supervisor.give_back(step.id)
+                step.membership.release()  # leave cleanly: nothing of ours to recover
         except BluequeError as error:
-            log.error("listener %s: could not leave cleanly: %s", self.id, error)
-        self.guard.close()
-        self.supervisor.close()
-        if self.supervisor.fork_server is not None:
-            self.supervisor.fork_server.stop()
-        self.wakeup.close()
+            log.error("listener %s: could not leave cleanly: %s", step.id, error)
+        step.guard.close()
+        step.supervisor.close()
+        if step.fork_server is not None:
+            step.fork_server.stop()
+        step.wakeup.close()
 
     def _preempted_and_done(self) -> bool:
         # the adopted runs are left once a sweep has recorded them (it empties slots.adopted):
         # their own listener is dead, and leaving them unrecorded would let another node's
         # sweep count their stop against an attempt
-        return (self.preemption.deadline is not None and self.supervisor.done()
-                and self.busy() == 0 and not self.slots.carried)
+        step = self.step
+        return (step.preemption.deadline is not None and step.supervisor.done()
+                and step.busy() == 0 and not step.slots.carried)
 
 
 def on_stop_here(on_stop: str, listener: str, pid: int | None = None) -> str:

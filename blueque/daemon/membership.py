@@ -144,10 +144,8 @@ class Membership:
             "concurrency": str(concurrency), "interval": repr(self.interval),
             "started": repr(self.store.now()),
         }
-        if self.exclusive:
-            self.info["exclusive"] = "1"
-        if resources:
-            self.info["resources"] = resources
+        self.info |= {"exclusive": "1"} if self.exclusive else {}
+        self.info |= {"resources": resources} if resources else {}
         self.store.check_server()
         sent = self.clock()
         self.store.write_listener_info(self.id, self.info, self._info_ttl())
@@ -159,6 +157,9 @@ class Membership:
         self.registered = True
         log.info("listener %s listening on %s with concurrency %d", self.id,
                  self.info["queues"], concurrency)
+
+    def note(self, fields: dict[str, str]) -> None:  # info fields the next renewal writes
+        self.info.update(fields)
 
     def release(self) -> None:
         """Leave cleanly: nothing of ours is left to recover."""

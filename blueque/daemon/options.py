@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from blueque.child import TaskFunction
 from blueque.errors import ConfigurationError
+from blueque.task_process.child import TaskFunction
 from blueque.tasklog import TaskLogSettings
 
 ON_STOP = ("keep", "drain", "terminate", "preempt")

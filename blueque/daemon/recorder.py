@@ -10,13 +10,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from blueque import failpoints
+from blueque.daemon.running import (
+    ENDING_FIELDS,
+    WARNING_OUTCOMES,
+    LogOutcome,
+    Running,
+    describe_ending,
+)
 from blueque.display import format_seconds
 from blueque.endings import Ending, RunEnd, decide, describe_exit
 from blueque.errors import BluequeError, InvalidTaskState, RedisUnavailable
 from blueque.fencing import is_current_run, unstarted_verdict
 from blueque.policy import Policy
 from blueque.reporting import EXIT_NOT_STARTED, EXIT_REPORTED
-from blueque.running import ENDING_FIELDS, WARNING_OUTCOMES, LogOutcome, Running, describe_ending
 from blueque.spool import Held, Spool, server_of
 from blueque.statuses import (
     FINISHED_STATUSES,

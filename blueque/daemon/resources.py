@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from blueque.daemon.running import Running
 from blueque.daemon.slots import Slots
-from blueque.daemon.supervisor import Supervisor
 from blueque.placement import Resources, decode_resources, encode_resources, free_resources
 from blueque.store import RedisStore
 
@@ -16,11 +16,12 @@ class ResourceBook:
     """What a listener offers (``total``) and what its runs use of it: its Supervisor's
     children and the runs its Slots adopted (read only)."""
 
-    def __init__(self, store: RedisStore, total: Mapping[str, float], supervisor: Supervisor,
-                 slots: Slots) -> None:
+    def __init__(self, store: RedisStore, total: Mapping[str, float],
+                 children: Mapping[int, Running], slots: Slots) -> None:
+        """``children``: the Supervisor's runs by pid (shared, never copied)."""
         self.store = store
         self.total = dict(total)
-        self.supervisor = supervisor
+        self.children = children
         self.slots = slots
         #: what the adopted runs' tasks require, by task id
         self.adopted: dict[str, Resources] = {}
@@ -34,7 +35,7 @@ class ResourceBook:
         slot is being freed), as JSON. Raises RedisUnavailable (a new adopted run's read)."""
         self._adopt(self.slots.adopted)
         used = [decode_resources(r.fields.get("requires"))
-                for r in self.supervisor.children.values() if r.task_id != ending]
+                for r in self.children.values() if r.task_id != ending]
         return encode_resources(free_resources(self.total, [*used, *self.adopted.values()]))
 
     def _adopt(self, task_ids: Iterable[str]) -> None:

@@ -8,77 +8,69 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 from blueque import failpoints
-from blueque.calling import TaskFunction
-from blueque.child import Assignment
 from blueque.daemon.forking import AskedSpare, ask_spare, close_fds, fork_task_process
 from blueque.daemon.forks import ForkServerLink
+from blueque.daemon.outputs import TaskOutput
 from blueque.daemon.owner import NODE_RUNS_TTL, Defaults, Owner
-from blueque.daemon.recorder import Recorder
+from blueque.daemon.running import Running
+from blueque.daemon.warm import WarmProcesses
 from blueque.errors import BluequeError, RedisUnavailable
-from blueque.outputs import TaskOutput
 from blueque.policy import Policy
 from blueque.reporting import ChildChannel, ToChild
-from blueque.running import Running
+from blueque.spool import Spool
 from blueque.store import RedisStore, Reservation, Taken
-from blueque.warm import WarmProcesses
+from blueque.task_process.calling import TaskFunction
+from blueque.task_process.child import Assignment
+from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
 
 
-class Runs(Protocol):
-    """What a Starter is given of its Supervisor (blueque.daemon.supervisor)."""
-
-    store: RedisStore
-    task_store: RedisStore
-    owner: Owner
-    warm: WarmProcesses
-    children: dict[int, Running]
-    fork_server: ForkServerLink | None
-    clock: Callable[[], float]
-    defaults: Defaults
-    recorder: Recorder
-
-    def tell(self, running: Running, message: ToChild) -> None: ...
-    def record(self, running: Running) -> str: ...
-    def close(self) -> None: ...
-
-
 class Starter:
-    """Its Supervisor's runs as they start: it adds each to the Supervisor's children."""
+    """A Supervisor's runs as they start: it adds each to the Supervisor's ``children``."""
 
-    def __init__(self, supervisor: Runs) -> None:
-        self.supervisor = supervisor
-        self.store, self.warm = supervisor.store, supervisor.warm
-        self.defaults, self.children = supervisor.defaults, supervisor.children
-        self.clock, self.tell = supervisor.clock, supervisor.tell
+    def __init__(self, store: RedisStore, task_store: RedisStore, owner: Callable[[], Owner],
+                 clock: Callable[[], float], warm: WarmProcesses, children: dict[int, Running],
+                 defaults: Defaults, fork_server: ForkServerLink | None, *,
+                 task_logs: TaskLogSettings | None, spool: Spool | None,
+                 tell: Callable[[Running, ToChild], None], record: Callable[[Running], str],
+                 put_back: Callable[[Running], None], close: Callable[[], None]) -> None:
+        """``store``: the loop's (bounded), ``task_store``: the children's; ``owner``: its
+        listener as it is now (its ``created`` comes once it registered); ``task_logs`` and
+        ``spool`` each child's; ``tell`` a child a frame, ``record`` a run's entry on the
+        node, ``put_back`` a task stamped for a process that is not to run it, ``close`` what
+        a forked child inherits of its listener."""
+        self.store, self.task_store, self._owner, self.clock = store, task_store, owner, clock
+        self.warm, self.children, self.defaults = warm, children, defaults
+        self.fork_server, self.task_logs, self.spool = fork_server, task_logs, spool
+        self.tell, self.record, self.put_back, self.close = tell, record, put_back, close
         self._spare_refused = False  # its fork server's last answer for a spare: refused
 
     @property
     def owner(self) -> Owner:
-        return self.supervisor.owner  # replaced once its listener registered (its created)
+        return self._owner()
 
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
         """Fork the child that will run ``task_id`` (moved into our reserved list), then stamp
         the task for it (or give it to an idle warm process). False if none could be forked."""
         self.take_spares()
-        server = self.supervisor.fork_server
+        server = self.fork_server
         if server is not None and server.spares_stale():
             self.warm.retire_spares("its fork server has loaded the client since it was made")
         if self._assign(queue, task_id):
             return True
         forked = fork_task_process(
-            self.store, self.supervisor.task_store,
+            self.store, self.task_store,
             Assignment(task_id, queue, self.owner.id, self.owner.lease_s,
-                       self.supervisor.recorder.spool, node=self.owner.node),
-            function, self.supervisor.recorder.task_logs, self.warm.reuse,
-            inherited=self.supervisor.close, server=self.supervisor.fork_server)
+                       self.spool, node=self.owner.node),
+            function, self.task_logs, self.warm.reuse,
+            inherited=self.close, server=self.fork_server)
         if forked is None:
             return False
         self._start(task_id, queue, forked.pid, forked.created, forked.channel,
-                    TaskOutput.of(forked.output, self.supervisor.recorder.task_logs, self.store))
+                    TaskOutput.of(forked.output, self.task_logs, self.store))
         return True
 
     def make_spare(self, queue: str, free: int) -> bool:
@@ -89,20 +81,20 @@ class Starter:
         task moved goes to it (an idle process runs nothing: it takes no slot). False: none
         was asked for (none is wanted, or no ready fork server)."""
         self.take_spares()
-        server = self.supervisor.fork_server
+        server = self.fork_server
         if server is None or self.warm.idle or server.spares_asked() or (
                 free <= 0 and not self.warm.last_tasks(self.children)):
             return False
         return ask_spare(server, self._spare_assignment(queue),
-                         self.supervisor.recorder.task_logs, self.warm.reuse) is not None
+                         self.task_logs, self.warm.reuse) is not None
 
     def take_spares(self) -> None:
         """The fork server's answers to the spares asked for: each process made is kept as
         idle (runs 0); a refusal is said once, not at every step."""
-        server = self.supervisor.fork_server
+        server = self.fork_server
         if server is None:
             return
-        task_logs = self.supervisor.recorder.task_logs
+        task_logs = self.task_logs
         for token, answer in server.spares_made():
             assert isinstance(token, AskedSpare)
             made = token.made(answer, self._spare_assignment(""))
@@ -119,7 +111,7 @@ class Starter:
     def drop_spares(self) -> None:
         """Our ends of the spares asked for or made and not taken in (the listener closes:
         such a process reads end of file and exits)."""
-        server = self.supervisor.fork_server
+        server = self.fork_server
         for token, _ in server.spares_made() if server is not None else ():
             assert isinstance(token, AskedSpare)
             token.ours.close()
@@ -127,13 +119,12 @@ class Starter:
 
     def _spare_assignment(self, queue: str) -> Assignment:
         return Assignment("", queue, self.owner.id, self.owner.lease_s,
-                          self.supervisor.recorder.spool, node=self.owner.node)
+                          self.spool, node=self.owner.node)
 
     def _start(self, task_id: str, queue: str, pid: int, created: float | None,
                channel: ChildChannel, output: TaskOutput | None) -> None:
-        running = Running(task_id, queue, None, self.clock(), 0.0, Policy().kill_grace,
-                          Policy(), pid, created=created, channel=channel, output=output,
-                          state="starting")
+        running = Running.starting(task_id, queue, pid, self.clock(), created=created,
+                                   channel=channel, output=output)
         self.children[pid] = running
         failpoints.hit("listener-before-stamp")
         self._begin(running)
@@ -155,7 +146,7 @@ class Starter:
         try:
             reservation = self.store.begin_run(
                 running.queue, self.owner.id, running.task_id, self.store.now(), running.pid,
-                running.created, self.owner.node, self.supervisor.record(running),
+                running.created, self.owner.node, self.record(running),
                 NODE_RUNS_TTL)
         except RedisUnavailable:
             raise
@@ -198,11 +189,10 @@ class Starter:
         """A task a finish took ahead and stamped for the warm process ``pid``: its next run
         if that process was kept idle (``kept``), else put back (it never ran)."""
         idle = self.warm.take(taken.task_id, taken.queue, pid) if kept else None
-        running = Running(taken.task_id, taken.queue, None, self.clock(), 0.0,
-                          Policy().kill_grace, Policy(), pid, created=None, state="starting")
+        running = Running.starting(taken.task_id, taken.queue, pid, self.clock())
         if idle is None:
             if reservation.runnable:  # stamped for a process that is not to run it
-                self.supervisor.recorder.put_back(running)
+                self.put_back(running)
             return
         running.created, running.channel = idle.created, idle.channel
         running.output = idle.output

@@ -14,11 +14,9 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Literal
 
 from blueque import eviction
-from blueque.calling import TaskFunction, import_function
 from blueque.client import Client
 from blueque.daemon.exclusive import ExclusiveGuard
 from blueque.daemon.forks import ForkServerLink, server_setup
@@ -27,6 +25,7 @@ from blueque.daemon.membership import Membership
 from blueque.daemon.options import ListenerOptions
 from blueque.daemon.owner import NODE_RUNS_TTL, Owner
 from blueque.daemon.resources import ResourceBook
+from blueque.daemon.running import output_fds
 from blueque.daemon.slots import Slots
 from blueque.daemon.supervisor import Supervisor
 from blueque.daemon.wakeup import Cadence, Inbox, ProgramSignals, Wakeup
@@ -36,10 +35,10 @@ from blueque.metrics import ListenerMetrics
 from blueque.node import checked_node_name, hostname, node_identity, parse_listener_id
 from blueque.preemption import NodePreemption
 from blueque.recovery import Recovery
-from blueque.running import output_fds
 from blueque.spool import Spool
 from blueque.spool import default_directory as spool_directory
 from blueque.store import RedisStore, Take, apart
+from blueque.task_process.calling import TaskFunction, import_function
 
 log = logging.getLogger("blueque.daemon")
 
@@ -66,10 +65,9 @@ def reserve(store: RedisStore, weights: dict[str, int], listener: str,
 
 
 class ListenerStep:
-    """The listener's parts and one step of its loop (``run_once``: take in, reap, join,
-    renew, sweep, enforce limits and cancellations, fill free slots, wait), repeated by
-    ListenerDaemon, driven step by step by tests. It composes Membership, Supervisor, Wakeup,
-    Inbox, Slots, ResourceBook, Recovery and NodePreemption."""
+    """The listener's parts and one step of its loop (``run_once``: take in, reap, join, renew,
+    sweep, enforce limits and cancels, fill free slots, wait), the ListenerDaemon's (and the
+    tests'). It composes Membership, Supervisor, Wakeup, Inbox, Slots, Recovery..."""
 
     def __init__(self, client: Client, options: ListenerOptions,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -97,19 +95,18 @@ class ListenerStep:
         self.metrics = (ListenerMetrics(self.store, self.id, options.concurrency, busy=self.busy,
                                         memory=lambda: self.supervisor.memory(), spool=self.spool)
                         if options.metrics else None)
-        setup = None
-        if options.uses_fork_server(client.settings) and client.settings is not None:
-            setup = server_setup(str(options.function), client.settings,
-                                 client.store.checkpoint_max_bytes, options.task_logs, self.spool)
+        #: forks our task processes when it is ready (6.8): started and stopped by the loop
+        self.fork_server = fork_server_link(client, options, self.spool)
         self.supervisor = Supervisor(
             self.store, client.store, Owner(self.id, self.node, os.getpid(), None,
                                             lease_ms / 1000), clock, self.rng,
             task_logs=options.task_logs, spool=self.spool,
             count_ending=self.metrics.task_ended if self.metrics else None,
             reuse=options.reuse, max_memory=options.max_memory_per_process,
-            fork_server=ForkServerLink(setup) if setup else None)
-        self.supervisor.ahead.queues = self._next_queues
-        self.guard = ExclusiveGuard(self.supervisor, lease_ms / 1000, options.exclusive, clock)
+            fork_server=self.fork_server)
+        self.stopper = self.supervisor.stopper  # handed to us: cancels, limits, preemption
+        runs = self.supervisor.children  # shared, never copied (the guard's thread reads it)
+        self.guard = ExclusiveGuard(runs, lease_ms / 1000, options.exclusive, clock)
         #: renews the leases when the loop is late (a slow link); hears of every renewal
         self.keeper = LeaseKeeper(apart(client.store, interval), self.id, list(self.weights),
                                   interval, self.guard.renewed_at, clock, self.metrics)
@@ -118,8 +115,8 @@ class ListenerStep:
                                          options.preempt_grace)
         self.inbox = Inbox(self.store.keys, self.id, self.weights, self.preemption)
         self.slots = Slots(options.concurrency)
-        self.resources = ResourceBook(self.store, options.resources, self.supervisor, self.slots)
-        self.supervisor.ahead.resources = self.resources.free  # PROTOCOL.md 5.22
+        self.resources = ResourceBook(self.store, options.resources, runs, self.slots)
+        self.supervisor.take_ahead_from(self._next_queues, self.resources.free)  # 5.22
         self.stop_asked = False
         self.cadence = Cadence(interval, options.poll)
         #: refuses an evicting Redis at start, then says a change at each renewal
@@ -138,17 +135,25 @@ class ListenerStep:
         sent = self.clock()
         self.membership.register(self.options.concurrency, self.resources.offered())
         self.keeper.renewed(sent)  # its leases run from here
-        self.supervisor.owner = replace(self.supervisor.owner,
-                                        created=self.membership.created)
+        self.supervisor.registered(self.membership.created)
 
     def start_subscriber(self) -> None:
         """Hear enqueues on our queues' channels, cancels on our control channel and this
         node's preemption (PROTOCOL.md 6 step 7)."""
         self.wakeup.subscribe(self.inbox.channels, self.inbox.heard)
 
+    # --- what the loop's life tells its step (daemon/loop.py) ---------------------------
+    def keep_on_stop(self, on_stop: str) -> None:  # --on-stop as it can be kept here
+        self.on_stop = on_stop
+
+    def ask_stop(self) -> None:  # no new task from now on; leave as --on-stop says
+        self.stop_asked = True
+
+    def hear_program(self, program: ProgramSignals | None) -> None:  # ForkingRunner.run()'s
+        self.program_signals = program
+
     def _interrupted(self) -> bool:
-        """Asked to stop, or a signal for the program's own handler waits: a wait for our
-        identity (a lease to lapse) gives way to either."""
+        """Asked to stop, or a program's signal waits: a wait for our identity gives way."""
         return self.stop_asked or bool(self.program_signals and self.program_signals.pending)
 
     def run_once(self) -> None:
@@ -191,22 +196,22 @@ class ListenerStep:
         self._check_preemption()
         supervisor.begin_waiting()
         supervisor.record_reports()  # first: each of those children waits for the word
-        supervisor.recorder.record_unrecorded()
+        supervisor.record_unrecorded()
         if self.cadence.due("sweep", current):
             self._sweep()
             self.cadence.done("sweep", current)
-        supervisor.recorder.forget_ended()
+        supervisor.forget_ended()
         if self.cadence.due("due", current):
             # retries are scheduled tasks: move due ones even when no scheduler runs
             for queue in self.weights:
                 self.store.enqueue_due(queue, self.store.now())
             self.cadence.done("due", current)
-        supervisor.stopper.stop_tasks(self.inbox.cancels(), "cancelled")
+        self.stopper.stop_tasks(self.inbox.cancels(), "cancelled")
         self._enforce_limits()
         if not self.stop_asked and self.preemption.deadline is None:
             self._fill_slots()
         else:
-            supervisor.ahead.give_back(self.id)  # ids taken ahead: no slot will take them
+            supervisor.give_back(self.id)  # ids taken ahead: no slot will take them
         supervisor.write_progress()
         if self.cadence.back():
             log.warning("listener %s: Redis is back", self.id)
@@ -215,8 +220,8 @@ class ListenerStep:
     def _renew_when_due(self, current: float) -> None:
         """Every half interval, and first thing after an outage (Cadence)."""
         if self.cadence.due("renew", current):
-            self.preemption.heard = True  # a request whose message we missed: read it now
-            self._renew()
+            self.preemption.hear()  # a request whose message we missed: read it now
+            self.renew()
             self.memory_watch.look(self.store.memory_policy())  # a CONFIG SET since (5.18b)
             self.spool.replay(self.store)  # what a listener of ours held when it died
             # a move whose reply was lost (a failover: the retried LMOVE took another
@@ -224,30 +229,28 @@ class ListenerStep:
             self.heal()
             self.cadence.done("renew", current)
 
-    def _renew(self) -> None:
+    def renew(self) -> None:
         """Renew our leases and info hash and write our runs (Membership.renew), and look at
-        each running child's task as it is now (Supervisor.look_at): a superseded run is
+        each running child's task as it is now (Stopper.look_at): a superseded run is
         stopped, one recovered while it lived reclaimed, a missed cancel taken."""
         supervisor = self.supervisor
-        supervisor.defaults.clear()  # an operator's Queue.configure applies from now
-        watched = supervisor.stopper.watched()
+        supervisor.renewing()  # an operator's Queue.configure applies from now
+        watched = self.stopper.watched()
         reply = self.membership.renew(self.busy(), supervisor.records(), NODE_RUNS_TTL,
                                       [r.task_id for r in watched], self.metrics,
-                                      supervisor.recorder.seen)
-        self.membership.info.update(supervisor.health())  # off the lease's path: the next one's
-        self.inbox.cancel(supervisor.look_at(zip(watched, reply.tasks, strict=True)))
+                                      supervisor.seen)
+        self.membership.note(supervisor.health())  # off the lease's path: the next one's
+        self.inbox.cancel(self.stopper.look_at(zip(watched, reply.tasks, strict=True)))
         self.keeper.renewed(self.membership.renewed_at)  # the guard and metrics hear of it
 
     def heal(self) -> None:
-        """Put back the ids in our reserved lists that no child of ours runs or still has
-        an ending to record (Membership.heal): as the renewal just before read them, if one
-        did. Raises RedisUnavailable."""
+        """Put back the ids in our reserved lists that no child of ours runs or has an ending
+        to record (Membership.heal; as a renewal just before read them). Raises RedisUnavailable."""
         self.membership.heal(self.supervisor.task_ids(),
                              processes=self.supervisor.task_processes())
 
     def _sweep(self) -> None:
-        """Recovery, as adopter: the live runs of dead listeners of our node that it adopts
-        take our slots (Slots.take); then the cleanup of old output files."""
+        """Recovery, as adopter (the runs it adopts take our slots), then old output files."""
         report = self.recovery.sweep(self.weights, exclude=[self.id], adopter=self.id)
         if self.slots.take(report):
             log.info("listener %s: %d adopted task(s) of dead listeners occupy its slots",
@@ -257,14 +260,12 @@ class ListenerStep:
             self.metrics.swept(report)
 
     def busy(self) -> int:
-        """Slots in use: our children (and what ended runs left that we are stopping), the
-        runs we adopted, the fenced runs we are stopping."""
+        """Slots in use: our children (and their leftovers being stopped), adopted, fenced."""
         return self.slots.busy(self.supervisor.occupied())
 
     def _next_queues(self) -> list[str]:
-        """The queues to take the next task from, in the order to try them, once the run
-        whose ending is being recorded frees its slot (blueque.daemon.ahead); [] if that
-        slot is to take none: stopping, preempted, or our slots are over-full."""
+        """The queues to try, in order, once the run whose ending is recorded frees its slot
+        (blueque.daemon.ahead); []: stopping, preempted, or our slots are over-full."""
         if (self.stop_asked or self.preemption.deadline is not None
                 or self.slots.free(self.supervisor.occupied() - 1) <= 0):
             return []
@@ -273,13 +274,13 @@ class ListenerStep:
     def _fill_slots(self) -> None:
         supervisor, free = self.supervisor, self.slots.free  # a task for each free slot
         while free(supervisor.occupied()) > 0 and not self.stop_asked and (
-                moved := supervisor.ahead.pop() or reserve(
+                moved := supervisor.pop_ahead() or reserve(
                     self.store, self.weights, self.id, self.rng, self.resources.free())):
             if not supervisor.fork(*moved, self.load_function()):
                 self.heal()
                 return
         if not self.stop_asked:  # then the next task's process made ahead (6.8)
-            supervisor.starter.make_spare(next(iter(self.weights)), free(supervisor.occupied()))
+            supervisor.make_spare(next(iter(self.weights)), free(supervisor.occupied()))
 
     def _enforce_limits(self) -> None:
         """Time limits, a preemption's deadline and kill escalation need no Redis: they keep
@@ -290,20 +291,19 @@ class ListenerStep:
         if self.preemption.due():
             # their tasks go back to pending (endings.decide; an adopted run's when a sweep
             # finds it gone)
-            self._stop_all("preempted")
-        self.supervisor.stopper.enforce_limits()
+            self.stop_all("preempted")
+        self.stopper.enforce_limits()
 
-    def _stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
-        """SIGTERM the groups still running, our children's and the adopted runs' (then
-        SIGKILL after their grace, as for any stop)."""
-        self.supervisor.stopper.stop_all(reason)
+    def stop_all(self, reason: Literal["shutdown", "preempted"]) -> None:
+        """SIGTERM our children's and adopted runs' groups (SIGKILL after their grace)."""
+        self.stopper.stop_all(reason)
         self.recovery.stop_adopted(self.slots.in_care(), reason)
 
     def _check_preemption(self) -> None:
         """This node goes away: take no more tasks, tell every task process so that it saves
         and stops; its groups are terminated at the deadline (an earlier one wins)."""
-        if self.preemption.check(self.supervisor.stopper.notify, self.slots.adopted_pids()):
-            self.membership.info["preempting_until"] = repr(self.preemption.deadline)
+        if self.preemption.check(self.stopper.notify, self.slots.adopted_pids()):
+            self.membership.note({"preempting_until": repr(self.preemption.deadline)})
             self.cadence.soon("renew")  # blueque status shows it from our next step on
 
     def _wait(self, timeout: float) -> None:
@@ -314,6 +314,16 @@ class ListenerStep:
         current = self.clock()
         self.wakeup.wait(min([timeout, *(d - current for d in deadlines)]),
                          self.supervisor.channels(), output_fds(self.supervisor.children.values()))
+
+
+def fork_server_link(client: Client, options: ListenerOptions,
+                     spool: Spool) -> ForkServerLink | None:
+    """The link to a listener's fork server, if it uses one (ListenerOptions.uses_fork_server)."""
+    if not options.uses_fork_server(client.settings) or client.settings is None:
+        return None
+    setup = server_setup(str(options.function), client.settings,
+                         client.store.checkpoint_max_bytes, options.task_logs, spool)
+    return ForkServerLink(setup) if setup else None
 
 
 def daemon_identity(node_name: str | None, identity: str | None) -> tuple[str, str]:

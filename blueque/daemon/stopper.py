@@ -9,23 +9,28 @@ import logging
 import signal
 from collections.abc import Callable, Iterable
 
+from blueque.daemon.running import Running
 from blueque.endings import Stopped, late_ending_allowed
 from blueque.fencing import is_current_run, may_reclaim
 from blueque.leftovers import Leftovers
 from blueque.process import Stopping, signal_group, signal_pid
 from blueque.reporting import ToChild
-from blueque.running import Running
 from blueque.statuses import FAILED
+from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
 
 
 class Stopper:
-    def __init__(self, children: dict[int, Running], leftovers: Leftovers,
+    """A Supervisor's stops, and the loop's: cancels, time limits, shutdown, preemption's
+    notice, what a renewal finds (superseded runs stopped, recovered ones reclaimed)."""
+
+    def __init__(self, store: RedisStore, children: dict[int, Running], leftovers: Leftovers,
                  task_processes: Callable[[], set[int]], clock: Callable[[], float],
                  listener: str, tell: Callable[[Running, ToChild], None]) -> None:
         """``children``: the Supervisor's runs by pid (shared, never copied);
         ``task_processes``: its task processes, running or idle (6.7)."""
+        self.store = store  # the loop's, bounded
         self.children, self.leftovers = children, leftovers
         self.task_processes, self.clock = task_processes, clock
         self.listener, self.tell = listener, tell
@@ -87,13 +92,21 @@ class Stopper:
         whose outcome we took in is only exiting, not superseded by its own end)."""
         return [r for r in self.children.values() if r.report is None and r.state == "running"]
 
-    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]
-                ) -> tuple[list[str], list[Running]]:
+    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
         """With each watched child's task as a renewal read it: stop the runs that were taken
-        back or reserved again (superseded: they could record nothing); returns the tasks
-        whose cancel was asked for (their message may have been missed), and the runs whose
-        task recover took back while they lived and that no newer attempt superseded: to
-        reclaim (PROTOCOL.md 5.12b)."""
+        back or reserved again (superseded: they could record nothing), and reclaim those
+        whose task recover took back while they lived (PROTOCOL.md 5.12b); returns the tasks
+        whose cancel was asked for (their message may have been missed). Raises
+        RedisUnavailable (a run not reclaimed yet is looked at again next time)."""
+        cancels, recovered = self._read(fields)
+        for running in recovered:
+            self._reclaim(running)
+        return cancels
+
+    def _read(self, fields: Iterable[tuple[Running, dict[str, str]]]
+              ) -> tuple[list[str], list[Running]]:
+        """The tasks whose cancel was asked for, and the runs to reclaim (no newer attempt
+        superseded them); the superseded ones are stopped."""
         cancels, reclaim = [], []
         for running, data in fields:
             if data.get("cancel_requested"):
@@ -104,6 +117,25 @@ class Stopper:
             elif self._superseded(running, data):
                 self.stop(running, "superseded")
         return cancels, reclaim
+
+    def _reclaim(self, running: Running) -> None:
+        """Take its task back for a run that lived through a cut longer than our lease, unless
+        a newer attempt started meanwhile: then it is superseded, and stopped."""
+        assert running.attempt is not None  # _read reclaims only such runs
+        verdict, detail = self.store.reclaim(running.queue, running.task_id, self.listener,
+                                             running.attempt, running.pid, running.created,
+                                             self.store.now())
+        if verdict == "ok":
+            log.warning("task %s: recovered while its run lived (its listener was cut off from "
+                        "Redis longer than its lease) and not started again anywhere: taken "
+                        "back, its run (attempt %s, pid %d) goes on", running.task_id,
+                        running.attempt, running.pid, extra={
+                            "task_id": running.task_id, "queue": running.queue,
+                            "event": "reclaimed"})
+            return
+        log.info("task %s: not taken back (%s: %s): its run is stopped as superseded",
+                 running.task_id, verdict, detail)
+        self.stop(running, "superseded")
 
     def _superseded(self, running: Running, data: dict[str, str]) -> bool:
         if not data or running.attempt is None:

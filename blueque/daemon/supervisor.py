@@ -10,24 +10,25 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from blueque import failpoints
-from blueque.child import TaskFunction
 from blueque.daemon.ahead import Ahead
 from blueque.daemon.forks import ForkServerLink, exits
 from blueque.daemon.owner import Defaults, Owner
 from blueque.daemon.recorder import CountEnding, Recorder, write_progress
+from blueque.daemon.running import Running, hand_over_outputs, output_deadlines
 from blueque.daemon.starting import Starter
 from blueque.daemon.stopper import Stopper
 from blueque.daemon.wakeup import Pollable
+from blueque.daemon.warm import WarmProcesses
 from blueque.leftovers import Leftovers
 from blueque.process import resident_bytes
 from blueque.reporting import ToChild
-from blueque.running import Running, hand_over_outputs, output_deadlines
 from blueque.spool import Spool
 from blueque.store import RedisStore
+from blueque.task_process.child import TaskFunction
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import WarmProcesses
 
 log = logging.getLogger("blueque.daemon")
 
@@ -44,10 +45,8 @@ class Supervisor:
         ``max_memory`` the resident memory past which it retires after its task (bytes);
         ``fork_server``: what forks the task processes when it is ready (6.8)."""
         self.store = store  # the loop's, bounded
-        self.task_store = task_store  # the children's: the client's whole retry_deadline
         self.owner = owner
         self.clock = clock
-        self.rng = rng
         #: each queue's defaults (blueque_queue_config_[queue]), read at the first task after
         #: each lease renewal (the listener clears them then) rather than for every task
         self.defaults = Defaults(store)
@@ -57,26 +56,60 @@ class Supervisor:
         #: what runs start besides their task process (blueque.leftovers)
         self.leftovers = Leftovers(clock)
         #: how its runs are stopped (SIGTERM, then SIGKILL after their grace)
-        self.stopper = Stopper(self.children, self.leftovers, self.task_processes, clock,
+        self.stopper = Stopper(store, self.children, self.leftovers, self.task_processes, clock,
                                owner.id, self.tell)
         self.recorder = Recorder(store, owner.id, owner.node, clock, rng, self.defaults,
                                  task_logs=task_logs, spool=spool, count_ending=count_ending)
         #: the next reservations, taken with the endings (PROTOCOL.md 6.2)
         self.ahead = Ahead(store, self.warm)
-        #: how its runs start: a process made or woken, the stamp, the word
-        self.starter = Starter(self)
-        self._next_clean = 0.0  # the clock's time of the next look for old output files
         self.fork_server = fork_server
         self.spool = spool
+        #: how its runs start: a process made or woken, the stamp, the word
+        self.starter = Starter(  # task_store: the children's, the client's whole retry_deadline
+            store, task_store, lambda: self.owner, clock, self.warm, self.children,
+            self.defaults, fork_server, task_logs=task_logs, spool=spool, tell=self.tell,
+            record=self.record, put_back=self.recorder.put_back, close=self.close)
+        self._next_clean = 0.0  # the clock's time of the next look for old output files
+
+    # --- the loop's verbs, each its part's (issue 34: no caller reaches through us) --------
+    def registered(self, created: float | None) -> None:  # our runs' records carry it now
+        self.owner = replace(self.owner, created=created)
+
+    def make_spare(self, queue: str, free: int) -> None:  # Starter.make_spare
+        self.starter.make_spare(queue, free)
+
+    def take_ahead_from(self, queues: Callable[[], list[str]],
+                        resources: Callable[[str | None], str]) -> None:
+        self.ahead.take_from(queues, resources)
+
+    def pop_ahead(self) -> tuple[str, str] | None:  # a task held for a free slot
+        return self.ahead.pop()
+
+    def give_back(self, listener: str) -> None:  # the ids taken ahead: no slot takes them
+        self.ahead.give_back(listener)
+
+    def record_unrecorded(self) -> None:
+        self.recorder.record_unrecorded()
+
+    def forget_ended(self) -> None:
+        self.recorder.forget_ended()
+
+    @property
+    def seen(self) -> dict[str, float]:  # when each queue's last ending was recorded
+        return self.recorder.seen
+
+    def renewing(self) -> None:
+        self.defaults.clear()  # an operator's Queue.configure applies from now
+
+    def finish_leftovers(self) -> None:  # what ended runs left, stopped before we go
+        self.leftovers.finish(self.children)
 
     # --- forking and starting (blueque.daemon.starting) -----------------------------------
     def fork(self, queue: str, task_id: str, function: TaskFunction) -> bool:
         """Make or wake the process that runs ``task_id`` and stamp it (Starter.fork)."""
-        started: bool = self.starter.fork(queue, task_id, function)
-        return started
+        return self.starter.fork(queue, task_id, function)
 
-    def begin_waiting(self) -> None:
-        """Repeat the stamps an outage interrupted (their children are waiting)."""
+    def begin_waiting(self) -> None:  # the stamps an outage interrupted, repeated
         self.starter.begin_waiting()
 
     def record(self, running: Running) -> str:
@@ -124,35 +157,6 @@ class Supervisor:
                     self.ahead.held.append((taken.queue, taken.task_id))  # for a free slot
                 elif taken is not None and taken.reservation is not None:
                     self.starter.take_up(taken, taken.reservation, running.pid, kept)
-
-    def look_at(self, fields: Iterable[tuple[Running, dict[str, str]]]) -> list[str]:
-        """With each running child's task as a lease renewal read it (Stopper.look_at): the
-        superseded runs are stopped, and those whose task recover took back while they lived
-        are reclaimed (PROTOCOL.md 5.12b); returns the tasks whose cancel was asked for.
-        Raises RedisUnavailable (a run not reclaimed yet is looked at again next time)."""
-        cancels, recovered = self.stopper.look_at(fields)
-        for running in recovered:
-            self._reclaim(running)
-        return cancels
-
-    def _reclaim(self, running: Running) -> None:
-        """Take its task back for a run that lived through a cut longer than our lease, unless
-        a newer attempt started meanwhile: then it is superseded, and stopped."""
-        assert running.attempt is not None  # Stopper.look_at reclaims only such runs
-        verdict, detail = self.store.reclaim(running.queue, running.task_id, self.owner.id,
-                                             running.attempt, running.pid, running.created,
-                                             self.store.now())
-        if verdict == "ok":
-            log.warning("task %s: recovered while its run lived (its listener was cut off from "
-                        "Redis longer than its lease) and not started again anywhere: taken "
-                        "back, its run (attempt %s, pid %d) goes on", running.task_id,
-                        running.attempt, running.pid, extra={
-                            "task_id": running.task_id, "queue": running.queue,
-                            "event": "reclaimed"})
-            return
-        log.info("task %s: not taken back (%s: %s): its run is stopped as superseded",
-                 running.task_id, verdict, detail)
-        self.stopper.stop(running, "superseded")
 
     def hold_reports(self) -> None:
         """While Redis cannot take them: spool the outcomes our children reported (6.5)."""
@@ -237,11 +241,8 @@ class Supervisor:
         return {"task_memory": json.dumps(self.memory()),
                 "spool_error": (self.spool and self.spool.failing) or ""}
 
-    def memory(self) -> dict[int, int]:
-        """The resident memory (bytes) of each of our task processes, running or idle: what
-        the info hash's ``task_memory`` and the metrics say (--max-memory-per-process)."""
-        found = {pid: resident_bytes(pid) for pid in sorted(self.task_processes())}
-        return {pid: size for pid, size in found.items() if size is not None}
+    def memory(self) -> dict[int, int]:  # our task processes', running or idle
+        return resident_memory(self.task_processes())
 
     def occupied(self) -> int:
         """Slots our runs take: children, and ended runs whose processes are being stopped
@@ -283,3 +284,10 @@ class Supervisor:
             self.reap()
             time.sleep(0.01)
 
+
+
+def resident_memory(pids: Iterable[int]) -> dict[int, int]:
+    """The resident memory (bytes) of each of ``pids``: what the info hash's ``task_memory``
+    and the metrics say of a listener's task processes (--max-memory-per-process)."""
+    found = {pid: resident_bytes(pid) for pid in sorted(pids)}
+    return {pid: size for pid, size in found.items() if size is not None}

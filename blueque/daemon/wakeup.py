@@ -89,7 +89,7 @@ class Cadence:
 class Inbox:
     """What a listener hears on its channels (PROTOCOL.md 6 step 7): enqueues on its queues'
     channels (they only wake the loop), cancels on its control channel, and news of its
-    node's preemption (``preemption.heard``: read at the next look). ``heard`` runs in the
+    node's preemption (``NodePreemption.hear``: read at the next look). ``heard`` runs in the
     subscriber thread; the loop takes the cancels."""
 
     def __init__(self, keys: Keys, listener: str, queues: Iterable[str],
@@ -105,7 +105,7 @@ class Inbox:
         if channel == self._control:
             self._cancels.append(data)
         elif channel == self._preemption_channel:
-            self._preemption.heard = True
+            self._preemption.hear()
 
     def cancel(self, task_ids: Iterable[str]) -> None:
         """Cancels found otherwise (a renewal reads each running task's cancel_requested)."""

@@ -21,7 +21,7 @@ class Take:
     (take.lua, PROTOCOL.md 6.2): from the first of ``queues`` with a pending task. With
     ``pid`` (a warm process it keeps, 6.7) the task is stamped for that process and its run
     recorded on ``node`` (``record``: the record's fields after task, queue and attempt, as
-    blueque.running.record_tail writes them); without, it is only moved."""
+    blueque.daemon.running.record_tail writes them); without, it is only moved."""
 
     queues: Sequence[str]
     pid: int | None = None

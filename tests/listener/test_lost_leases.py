@@ -12,11 +12,11 @@ import pytest
 
 from blueque.daemon import ListenerDaemon
 from blueque.daemon.options import ListenerOptions
+from blueque.daemon.running import Running
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.policy import Policy
 from blueque.recovery import Recovery, RecoveryReport
-from blueque.running import Running
 from tests.daemons import (
     FAST,
     Daemon,
@@ -206,11 +206,11 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
     daemon = ListenerDaemon(client, ListenerOptions({"work": 1}, "tests.jobs:echo",
                                                     identity="racer.example_1"))
     try:
-        daemon.register()
-        task = Listener("work", daemon.store, daemon.id, register=False).reserve()
+        daemon.step.register()
+        task = Listener("work", daemon.step.store, daemon.id, register=False).reserve()
         assert task is not None and task.id == task_id
         running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242)
-        real_read = daemon.store.task_data
+        real_read = daemon.step.store.task_data
         report = RecoveryReport()
 
         def read_then_recovered(wanted: str) -> dict[str, str]:
@@ -220,10 +220,10 @@ def test_recorded_ending_racing_a_recovery_does_not_stop_the_daemon(  # type: ig
             Recovery(client.store, host="elsewhere.example").recover_expired("work", report)
             return data
 
-        monkeypatch.setattr(daemon.store, "task_data", read_then_recovered)
-        daemon.supervisor.recorder.unrecorded.append((running, "process exited with code 4"))
-        daemon.supervisor.recorder.record_unrecorded()
-        assert report.requeued == 1 and daemon.supervisor.recorder.unrecorded == []
+        monkeypatch.setattr(daemon.step.store, "task_data", read_then_recovered)
+        daemon.step.supervisor.recorder.unrecorded.append((running, "process exited with code 4"))
+        daemon.step.supervisor.recorder.record_unrecorded()
+        assert report.requeued == 1 and daemon.step.supervisor.recorder.unrecorded == []
     finally:
         daemon._finish()
     assert client.get_task(task_id).status == "pending"

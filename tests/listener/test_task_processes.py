@@ -93,7 +93,7 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
         {"work": 1}, jobs.reread, identity="forker.example_1"))
     lock = client.redis.connection_pool._lock
     held, pid = threading.Event(), 0
-    daemon.register()
+    daemon.step.register()
     assert client.store.move_pending("work", daemon.id, block=None) == task_id
 
     def hold_the_pool_lock() -> None:
@@ -108,18 +108,19 @@ def test_fork_while_another_thread_is_inside_the_connection_pool(client, redis_c
         held.wait(5)
         return jobs.reread
 
-    daemon.load_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
+    daemon.step.load_function = function_then_the_subscriber_steps_in  # type: ignore[method-assign]
     try:
-        daemon.supervisor.fork("work", task_id, daemon.load_function())
-        (pid,) = daemon.supervisor.children
+        daemon.step.supervisor.fork("work", task_id, daemon.step.load_function())
+        (pid,) = daemon.step.supervisor.children
         holder.join()
 
         def recorded() -> bool:
-            daemon.run_once()  # takes in the child's outcome, records it, reaps the child
+            daemon.step.run_once()  # takes in the child's outcome, records it, reaps the child
             return redis_client.hget(KEYS.task(task_id), "status") == "complete"
 
         wait_until(recorded, timeout=10, what="the forked child's result recorded")
-        wait_until(lambda: (daemon.run_once(), not daemon.supervisor.children)[1], timeout=10,
+        step = daemon.step
+        wait_until(lambda: (step.run_once(), not step.supervisor.children)[1], timeout=10,
                    what="the child reaped")
         pid = 0
     finally:
@@ -145,8 +146,8 @@ def test_failed_fork_puts_the_task_back_and_the_daemon_goes_on(  # type: ignore[
 
     monkeypatch.setattr(os, "fork", no_more_processes)
     try:
-        daemon.run_once()
-        assert daemon.supervisor.children == {}
+        daemon.step.run_once()
+        assert daemon.step.supervisor.children == {}
     finally:
         monkeypatch.undo()
         daemon._finish()

@@ -84,18 +84,18 @@ def test_subscriber_notices_a_silently_dropped_connection(redis_server, redis_cl
     daemon = ListenerDaemon(client, ListenerOptions(
         {"work": 1}, jobs.text, identity="nat.example_1", interval=0.5))
     try:
-        daemon.start_subscriber()
+        daemon.step.start_subscriber()
         wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
         proxy.freeze()
         wait_until(lambda: dict(redis_client.pubsub_numsub(KEYS.channel("work")))[
             KEYS.channel("work")] == 2, timeout=10, what="subscribed again on a new connection")
         while True:  # empty the wake pipe, then show a publish reaches it again
             try:
-                os.read(daemon.wakeup._wake_r, 512)
+                os.read(daemon.step.wakeup._wake_r, 512)
             except BlockingIOError:
                 break
         redis_client.publish(KEYS.channel("work"), "work")
-        wait_until(lambda: select.select([daemon.wakeup._wake_r], [], [], 0)[0], what="woken")
+        wait_until(lambda: select.select([daemon.step.wakeup._wake_r], [], [], 0)[0], what="woken")
     finally:
         daemon._finish()
         proxy.close()
@@ -107,11 +107,11 @@ def test_subscriber_never_writes_to_a_closed_wake_pipe(client, redis_client):  #
     must not be written into whatever file reuses the wake pipe's descriptor numbers."""
     daemon = ListenerDaemon(client, ListenerOptions(
         {"work": 1}, jobs.text, identity="closer.example_1"))
-    daemon.start_subscriber()
-    thread = daemon.wakeup.subscriber
+    daemon.step.start_subscriber()
+    thread = daemon.step.wakeup.subscriber
     assert thread is not None
     wait_until(lambda: subscribed(redis_client, "work"), what="subscribed")
-    wake_w = daemon.wakeup._wake_w
+    wake_w = daemon.step.wakeup._wake_w
     daemon._finish()
     reused_r, reused_w = os.pipe()  # the lowest free numbers: those just closed
     os.set_blocking(reused_r, False)
@@ -161,7 +161,7 @@ def test_a_refused_subscriber_backs_off_and_the_listener_keeps_working(  # type:
         {"work": 1}, jobs.text, identity="refused.example_1", poll=0.2))
     caplog.set_level("WARNING", logger="blueque.daemon")
     try:
-        daemon.start_subscriber()
+        daemon.step.start_subscriber()
         refusals = lambda: [r for r in caplog.records if "subscriber:" in r.getMessage()]  # noqa: E731
         wait_until(lambda: len(refusals()) >= 2, timeout=10, what="two refusals")
         first, second = refusals()[:2]
@@ -170,7 +170,7 @@ def test_a_refused_subscriber_backs_off_and_the_listener_keeps_working(  # type:
         task_id = client.get_queue("work").enqueue("found by polling")
         deadline = time.monotonic() + 15
         while client.get_task(task_id).status != "complete" and time.monotonic() < deadline:
-            daemon.run_once()
+            daemon.step.run_once()
         assert client.get_task(task_id).result == "processed found by polling"
     finally:
         daemon._finish()
@@ -211,7 +211,7 @@ def test_a_child_socket_numbered_past_1023_still_wakes_the_wait(client):  # type
     try:
         theirs.send(b"x")
         # an hour: only the readable socket can end this wait (pytest-timeout would fail it)
-        daemon.wakeup.wait(3600.0, {high: channel})
+        daemon.step.wakeup.wait(3600.0, {high: channel})
         assert channel.sock.recv(1) == b"x"  # what woke it, left for the loop to read
     finally:
         channel.sock.close()

@@ -14,10 +14,10 @@ import pytest
 import blueque
 from blueque.daemon import ListenerDaemon
 from blueque.daemon.options import ListenerOptions
+from blueque.daemon.running import Running
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.policy import Policy
-from blueque.running import Running
 from blueque.testing import RedisServer, free_port
 from tests import jobs
 from tests.daemons import FAST, Daemon, daemons, gone, lines, listen_command, subscribed, wait_until
@@ -107,15 +107,15 @@ def test_heal_leaves_an_ending_still_to_be_recorded_alone(client, redis_client):
     daemon = ListenerDaemon(client, ListenerOptions({"work": 1}, jobs.text,
                                                     identity="healer.example_1"))
     try:
-        daemon.register()
-        task = Listener("work", daemon.store, daemon.id, register=False).reserve()
+        daemon.step.register()
+        task = Listener("work", daemon.step.store, daemon.id, register=False).reserve()
         assert task is not None
         client.get_processor(task).start(4242)
         running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(), 4242, exit_code=9)
-        daemon.supervisor.recorder.unrecorded.append((running, "process exited with code 9"))
-        daemon.heal()
+        daemon.step.supervisor.recorder.unrecorded.append((running, "process exited with code 9"))
+        daemon.step.heal()
         assert redis_client.lrange(KEYS.reserved("work", "healer.example_1"), 0, -1) == [task_id]
-        daemon.supervisor.recorder.record_unrecorded()
+        daemon.step.supervisor.recorder.record_unrecorded()
     finally:
         daemon._finish()
     task = client.get_task(task_id)

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from blueque.capture import LEAVING
+from blueque.daemon.outputs import READ_LIMIT, TaskOutput
 from blueque.display import format_seconds, last_line, shorten
 from blueque.endings import Ending, RunEnd, Stopped
-from blueque.outputs import READ_LIMIT, TaskOutput
 from blueque.policy import Policy
 from blueque.process import signal_pid
 from blueque.reporting import ChildChannel, OutcomeFrame, ToListener
 from blueque.run_processes import RunMark
 from blueque.statuses import CANCELLED, COMPLETE, FAILED, PENDING, SCHEDULED, state_of
+from blueque.task_process.capture import LEAVING
 from blueque.tasklog import TaskLogSettings
 
 log = logging.getLogger("blueque.daemon")
@@ -31,7 +31,17 @@ class Running:
     """A child process running one attempt of one task (PROTOCOL.md 6.2).
 
     ``state``: "starting" until the stamp has started the task for it (repeated while Redis
-    is away), then "running"; "refused" when the stamp refused the task (nothing ran)."""
+    is away), then "running"; "refused" when the stamp refused the task (nothing ran). A run
+    that starts is made by ``Running.starting`` (its attempt, policy and limits come with the
+    stamp: blueque.daemon.starting).
+
+    Who writes what: the listener's loop thread writes every field (its Starter, Supervisor,
+    Recorder and Stopper, one at a time). One other thread touches a run, the exclusive
+    guard's (blueque.daemon.exclusive): it reads ``pid``, ``task_id``, ``policy`` and
+    ``exit_code``, and writes ``reason`` alone, only from "" to "lease" (one assignment of a
+    str, whole under the GIL); the loop's Stopper sets ``reason`` only while it is "" as
+    well, so a run's first reason stays, whichever thread gave it. Nothing else is written
+    from the guard's thread."""
 
     task_id: str
     queue: str
@@ -57,8 +67,18 @@ class Running:
     reported_at: float | None = None  # monotonic: when its outcome frame was taken in
     output_shipped: bool = False  # the rest of its reported attempt's output is in Redis
     gone: bool = False  # its task's hash is gone from Redis (said once: see Recorder)
-    #: our read end of its output pipe (blueque.outputs): read in the loop into its file
+    #: our read end of its output pipe (blueque.daemon.outputs): read in the loop into its file
     output: TaskOutput | None = None
+
+    @classmethod
+    def starting(cls, task_id: str, queue: str, pid: int, now: float, *,
+                 created: float | None = None, channel: ChildChannel | None = None,
+                 output: TaskOutput | None = None) -> Running:
+        """A run whose process has its task and waits for the stamp (``state`` "starting"):
+        no attempt yet, and no time limit or policy of its own until the stamp reads its
+        task's (``now``: the loop's clock)."""
+        return cls(task_id, queue, None, now, 0.0, Policy().kill_grace, Policy(), pid,
+                   created=created, channel=channel, output=output, state="starting")
 
     def hear(self, frame: ToListener) -> None:
         """A frame its child sent: its outcome (nothing counts after it), or progress."""

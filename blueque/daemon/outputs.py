@@ -2,7 +2,7 @@
 
 The listener reads each of its task processes' pipes in its loop (their read ends are among
 what its wait polls), writes what comes to the attempt's file, capped exactly
-(blueque.capture.CappedFile), and ships the file's tail to the task's log stream every
+(blueque.task_process.capture.CappedFile), and ships the file's tail to the task's log stream every
 ``interval`` (blueque.tasklog.Shipper): what a thread of each task process did before. A warm
 process's pipe carries its successive attempts: ``follow`` moves to the next attempt's file
 once the run before has ended (its outcome drained, ``end``).
@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blueque.capture import CappedFile
+from blueque.task_process.capture import CappedFile
 from blueque.tasklog import Shipper, TaskLogSettings
 
-if TYPE_CHECKING:  # a task process imports this module (blueque.running), never the store
+if TYPE_CHECKING:  # a task process imports this module (blueque.daemon.running), never the store
     from blueque.store import RedisStore
 
 log = logging.getLogger("blueque.daemon")
@@ -110,14 +110,14 @@ class TaskOutput:
     def _open(self) -> None:
         assert self.path is not None
         try:
-            self.file = CappedFile(self.path, self.settings.max_bytes)
+            # at the cap: shipped first (its shipper's rotate), then moved aside
+            self.file = CappedFile(self.path, self.settings.max_bytes,
+                                   self.shipper.rotate if self.shipper is not None else None)
         except OSError as error:  # a full or read-only disk, the directory a file...
             self._unopenable = True
             log.error("output not captured to %s (%s): it is dropped, never mixed into the "
                       "listener's log", self.path, error)
             return
-        if self.shipper is not None:  # at the cap: shipped first, then moved aside
-            self.file.rotate = self.shipper.rotate
 
     def ship_due(self, current: float, always: bool = False) -> None:
         """Every ``interval``: ship what the file gained (``always``: whether or not the pipe

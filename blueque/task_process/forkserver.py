@@ -1,4 +1,5 @@
-"""The fork server (PROTOCOL.md 6.8, ``python -m blueque.forkserver FD``): a small process a
+"""The fork server (PROTOCOL.md 6.8, ``python -m blueque.task_process.forkserver FD``): a small
+process a
 listener starts once, which imports the task function and the task process's code and nothing
 the listener alone needs (no connection pool, no thread, no redis-py), and forks the task
 processes from there: a fork of a small quiet process costs less than one of the listener, and
@@ -33,13 +34,24 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from blueque import failpoints
 from blueque import logs as log_setup
-from blueque.calling import TaskFunction, import_function
-from blueque.child import Assignment, leave_process
 from blueque.process import create_time, set_title
 from blueque.run_processes import libc_prctl
 from blueque.spool import Spool
+from blueque.task_process.calling import TaskFunction, import_function
+from blueque.task_process.child import Assignment, leave_process
+from blueque.task_process.server_frames import (
+    ExitedAnswer,
+    FailedAnswer,
+    ForkedAnswer,
+    ForkOrder,
+    FromForkServer,
+    LoadedAnswer,
+    ReadyAnswer,
+    RefusedAnswer,
+    ToForkServer,
+)
+from blueque.task_process.warm import run_task_process
 from blueque.tasklog import TaskLogSettings
-from blueque.warm import run_task_process
 
 if TYPE_CHECKING:
     from blueque.store import RedisStore
@@ -153,7 +165,7 @@ class ForkServer:
         gc.freeze()
         log.info("fork server: a task process used Redis; the client is loaded here now, "
                  "for the next ones")
-        self.send({"loaded": True})  # its listener retires the spares made before
+        self.send(LoadedAnswer(loaded=True))  # its listener retires the spares made before
 
     def take_request(self) -> bool:
         """One request; False once the listener is gone."""
@@ -167,13 +179,13 @@ class ForkServer:
             _close(fds)
             return False
         try:
-            message = json.loads(data)
+            message = cast(ToForkServer, json.loads(data))
             if "reap" in message:
                 self.reap([int(pid) for pid in message["reap"]])
                 return True
             reply = self.fork(message["fork"], fds)
         except (ValueError, KeyError, TypeError) as error:
-            reply = {"refused": f"a request it cannot read: {error}"}
+            reply = RefusedAnswer(refused=f"a request it cannot read: {error}")
         finally:
             _close(fds)
         return self.send(reply)
@@ -185,9 +197,9 @@ class ForkServer:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
 
-    def fork(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    def fork(self, request: ForkOrder, fds: list[int]) -> ForkedAnswer | RefusedAnswer:
         if len(fds) not in (1, 3):
-            return {"refused": f"{len(fds)} descriptors (1 or 3 expected)"}
+            return RefusedAnswer(refused=f"{len(fds)} descriptors (1 or 3 expected)")
         assignment = Assignment(
             str(request["task"]), str(request["queue"]), str(request["listener"]),
             float(request["patience"]),
@@ -198,12 +210,12 @@ class ForkServer:
         try:
             pid = os.fork()
         except OSError as error:  # EAGAIN at a pids limit, ENOMEM
-            return {"refused": str(error)}
+            return RefusedAnswer(refused=str(error))
         if pid == 0:
             self._child(assignment, fds[0], reuse, spare)
         self.children.add(pid)
         failpoints.hit("forkserver-after-spare-fork" if spare else "forkserver-after-fork")
-        return {"forked": pid, "created": create_time(pid)}
+        return ForkedAnswer(forked=pid, created=create_time(pid))
 
     def _child(self, assignment: Assignment, sock: int, reuse: int, spare: bool) -> NoReturn:
         try:
@@ -231,12 +243,12 @@ class ForkServer:
                 continue
             if found is None or found.si_pid == 0:
                 continue
-            if not self.send({"exited": pid, "status": raw_status(found)}):
+            if not self.send(ExitedAnswer(exited=pid, status=raw_status(found))):
                 return
             self.children.discard(pid)
             self.reported.add(pid)
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, message: FromForkServer) -> bool:
         try:
             self.control.sendall(json.dumps(message).encode())
         except OSError:
@@ -273,7 +285,8 @@ def _close(fds: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m blueque.forkserver FD [ROOM]``: set up, import, say ready, serve (ROOM:
+    """``python -m blueque.task_process.forkserver FD [ROOM]``: set up, import, say ready, serve
+    (ROOM:
     blanks that keep room in the command line for the titles of the processes it forks)."""
     # Ctrl-C on the listener's terminal is the listener's to handle: it closes our socket
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -289,20 +302,20 @@ def main(argv: list[str]) -> int:
     try:
         function = import_function(setup.function)
     except Exception as error:  # CallbackError, or anything the module raised
-        control.sendall(json.dumps({"failed": str(error)}).encode())
+        control.sendall(json.dumps(FailedAnswer(failed=str(error))).encode())
         return 1
     # each child sets its parent-death signal with libc's prctl: looked up here, once, for
     # them all to inherit
     libc_prctl()
     gc.freeze()  # what it holds stays put: its children's collections never copy it
     server = ForkServer(control, setup, function)
-    if not server.send({"ready": os.getpid()}):
+    if not server.send(ReadyAnswer(ready=os.getpid())):
         return 0
     server.serve()
     return 0
 
 
-if __name__ == "__main__":  # run as blueque.forkserver, the module its setup names
-    from blueque.forkserver import main as _main
+if __name__ == "__main__":  # run as blueque.task_process.forkserver, the module its setup names
+    from blueque.task_process.forkserver import main as _main
 
     sys.exit(_main(sys.argv))

@@ -3,7 +3,8 @@
 The attempt's file was the task's fds 1 and 2, cut by the shipper every half second: a task
 that wrote as fast as it could filled 200 MB against a 10 MB cap between two looks. Then fds
 1 and 2 became a pipe read by a thread of the task process (1.5 ms of CPU per task, issue 20).
-Now the pipe is the listener's to read (blueque.outputs): a listener's task process only makes
+Now the pipe is the listener's to read (blueque.daemon.outputs): a listener's task process only
+makes
 the pipe its fds 1 and 2 and starts no thread. It keeps the read end without reading it, so
 that the pipe outlives its listener: when that listener is gone (its death is signalled to it,
 ``TAKE_OVER``; or a frame finds it gone) the task process starts reading its own pipe only
@@ -53,14 +54,15 @@ def _no_shipper(move: Callable[[], None]) -> None:
 
 class CappedFile:
     """An attempt's output file, written up to ``max_bytes``; at the cap ``rotate`` moves it
-    aside (``.1``) and a new one starts. Raises OSError only when it cannot be opened."""
+    aside (``.1``) and a new one starts (``rotate``: a shipper's, which ships what it holds
+    first). Raises OSError only when it cannot be opened."""
 
-    def __init__(self, path: Path, max_bytes: int) -> None:
+    def __init__(self, path: Path, max_bytes: int, rotate: Rotate | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.max_bytes = path, max(1, max_bytes)
         self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self.size = os.fstat(self._file).st_size
-        self.rotate: Rotate = _no_shipper
+        self.rotate: Rotate = rotate or _no_shipper
 
     def write(self, data: bytes) -> None:
         while data:
@@ -170,12 +172,11 @@ class OwnPipe:
 
     def _loop(self) -> None:
         with self._lock:
+            self.shipper = self.shipper_factory()
             if self.read >= 0:
                 with contextlib.suppress(OSError):
-                    self.file = CappedFile(self.path, self.max_bytes)
-            self.shipper = self.shipper_factory()
-            if self.file is not None and self.shipper is not None:
-                self.file.rotate = self.shipper.rotate
+                    self.file = CappedFile(self.path, self.max_bytes,
+                                           self.shipper.rotate if self.shipper else None)
         due, open_ = time.monotonic() + self.interval, self.read >= 0
         poller = select.poll()  # not select(): the listener's pipe may be past fd 1023
         if open_:
