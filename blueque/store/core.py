@@ -264,12 +264,13 @@ class StoreCore:
         """Run script ``name`` with plain commands before and after it in one round trip (a
         pipeline, not a transaction: each command is idempotent, so a repeat after a lost
         reply is harmless); returns the script's reply and the replies of ``after`` (and last,
-        of ``then``: a second script after them, which must be as harmless to repeat). With
+        of ``then``: a second script after them). With
         ``refusal``, the first script's refusal (an error reply of its own, not a transient
         one) is returned in place of its reply, so that the caller still reads what ``then``
         did. ``EVALSHA`` directly, not redis-py's pipeline scripts, which cost a ``SCRIPT
         EXISTS`` round trip per pipeline: a server that lost its script cache (a restart)
-        answers NOSCRIPT once, and the pipeline is sent again after loading it. With WAIT
+        answers NOSCRIPT for the scripts it lost and runs the rest; those are loaded and sent
+        again alone (``then`` that ran is never repeated: a take would take twice). With WAIT
         durability the script runs durably alone, and on a Redis Cluster (whose pipelines
         refuse scripts) each command goes on its own."""
         first = ScriptCall(name, keys, args, durable)
@@ -277,24 +278,33 @@ class StoreCore:
             return self._run_apart(first, before, after, then, refusal)
         calls = [first] + ([then] if then is not None else [])
         scripts = [self._script(call.name) for call in calls]
-        for _ in range(2):
+        pipe = self.redis.pipeline(transaction=False)
+        for add in before:
+            add(pipe)
+        pipe.evalsha(scripts[0].sha, len(keys), *keys, *args)
+        for add in after:
+            add(pipe)
+        if then is not None:
+            pipe.evalsha(scripts[1].sha, len(then.keys), *then.keys, *then.args)
+        replies = pipe.execute(raise_on_error=False)
+        # a server that lost its scripts (a restart) ran the rest of the pipeline all the
+        # same: only the scripts it refused are sent again, once loaded (``then`` may not be
+        # repeated: a take that ran took a task; the plain commands ran in their place)
+        places = [len(before)] + ([len(replies) - 1] if then is not None else [])
+        lost = [(place, call, script) for place, call, script in zip(places, calls, scripts,
+                                                                     strict=True)
+                if isinstance(replies[place], redis.exceptions.NoScriptError)]
+        if lost:
             pipe = self.redis.pipeline(transaction=False)
-            for add in before:
-                add(pipe)
-            pipe.evalsha(scripts[0].sha, len(keys), *keys, *args)
-            for add in after:
-                add(pipe)
-            if then is not None:
-                pipe.evalsha(scripts[1].sha, len(then.keys), *then.keys, *then.args)
-            replies = pipe.execute(raise_on_error=False)
-            lost = [script for script, reply in zip(scripts, (replies[len(before)], replies[-1]),
-                                                    strict=False)
-                    if isinstance(reply, redis.exceptions.NoScriptError)]
-            for script in lost:
+            for _, call, script in lost:
                 script.sha = self.redis.script_load(script.script)
-            if not lost:
-                _raise_errors(replies, len(before) if refusal else None)
-                return replies[len(before)], replies[len(before) + 1:]
+                pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+            for (place, _, _), reply in zip(lost, pipe.execute(raise_on_error=False),
+                                            strict=True):
+                replies[place] = reply
+        if not any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            _raise_errors(replies, len(before) if refusal else None)
+            return replies[len(before)], replies[len(before) + 1:]
         raise redis.exceptions.NoScriptError("the server keeps losing its scripts")
 
     def _run_apart(self, first: ScriptCall, before: Sequence[Callable[[Any], object]],
