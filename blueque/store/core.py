@@ -287,21 +287,8 @@ class StoreCore:
         if then is not None:
             pipe.evalsha(scripts[1].sha, len(then.keys), *then.keys, *then.args)
         replies = pipe.execute(raise_on_error=False)
-        # a server that lost its scripts (a restart) ran the rest of the pipeline all the
-        # same: only the scripts it refused are sent again, once loaded (``then`` may not be
-        # repeated: a take that ran took a task; the plain commands ran in their place)
         places = [len(before)] + ([len(replies) - 1] if then is not None else [])
-        lost = [(place, call, script) for place, call, script in zip(places, calls, scripts,
-                                                                     strict=True)
-                if isinstance(replies[place], redis.exceptions.NoScriptError)]
-        if lost:
-            pipe = self.redis.pipeline(transaction=False)
-            for _, call, script in lost:
-                script.sha = self.redis.script_load(script.script)
-                pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
-            for (place, _, _), reply in zip(lost, pipe.execute(raise_on_error=False),
-                                            strict=True):
-                replies[place] = reply
+        _send_lost(self.redis, replies, list(zip(places, calls, scripts, strict=True)))
         if not any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
             _raise_errors(replies, len(before) if refusal else None)
             return replies[len(before)], replies[len(before) + 1:]
@@ -360,6 +347,24 @@ class StoreCore:
         if role is not None and role not in self._roles_checked:
             check_permissions(self, role, queues)
             self._roles_checked.add(role)
+
+
+def _send_lost(client: Any, replies: list[Any],
+               sent: list[tuple[int, ScriptCall, Any]]) -> None:
+    """A server that lost its scripts (a restart) answered NOSCRIPT for them and ran the
+    rest of the pipeline all the same: only the scripts it refused (``sent``: their place in
+    ``replies``, call and cached script) are sent again, once loaded, their replies put in
+    place. A script that ran is never repeated: a take that ran took a task."""
+    lost = [(place, call, script) for place, call, script in sent
+            if isinstance(replies[place], redis.exceptions.NoScriptError)]
+    if not lost:
+        return
+    pipe = client.pipeline(transaction=False)
+    for _, call, script in lost:
+        script.sha = client.script_load(script.script)
+        pipe.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+    for (place, _, _), reply in zip(lost, pipe.execute(raise_on_error=False), strict=True):
+        replies[place] = reply
 
 
 def apart(store: S, timeout: float) -> S:
