@@ -23,7 +23,7 @@ from blueque.errors import ConfigurationError
 from blueque.forking_runner import ForkingRunner
 from blueque.process import signal_pid
 from tests import leftover_jobs
-from tests.daemons import FAST, Daemon, gone, lines, listen_command, wait_until
+from tests.daemons import Daemon, gone, lines, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,15 +35,11 @@ Start = Callable[..., Daemon]
 
 
 @pytest.fixture
-def start(redis_url: str, tmp_path: Path, started: list[Daemon]) -> Start:
-    def start_daemon(function: str, *options: str) -> Daemon:
-        daemon = Daemon(listen_command(redis_url, "work", f"tests.leftover_jobs:{function}",
-                                       *FAST, *options),
-                        tmp_path / f"listener{len(started)}.log")
-        started.append(daemon)
-        return daemon
-
-    return start_daemon
+def leftover(start: Callable[..., Daemon]) -> Start:
+    """``leftover(function, *options)``: conftest's listener of queue work running
+    tests.leftover_jobs' ``function``."""
+    return lambda function, *options: start("work", f"tests.leftover_jobs:{function}",
+                                            *options)
 
 
 def pids(pidfile: Path) -> list[int]:
@@ -64,7 +60,7 @@ def enqueue(client: blueque.Client, pidfile: Path, seconds: float = 0, **options
 @pytest.mark.parametrize("reuse", ["1", "3"])
 @pytest.mark.parametrize("function", ["in_group", "new_session", "daemon"])
 def test_what_a_task_started_is_stopped_when_it_returns(
-        function: str, reuse: str, client: blueque.Client, start: Start, tmp_path: Path
+        function: str, reuse: str, client: blueque.Client, leftover: Start, tmp_path: Path
 ) -> None:
     """With the task process forked by the fork server (the default, once it is ready), as
     with a listener's own child. A kill_grace of 10 minutes: only the SIGTERM sent when the
@@ -72,7 +68,7 @@ def test_what_a_task_started_is_stopped_when_it_returns(
     unlogged until the grace had passed (issue 30 item 7): the task process, a zombie its
     fork server keeps until the listener settled its exit, was taken for a new process of
     that pid, and its group was left alone."""
-    listener = start(function, "--reuse", reuse)
+    listener = leftover(function, "--reuse", reuse)
     wait_until(lambda: "fork server" in listener.log() and "ready" in listener.log(),
                what="its fork server ready")
     task_id = enqueue(client, tmp_path / "pids", kill_grace=600)
@@ -90,8 +86,8 @@ def test_what_a_task_started_is_stopped_when_it_returns(
 
 @pytest.mark.parametrize("function", ["new_session", "daemon"])
 def test_a_time_limit_stops_what_left_the_group(function: str, client: blueque.Client,
-                                                start: Start, tmp_path: Path) -> None:
-    start(function)
+                                                leftover: Start, tmp_path: Path) -> None:
+    leftover(function)
     task_id = enqueue(client, tmp_path / "pids", seconds=600, time_limit=2, kill_grace=1)
     left = pids(tmp_path / "pids")
     assert not any(gone(pid) for pid in left)
@@ -101,9 +97,9 @@ def test_a_time_limit_stops_what_left_the_group(function: str, client: blueque.C
                what=f"the escaped processes ({left}) stopped with the task")
 
 
-def test_a_cancel_stops_what_left_the_group(client: blueque.Client, start: Start,
+def test_a_cancel_stops_what_left_the_group(client: blueque.Client, leftover: Start,
                                             tmp_path: Path) -> None:
-    start("new_session")
+    leftover("new_session")
     task_id = enqueue(client, tmp_path / "pids", seconds=600, kill_grace=1)
     left = pids(tmp_path / "pids")
     assert client.cancel_task(task_id) == "requested"
@@ -114,8 +110,8 @@ def test_a_cancel_stops_what_left_the_group(client: blueque.Client, start: Start
 
 
 def test_a_task_that_keeps_its_processes_leaves_them_running(
-        client: blueque.Client, start: Start, tmp_path: Path) -> None:
-    listener = start("new_session", "--concurrency", "2")
+        client: blueque.Client, leftover: Start, tmp_path: Path) -> None:
+    listener = leftover("new_session", "--concurrency", "2")
     task_id = enqueue(client, tmp_path / "pids", keep_processes=1)
     left = pids(tmp_path / "pids")
     assert client.get_task(task_id).wait(30).status == "complete"
@@ -134,17 +130,17 @@ def test_a_task_that_keeps_its_processes_leaves_them_running(
 
 
 def test_a_run_left_to_the_next_listener_keeps_its_processes_until_it_ends(
-        client: blueque.Client, start: Start, tmp_path: Path) -> None:
+        client: blueque.Client, leftover: Start, tmp_path: Path) -> None:
     """--on-stop=keep: the listener leaves and its runs run on, their processes with them;
     the next listener adopts the run (it is not their subreaper): when the run returns, its
     task process stops what it started itself."""
-    first = start("new_session")
+    first = leftover("new_session")
     release = tmp_path / "pids"
     task_id = enqueue(client, release, seconds=4)
     left = pids(release)
     assert first.stop() == 0
     assert not any(gone(pid) for pid in left), "--on-stop=keep stopped a running run's process"
-    start("new_session")
+    leftover("new_session")
     assert client.get_task(task_id).wait(30).status == "complete"
     wait_until(lambda: all_gone(left), timeout=STOPPED_WITHIN,
                what=f"what the adopted run left ({left}) stopped")
@@ -169,11 +165,11 @@ def test_fork_task_children_stop_what_they_leave(client: blueque.Client,
 
 
 def test_what_ignores_sigterm_is_killed_after_the_grace_and_holds_the_slot(
-        client: blueque.Client, start: Start, tmp_path: Path) -> None:
+        client: blueque.Client, leftover: Start, tmp_path: Path) -> None:
     """A leftover that ignores SIGTERM gets SIGKILL once the task's kill_grace has passed;
     until then the run holds its slot: with --concurrency 1 the next task starts only once it
     is gone."""
-    listener = start("stubborn")
+    listener = leftover("stubborn")
     first = enqueue(client, tmp_path / "pids", kill_grace=2)
     second = client.get_queue("work").enqueue(json.dumps(
         {"check": str(tmp_path / "pids"), "pidfile": str(tmp_path / "check")}))
@@ -186,15 +182,15 @@ def test_what_ignores_sigterm_is_killed_after_the_grace_and_holds_the_slot(
 
 
 def test_an_adopted_run_past_its_time_limit_is_stopped_with_what_left_its_group(
-        client: blueque.Client, start: Start, tmp_path: Path) -> None:
+        client: blueque.Client, leftover: Start, tmp_path: Path) -> None:
     """A listener SIGKILLed: the next one on the node adopts its run (it is not the run's
     subreaper) and enforces its time limit; the signal reaches the processes that carry the
     run's mark outside its group too."""
-    first = start("new_session")
+    first = leftover("new_session")
     task_id = enqueue(client, tmp_path / "pids", seconds=600, time_limit=3, kill_grace=1)
     left = pids(tmp_path / "pids")
     first.kill()
-    start("new_session")
+    leftover("new_session")
     task = client.get_task(task_id).wait(30)
     assert task.status == "failed" and "time limit of 3 s exceeded" in (task.error or "")
     wait_until(lambda: all_gone(left), timeout=STOPPED_WITHIN,
