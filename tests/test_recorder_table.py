@@ -40,7 +40,7 @@ def reserved(client: blueque.Client, **options: Any) -> str:
     return task_id
 
 
-def started(client: blueque.Client, pid: int = PID, **options: Any) -> str:
+def stamped_task(client: blueque.Client, pid: int = PID, **options: Any) -> str:
     """A task reserved by us and stamped for ``pid``'s attempt 1."""
     task_id = client.get_queue("work").enqueue("{}", **options)
     task = Listener("work", client.store, LISTENER).reserve()  # registered: see recover.lua
@@ -89,7 +89,7 @@ EXITS = [
 @pytest.mark.parametrize("case", EXITS, ids=[c.name for c in EXITS])
 def test_the_ending_of_a_run_that_reported_nothing(any_client: blueque.Client,
                                                     case: Exit) -> None:
-    task_id = started(any_client, **case.options)
+    task_id = stamped_task(any_client, **case.options)
     rec = recorder(any_client)
     running = Running(task_id, "work", 1, 0.0, 0.0, 1.0, Policy(**case.options), PID,
                       reason=case.reason, exit_code=case.exit_code)
@@ -109,7 +109,7 @@ def test_a_run_that_recorded_its_own_ending_is_left_as_it_recorded(
         any_client: blueque.Client, exit_code: int) -> None:
     """Exit codes 0 and 3 say the child recorded its outcome (or never started the task)
     itself, as it does when its listener is gone: the task's hash is not written again."""
-    task_id = started(any_client)
+    task_id = stamped_task(any_client)
     any_client.get_processor(any_client.get_task(task_id)).complete("done by the child")
     before = fields(any_client, task_id)
     rec = recorder(any_client)
@@ -125,7 +125,7 @@ def test_the_ending_of_a_run_taken_back_meanwhile_is_not_recorded(
     """Its task was put back and runs again (attempt 2): the old run's ending (attempt 1) is
     not recorded over the new run's."""
     store = any_client.store
-    task_id = started(any_client)
+    task_id = stamped_task(any_client)
     store.recover("work", LISTENER, [(task_id, "1", "pending", None, "")], store.now(),
                   mode="host", release=False)
     task = Listener("work", store, LISTENER).reserve()
@@ -159,7 +159,7 @@ PUT_BACKS = [
 def test_a_run_that_never_started_puts_its_task_back(any_client: blueque.Client,
                                                       case: PutBack) -> None:
     task_id = (reserved(any_client) if case.stamped_by is None
-               else started(any_client, pid=case.stamped_by))
+               else stamped_task(any_client, pid=case.stamped_by))
     rec = recorder(any_client)
     running = Running(task_id, "work", None, 0.0, 0.0, 1.0, Policy(), PID, state="starting",
                       exit_code=3)
@@ -197,7 +197,7 @@ def test_heal_settles_what_no_run_of_ours_holds(any_client: blueque.Client,
                                                 case: Heal) -> None:
     store = any_client.store
     task_id = (reserved(any_client, **case.options) if case.state == "reserved"
-               else started(any_client, **case.options))
+               else stamped_task(any_client, **case.options))
     if case.state == "gone":
         store.redis.delete(store.keys.task(task_id))
     membership = Membership(store, LISTENER, "node-identity", "table.example", {"work": 1},
