@@ -31,6 +31,7 @@ import redis.asyncio.cluster
 
 from blueque import keys as k
 from blueque import protocol
+from blueque.aio import wire
 from blueque.clock import ServerClock
 from blueque.errors import BluequeError
 from blueque.ha import Durability
@@ -204,37 +205,62 @@ class AsyncRedisStore:
             raise translate(error, self.where) from error
 
 
-class _Unsent(Exception):
-    """The kept connection could not be opened: nothing was written."""
-
-
 class Pipeliner:
-    """Sends the commands coroutines ask for while a round trip is in flight together, in
-    one pipeline (not a transaction: each command, a script call included, is atomic on
-    its own), and hands each caller its own reply or error. At most one pipeline is in
-    flight per client; a caller that is cancelled stops waiting, and its command is sent
-    anyway if its pipeline had already left (as a reply lost to a crash)."""
+    """Sends what coroutines ask for while a round trip is in flight together, and hands each
+    caller its own reply or error. Script calls go on a connection of the store's own, taken
+    over by blueque.aio.wire (written as they come, read by a protocol); other commands, and
+    script calls where no wire can be had, go in one pipeline (not a transaction: each
+    command, a script call included, is atomic on its own), at most one in flight per client.
+    A caller that is cancelled stops waiting; its command is sent anyway if it had already
+    left (as a reply lost to a crash)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._waiting: list[tuple[protocol.Command, asyncio.Future[Any]]] = []
         self._sender: asyncio.Task[None] | None = None
-        #: a batch of script calls only goes on a connection of its own, made as the pool
-        #: makes its own and kept apart from it (blueque.store.direct, the sync store's):
-        #: written and read without a pipeline object, the pool's lock and its checks
+        #: the wire is made as the pool makes its own connections and kept apart from it
         pool = getattr(client, "connection_pool", None)
         kind = getattr(pool, "connection_class", None)
         self._pool: Any = pool if (
             isinstance(pool, redis.asyncio.ConnectionPool) and isinstance(kind, type)
             and kind.__module__.startswith("redis.")) else None
-        self._connection: Any = None
+        self._wire: wire.Wire | None = None
+        self._opening: asyncio.Future[wire.Wire | None] | None = None
+        #: redis-py's encoder of commands, the wire's connection before it was taken over
+        self._packer: Any = None
 
     async def call(self, command: protocol.Command) -> Any:
+        if self._pool is not None and command.name == "evalsha" and not command.kwargs:
+            line = self._wire if self._wire is not None and self._wire.lost is None else \
+                await self._open()
+            if line is not None:
+                return await line.call(self._packer.pack_command("EVALSHA", *command.args))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((command, future))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.ensure_future(self._send())
         return await future
+
+    async def _open(self) -> wire.Wire | None:
+        """The wire, connected again if it was lost; None when it cannot be had now (the
+        call goes in a pipeline, which reconnects or says why not). Callers that come while
+        it connects wait for the same connection."""
+        if self._opening is None or self._opening.done():
+            self._opening = asyncio.ensure_future(self._connect())
+        return await asyncio.shield(self._opening)
+
+    async def _connect(self) -> wire.Wire | None:
+        connection = self._pool.connection_class(**self._pool.connection_kwargs)
+        try:
+            self._wire = await wire.open_wire(connection, describe(self._client))
+        except wire.Unusable as error:
+            log.debug("%s; script calls go in pipelines", error)
+            self._pool = None
+            return None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+            return None
+        self._packer = connection
+        return self._wire
 
     async def _send(self) -> None:
         while self._waiting:
@@ -242,8 +268,11 @@ class Pipeliner:
             self._waiting = []
             if not batch:
                 continue
+            pipe = self._client.pipeline(transaction=False)
+            for command, _ in batch:
+                getattr(pipe, command.name)(*command.args, **command.kwargs)
             try:
-                replies = await self._execute([command for command, _ in batch])
+                replies = list(await pipe.execute(raise_on_error=False))
             except Exception as error:  # the connection failed: every caller hears it
                 replies = [error] * len(batch)
             except BaseException:  # this task cancelled (the loop closing): so are they
@@ -258,53 +287,11 @@ class Pipeliner:
                 else:
                     future.set_result(reply)
 
-    async def _execute(self, commands: list[protocol.Command]) -> list[Any]:
-        """Each command's reply, or its error reply as an exception (the pipeline's
-        ``raise_on_error=False``). Script calls only go on the kept connection, which a
-        failure between the write and the last reply (a cancellation too) disconnects: every
-        caller hears it, as from a pipeline. A connection found lost before anything was
-        written (a server-side idle timeout, a failover) sends them the ordinary way, which
-        reconnects."""
-        if self._pool is not None and all(c.name == "evalsha" and not c.kwargs
-                                          for c in commands):
-            try:
-                return await self._execute_kept(commands)
-            except _Unsent:
-                pass
-        pipe = self._client.pipeline(transaction=False)
-        for command in commands:
-            getattr(pipe, command.name)(*command.args, **command.kwargs)
-        return list(await pipe.execute(raise_on_error=False))
-
-    async def _execute_kept(self, commands: list[protocol.Command]) -> list[Any]:
-        connection = self._connection
-        if connection is None:
-            connection = self._connection = self._pool.connection_class(
-                **self._pool.connection_kwargs)
-        try:
-            if not connection.is_connected:
-                await connection.connect()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
-            raise _Unsent(str(error)) from error
-        replies: list[Any] = []
-        try:
-            await connection.send_packed_command(connection.pack_commands(
-                [("EVALSHA", *command.args) for command in commands]), check_health=False)
-            for _ in commands:
-                try:
-                    replies.append(await connection.read_response())
-                except redis.exceptions.ResponseError as error:  # read whole: in step
-                    replies.append(error)
-        except BaseException:
-            await connection.disconnect(nowait=True)
-            raise
-        return replies
-
     async def aclose(self) -> None:
-        """Disconnect the kept connection."""
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            await connection.disconnect()
+        """Close the wire."""
+        line, self._wire = self._wire, None
+        if line is not None:
+            line.close()
 
 
 class AsyncSubscription:
