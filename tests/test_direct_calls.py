@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
 import redis
+import redis.asyncio
 
 import blueque
 from blueque.keys import Keys
+from blueque.store.direct import packed_evalsha
 
 K = Keys()
 
@@ -131,3 +134,23 @@ def test_closing_the_client_closes_the_kept_connection(client: blueque.Client) -
     assert kept is not None and kept._sock is not None
     client.close()
     assert kept._sock is None
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_script_calls_are_packed_byte_for_byte_as_redis_py_packs_them(encoding: str) -> None:
+    """packed_evalsha (both clients' kept connections) writes what redis-py's pack_command
+    writes for the same arguments (the asyncio connection's encodes str in the connection's
+    encoding; the sync one's, through hiredis where installed, always in UTF-8, Blueque's
+    clients' encoding), and refuses what redis-py's encoder refuses."""
+    connection = redis.asyncio.Connection(encoding=encoding)
+    keys = ["blueque_task_é", "blueque_pending_q"]
+    args = ["", "x" * 70_000, 0, -7, 2**70, 1.5, 1732800000.123456, float("inf"), b"\x00\xff",
+            memoryview(b"view"), "\r\n*3"]
+    packers = [connection] + ([redis.Connection()] if encoding == "utf-8" else [])
+    for packer in packers:
+        expected = b"".join(bytes(chunk) for chunk in packer.pack_command(
+            "EVALSHA", "a" * 40, len(keys), *keys, *args))
+        assert packed_evalsha(connection.encoder, "a" * 40, keys, args) == expected, packer
+    for refused in (True, None, object()):
+        with pytest.raises(redis.exceptions.DataError):
+            packed_evalsha(connection.encoder, "a" * 40, [], [refused])

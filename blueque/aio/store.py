@@ -49,6 +49,7 @@ from blueque.store import (
     published,
     translate,
 )
+from blueque.store.direct import packed_evalsha
 
 log = logging.getLogger("blueque.aio")
 
@@ -164,8 +165,7 @@ class AsyncRedisStore:
                 return await self.durability.arun(self.redis, script, step.keys, step.args)
             if self._pipeliner is not None:
                 try:
-                    return await self._pipeliner.call(protocol.command(
-                        "evalsha", script.sha, len(step.keys), *step.keys, *step.args))
+                    return await self._pipeliner.evalsha(script.sha, step.keys, step.args)
                 except redis.exceptions.NoScriptError:
                     pass  # a restarted or flushed server: the script call loads it again
             return await script(keys=list(step.keys), args=list(step.args))
@@ -226,15 +226,20 @@ class Pipeliner:
             and kind.__module__.startswith("redis.")) else None
         self._wire: wire.Wire | None = None
         self._opening: asyncio.Future[wire.Wire | None] | None = None
-        #: redis-py's encoder of commands, the wire's connection before it was taken over
-        self._packer: Any = None
+        #: how the wire's connection encodes arguments (its redis-py encoder)
+        self._encoder: Any = None
 
-    async def call(self, command: protocol.Command) -> Any:
-        if self._pool is not None and command.name == "evalsha" and not command.kwargs:
+    async def evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A script call: on the wire, or in a pipeline where no wire can be had."""
+        if self._pool is not None:
             line = self._wire if self._wire is not None and self._wire.lost is None else \
                 await self._open()
             if line is not None:
-                return await line.call(self._packer.pack_command("EVALSHA", *command.args))
+                return await line.call(packed_evalsha(self._encoder, sha, keys, args))
+        return await self.call(protocol.command("evalsha", sha, len(keys), *keys, *args))
+
+    async def call(self, command: protocol.Command) -> Any:
+        """A command, in the pipeline of the next round trip."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append((command, future))
         if self._sender is None or self._sender.done():
@@ -259,7 +264,7 @@ class Pipeliner:
             return None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             return None
-        self._packer = connection
+        self._encoder = connection.encoder
         return self._wire
 
     async def _send(self) -> None:

@@ -154,21 +154,21 @@ class Wire(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.lost: Exception | None = None
 
-    def call(self, packed: list[bytes]) -> asyncio.Future[Any]:
-        """Write a command (redis-py's packed chunks); its reply's future. Nothing in flight:
+    def call(self, packed: bytes) -> asyncio.Future[Any]:
+        """Write a command (in the Redis protocol); its reply's future. Nothing in flight:
         written at once; else with the others of this turn of the loop, in one write."""
         future: asyncio.Future[Any] = self._loop.create_future()
         if self.lost is not None:
             future.set_exception(self.lost)
             return future
         if not self._waiting:
-            self._transport.write(b"".join(packed))
+            self._transport.write(packed)
             if self._timeout and self._timer is None:
                 self._timer = self._loop.call_later(self._timeout, self._expire)
         else:
             if not self._unwritten:
                 self._loop.call_soon(self._write)
-            self._unwritten.extend(packed)
+            self._unwritten.append(packed)
         self._waiting.append((self._loop.time(), future))
         return future
 

@@ -36,6 +36,25 @@ import redis
 NOT_SENT: Any = object()
 
 
+def packed_evalsha(encoder: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    """``EVALSHA sha len(keys) *keys *args`` in the Redis protocol, byte for byte as redis-py's
+    ``pack_command`` writes it with ``encoder`` (str in its encoding, int and float as their
+    repr, bytes as they are; bool, None and the rest refused with its DataError), without its
+    checks per argument: a fifth of an enqueue's client CPU went there (issue 33)."""
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    parts = [b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(args))]
+    for item in (sha, len(keys), *keys, *args):
+        kind = type(item)
+        if kind is str:
+            data = item.encode(encoding, errors)
+        elif kind is int or kind is float:
+            data = repr(item).encode()
+        else:
+            data = encoder.encode(item)
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
 class Resend(Exception):
     """The kept connection failed around a call: send it the ordinary way."""
 
@@ -79,8 +98,7 @@ class DirectCalls:
             if connection is None:
                 connection = self._connection = self._pool.connection_class(
                     **self._pool.connection_kwargs)
-            connection.send_packed_command(
-                connection.pack_command("EVALSHA", sha, len(keys), *keys, *args))
+            connection.send_packed_command([packed_evalsha(connection.encoder, sha, keys, args)])
             return connection.read_response()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.NoScriptError) as error:
