@@ -25,6 +25,7 @@ caller stops waiting; its reply is read and dropped, so the connection stays in 
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections import deque
 from typing import Any
 
@@ -32,9 +33,9 @@ import redis
 from redis._parsers.base import BaseParser
 
 hiredis: Any
-try:
-    import hiredis
-except ImportError:  # the fast extra is not installed: Replies parses
+try:  # the fast extra (imported by name: type checks need not have it installed)
+    hiredis = importlib.import_module("hiredis")
+except ImportError:  # not installed: Replies parses
     hiredis = None
 
 
