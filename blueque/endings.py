@@ -15,7 +15,7 @@ import random
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from blueque.policy import Policy
 
@@ -91,16 +91,6 @@ LATE_STATUSES = ("failed", "scheduled", "pending")
 RECOVERED_OUTCOMES = ("failed", "retry", "preempted")
 
 
-def last_entry(task: Mapping[str, str]) -> dict[str, Any] | None:
-    """The task's last history entry (None: no history, or not readable)."""
-    try:
-        history = json.loads(task.get("history") or "[]")
-    except ValueError:
-        return None
-    last = history[-1] if isinstance(history, list) and history else None
-    return last if isinstance(last, dict) else None
-
-
 def late_ending_allowed(task: Mapping[str, str], listener: str, attempt: int) -> bool:
     """Whether finish.lua would record the late ending of ``attempt``, run by ``listener``
     (PROTOCOL.md 5.6): recover took this very attempt back from it, and no newer attempt has
@@ -109,8 +99,12 @@ def late_ending_allowed(task: Mapping[str, str], listener: str, attempt: int) ->
         return False
     if task.get("cancelled"):
         return False
-    last = last_entry(task)
-    return (last is not None and last.get("recovered") is True
+    try:
+        history = json.loads(task.get("history") or "[]")
+    except ValueError:
+        return False
+    last = history[-1] if isinstance(history, list) and history else None
+    return (isinstance(last, dict) and last.get("recovered") is True
             and last.get("node") == listener
             and str(last.get("attempt")) == str(attempt)
             and last.get("outcome") in RECOVERED_OUTCOMES)

@@ -11,9 +11,10 @@ itself: its listener, its attempt (the fencing token, once the stamp told it) an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
-from blueque.endings import last_entry, late_ending_allowed
+from blueque.endings import late_ending_allowed
 from blueque.statuses import PENDING, RESERVED, SCHEDULED, STARTED, Verdict
 
 #: The statuses of a task that has a current run: reserved (stamped without a process, as a
@@ -43,8 +44,12 @@ def recovered_attempt(task: Mapping[str, str], listener: str, pid: int) -> str |
     from the task's last history entry (recover.lua writes the run's attempt, node and pid):
     for a run whose node record was written at fork, before the stamp fixed its attempt, and
     whose listener died before it wrote the attempt in. None when the entry is not that."""
-    last = last_entry(task)
-    if (last is not None and last.get("recovered") is True
+    try:
+        history = json.loads(task.get("history") or "[]")
+    except ValueError:
+        return None
+    last = history[-1] if isinstance(history, list) and history else None
+    if (isinstance(last, dict) and last.get("recovered") is True
             and last.get("node") == listener and str(last.get("pid")) == str(pid)
             and str(last.get("attempt", "")).isdigit()):
         return str(last["attempt"])

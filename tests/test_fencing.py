@@ -10,7 +10,7 @@ import pytest
 import redis
 
 import blueque
-from blueque.fencing import is_current_run, may_reclaim, recovered_attempt, unstarted_verdict
+from blueque.fencing import is_current_run, may_reclaim, unstarted_verdict
 from blueque.keys import Keys
 from blueque.listener import Listener
 from blueque.recovery import Recovery, RecoveryReport
@@ -96,31 +96,6 @@ def test_may_reclaim(fields, expected) -> None:  # type: ignore[no-untyped-def]
     if expected:  # reclaimed, the run is its task's current run again
         assert not is_current_run(fields, A, 2)
         assert is_current_run({**fields, "status": "started", "node": A}, A, 2)
-
-
-def with_pid(fields: dict[str, str], pid: object) -> dict[str, str]:
-    """``fields`` whose last history entry names process ``pid`` (recover.lua writes it)."""
-    history = json.loads(fields["history"])
-    return {**fields, "history": json.dumps([*history[:-1], {**history[-1], "pid": pid}])}
-
-
-@pytest.mark.parametrize("fields, pid, expected", [
-    # recover took this very process's run back: its attempt, as recover.lua wrote it
-    (with_pid(recovered("pending"), 100), 100, "2"),
-    (with_pid(recovered("scheduled", attempt=1), 100), 100, "1"),
-    # another process, another listener, no pid in the entry, not recover's ending
-    (with_pid(recovered("pending"), 101), 100, None),
-    (with_pid(recovered("pending", node=B), 100), 100, None),
-    (recovered("pending"), 100, None),
-    ({**with_pid(recovered("pending"), 100), "history": json.dumps(
-        [{"attempt": 2, "outcome": "complete", "node": A, "pid": 100}])}, 100, None),
-    ({**recovered("pending"), "history": "not json"}, 100, None),
-    ({}, 100, None),
-])
-def test_recovered_attempt(fields, pid, expected) -> None:  # type: ignore[no-untyped-def]
-    """A run whose node record has no attempt (written at fork, its listener killed before
-    the stamp's reply): the attempt recover took back from that very process, if any."""
-    assert recovered_attempt(fields, A, pid) == expected
 
 
 @pytest.mark.parametrize("fields, pid, expected", [
