@@ -11,7 +11,6 @@ itself: its listener, its attempt (the fencing token, once the stamp told it) an
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from blueque.endings import late_ending_allowed
@@ -37,23 +36,6 @@ def is_current_run(task: Mapping[str, str], listener: str, attempt: int | str | 
         return task.get("attempts") == str(attempt)
     return (task.get("status") == STARTED and pid is not None
             and task.get("pid") == str(pid))
-
-
-def recovered_attempt(task: Mapping[str, str], listener: str, pid: int) -> str | None:
-    """The attempt that recover took back from ``listener``'s run in process ``pid``, read
-    from the task's last history entry (recover.lua writes the run's attempt, node and pid):
-    for a run whose node record was written at fork, before the stamp fixed its attempt, and
-    whose listener died before it wrote the attempt in. None when the entry is not that."""
-    try:
-        history = json.loads(task.get("history") or "[]")
-    except ValueError:
-        return None
-    last = history[-1] if isinstance(history, list) and history else None
-    if (isinstance(last, dict) and last.get("recovered") is True
-            and last.get("node") == listener and str(last.get("pid")) == str(pid)
-            and str(last.get("attempt", "")).isdigit()):
-        return str(last["attempt"])
-    return None
 
 
 def may_reclaim(task: Mapping[str, str], listener: str, attempt: int) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from blueque.fencing import is_current_run, may_reclaim, recovered_attempt
+from blueque.fencing import is_current_run, may_reclaim
 from blueque.leftovers import Leftovers, signal_escaped
 from blueque.node import local_process
 from blueque.policy import Policy, field_float
@@ -183,9 +183,6 @@ class OrphanedRuns:
             # written at fork, before the stamp fixed the attempt, by the pid it stamped
             if not data or is_current_run(data, listener, attempt, pid):
                 continue
-            # a record written at fork whose listener died before it wrote the attempt in:
-            # the attempt recover took back from that very process, if it was that one
-            attempt = attempt or recovered_attempt(data, listener, pid)
             if (reclaim is not None and attempt is not None and attempt.isdigit()
                     and may_reclaim(data, listener, int(attempt))
                     and reclaim(Orphan(str(run.get("queue", "")), task_id, listener,
