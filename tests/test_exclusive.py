@@ -277,7 +277,8 @@ def test_an_adopted_run_cut_off_past_its_lease_is_reclaimed_not_stopped(  # type
         assert (task.attempts, task.pid) == (1, pid)
         assert task.history[-1]["reclaimed"]
         assert redis_client.llen(KEYS.pending("work")) == 0
-        assert "taken back, the run goes on" in second.log()
+        wait_until(lambda: "taken back, the run goes on" in second.log(),
+                   what="the reclaim logged (after the script that the status shows)")
         assert pid is not None and not gone(pid)
         release.touch()
         task = client.get_task(task_id).wait(20)
