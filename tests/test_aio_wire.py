@@ -20,7 +20,7 @@ import blueque.aio
 from blueque.aio import wire
 from blueque.errors import BluequeError
 from blueque.keys import Keys
-from tests.test_aio import until
+from tests.test_aio import anyio_backend, until  # noqa: F401 (anyio_backend: a fixture)
 
 pytestmark = pytest.mark.anyio
 K = Keys()
@@ -71,11 +71,6 @@ def test_replies_undecoded_are_bytes_and_a_wrong_type_is_a_protocol_error() -> N
     replies.feed(b"?what\r\n")
     with pytest.raises(redis.exceptions.InvalidResponse):
         replies.gets()
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.mark.parametrize("protocol", [2, 3])

@@ -247,9 +247,10 @@ class Pipeliner:
         return await future
 
     async def _open(self) -> wire.Wire | None:
-        """The wire, connected again if it was lost; None when it cannot be had now (the
-        call goes in a pipeline, which reconnects or says why not). Callers that come while
-        it connects wait for the same connection."""
+        """The wire, connected again if it was lost (a failure to connect is the call's, for
+        the retry policy); None when this client's connections cannot be taken over (the call
+        goes in a pipeline). Callers that come while it connects wait for the same
+        connection."""
         if self._opening is None or self._opening.done():
             self._opening = asyncio.ensure_future(self._connect())
         return await asyncio.shield(self._opening)
@@ -261,8 +262,6 @@ class Pipeliner:
         except wire.Unusable as error:
             log.debug("%s; script calls go in pipelines", error)
             self._pool = None
-            return None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
             return None
         self._encoder = connection.encoder
         return self._wire
